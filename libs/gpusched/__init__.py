@@ -1,0 +1,1 @@
+"""gpusched: an event-sourced GPU cluster scheduler."""

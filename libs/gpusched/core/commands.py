@@ -1,0 +1,60 @@
+"""Commands are requests, not facts: clients send them to `gpusched.cmd.*` (request/reply) and
+admission answers with a `CommandReply`. Only services append events."""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+import msgspec
+from msgspec import Meta, Struct
+
+from .model import SCHEMA_VERSION, JobId, JobSpec, Team, TeamQuota
+
+RequestId = Annotated[str, Meta(min_length=1, max_length=128)]
+
+
+class Command(Struct, frozen=True, kw_only=True, tag_field="type", tag=True, forbid_unknown_fields=True):
+    request_id: RequestId
+    v: int = SCHEMA_VERSION
+
+
+class SubmitJob(Command, frozen=True, kw_only=True):
+    spec: JobSpec
+
+
+class CancelJob(Command, frozen=True, kw_only=True):
+    job_id: JobId
+    reason: str = "cancelled by user"
+
+
+class SetTeamQuota(Command, frozen=True, kw_only=True):
+    team: Team
+    quota: TeamQuota
+
+
+class DrainNode(Command, frozen=True, kw_only=True):
+    node: str
+    drain: bool = True
+    reason: str = ""
+
+
+AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode]
+COMMAND_TYPES: dict[str, type[Command]] = {c.__name__: c for c in AnyCommand.__args__}  # type: ignore[attr-defined]
+
+
+class CommandReply(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`ok=False` carries a precise `error`; `job_id` names the job a submit created (or found,
+    for a repeated request id); `seq` is the log sequence of the appended fact."""
+
+    ok: bool
+    error: str = ""
+    job_id: JobId | None = None
+    seq: int | None = None
+    duplicate: bool = False
+
+
+_decoder = msgspec.json.Decoder(AnyCommand)
+
+
+def decode_command(data: bytes) -> Command:
+    return _decoder.decode(data)

@@ -1,0 +1,255 @@
+"""The facts of the log, read top to bottom like a glossary.
+
+Every event is a small frozen msgspec Struct tagged by its class name (`"type"` in JSON) and
+carries `v` (schema version) and `at` (the unix time its writer decided it: the fold never
+reads a clock). Events whose `ALLOC` flag is set change who holds a GPU or whether a GPU may be
+held; they live under one subject tree so that grants can compare-and-set over it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal, Union
+
+import msgspec
+from msgspec import Struct
+
+from .model import SCHEMA_VERSION, GpuId, GpuInfo, JobId, JobSpec, Level, NvlinkLayout, TeamQuota
+
+
+class Event(Struct, frozen=True, kw_only=True, tag_field="type", tag=True, forbid_unknown_fields=True):
+    at: float
+    v: int = SCHEMA_VERSION
+    ALLOC: ClassVar[bool] = False
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+
+class JobSubmitted(Event, frozen=True, kw_only=True):
+    """Admission accepted a job. `request_id` makes resubmission idempotent past JetStream's
+    duplicate window."""
+
+    job_id: JobId
+    spec: JobSpec
+    request_id: str = ""
+
+
+class JobRejected(Event, frozen=True, kw_only=True):
+    """Admission refused a well-formed submission; kept for audit."""
+
+    request_id: str
+    team: str
+    reason: str
+
+
+class JobPending(Event, frozen=True, kw_only=True):
+    """Why a job waits, appended only when the reason changes (not once per cycle)."""
+
+    job_id: JobId
+    reason: str
+    blockers: list[str] = []
+    eta_s: float | None = None
+
+
+class GpusGranted(Event, frozen=True, kw_only=True):
+    """A gang starts: every GPU of the job in one append, or none. `level` is the widest
+    topology level the set spans; `placer` tells topology-aware placement from the fallback."""
+
+    ALLOC: ClassVar[bool] = True
+    job_id: JobId
+    attempt: int
+    gpus: list[GpuId]
+    placer: Literal["topo", "naive", "sim"] = "topo"
+    level: Level = "cluster"
+    backfill: bool = False
+
+
+class JobResized(Event, frozen=True, kw_only=True):
+    """An elastic job grows into idle GPUs (`added`) or shrinks on demand (`removed`)."""
+
+    ALLOC: ClassVar[bool] = True
+    job_id: JobId
+    added: list[GpuId] = []
+    removed: list[GpuId] = []
+    reason: str = ""
+
+
+class JobStarted(Event, frozen=True, kw_only=True):
+    """A node daemon started the job's processes for this attempt on one node."""
+
+    job_id: JobId
+    attempt: int
+    node: str
+    pids: list[int] = []
+
+
+class PreemptionRequested(Event, frozen=True, kw_only=True):
+    """Ask a running job to checkpoint and yield by `deadline`, naming the job it serves."""
+
+    job_id: JobId
+    for_job: JobId
+    reason: str
+    deadline: float
+
+
+class CheckpointSaved(Event, frozen=True, kw_only=True):
+    job_id: JobId
+    attempt: int
+    path: str
+    step: int
+
+
+class GpusReleased(Event, frozen=True, kw_only=True):
+    """A running job gives back all its GPUs and goes back to the queue, to resume from its
+    last checkpoint. `forced`: it did not checkpoint in time; `lost_gpu_s` is the work lost."""
+
+    ALLOC: ClassVar[bool] = True
+    job_id: JobId
+    reason: Literal["preempted", "no_process", "node_lost", "drained", "process_failed"]
+    forced: bool = False
+    lost_gpu_s: float = 0.0
+
+
+class JobCompleted(Event, frozen=True, kw_only=True):
+    ALLOC: ClassVar[bool] = True
+    job_id: JobId
+    attempt: int
+    exit_code: int = 0
+
+
+class JobFailed(Event, frozen=True, kw_only=True):
+    ALLOC: ClassVar[bool] = True
+    job_id: JobId
+    attempt: int
+    reason: str
+    exit_code: int | None = None
+
+
+class JobCancelled(Event, frozen=True, kw_only=True):
+    ALLOC: ClassVar[bool] = True
+    job_id: JobId
+    reason: str = "cancelled by user"
+
+
+# --- nodes and GPUs -------------------------------------------------------------------------
+
+
+class NodeRegistered(Event, frozen=True, kw_only=True):
+    """A node daemon announced its GPUs and where it sits: rack, optional block."""
+
+    ALLOC: ClassVar[bool] = True
+    node: str
+    rack: str
+    gpus: list[GpuInfo]
+    block: str | None = None
+    nvlink: NvlinkLayout | Literal["custom"] = "custom"
+    address: str = ""
+
+
+class NodeLost(Event, frozen=True, kw_only=True):
+    """Heartbeats stopped. Jobs on the node go back to the queue from their checkpoints."""
+
+    ALLOC: ClassVar[bool] = True
+    node: str
+    reason: str
+
+
+class NodeDrained(Event, frozen=True, kw_only=True):
+    """An operator keeps new work off a node (`drain=False` undoes it). Running jobs finish."""
+
+    ALLOC: ClassVar[bool] = True
+    node: str
+    drain: bool = True
+    reason: str = ""
+
+
+class GpuQuarantined(Event, frozen=True, kw_only=True):
+    """An unhealthy GPU (XID, ECC) is kept out of placement."""
+
+    ALLOC: ClassVar[bool] = True
+    gpu: GpuId
+    reason: str
+
+
+class GpuRestored(Event, frozen=True, kw_only=True):
+    ALLOC: ClassVar[bool] = True
+    gpu: GpuId
+    reason: str = ""
+
+
+class ZombieDetected(Event, frozen=True, kw_only=True):
+    """A process runs on a GPU that nothing holds: keep the GPU out until it is clean."""
+
+    ALLOC: ClassVar[bool] = True
+    gpu: GpuId
+    pids: list[int]
+
+
+class ZombieReclaimed(Event, frozen=True, kw_only=True):
+    """The zombie is gone; the GPU is placeable again."""
+
+    ALLOC: ClassVar[bool] = True
+    gpu: GpuId
+    pids: list[int] = []
+
+
+# --- teams and the control plane ------------------------------------------------------------
+
+
+class TeamQuotaSet(Event, frozen=True, kw_only=True):
+    team: str
+    quota: TeamQuota
+
+
+class PlacementDegraded(Event, frozen=True, kw_only=True):
+    """The placement lease lapsed: naive first-free placement has taken over."""
+
+    reason: str
+
+
+class PlacementRecovered(Event, frozen=True, kw_only=True):
+    reason: str = ""
+
+
+AnyEvent = Union[
+    JobSubmitted,
+    JobRejected,
+    JobPending,
+    GpusGranted,
+    JobResized,
+    JobStarted,
+    PreemptionRequested,
+    CheckpointSaved,
+    GpusReleased,
+    JobCompleted,
+    JobFailed,
+    JobCancelled,
+    NodeRegistered,
+    NodeLost,
+    NodeDrained,
+    GpuQuarantined,
+    GpuRestored,
+    ZombieDetected,
+    ZombieReclaimed,
+    TeamQuotaSet,
+    PlacementDegraded,
+    PlacementRecovered,
+]
+
+EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]
+
+_decoder = msgspec.json.Decoder(AnyEvent)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_event(data: bytes) -> Event:
+    """Decode any event; raises msgspec.ValidationError / DecodeError with a precise reason."""
+    return _decoder.decode(data)
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)

@@ -1,0 +1,111 @@
+"""The nouns of the domain: job specs, GPUs, nodes, quotas. Plain msgspec Structs, no behaviour.
+
+A GPU is named `"<node>/<index>"` everywhere (events, state, CLI) so that ids are stable,
+readable and JSON-friendly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+SCHEMA_VERSION = 1
+
+Priority = Literal["interactive", "high", "normal", "low"]
+#: Higher rank wins; the order of the classes is part of the public contract.
+PRIORITY_RANK: dict[str, int] = {"interactive": 3, "high": 2, "normal": 1, "low": 0}
+
+#: Topology levels from tightest to widest. A job's GPU set "spans" the widest level it crosses.
+Level = Literal["nvlink", "node", "rack", "block", "cluster"]
+LEVELS: tuple[str, ...] = ("nvlink", "node", "rack", "block", "cluster")
+LEVEL_RANK: dict[str, int] = {lvl: i for i, lvl in enumerate(LEVELS)}
+
+#: Intra-node NVLink layouts: one all-to-all switch (DGX-like), pairs, quads, or none (PCIe only).
+NvlinkLayout = Literal["all", "pairs", "quads", "none"]
+
+GpuId = str  # "<node>/<index>"
+JobId = str
+Team = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+PositiveInt = Annotated[int, Meta(ge=1)]
+
+
+def gpu_id(node: str, index: int) -> GpuId:
+    return f"{node}/{index}"
+
+
+def split_gpu_id(gpu: GpuId) -> tuple[str, int]:
+    node, _, index = gpu.rpartition("/")
+    return node, int(index)
+
+
+class TopologyConstraint(Struct, frozen=True, forbid_unknown_fields=True):
+    """`required`: the job must not span wider than this level; `preferred`: aim for this one."""
+
+    required: Level = "cluster"
+    preferred: Level = "nvlink"
+
+
+class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
+    """What a user asks for. `gpus` is the gang size (the most an elastic job uses);
+    `min_gpus` below `gpus` makes the job elastic: it may start and run with fewer."""
+
+    team: Team
+    gpus: PositiveInt
+    min_gpus: Annotated[int, Meta(ge=1)] | None = None
+    priority: Priority = "normal"
+    preemptible: bool = False
+    topology: TopologyConstraint = TopologyConstraint()
+    time_limit_s: Annotated[float, Meta(gt=0)] | None = None
+    command: list[str] = []
+    env: dict[str, str] = {}
+    checkpoint_dir: str | None = None
+    on_failure: Literal["requeue", "fail"] = "requeue"
+    max_restarts: Annotated[int, Meta(ge=0)] = 3
+    name: str = ""
+
+    @property
+    def gang_min(self) -> int:
+        return self.min_gpus if self.min_gpus is not None else self.gpus
+
+    @property
+    def elastic(self) -> bool:
+        return self.gang_min < self.gpus
+
+
+class GpuInfo(Struct, frozen=True, forbid_unknown_fields=True):
+    """One GPU as a node daemon registers it. `nvlink_domain`: GPUs sharing a domain id are
+    NVLink-connected to each other."""
+
+    index: Annotated[int, Meta(ge=0)]
+    uuid: str
+    model: str = "unknown"
+    memory_mb: Annotated[int, Meta(ge=0)] = 0
+    nvlink_domain: Annotated[int, Meta(ge=0)] = 0
+
+
+class TeamQuota(Struct, frozen=True, forbid_unknown_fields=True):
+    """Fair-share terms of a team: `guaranteed` GPUs it can always reclaim, a `weight` for
+    sharing what is left, and a hard `limit` it never exceeds (None: the whole cluster)."""
+
+    guaranteed: Annotated[int, Meta(ge=0)] = 0
+    weight: Annotated[float, Meta(gt=0)] = 1.0
+    limit: Annotated[int, Meta(ge=0)] | None = None
+
+
+def nvlink_domains(layout: str, count: int) -> list[int]:
+    """The NVLink domain of each GPU index for a standard intra-node layout."""
+    if layout == "all":
+        return [0] * count
+    if layout == "pairs":
+        return [i // 2 for i in range(count)]
+    if layout == "quads":
+        return [i // 4 for i in range(count)]
+    if layout == "none":
+        return list(range(count))
+    raise ValueError(f"unknown NVLink layout {layout!r}; expected all, pairs, quads or none")
+
+
+def encode(obj: object) -> bytes:
+    return msgspec.json.encode(obj)

@@ -1,0 +1,517 @@
+"""The fold: `ClusterState.apply(event)` is the only writer of scheduler state.
+
+Pure and deterministic: no clock (time is the events' `at`), no I/O, no hash-ordered
+iteration. An illegal event is still applied as far as it safely can be, and the broken
+invariant is recorded in `violations` so that an audit replay names it instead of crashing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+from msgspec import Struct
+
+from . import events as ev
+from .model import GpuId, JobSpec, TeamQuota, gpu_id
+from .topology import Gpu, Node, span_level
+
+JobStatus = Literal["pending", "starting", "running", "completed", "failed", "cancelled"]
+HOLDING = ("starting", "running")
+TERMINAL = ("completed", "failed", "cancelled")
+JOB_STATES: tuple[str, ...] = ("pending", "starting", "running", "completed", "failed", "cancelled")
+
+
+class Checkpoint(Struct):
+    path: str
+    step: int
+    at: float
+    attempt: int
+
+
+class Preemption(Struct):
+    for_job: str
+    reason: str
+    deadline: float
+    at: float
+
+
+class Job(Struct):
+    job_id: str
+    spec: JobSpec
+    submitted_at: float
+    state: JobStatus = "pending"
+    attempt: int = 0
+    gpus: list[GpuId] = []
+    placer: str = ""
+    level: str = ""
+    backfill: bool = False
+    started_at: float | None = None  # start of the current attempt (grant time)
+    first_started_at: float | None = None
+    finished_at: float | None = None
+    held_since: float = 0.0  # last change of `gpus`, for service accounting
+    service_gpu_s: float = 0.0  # attained service, all attempts (least-attained-service order)
+    checkpoint: Checkpoint | None = None
+    preemption: Preemption | None = None
+    preemptions: int = 0
+    restarts: int = 0
+    lost_gpu_s: float = 0.0
+    end_reason: str = ""
+    pending_reason: str = ""
+    pending_blockers: list[str] = []
+    pending_eta_s: float | None = None
+    nodes_started: list[str] = []
+    request_id: str = ""
+
+    @property
+    def team(self) -> str:
+        return self.spec.team
+
+    @property
+    def holding(self) -> bool:
+        return self.state in HOLDING
+
+    def attained_gpu_s(self, now: float) -> float:
+        return self.service_gpu_s + len(self.gpus) * max(0.0, now - self.held_since)
+
+
+class TeamUsage(Struct):
+    quota: TeamQuota = TeamQuota()
+    held: int = 0
+    usage_gpu_s: float = 0.0  # decayed GPU-seconds as of `usage_at`
+    usage_at: float = 0.0
+
+
+class Violation(Struct, frozen=True):
+    seq: int
+    rule: str
+    detail: str
+    jobs: list[str] = []
+    gpus: list[GpuId] = []
+
+
+class ClusterState(Struct):
+    """Nodes and topology, who holds each GPU, jobs and their lifecycle, team usage."""
+
+    half_life_s: float | None = 7 * 24 * 3600.0
+    nodes: dict[str, Node] = {}
+    gpus: dict[GpuId, Gpu] = {}
+    jobs: dict[str, Job] = {}
+    teams: dict[str, TeamUsage] = {}
+    requests: dict[str, str] = {}  # client request id -> job id (idempotent submit)
+    pending: dict[str, None] = {}  # jobs waiting, in submission order
+    running: dict[str, None] = {}  # jobs holding GPUs
+    placement_degraded: bool = False
+    last_seq: int = 0
+    last_alloc_seq: int = 0
+    events: int = 0
+    now: float = 0.0
+    free_count: int = 0
+    broken: list[Violation] = []  # every invariant an event broke, in log order
+
+    # --- the fold ------------------------------------------------------------------------
+
+    def apply(self, event: ev.Event, seq: int | None = None) -> None:
+        """Apply one event. `seq` is its log sequence (the simulator numbers its own)."""
+        self.last_seq = seq if seq is not None else self.last_seq + 1
+        if event.ALLOC:
+            self.last_alloc_seq = self.last_seq
+        self.events += 1
+        if event.at > self.now:
+            self.now = event.at
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _violate(self, rule: str, detail: str, jobs: list[str] = (), gpus: list[str] = ()) -> None:  # type: ignore[assignment]
+        self.broken.append(Violation(self.last_seq, rule, detail, list(jobs), list(gpus)))
+
+    # jobs
+
+    def _on_submitted(self, e: ev.JobSubmitted) -> None:
+        if e.job_id in self.jobs:
+            self._violate("duplicate_job", f"job {e.job_id} submitted twice", [e.job_id])
+            return
+        self.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id)
+        self.pending[e.job_id] = None
+        if e.request_id:
+            self.requests[e.request_id] = e.job_id
+        self.team(e.spec.team)
+
+    def _on_pending(self, e: ev.JobPending) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is not None:
+            job.pending_reason, job.pending_blockers, job.pending_eta_s = e.reason, list(e.blockers), e.eta_s
+
+    def _on_granted(self, e: ev.GpusGranted) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or job.state != "pending":
+            state = "unknown" if job is None else job.state
+            self._violate("grant_to_non_pending", f"grant to {state} job {e.job_id}", [e.job_id], e.gpus)
+            return
+        spec = job.spec
+        if not spec.gang_min <= len(e.gpus) <= spec.gpus:
+            self._violate(
+                "gang_size",
+                f"job {e.job_id} granted {len(e.gpus)} GPUs, gang needs {spec.gang_min}..{spec.gpus}",
+                [e.job_id],
+                e.gpus,
+            )
+        granted = self._take(e.job_id, e.gpus, e.at)
+        del self.pending[e.job_id]
+        self.running[e.job_id] = None
+        job.state, job.attempt, job.gpus = "starting", e.attempt, granted
+        job.placer, job.level, job.backfill = e.placer, e.level, e.backfill
+        job.started_at, job.held_since, job.nodes_started = e.at, e.at, []
+        if job.first_started_at is None:
+            job.first_started_at = e.at
+        job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
+        self._team_held(spec.team, len(granted), e.at)
+        self._check_limit(spec.team, e.job_id, granted)
+
+    def _on_resized(self, e: ev.JobResized) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or not job.holding:
+            self._violate("resize_of_idle_job", f"resize of job {e.job_id} that holds nothing", [e.job_id])
+            return
+        self._account(job, e.at)
+        not_held = [g for g in e.removed if g not in job.gpus]
+        if not_held:
+            self._violate("release_not_held", f"job {e.job_id} releases GPUs it does not hold", [e.job_id], not_held)
+        removed = [g for g in e.removed if g in job.gpus]
+        self._give_back(removed)
+        added = self._take(e.job_id, e.added, e.at)
+        job.gpus = [g for g in job.gpus if g not in removed] + added
+        self._team_held(job.team, len(added) - len(removed), e.at)
+        if len(job.gpus) < job.spec.gang_min:
+            self._violate(
+                "below_gang_min",
+                f"job {e.job_id} holds {len(job.gpus)} GPUs, gang minimum is {job.spec.gang_min}",
+                [e.job_id],
+                job.gpus,
+            )
+        if added:
+            self._check_limit(job.team, e.job_id, added)
+
+    def _on_started(self, e: ev.JobStarted) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or not job.holding or job.attempt != e.attempt:
+            return  # a late report from an attempt that already ended
+        job.state = "running"
+        if e.node not in job.nodes_started:
+            job.nodes_started = [*job.nodes_started, e.node]
+
+    def _on_preemption(self, e: ev.PreemptionRequested) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or not job.holding:
+            return
+        beneficiary = self.jobs.get(e.for_job)
+        if beneficiary is None:
+            self._violate("preemption_without_beneficiary", f"preemption of {e.job_id} serves no known job", [e.job_id])
+        elif job.team != beneficiary.team:
+            victim_t, for_t = self.team(job.team), self.team(beneficiary.team)
+            if victim_t.held <= victim_t.quota.guaranteed and for_t.held >= for_t.quota.guaranteed:
+                self._violate(
+                    "unfair_preemption",
+                    f"team {job.team} (holds {victim_t.held} <= guaranteed {victim_t.quota.guaranteed}) "
+                    f"preempted for team {beneficiary.team} (holds {for_t.held} >= guaranteed "
+                    f"{for_t.quota.guaranteed})",
+                    [e.job_id, e.for_job],
+                )
+        if not job.spec.preemptible:
+            self._violate("non_preemptible", f"job {e.job_id} is not preemptible", [e.job_id, e.for_job])
+        job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at)
+
+    def _on_checkpoint(self, e: ev.CheckpointSaved) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is not None:
+            job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt)
+
+    def _on_released(self, e: ev.GpusReleased) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or not job.holding:
+            return  # two observers may report the same loss; the first one counts
+        if e.reason == "preempted":
+            job.preemptions += 1
+        elif e.reason in ("no_process", "process_failed"):
+            job.restarts += 1
+        job.lost_gpu_s += e.lost_gpu_s
+        self._requeue(job, e.at, f"requeued: {e.reason}")
+
+    def _on_terminal(self, e: ev.JobCompleted | ev.JobFailed | ev.JobCancelled) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or job.state in TERMINAL:
+            return
+        attempt = getattr(e, "attempt", None)
+        if attempt is not None and job.holding and attempt != job.attempt:
+            return  # a late exit of an attempt that was already released
+        if job.holding:
+            self._release_all(job, e.at)
+            del self.running[job.job_id]
+        else:
+            del self.pending[job.job_id]
+        job.state = {ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobCancelled: "cancelled"}[type(e)]
+        job.finished_at = e.at
+        job.preemption = None
+        job.end_reason = getattr(e, "reason", "") or f"exit code {getattr(e, 'exit_code', 0)}"
+
+    # nodes and GPUs
+
+    def _on_node_registered(self, e: ev.NodeRegistered) -> None:
+        old = self.nodes.get(e.node)
+        if old is not None:
+            if old.lost:
+                old.lost = False
+                for g in old.gpus:
+                    self._refresh(g)
+            return  # re-registration after a restart keeps what the log already knows
+        ids = [gpu_id(e.node, g.index) for g in e.gpus]
+        self.nodes[e.node] = Node(e.node, e.rack, e.block, ids, e.address, e.nvlink, e.at, free={})
+        for gid, info in zip(ids, e.gpus):
+            self.gpus[gid] = Gpu(gid, e.node, info.index, info.uuid, info.model, info.memory_mb, info.nvlink_domain)
+            self._refresh(gid)
+
+    def _on_node_lost(self, e: ev.NodeLost) -> None:
+        node = self.nodes.get(e.node)
+        if node is None:
+            return
+        node.lost = True
+        victims: dict[str, None] = {}
+        for g in node.gpus:
+            holder = self.gpus[g].holder
+            if holder is not None:
+                victims[holder] = None
+            self._refresh(g)
+        for job_id in victims:
+            job = self.jobs[job_id]
+            job.lost_gpu_s += self._work_since_checkpoint(job, e.at)
+            self._requeue(job, e.at, f"requeued: node {e.node} lost")
+
+    def _on_node_drained(self, e: ev.NodeDrained) -> None:
+        node = self.nodes.get(e.node)
+        if node is not None:
+            node.drained = e.drain
+            for g in node.gpus:
+                self._refresh(g)
+
+    def _on_quarantined(self, e: ev.GpuQuarantined) -> None:
+        if e.gpu in self.gpus:
+            self.gpus[e.gpu].quarantined = e.reason
+            self._refresh(e.gpu)
+
+    def _on_restored(self, e: ev.GpuRestored) -> None:
+        if e.gpu in self.gpus:
+            self.gpus[e.gpu].quarantined = None
+            self._refresh(e.gpu)
+
+    def _on_zombie(self, e: ev.ZombieDetected) -> None:
+        if e.gpu in self.gpus:
+            self.gpus[e.gpu].zombie_pids = list(e.pids)
+            self._refresh(e.gpu)
+
+    def _on_zombie_reclaimed(self, e: ev.ZombieReclaimed) -> None:
+        if e.gpu in self.gpus:
+            self.gpus[e.gpu].zombie_pids = None
+            self._refresh(e.gpu)
+
+    # teams and control plane
+
+    def _on_quota(self, e: ev.TeamQuotaSet) -> None:
+        # Lowering a limit below current use is legal: running jobs finish, no new ones start.
+        self.team(e.team).quota = e.quota
+
+    def _on_degraded(self, e: ev.PlacementDegraded) -> None:
+        self.placement_degraded = True
+
+    def _on_recovered(self, e: ev.PlacementRecovered) -> None:
+        self.placement_degraded = False
+
+    # --- helpers of the fold -------------------------------------------------------------
+
+    def team(self, name: str) -> TeamUsage:
+        t = self.teams.get(name)
+        if t is None:
+            t = self.teams[name] = TeamUsage(usage_at=self.now)
+        return t
+
+    def _take(self, job_id: str, gpus: list[GpuId], at: float) -> list[GpuId]:
+        """Give `gpus` to a job, recording any GPU that was not placeable."""
+        taken: list[GpuId] = []
+        for g in gpus:
+            rec = self.gpus.get(g)
+            if rec is None:
+                self._violate("unknown_gpu", f"grant of unknown GPU {g}", [job_id], [g])
+                continue
+            if rec.holder is not None and rec.holder != job_id:
+                self._violate("double_booking", f"GPU {g} granted to {job_id} while held by {rec.holder}", [job_id, rec.holder], [g])
+                continue
+            if g not in self.nodes[rec.node].free:
+                self._violate("unplaceable_gpu", f"GPU {g} granted to {job_id} while {self.gpu_blocker(g)}", [job_id], [g])
+            rec.holder = job_id
+            self._refresh(g)
+            taken.append(g)
+        return taken
+
+    def _give_back(self, gpus: list[GpuId]) -> None:
+        for g in gpus:
+            self.gpus[g].holder = None
+            self._refresh(g)
+
+    def _release_all(self, job: Job, at: float) -> None:
+        self._account(job, at)
+        self._give_back(job.gpus)
+        self._team_held(job.team, -len(job.gpus), at)
+        job.gpus = []
+
+    def _requeue(self, job: Job, at: float, reason: str) -> None:
+        self._release_all(job, at)
+        del self.running[job.job_id]
+        self.pending[job.job_id] = None
+        job.state, job.preemption, job.started_at = "pending", None, None
+        job.pending_reason, job.pending_blockers, job.pending_eta_s = reason, [], None
+
+    def _account(self, job: Job, at: float) -> None:
+        job.service_gpu_s += len(job.gpus) * max(0.0, at - job.held_since)
+        job.held_since = at
+
+    def _work_since_checkpoint(self, job: Job, at: float) -> float:
+        since = job.started_at or at
+        if job.checkpoint is not None and job.checkpoint.attempt == job.attempt:
+            since = max(since, job.checkpoint.at)
+        return len(job.gpus) * max(0.0, at - since)
+
+    def _refresh(self, g: GpuId) -> None:
+        """Keep the node's free set and the free count in step with one GPU's record."""
+        rec = self.gpus[g]
+        node = self.nodes[rec.node]
+        placeable = rec.holder is None and rec.quarantined is None and rec.zombie_pids is None and node.usable
+        if placeable and g not in node.free:
+            node.free[g] = None
+            self.free_count += 1
+        elif not placeable and g in node.free:
+            del node.free[g]
+            self.free_count -= 1
+
+    def _team_held(self, name: str, delta: int, at: float) -> None:
+        t = self.team(name)
+        t.usage_gpu_s = self._decayed_usage(t, at)
+        t.usage_at = max(t.usage_at, at)
+        t.held += delta
+
+    def _decayed_usage(self, t: TeamUsage, at: float) -> float:
+        dt = max(0.0, at - t.usage_at)
+        if self.half_life_s is None:
+            return t.usage_gpu_s + t.held * dt
+        decay = math.exp(-math.log(2) * dt / self.half_life_s)
+        return t.usage_gpu_s * decay + t.held * self.half_life_s / math.log(2) * (1 - decay)
+
+    def _check_limit(self, team: str, job_id: str, gpus: list[GpuId]) -> None:
+        t = self.teams[team]
+        if t.quota.limit is not None and t.held > t.quota.limit:
+            self._violate("over_limit", f"team {team} holds {t.held} GPUs, limit {t.quota.limit}", [job_id], gpus)
+
+    # --- queries (pure, used by policies, CLI and the simulator) ------------------------
+
+    def violations(self) -> list[Violation]:
+        """Every broken invariant of DESIGN.md seen so far, each with its log sequence."""
+        return list(self.broken)
+
+    def team_usage(self, name: str, at: float | None = None) -> float:
+        """Decayed GPU-seconds a team has used, as of `at` (default: the latest event)."""
+        return self._decayed_usage(self.team(name), self.now if at is None else at)
+
+    def gpu_blocker(self, g: GpuId) -> str:
+        rec = self.gpus[g]
+        node = self.nodes[rec.node]
+        if rec.holder is not None:
+            return f"held by {rec.holder}"
+        if node.lost:
+            return f"node {node.name} lost"
+        if node.drained:
+            return f"node {node.name} drained"
+        if rec.quarantined is not None:
+            return f"quarantined: {rec.quarantined}"
+        if rec.zombie_pids is not None:
+            return f"zombie pids {rec.zombie_pids}"
+        return "free"
+
+    def span(self, gpus: list[GpuId]) -> str:
+        return span_level(gpus, self.gpus, self.nodes)
+
+    @property
+    def total_gpus(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def held_gpus(self) -> int:
+        return sum(1 for g in self.gpus.values() if g.holder is not None)
+
+    def job_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(JOB_STATES, 0)
+        for job in self.jobs.values():
+            counts[job.state] += 1
+        return counts
+
+    def summary(self) -> dict:
+        """What `gpusched replay --json` prints."""
+        held = self.held_gpus
+        return {
+            "last_seq": self.last_seq,
+            "events": self.events,
+            "time": self.now,
+            "jobs": self.job_counts(),
+            "gpus": {"total": self.total_gpus, "held": held, "free": self.free_count,
+                     "unavailable": self.total_gpus - held - self.free_count},
+            "nodes": {"total": len(self.nodes), "lost": sum(n.lost for n in self.nodes.values()),
+                      "drained": sum(n.drained for n in self.nodes.values())},
+            "teams": {name: {"held": t.held, "guaranteed": t.quota.guaranteed, "limit": t.quota.limit,
+                             "usage_gpu_s": round(self.team_usage(name), 3)}
+                      for name, t in sorted(self.teams.items())},
+            "placement_degraded": self.placement_degraded,
+            "violations": [msgspec.to_builtins(v) for v in self.broken],
+        }
+
+    def snapshot(self) -> bytes:
+        """A compact encoding of the whole state (Redis snapshots: snapshot + tail)."""
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def restore(cls, data: bytes) -> ClusterState:
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+_HANDLERS = {
+    ev.JobSubmitted: ClusterState._on_submitted,
+    ev.JobPending: ClusterState._on_pending,
+    ev.GpusGranted: ClusterState._on_granted,
+    ev.JobResized: ClusterState._on_resized,
+    ev.JobStarted: ClusterState._on_started,
+    ev.PreemptionRequested: ClusterState._on_preemption,
+    ev.CheckpointSaved: ClusterState._on_checkpoint,
+    ev.GpusReleased: ClusterState._on_released,
+    ev.JobCompleted: ClusterState._on_terminal,
+    ev.JobFailed: ClusterState._on_terminal,
+    ev.JobCancelled: ClusterState._on_terminal,
+    ev.NodeRegistered: ClusterState._on_node_registered,
+    ev.NodeLost: ClusterState._on_node_lost,
+    ev.NodeDrained: ClusterState._on_node_drained,
+    ev.GpuQuarantined: ClusterState._on_quarantined,
+    ev.GpuRestored: ClusterState._on_restored,
+    ev.ZombieDetected: ClusterState._on_zombie,
+    ev.ZombieReclaimed: ClusterState._on_zombie_reclaimed,
+    ev.TeamQuotaSet: ClusterState._on_quota,
+    ev.PlacementDegraded: ClusterState._on_degraded,
+    ev.PlacementRecovered: ClusterState._on_recovered,
+}
+
+
+def fold(events, half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
+    """Replay a sequence of events (or (seq, event) pairs) into a fresh state."""
+    state = ClusterState(half_life_s=half_life_s)
+    for item in events:
+        if isinstance(item, tuple):
+            state.apply(item[1], item[0])
+        else:
+            state.apply(item)
+    return state

@@ -1,0 +1,75 @@
+"""The topology model: GPU -> NVLink domain -> node -> rack -> (block) -> cluster.
+
+A GPU set "spans" the widest level it crosses; the distance of a level is the relative cost of
+communication across it (used to rank candidate placements, and by the simulator's runtime
+model). Nodes and GPUs are records of the fold; this module only reasons about them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from msgspec import Struct
+
+from .model import LEVEL_RANK, LEVELS, GpuId, Level
+
+#: Relative communication distance of each level (NVLink = 1). Placement ranks sets by it.
+LEVEL_DISTANCE: dict[str, int] = {"nvlink": 1, "node": 2, "rack": 3, "block": 4, "cluster": 5}
+
+
+class Gpu(Struct):
+    id: GpuId
+    node: str
+    index: int
+    uuid: str
+    model: str = "unknown"
+    memory_mb: int = 0
+    nvlink_domain: int = 0
+    holder: str | None = None
+    quarantined: str | None = None  # reason, while the GPU is unhealthy
+    zombie_pids: list[int] | None = None  # while a stray process holds it
+
+
+class Node(Struct):
+    name: str
+    rack: str
+    block: str | None
+    gpus: list[GpuId]
+    address: str = ""
+    nvlink: str = "custom"
+    registered_at: float = 0.0
+    lost: bool = False
+    drained: bool = False
+    #: Placeable GPUs of this node, an insertion-ordered set kept by the fold.
+    free: dict[GpuId, None] = {}
+
+    @property
+    def usable(self) -> bool:
+        return not self.lost and not self.drained
+
+
+def span_level(gpus: Iterable[GpuId], gpu_index: Mapping[GpuId, Gpu], nodes: Mapping[str, Node]) -> Level:
+    """The widest topology level a set of GPUs crosses."""
+    node_names: set[str] = set()
+    domains: set[tuple[str, int]] = set()
+    for g in gpus:
+        rec = gpu_index[g]
+        node_names.add(rec.node)
+        domains.add((rec.node, rec.nvlink_domain))
+    if len(node_names) <= 1:
+        return "nvlink" if len(domains) <= 1 else "node"
+    racks = {nodes[n].rack for n in node_names}
+    if len(racks) == 1:
+        return "rack"
+    blocks = {nodes[n].block for n in node_names}
+    if len(blocks) == 1 and None not in blocks:
+        return "block"
+    return "cluster"
+
+
+def within(level: str, limit: str) -> bool:
+    """True when `level` is no wider than `limit`."""
+    return LEVEL_RANK[level] <= LEVEL_RANK[limit]
+
+
+__all__ = ["LEVELS", "LEVEL_DISTANCE", "Gpu", "Node", "span_level", "within"]

@@ -1,0 +1,1 @@
+"""Thin asyncio shells over the library: consume -> fold -> decide -> append."""
