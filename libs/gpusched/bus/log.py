@@ -21,7 +21,7 @@ import msgspec
 import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import ConsumerConfig, DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError
 
 from gpusched.core.events import Event, decode_event, encode_event
@@ -139,9 +139,10 @@ class EventLog:
         stop = None if follow else (until if until is not None else await self.last_seq())
         if stop is not None and stop < start:
             return
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start))
         sub = await self.js.subscribe(
-            subject, ordered_consumer=True, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=max(1, start), pending_msgs_limit=-1, pending_bytes_limit=-1,
+            subject, stream=subjects.STREAM, ordered_consumer=True, config=config,
+            pending_msgs_limit=0, pending_bytes_limit=0,
         )
         try:
             while True:
@@ -181,7 +182,8 @@ class EventLog:
         last = info.state.last_seq
         if info.state.messages == 0:
             return out
-        sub = await self.js.subscribe(subjects.DEAD, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        sub = await self.js.subscribe(subjects.DEAD, stream=subjects.DEAD_STREAM, ordered_consumer=True,
+                                     deliver_policy=DeliverPolicy.ALL)
         try:
             while len(out) < limit:
                 msg = await asyncio.wait_for(sub.next_msg(timeout=None), 5)
