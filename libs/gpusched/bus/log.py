@@ -59,9 +59,6 @@ class Record:
     headers: dict[str, str] | None
 
 
-DeadLetterHook = Callable[[int, str, str], None]
-
-
 class EventLog:
     def __init__(self, nc: NATS, replicas: int = 1):
         self.nc = nc
@@ -132,10 +129,12 @@ class EventLog:
         return info.state.last_seq
 
     async def records(
-        self, start: int = 1, until: int | None = None, follow: bool = False, subject: str = subjects.EVENTS
+        self, start: int = 1, until: int | None = None, follow: bool = False, subject: str = subjects.EVENTS,
+        on_dead: Callable[[int, str], None] | None = None,
     ) -> AsyncIterator[Record]:
         """Decoded records from `start`; stops at `until` (default: the last sequence when the
-        call began) unless `follow`. Undecodable messages are dead-lettered and skipped."""
+        call began) unless `follow`. Undecodable messages are dead-lettered and skipped
+        (`on_dead(seq, subject)` still hears of them: they occupy a sequence)."""
         stop = None if follow else (until if until is not None else await self.last_seq())
         if stop is not None and stop < start:
             return
@@ -152,6 +151,8 @@ class EventLog:
                     event = decode_event(msg.data)
                 except (msgspec.DecodeError, msgspec.ValidationError) as err:
                     await self.dead_letter(msg.subject, seq, msg.data, str(err))
+                    if on_dead is not None:
+                        on_dead(seq, msg.subject)
                 else:
                     yield Record(seq, event, msg.subject, msg.headers)
                 if stop is not None and seq >= stop:

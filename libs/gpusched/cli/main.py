@@ -8,8 +8,10 @@ import sys
 
 #: Modules that add subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
-    "gpusched.cli.stack",  # up, service run, demo
-    "gpusched.cli.client",  # submit, jobs, show, nodes, teams, queue, cancel, quota, drain
+    "gpusched.cli.stack",  # up, service run
+    "gpusched.cli.client",  # submit, cancel, quota, drain
+    "gpusched.cli.views",  # jobs, show, nodes, teams, queue
+    "gpusched.cli.demo",  # demo (the chaos scene)
     "gpusched.cli.replay",  # replay (audit), schemas
     "gpusched.cli.sim",  # sim (trace simulation)
 )

@@ -1,0 +1,118 @@
+"""What every service shell shares: follow the log into a fold, and append with compare-and-set.
+
+A service is `consume -> apply -> decide -> append`. `FoldedLog` keeps a `ClusterState` in step
+with the stream (replay from the start, then follow live) and wakes the service whenever the
+fold moves; `append_cas` appends decisions that grant GPUs, and on a conflict waits until the
+fold has caught up with the stream so that the caller can decide again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from gpusched.bus.log import Conflict, EventLog, Record
+from gpusched.core.events import Event
+from gpusched.core.state import ClusterState
+
+log = structlog.get_logger()
+
+Listener = Callable[[Record, ClusterState], None]
+
+
+class FoldedLog:
+    """A live fold of the log. `changed` is set after every applied event."""
+
+    def __init__(self, event_log: EventLog, half_life_s: float | None = 7 * 24 * 3600.0):
+        self.log = event_log
+        self.state = ClusterState(half_life_s=half_life_s)
+        self.changed = asyncio.Event()
+        self.listeners: list[Listener] = []
+        self._task: asyncio.Task | None = None
+        self._caught_up = asyncio.Event()
+        #: Highest sequence read, and highest in the alloc tree, counting undecodable messages
+        #: too: they occupy sequences that the compare-and-set check sees.
+        self.seen_seq = 0
+        self.alloc_seq = 0
+
+    async def start(self) -> None:
+        """Replay what exists, then keep following in the background."""
+        target = await self.log.last_seq()
+        if target == 0:
+            self._caught_up.set()
+        self._task = asyncio.create_task(self._follow(target), name="fold-follow")
+        await self._caught_up.wait()
+
+    def _saw(self, seq: int, subject: str, target: int) -> None:
+        self.seen_seq = seq
+        if subject.startswith("gpusched.evt.alloc."):
+            self.alloc_seq = seq
+        if seq >= target:
+            self._caught_up.set()
+        self.changed.set()
+
+    async def _follow(self, target: int) -> None:
+        on_dead = lambda seq, subject: self._saw(seq, subject, target)  # noqa: E731
+        async for rec in self.log.records(self.seen_seq + 1, follow=True, on_dead=on_dead):
+            self.state.apply(rec.event, rec.seq)
+            for listener in self.listeners:
+                try:
+                    listener(rec, self.state)
+                except Exception:  # a listener bug must not stop the fold
+                    log.exception("listener_failed", seq=rec.seq, kind=rec.event.kind)
+            self._saw(rec.seq, rec.subject, target)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    async def catch_up(self, timeout: float = 10.0) -> None:
+        """Wait until the fold has applied everything in the stream as of now."""
+        target = await self.log.last_seq()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.seen_seq < target:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"fold at {self.seen_seq}, stream at {target}")
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), 0.2)
+            except TimeoutError:
+                pass
+
+    async def wait_changed(self, timeout: float) -> bool:
+        """Sleep until the fold moves or `timeout` passes; True when it moved."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.changed.clear()
+
+
+async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callable[[Event], str | None] = lambda e: None,
+                     headers: dict[str, str] | None = None) -> tuple[int, bool]:
+    """Append decisions in order; the ones that change GPU ownership are compare-and-set over
+    the alloc tree against what this writer's fold has seen (its own earlier appends included).
+    Returns (appended count, conflicted). On conflict the rest is dropped and the fold is
+    caught up: the caller decides again from the fresher state."""
+    expected = folded.alloc_seq
+    appended = 0
+    for event in events:
+        try:
+            seq = await folded.log.append(
+                event, msg_id=msg_id(event), expect_alloc_seq=expected if event.ALLOC else None, headers=headers
+            )
+        except Conflict:
+            await folded.catch_up()
+            return appended, True
+        appended += 1
+        if event.ALLOC:
+            expected = seq
+    return appended, False
