@@ -24,6 +24,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError
 
+from gpusched import telemetry
 from gpusched.core.events import Event, decode_event, encode_event
 
 from . import subjects
@@ -110,6 +111,7 @@ class EventLog:
         compare-and-set over the alloc tree and raises `Conflict` when the writer is behind."""
         payload = encode_event(event)
         hdrs = dict(headers or {})
+        telemetry.append_headers(event, hdrs)  # traceparent: the job's trace crosses services here
         hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
         if expect_alloc_seq is not None:
             hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
@@ -154,7 +156,9 @@ class EventLog:
                     if on_dead is not None:
                         on_dead(seq, msg.subject)
                 else:
-                    yield Record(seq, event, msg.subject, msg.headers)
+                    record = Record(seq, event, msg.subject, msg.headers)
+                    telemetry.observe(record)  # remember the job's trace context
+                    yield record
                 if stop is not None and seq >= stop:
                     return
         finally:
