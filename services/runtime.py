@@ -74,7 +74,10 @@ class FoldedLog:
 
     async def catch_up(self, timeout: float = 10.0) -> None:
         """Wait until the fold has applied everything in the stream as of now."""
-        target = await self.log.last_seq()
+        await self.wait_seq(await self.log.last_seq(), timeout)
+
+    async def wait_seq(self, target: int, timeout: float = 10.0) -> None:
+        """Wait until the fold has read up to `target` (e.g. the writer's own last append)."""
         deadline = asyncio.get_running_loop().time() + timeout
         while self.seen_seq < target:
             if asyncio.get_running_loop().time() > deadline:
@@ -103,10 +106,10 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
     Returns (appended count, conflicted). On conflict the rest is dropped and the fold is
     caught up: the caller decides again from the fresher state."""
     expected = folded.alloc_seq
-    appended = 0
+    appended = last = 0
     for event in events:
         try:
-            seq = await folded.log.append(
+            last = await folded.log.append(
                 event, msg_id=msg_id(event), expect_alloc_seq=expected if event.ALLOC else None, headers=headers
             )
         except Conflict:
@@ -114,5 +117,7 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
             return appended, True
         appended += 1
         if event.ALLOC:
-            expected = seq
+            expected = last
+    if appended:
+        await folded.wait_seq(last)  # the next decision must see this writer's own appends
     return appended, False

