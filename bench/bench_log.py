@@ -3,7 +3,8 @@
 1. Replay: events/s of a `ClusterState` rebuild from an N-event stream (fetch + decode + fold)
    ÷ the raw JetStream fetch rate of the same stream (fetch only). Target >= 0.5.
 2. Grants: compare-and-set grant appends/s by 4 concurrent writers (each with its own live fold,
-   catching up on conflict) ÷ plain publish-ack appends/s by 4 concurrent writers.
+   catching up on conflict) ÷ plain publish-ack appends/s by 4 concurrent writers; once with one
+   grant per cycle (the worst case) and once with 64 (a placement cycle's atomic batch).
 
     python bench/bench_log.py [--events 200000] [--grants 4000] [--quick]
 """
@@ -90,14 +91,14 @@ async def bench_replay(url: str, n_events: int) -> dict:
     return {"events": last, "raw_per_s": last / raw, "fold_per_s": last / folded, "ratio": raw / folded}
 
 
-async def bench_grants(url: str, n_grants: int, writers: int = 4) -> dict:
+async def bench_grants(url: str, n_grants: int, writers: int = 4, per_cycle: int = 1) -> dict:
     setup = await EventLog.open(url)
     nodes = max(1, n_grants // 8 + 1)
     for i in range(nodes):
-        await setup.append(ev.NodeRegistered(at=0, node=f"g{i:04d}", rack="r0",
+        await setup.append(ev.NodeRegistered(at=0, node=f"c{per_cycle}g{i:04d}", rack="r0",
                                              gpus=[GpuInfo(index=k, uuid=f"G-{i}-{k}") for k in range(8)]))
     per_writer = n_grants // writers
-    await asyncio.gather(*(setup.append(ev.JobSubmitted(at=1, job_id=f"w{w}j{k}", spec=JobSpec(team="a", gpus=1)))
+    await asyncio.gather(*(setup.append(ev.JobSubmitted(at=1, job_id=f"c{per_cycle}w{w}j{k}", spec=JobSpec(team="a", gpus=1)))
                            for w in range(writers) for k in range(per_writer)))
     folds = [FoldedLog(await EventLog.open(url, name=f"writer-{w}")) for w in range(writers)]
     for f in folds:
@@ -105,12 +106,14 @@ async def bench_grants(url: str, n_grants: int, writers: int = 4) -> dict:
     conflicts = [0] * writers
 
     async def writer(w: int) -> None:
+        """One placement writer: each cycle grants up to `per_cycle` of its jobs in one batch."""
         folded = folds[w]
-        for k in range(per_writer):
+        for first in range(0, per_writer, per_cycle):
+            jobs = [f"c{per_cycle}w{w}j{k}" for k in range(first, min(first + per_cycle, per_writer))]
             while True:
-                free = next(g for n in folded.state.nodes.values() for g in n.free)
-                grant = ev.GpusGranted(at=2, job_id=f"w{w}j{k}", attempt=1, gpus=[free])
-                appended, conflicted = await append_cas(folded, [grant])
+                free = [g for n in folded.state.nodes.values() for g in n.free][: len(jobs)]
+                grants = [ev.GpusGranted(at=2, job_id=j, attempt=1, gpus=[g]) for j, g in zip(jobs, free)]
+                appended, conflicted = await append_cas(folded, grants)
                 if appended:
                     break
                 conflicts[w] += 1
@@ -120,9 +123,9 @@ async def bench_grants(url: str, n_grants: int, writers: int = 4) -> dict:
     cas_s = time.perf_counter() - t0
 
     async def plain(w: int) -> None:
-        e = ev.JobPending(at=3, job_id=f"w{w}", reason="benchmark baseline")
+        e = ev.JobPending(at=3, job_id=f"c{per_cycle}w{w}", reason="benchmark baseline")
         for k in range(per_writer):
-            await setup.append(e, msg_id=f"plain-{w}-{k}")
+            await setup.append(e, msg_id=f"plain-{per_cycle}-{w}-{k}")
 
     t0 = time.perf_counter()
     await asyncio.gather(*(plain(w) for w in range(writers)))
@@ -151,9 +154,11 @@ async def main() -> None:
         r = await bench_replay(server.url, args.events)
         print(f"replay  {r['events']:>8} events  raw fetch {r['raw_per_s']:>9,.0f}/s  "
               f"fold {r['fold_per_s']:>9,.0f}/s  ratio {r['ratio']:.2f}  (target >= 0.5)")
-        g = await bench_grants(server.url, args.grants)
-        print(f"grants  {g['grants']:>8} grants  plain publish-ack {g['plain_per_s']:>8,.0f}/s  "
-              f"CAS {g['cas_per_s']:>8,.0f}/s  ratio {g['ratio']:.2f}  conflicts {g['conflicts']}  (4 writers)")
+        for per_cycle in (1, 64):
+            g = await bench_grants(server.url, args.grants, per_cycle=per_cycle)
+            print(f"grants  {g['grants']:>8} grants  plain publish-ack {g['plain_per_s']:>8,.0f}/s  "
+                  f"CAS {g['cas_per_s']:>8,.0f}/s  ratio {g['ratio']:.2f}  conflicts {g['conflicts']:>5}  "
+                  f"(4 writers, {per_cycle} grants per cycle)")
     finally:
         server.stop()
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from gpusched.bus.log import Conflict, EventLog, Record
+from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
 from gpusched.core.state import ClusterState
 
@@ -100,24 +100,27 @@ class FoldedLog:
 
 
 async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callable[[Event], str | None] = lambda e: None,
-                     headers: dict[str, str] | None = None) -> tuple[int, bool]:
-    """Append decisions in order; the ones that change GPU ownership are compare-and-set over
-    the alloc tree against what this writer's fold has seen (its own earlier appends included).
-    Returns (appended count, conflicted). On conflict the rest is dropped and the fold is
-    caught up: the caller decides again from the fresher state."""
-    expected = folded.alloc_seq
+                     headers: dict[str, str] | None = None, view: int | None = None) -> tuple[int, bool]:
+    """Append one cycle's decisions as atomic batches, compare-and-set over the alloc tree
+    against what this writer's fold has seen: a cycle lands whole or not at all (per
+    MAX_BATCH events). Returns (appended count, conflicted). On conflict the fold is caught up
+    and the caller decides again from the fresher state. `view` is the alloc sequence the
+    decisions were made at (default: the fold's, right now — decide and append with no await
+    in between, or pass it)."""
+    expected = folded.alloc_seq if view is None else view
     appended = last = 0
-    for event in events:
+    for start in range(0, len(events), MAX_BATCH):
+        chunk = list(events[start:start + MAX_BATCH])
+        cas = expected if any(e.ALLOC for e in chunk) else None
         try:
-            last = await folded.log.append(
-                event, msg_id=msg_id(event), expect_alloc_seq=expected if event.ALLOC else None, headers=headers
-            )
+            seqs = await folded.log.append_batch(chunk, msg_ids=[msg_id(e) for e in chunk],
+                                                 expect_alloc_seq=cas, headers=headers)
         except Conflict:
             await folded.catch_up()
             return appended, True
-        appended += 1
-        if event.ALLOC:
-            expected = last
+        appended += len(chunk)
+        last = seqs[-1]
+        expected = max([expected] + [seq for seq, e in zip(seqs, chunk) if e.ALLOC])
     if appended:
         await folded.wait_seq(last)  # the next decision must see this writer's own appends
     return appended, False

@@ -84,22 +84,25 @@ async def test_concurrent_writers_never_double_book(nats_url):
     for f in writers:
         await f.start()
 
-    async def attempt(w: int, r: int, view: int) -> bool:
+    async def attempt(w: int, r: int, view: int, decided: asyncio.Barrier) -> bool:
         folded = writers[w]
-        while folded.seen_seq < view:  # decide from exactly the shared view
+        while folded.seen_seq < view:
             await folded.wait_changed(0.05)
-        state = folded.state
+        state = folded.state  # every writer decides from exactly the shared view ...
         free = sorted((g for n in state.nodes.values() for g in n.free), key=lambda g: int(g.split("/")[1]))
         gpus = free[w: w + 4]  # overlapping windows: every pair of writers collides
         grant = ev.GpusGranted(at=2 + r, job_id=f"r{r}w{w}", attempt=1, gpus=gpus)
-        appended, conflicted = await append_cas(folded, [grant])
+        seen = folded.alloc_seq
+        await decided.wait()  # ... and nobody appends before all have decided
+        appended, conflicted = await append_cas(folded, [grant], view=seen)
         assert appended + conflicted == 1
         return appended == 1
 
     wins = []
     for r in range(RACES):
         view = await setup.last_seq()
-        results = await asyncio.gather(*(attempt(w, r, view) for w in range(WRITERS)))
+        decided = asyncio.Barrier(WRITERS)
+        results = await asyncio.gather(*(attempt(w, r, view, decided) for w in range(WRITERS)))
         assert sum(results) == 1, f"race {r}: {sum(results)} winners"
         winner = results.index(True)
         wins.append(winner)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -31,6 +33,8 @@ from . import subjects
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
+BATCH_DUPLICATE_MSG_ID = 10201  # an atomic batch repeats a stored Nats-Msg-Id
+MAX_BATCH = 1000  # JetStream's limit on one atomic batch
 
 
 def nats_url(url: str | None = None) -> str:
@@ -82,7 +86,7 @@ class EventLog:
             StreamConfig(
                 name=subjects.STREAM, subjects=[subjects.EVENTS], storage=StorageType.FILE,
                 retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD, num_replicas=self.replicas,
-                duplicate_window=120.0, description="gpusched: every fact, the source of truth",
+                duplicate_window=120.0, allow_atomic=True, description="gpusched: every fact, the source of truth",
             ),
             StreamConfig(
                 name=subjects.DEAD_STREAM, subjects=[subjects.DEAD], storage=StorageType.FILE,
@@ -123,6 +127,50 @@ class EventLog:
                 raise Conflict(expect_alloc_seq, err.description or "") from err
             raise
         return ack.seq
+
+    async def append_batch(
+        self,
+        events: Sequence[Event],
+        *,
+        msg_ids: Sequence[str | None] | None = None,
+        expect_alloc_seq: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> list[int]:
+        """Append up to MAX_BATCH facts atomically (JetStream atomic batch: all or none), in one
+        round trip. With `expect_alloc_seq` the whole batch is a compare-and-set over the alloc
+        tree: a scheduling cycle's grants land together or not at all. Returns their sequences."""
+        if not events:
+            return []
+        if len(events) == 1:  # a plain publish-ack is the cheaper round trip
+            msg_id = msg_ids[0] if msg_ids else None
+            return [await self.append(events[0], msg_id=msg_id, expect_alloc_seq=expect_alloc_seq, headers=headers)]
+        if len(events) > MAX_BATCH:
+            raise ValueError(f"an atomic batch holds at most {MAX_BATCH} events, got {len(events)}")
+        batch_id = uuid.uuid4().hex
+        last = len(events) - 1
+        reply = None
+        for i, event in enumerate(events):
+            payload = encode_event(event)
+            hdrs = dict(headers or {})
+            hdrs["Nats-Batch-Id"], hdrs["Nats-Batch-Sequence"] = batch_id, str(i + 1)
+            msg_id = msg_ids[i] if msg_ids else None
+            hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
+            if i == 0 and expect_alloc_seq is not None:
+                hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
+                hdrs["Nats-Expected-Last-Subject-Sequence-Subject"] = subjects.ALLOC_TREE
+            if i < last:
+                await self.nc.publish(subjects.event_subject(event), payload, headers=hdrs)
+            else:
+                hdrs["Nats-Batch-Commit"] = "1"
+                reply = await self.nc.request(subjects.event_subject(event), payload, headers=hdrs, timeout=10)
+        answer = json.loads(reply.data)
+        error = answer.get("error")
+        if error:
+            if error.get("err_code") in (WRONG_LAST_SEQUENCE, BATCH_DUPLICATE_MSG_ID) and expect_alloc_seq is not None:
+                raise Conflict(expect_alloc_seq or 0, error.get("description", ""))
+            raise APIError(**error)
+        commit = answer["seq"]
+        return list(range(commit - len(events) + 1, commit + 1))
 
     # --- reading ---------------------------------------------------------------------------
 
