@@ -152,6 +152,7 @@ class EventLog:
         for i, event in enumerate(events):
             payload = encode_event(event)
             hdrs = dict(headers or {})
+            telemetry.append_headers(event, hdrs)  # each fact continues its own job's trace
             hdrs["Nats-Batch-Id"], hdrs["Nats-Batch-Sequence"] = batch_id, str(i + 1)
             msg_id = msg_ids[i] if msg_ids else None
             hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()

@@ -1,0 +1,179 @@
+"""Prometheus metrics, computed from the fold where possible.
+
+Gauges (queue length, GPUs held, degraded flag) are set from a `ClusterState` by `observe_state`;
+counters (grants, preemptions, lost work) move with the records a fold applies, via the
+`FoldMetrics` listener. Both work on any service's fold, so every service can expose the same
+cluster view next to its own decision-latency histogram:
+
+    metrics.start_metrics_server(9101)            # once per process (idempotent per port)
+    metrics.attach(folded)                         # a FoldedLog: counters + gauges follow it
+    with metrics.decision_timer("placement"):      # around one decide() cycle
+        events = cycle(state, now, config)
+
+Counters count the log from its start (a restarted service replays them); use `rate()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from gpusched.core import events as ev
+from gpusched.core.model import PRIORITY_RANK
+
+_R = REGISTRY
+
+QUEUE_LENGTH = Gauge("gpusched_queue_length", "Jobs waiting, by team and priority", ["team", "priority"], registry=_R)
+QUEUE_GPUS = Gauge("gpusched_queue_gpus", "GPUs asked for by waiting jobs, by team", ["team"], registry=_R)
+GPUS_HELD = Gauge("gpusched_gpus_held", "GPUs held by running jobs, by team", ["team"], registry=_R)
+TEAM_GUARANTEED = Gauge("gpusched_team_guaranteed_gpus", "Guaranteed GPUs of a team", ["team"], registry=_R)
+TEAM_LIMIT = Gauge("gpusched_team_limit_gpus", "Hard GPU limit of a team (-1: none)", ["team"], registry=_R)
+GPUS = Gauge("gpusched_gpus", "GPUs of the cluster by status", ["status"], registry=_R)
+JOBS = Gauge("gpusched_jobs", "Jobs by state", ["state"], registry=_R)
+DEGRADED = Gauge("gpusched_placement_degraded", "1 while naive placement has taken over", registry=_R)
+LOG_SEQ = Gauge("gpusched_log_seq", "Last log sequence this process's fold applied", registry=_R)
+VIOLATIONS = Gauge("gpusched_invariant_violations", "Broken invariants seen in the log", registry=_R)
+
+GRANTS = Counter("gpusched_grants", "Gang grants appended to the log", ["placer", "level"], registry=_R)
+GRANTED_GPUS = Counter("gpusched_granted_gpus", "GPUs granted", ["team"], registry=_R)
+PREEMPTIONS = Counter("gpusched_preemptions", "Preemptions requested, by victim team", ["team"], registry=_R)
+RELEASES = Counter("gpusched_releases", "GPUs released back to the queue, by reason", ["reason"], registry=_R)
+LOST_WORK = Counter("gpusched_lost_gpu_seconds", "GPU-seconds of work lost to preemption or failure", ["team"], registry=_R)
+FINISHED = Counter("gpusched_jobs_finished", "Jobs that reached a terminal state", ["state"], registry=_R)
+
+DECISION_SECONDS = Histogram(
+    "gpusched_decision_seconds", "Time of one decision cycle of a service", ["service"], registry=_R,
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+HANDLED = Counter("gpusched_handled", "Commands and events a service handled", ["service", "kind", "outcome"], registry=_R)
+CONFLICTS = Counter("gpusched_append_conflicts", "Compare-and-set appends that lost and were retried", ["service"], registry=_R)
+QUEUE_WAIT = Histogram(
+    "gpusched_queue_wait_seconds", "From submission (or requeue) to grant, by priority", ["priority"], registry=_R,
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400),
+)
+
+_servers: dict[int, Any] = {}
+
+
+def start_metrics_server(port: int, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY) -> int:
+    """Serve `/metrics` on `port` (0: any free port) in a daemon thread; idempotent per port.
+    Returns the port."""
+    if port and port in _servers:
+        return port
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    bound = server.server_address[1]
+    _servers[bound] = server
+    return bound
+
+
+def stop_metrics_servers() -> None:
+    for server in _servers.values():
+        server.shutdown()
+    _servers.clear()
+
+
+@contextlib.contextmanager
+def decision_timer(service: str) -> Iterator[None]:
+    """Observe the duration of one decision cycle."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        DECISION_SECONDS.labels(service).observe(time.perf_counter() - t0)
+
+
+def handled(service: str, kind: str, outcome: str = "ok") -> None:
+    HANDLED.labels(service, kind, outcome).inc()
+
+
+def observe_state(state: Any) -> None:
+    """Set the gauges from a fold (`ClusterState`)."""
+    queue: dict[tuple[str, str], int] = {}
+    queue_gpus: dict[str, int] = {}
+    for job_id in state.pending:
+        job = state.jobs[job_id]
+        key = (job.spec.team, job.spec.priority)
+        queue[key] = queue.get(key, 0) + 1
+        queue_gpus[job.spec.team] = queue_gpus.get(job.spec.team, 0) + job.spec.gang_min
+    teams = sorted(state.teams)
+    for team in teams:
+        for prio in PRIORITY_RANK:
+            QUEUE_LENGTH.labels(team, prio).set(queue.get((team, prio), 0))
+        QUEUE_GPUS.labels(team).set(queue_gpus.get(team, 0))
+        t = state.teams[team]
+        GPUS_HELD.labels(team).set(t.held)
+        TEAM_GUARANTEED.labels(team).set(t.quota.guaranteed)
+        TEAM_LIMIT.labels(team).set(-1 if t.quota.limit is None else t.quota.limit)
+    held = state.held_gpus
+    GPUS.labels("held").set(held)
+    GPUS.labels("free").set(state.free_count)
+    GPUS.labels("unavailable").set(state.total_gpus - held - state.free_count)
+    for name, count in state.job_counts().items():
+        JOBS.labels(name).set(count)
+    DEGRADED.set(1 if state.placement_degraded else 0)
+    LOG_SEQ.set(state.last_seq)
+    VIOLATIONS.set(len(state.broken))
+
+
+class FoldMetrics:
+    """A `FoldedLog` listener: counters from the records, gauges refreshed at most every
+    `gauge_interval_s` of wall time (the fold moves fast during replay)."""
+
+    def __init__(self, gauge_interval_s: float = 0.5):
+        self.gauge_interval_s = gauge_interval_s
+        self._last_gauges = 0.0
+        self._queued_at: dict[str, float] = {}
+
+    def __call__(self, record: Any, state: Any) -> None:
+        e = record.event
+        if isinstance(e, ev.GpusGranted):
+            GRANTS.labels(e.placer, e.level).inc()
+            job = state.jobs.get(e.job_id)
+            if job is not None:
+                GRANTED_GPUS.labels(job.spec.team).inc(len(e.gpus))
+                since = self._queued_at.pop(e.job_id, job.submitted_at)
+                QUEUE_WAIT.labels(job.spec.priority).observe(max(0.0, e.at - since))
+        elif isinstance(e, ev.PreemptionRequested):
+            job = state.jobs.get(e.job_id)
+            PREEMPTIONS.labels(job.spec.team if job else "unknown").inc()
+        elif isinstance(e, ev.GpusReleased):
+            RELEASES.labels(e.reason).inc()
+            job = state.jobs.get(e.job_id)
+            if job is not None:
+                self._queued_at[e.job_id] = e.at
+                if e.lost_gpu_s:
+                    LOST_WORK.labels(job.spec.team).inc(e.lost_gpu_s)
+        elif isinstance(e, (ev.JobCompleted, ev.JobFailed, ev.JobCancelled)):
+            FINISHED.labels({ev.JobCompleted: "completed", ev.JobFailed: "failed",
+                             ev.JobCancelled: "cancelled"}[type(e)]).inc()
+            self._queued_at.pop(e.job_id, None)
+        now = time.monotonic()
+        if now - self._last_gauges >= self.gauge_interval_s:
+            self._last_gauges = now
+            observe_state(state)
+
+    def refresh(self, state: Any) -> None:
+        observe_state(state)
+
+
+_attached: set[int] = set()
+
+
+def attach(folded: Any) -> FoldMetrics:
+    """Make a `FoldedLog` drive the cluster metrics of this process. Once per process: with
+    several services in one process the first fold attached counts, the others would double it."""
+    listener = FoldMetrics()
+    if not _attached:
+        _attached.add(id(folded))
+        folded.listeners.append(listener)
+    return listener
+
+
+__all__ = [
+    "start_metrics_server", "stop_metrics_servers", "decision_timer", "handled", "observe_state",
+    "FoldMetrics", "attach", "DECISION_SECONDS", "CONFLICTS", "HANDLED", "QUEUE_WAIT",
+]
