@@ -8,4 +8,16 @@ returns, in order, the events a scheduling cycle decides: `GpusGranted` (gang st
 caller appends them with compare-and-set), `JobResized` (elastic grow/shrink),
 `PreemptionRequested`, `GpusReleased` (overdue preemptions) and `JobPending` (only when a
 job's reason changed). `naive_cycle` is the fallback of a dead placement service.
+
+One question per module (Volcano-style plugins; `cycle.py` holds the steps of a session):
+
+    config.py      PolicyConfig knobs and the PRESETS of the design story
+    ordering.py    in which order pending jobs are considered (priority, FIFO, LAS)
+    fairshare.py   which team goes next; hard limits; the fairness rule of preemption
+    placement.py   which GPUs a gang gets (topology-aware `place`, naive `first_free`)
+    backfill.py    the blocked head's reservation, and who may start before it
+    preemption.py  whom to preempt for a blocked job
+    elastic.py     how elastic jobs start small, grow and shrink
+    running.py     running jobs indexed for victim search
+    reasons.py     the vocabulary of why a job waits
 """

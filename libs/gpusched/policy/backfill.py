@@ -1,0 +1,76 @@
+"""Where and when the blocked head job will start, and who may start before it.
+
+The reservation is the GPU set that frees soonest: free GPUs first, then the GPUs of running jobs
+in order of their expected end — `started_at + spec.time_limit_s` where a time limit is known, the
+preemption deadline for a job being preempted, and otherwise `started_at +
+config.unknown_runtime_s` (None, the default: never, i.e. the end is unknown and ordered after
+every known end, oldest start first). With an unknown end the reservation has no time (`at` is
+inf): the set is protected and accumulates as its holders end. Another job may start before the
+head only if it cannot delay it: it fits outside the reserved set, or its time limit ends before
+the reservation is due, or it is preemptible (and its team would be over its guaranteed share) so
+the head can take the GPUs back when its reservation comes due.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from msgspec import Struct
+
+from ..core.model import GpuId
+from ..core.state import ClusterState, Job
+from .config import PolicyConfig
+from .placement import Pool, first_free, place
+
+
+class Reservation(Struct, frozen=True):
+    job_id: str
+    gpus: list[GpuId]
+    at: float  # when the set is expected to be free (inf: unknown)
+    holders: list[str]  # running jobs holding part of the set, soonest end first
+
+    @property
+    def known(self) -> bool:
+        return math.isfinite(self.at)
+
+
+def expected_end(job: Job, now: float, config: PolicyConfig) -> float:
+    if job.preemption is not None:
+        return max(now, job.preemption.deadline)
+    start = job.started_at if job.started_at is not None else now
+    if job.spec.time_limit_s is not None:
+        return max(now, start + job.spec.time_limit_s)
+    if config.unknown_runtime_s is not None:
+        return max(now, start + config.unknown_runtime_s)
+    return math.inf
+
+
+def reserve(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
+            holders: Iterable[tuple[float, Job, list[GpuId]]]) -> Reservation | None:
+    """The soonest-freeing set of `need` GPUs for `job`. `holders`: (expected end, job, GPUs)
+    of every job holding GPUs as this cycle sees it, soonest end first. None when no set can
+    ever fit."""
+    required = job.spec.topology.required
+    fit = (lambda p: place(p, need, required)) if config.topology else (lambda p: first_free(p, need, required))
+    p = fit(pool)
+    if p is not None:
+        return Reservation(job.job_id, p.gpus, now, [])
+    hyp = pool.copy()
+    owner: dict[GpuId, tuple[float, str]] = {}
+    for end, h, gpus in holders:
+        hyp.add(gpus)
+        for g in gpus:
+            owner[g] = (end, h.job_id)
+        if hyp.count < need:
+            continue
+        p = fit(hyp)
+        if p is not None:
+            held_by: dict[str, float] = {}
+            for g in p.gpus:
+                o = owner.get(g)
+                if o is not None:
+                    held_by[o[1]] = o[0]
+            at = max(held_by.values(), default=now)
+            return Reservation(job.job_id, p.gpus, at, sorted(held_by, key=lambda j: (held_by[j], j)))
+    return None

@@ -1,0 +1,74 @@
+"""Elastic jobs (`min_gpus < gpus`): start at what fits (at least the minimum) when space is
+short, grow into idle GPUs when nothing that could use them is waiting, and give their extra
+GPUs back (shrink to the minimum) before any non-elastic job is preempted.
+
+Extra GPUs above the minimum are opportunistic: any blocked job may reclaim them, whatever its
+team or priority, so shrinking needs no fairness check (and the fold makes none).
+"""
+
+from __future__ import annotations
+
+from ..core.model import LEVEL_RANK, GpuId
+from ..core.state import ClusterState, Job
+from .placement import Pool
+
+
+def extras(job: Job) -> int:
+    return max(0, len(job.gpus) - job.spec.gang_min)
+
+
+def shrink_plan(candidates: list[Job], pool: Pool, fits) -> list[tuple[Job, list[GpuId]]] | None:
+    """Which extra GPUs to take back (the most recently added first) so that `fits` holds."""
+    hyp = pool.copy()
+    plan: list[tuple[Job, list[GpuId]]] = []
+    for job in candidates:
+        k = extras(job)
+        if k <= 0:
+            continue
+        removed = job.gpus[-k:]
+        plan.append((job, removed))
+        hyp.add(removed)
+        if fits(hyp):
+            return plan
+    return None
+
+
+def grow_gpus(state: ClusterState, pool: Pool, job: Job, room: int | None) -> list[GpuId]:
+    """Idle GPUs for a running elastic job, nearest first (its own nodes, then its racks), never
+    beyond its gang size, its team's limit, or its required topology level."""
+    want = job.spec.gpus - len(job.gpus)
+    if room is not None:
+        want = min(want, room)
+    if want <= 0 or pool.count <= 0:
+        return []
+    nodes = state.nodes
+    own = list(dict.fromkeys(state.gpus[g].node for g in job.gpus))
+    racks = {nodes[n].rack for n in own}
+    required = job.spec.topology.required
+    limit = LEVEL_RANK[required]
+    if limit <= LEVEL_RANK["node"]:
+        order = own if len(own) == 1 else []
+    else:
+        order = list(own)
+        same_rack = [n for n, nd in nodes.items() if nd.rack in racks and n not in own]
+        order += same_rack
+        if limit > LEVEL_RANK["rack"]:
+            order += [n for n in nodes if n not in own and nodes[n].rack not in racks]
+    out: list[GpuId] = []
+    for name in order:
+        if pool.n_free(name) <= 0:
+            continue
+        for g in pool.free_on(name):
+            out.append(g)
+            if len(out) == want:
+                break
+        if len(out) == want:
+            break
+    if out and LEVEL_RANK[state.span(job.gpus + out)] > limit:
+        # e.g. one NVLink domain or one block: keep only what stays within the level
+        kept: list[GpuId] = []
+        for g in out:
+            if LEVEL_RANK[state.span(job.gpus + kept + [g])] <= limit:
+                kept.append(g)
+        out = kept
+    return out

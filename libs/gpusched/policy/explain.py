@@ -1,0 +1,316 @@
+"""Why a job waits, in full: the policy's reason plus what the state says about it.
+
+The cycle writes a short reason with `JobPending` when it changes; this pure function looks at
+the same `ClusterState` and says more: how many GPUs are free where the job could run (per
+rack and node, within its topology constraint), what its team holds against its guarantee and
+limit, which running jobs hold the GPUs (by team, preemptible or not), who is ahead in the
+queue, what would unblock it, and an estimated start. `gpusched show`, the dashboard and the
+simulator all call it. It never reads a clock: `now` defaults to the fold's time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..core.model import LEVEL_RANK, PRIORITY_RANK
+from ..core.state import ClusterState, Job
+
+#: How many holders / domains an explanation lists (the rest are summed up).
+TOP = 8
+
+
+def _domain_keys(state: ClusterState, required: str) -> tuple[str, dict[str, list[str]]]:
+    """The topology domains a job with this constraint must fit in: name -> its nodes."""
+    rank = LEVEL_RANK[required]
+    if rank <= LEVEL_RANK["node"]:
+        return "node", {n: [n] for n in state.nodes}
+    if required == "rack":
+        racks: dict[str, list[str]] = {}
+        for n, node in state.nodes.items():
+            racks.setdefault(node.rack, []).append(n)
+        return "rack", racks
+    if required == "block":
+        blocks: dict[str, list[str]] = {}
+        for n, node in state.nodes.items():
+            blocks.setdefault(node.block or node.rack, []).append(n)
+        return "block", blocks
+    return "cluster", {"cluster": list(state.nodes)}
+
+
+def _nvlink_free(state: ClusterState, node: str) -> int:
+    """The most free GPUs in one NVLink domain of a node."""
+    per: dict[int, int] = {}
+    for g in state.nodes[node].free:
+        d = state.gpus[g].nvlink_domain
+        per[d] = per.get(d, 0) + 1
+    return max(per.values(), default=0)
+
+
+def _expected_end(job: Job, now: float) -> float:
+    if job.preemption is not None:
+        return max(now, job.preemption.deadline)
+    if job.spec.time_limit_s is not None and job.started_at is not None:
+        return max(now, job.started_at + job.spec.time_limit_s)
+    return math.inf
+
+
+def queue_order(state: ClusterState, now: float | None = None) -> list[str]:
+    """Pending jobs in the order the default policy considers them (priority, then
+    submission, teams taking turns by fair share)."""
+    now = state.now if now is None else now
+    try:
+        from .config import DEFAULT
+        from .ordering import ordered
+
+        return [j.job_id for j in ordered(state, now, DEFAULT)]
+    except ImportError:  # the policies are optional to this module
+        jobs = [state.jobs[j] for j in state.pending]
+        jobs.sort(key=lambda j: (-PRIORITY_RANK[j.spec.priority], j.submitted_at))
+        return [j.job_id for j in jobs]
+
+
+def estimate_start(state: ClusterState, job: Job, now: float) -> float | None:
+    """When enough GPUs should be free in some allowed domain, and the team under its limit, if
+    running jobs end on time (their time limit, or a preemption deadline). None when unknown."""
+    need = job.spec.gang_min
+    room_at = _limit_room_at(state, job, now)
+    if room_at is None:
+        return None
+    fit_at = _fit_at(state, job, now)
+    return None if fit_at is None else max(room_at, fit_at)
+
+
+def _limit_room_at(state: ClusterState, job: Job, now: float) -> float | None:
+    """When the team's own running jobs will have freed enough of its limit for this job."""
+    t = state.teams.get(job.spec.team)
+    if t is None or t.quota.limit is None:
+        return now
+    excess = t.held + job.spec.gang_min - t.quota.limit
+    if excess <= 0:
+        return now
+    if job.spec.gang_min > t.quota.limit:
+        return None
+    ends = sorted((_expected_end(state.jobs[j], now), len(state.jobs[j].gpus)) for j in state.running
+                  if state.jobs[j].spec.team == job.spec.team)
+    for at, count in ends:
+        if not math.isfinite(at):
+            return None
+        excess -= count
+        if excess <= 0:
+            return at
+    return None
+
+
+def _fit_at(state: ClusterState, job: Job, now: float) -> float | None:
+    need = job.spec.gang_min
+    level, domains = _domain_keys(state, job.spec.topology.required)
+    best: float | None = None
+    for nodes in domains.values():
+        usable = [n for n in nodes if state.nodes[n].usable]
+        free = sum(len(state.nodes[n].free) for n in usable)
+        if free >= need:
+            return now
+        capacity = sum(len(state.nodes[n].gpus) for n in usable)
+        if capacity < need:
+            continue
+        ends: list[tuple[float, int]] = []
+        holders: dict[str, int] = {}
+        for n in usable:
+            for g in state.nodes[n].gpus:
+                h = state.gpus[g].holder
+                if h is not None:
+                    holders[h] = holders.get(h, 0) + 1
+        for h, count in holders.items():
+            ends.append((_expected_end(state.jobs[h], now), count))
+        ends.sort()
+        for at, count in ends:
+            if not math.isfinite(at):
+                break
+            free += count
+            if free >= need:
+                best = at if best is None else min(best, at)
+                break
+    return best
+
+
+def explain_pending(state: ClusterState, job_id: str, now: float | None = None) -> dict[str, Any]:
+    """A structured explanation of why `job_id` waits (see the module docstring)."""
+    now = state.now if now is None else now
+    job = state.jobs[job_id]
+    spec = job.spec
+    need = spec.gang_min
+    team = state.teams.get(spec.team)
+    quota = team.quota if team is not None else None
+    held = team.held if team is not None else 0
+    out: dict[str, Any] = {
+        "job_id": job_id,
+        "state": job.state,
+        "team": spec.team,
+        "priority": spec.priority,
+        "needs": {"gpus": spec.gpus, "min_gpus": need, "required": spec.topology.required,
+                  "preferred": spec.topology.preferred},
+        "policy": {"reason": job.pending_reason, "blockers": list(job.pending_blockers),
+                   "eta_s": job.pending_eta_s},
+        "waiting_s": round(max(0.0, now - job.submitted_at), 3),
+    }
+    if job.state != "pending":
+        out["summary"] = f"job is {job.state}, not pending"
+        return out
+
+    # --- the team's standing ---------------------------------------------------------------
+    guaranteed = quota.guaranteed if quota else 0
+    limit = quota.limit if quota else None
+    team_info = {"held": held, "guaranteed": guaranteed, "limit": limit, "weight": quota.weight if quota else 1.0,
+                 "under_guarantee": held < guaranteed,
+                 "pending_jobs": sum(1 for j in state.pending if state.jobs[j].spec.team == spec.team)}
+    limit_blocks = limit is not None and held + need > limit
+    team_info["limit_blocks"] = limit_blocks
+    out["team_quota"] = team_info
+
+    # --- where it could fit ----------------------------------------------------------------
+    level, domains = _domain_keys(state, spec.topology.required)
+    considered = []
+    for name, nodes in domains.items():
+        usable = [n for n in nodes if state.nodes[n].usable]
+        free = sum(len(state.nodes[n].free) for n in usable)
+        total = sum(len(state.nodes[n].gpus) for n in nodes)
+        held_here: dict[str, int] = {}
+        for n in nodes:
+            for g in state.nodes[n].gpus:
+                h = state.gpus[g].holder
+                if h is not None:
+                    held_here[h] = held_here.get(h, 0) + 1
+        considered.append({"domain": name, "level": level, "free": free, "total": total,
+                           "unavailable": total - free - sum(held_here.values()),
+                           "fits": free >= need, "short": max(0, need - free),
+                           "top_holders": sorted(held_here.items(), key=lambda kv: (-kv[1], kv[0]))[:3]})
+    considered.sort(key=lambda d: (-d["free"], d["domain"]))
+    fits_now = [d["domain"] for d in considered if d["fits"]]
+    best = considered[0] if considered else None
+    out["topology"] = {
+        "level": level, "domains_considered": len(considered), "fits_now_in": fits_now[:TOP],
+        "best": best, "domains": considered[:TOP],
+        "free_total": state.free_count, "gpus_total": state.total_gpus,
+        "nvlink_best_free": max((_nvlink_free(state, n) for n in state.nodes if state.nodes[n].usable), default=0),
+    }
+    if not considered or max(d["total"] for d in considered) < need:
+        out["topology"]["impossible"] = (
+            f"no {level} has {need} GPUs at all" if considered else "no nodes registered"
+        )
+
+    # --- who holds the GPUs ----------------------------------------------------------------
+    holders = []
+    by_team: dict[str, int] = {}
+    for jid in state.running:
+        h = state.jobs[jid]
+        if not h.gpus:
+            continue
+        by_team[h.spec.team] = by_team.get(h.spec.team, 0) + len(h.gpus)
+        holders.append({
+            "job_id": jid, "team": h.spec.team, "gpus": len(h.gpus), "priority": h.spec.priority,
+            "preemptible": h.spec.preemptible, "since": h.started_at,
+            "expected_end": None if not math.isfinite(_expected_end(h, now)) else _expected_end(h, now),
+            "preempting": h.preemption is not None,
+        })
+    holders.sort(key=lambda h: (-h["gpus"], h["job_id"]))
+    rank = PRIORITY_RANK[spec.priority]
+    # Preemptible holders the policy may reclaim for it: in its own team, lower priority ones;
+    # in other teams (priority orders work only within a team's entitlement), those of a team
+    # over its share, or any while its own team is under its guarantee (the fold's fairness rule).
+    reclaimable = [h for h in holders if h["preemptible"] and not h["preempting"] and (
+        PRIORITY_RANK[h["priority"]] < rank if h["team"] == spec.team
+        else (_over_share(state, h["team"]) or team_info["under_guarantee"]))]
+    out["holders"] = holders[:TOP]
+    out["held_by_team"] = dict(sorted(by_team.items(), key=lambda kv: (-kv[1], kv[0])))
+    out["reclaimable_gpus"] = sum(h["gpus"] for h in reclaimable)
+
+    # --- who is ahead ----------------------------------------------------------------------
+    order = queue_order(state, now)
+    pos = order.index(job_id) if job_id in order else len(order)
+    ahead = [state.jobs[j] for j in order[:pos]]
+    out["queue"] = {"position": pos + 1, "of": len(order), "ahead_jobs": len(ahead),
+                    "ahead_gpus": sum(j.spec.gang_min for j in ahead),
+                    "ahead": [j.job_id for j in ahead[:TOP]]}
+
+    # --- what would unblock it, and when ---------------------------------------------------
+    unblock: list[str] = []
+    if limit_blocks:
+        unblock.append(f"team {spec.team} holds {held} of its limit {limit}: {held + need - limit} of its GPUs "
+                       f"must free up, or the limit be raised to {held + need}")
+    if "impossible" in out["topology"]:
+        unblock.append(f"it can never fit: {out['topology']['impossible']} (lower its size or relax "
+                       f"topology.required={spec.topology.required})")
+    elif not fits_now and best is not None:
+        short = best["short"]
+        where = "" if level == "cluster" else f" in {level} {best['domain']}"
+        names = ", ".join(f"{j} ({c})" for j, c in best["top_holders"])
+        unblock.append(f"{short} more GPU(s) free{where}" + (f": held by {names}" if names else ""))
+        if out["reclaimable_gpus"] >= short:
+            unblock.append(f"preempting {short} of {out['reclaimable_gpus']} reclaimable GPU(s) (preemptible "
+                           f"jobs of over-share teams, or of its own team at lower priority)")
+    elif fits_now and not limit_blocks:
+        if ahead:
+            unblock.append(f"{len(ahead)} job(s) ahead of it in the queue are placed first "
+                           f"({out['queue']['ahead_gpus']} GPUs)")
+        else:
+            unblock.append("nothing: it fits now and should start on the next placement cycle")
+    if state.placement_degraded:
+        unblock.append("placement is degraded: the naive fallback places first-free GPUs")
+
+    eta = job.pending_eta_s
+    if eta is None:
+        start = estimate_start(state, job, now)
+        eta = None if start is None else max(0.0, start - now)
+    out["eta_s"] = None if eta is None else round(eta, 3)
+    out["unblock"] = unblock
+    out["summary"] = _summary(out)
+    return out
+
+
+def _over_share(state: ClusterState, team: str) -> bool:
+    t = state.teams.get(team)
+    return t is not None and t.held > t.quota.guaranteed
+
+
+def _summary(x: dict[str, Any]) -> str:
+    if x["policy"]["reason"]:
+        return x["policy"]["reason"]
+    if x["team_quota"]["limit_blocks"]:
+        tq = x["team_quota"]
+        return f"team {x['team']} at its limit {tq['limit']} (holds {tq['held']})"
+    topo = x["topology"]
+    if "impossible" in topo:
+        return f"can never fit: {topo['impossible']}"
+    if not topo["fits_now_in"]:
+        scope = "" if topo["level"] == "cluster" else f" within one {topo['level']}"
+        return f"waiting for {x['needs']['min_gpus']} free GPUs{scope} ({topo['best']['free'] if topo['best'] else 0} free at best)"
+    return "fits now; waiting for the next placement cycle"
+
+
+def explain_preemptions(history: list[tuple[int, Any]]) -> list[dict[str, Any]]:
+    """Each preemption of a job, from its history ((seq, event) pairs in log order): which job
+    it served, when, the deadline, the checkpoint it saved, and the work lost."""
+    out: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    last_ckpt: dict[str, Any] | None = None
+    for seq, e in history:
+        kind = type(e).__name__
+        if kind == "CheckpointSaved":
+            last_ckpt = {"path": e.path, "step": e.step, "at": e.at, "seq": seq}
+            if current is not None:
+                current["checkpoint"] = {**last_ckpt, "on_request": True}
+        elif kind == "PreemptionRequested":
+            current = {"seq": seq, "at": e.at, "for_job": e.for_job, "reason": e.reason, "deadline": e.deadline,
+                       "checkpoint": None, "released_at": None, "forced": None, "lost_gpu_s": None}
+            out.append(current)
+        elif kind == "GpusReleased" and current is not None and current["released_at"] is None:
+            # the job resumes from its latest checkpoint, saved on request or earlier
+            current.update(released_at=e.at, forced=e.forced, lost_gpu_s=e.lost_gpu_s, release_reason=e.reason)
+            if current["checkpoint"] is None and last_ckpt is not None:
+                current["checkpoint"] = {**last_ckpt, "on_request": False}
+            current = None
+    return out
+
+
+__all__ = ["explain_pending", "explain_preemptions", "estimate_start", "queue_order"]

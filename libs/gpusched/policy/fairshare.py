@@ -1,0 +1,47 @@
+"""Which team goes next: a team below its guaranteed share first, then the least weighted usage.
+
+Usage is the fold's decayed GPU-seconds (`state.team_usage`); a team's current holding counts as
+`fairshare_horizon_s` of future usage, so GPUs granted earlier in the same cycle move a team down
+the order at once. Priority only orders work *within* a team (see ordering.py).
+"""
+
+from __future__ import annotations
+
+from ..core.state import ClusterState
+from .config import PolicyConfig
+
+
+def team_rank(state: ClusterState, team: str, held: int, usage: float, config: PolicyConfig) -> tuple:
+    """Lower sorts first. `held` is the team's holding as this cycle sees it."""
+    t = state.teams.get(team)
+    q = t.quota if t is not None else None
+    guaranteed = q.guaranteed if q is not None else 0
+    weight = q.weight if q is not None else 1.0
+    if held < guaranteed:
+        return (0, held / guaranteed, team)
+    return (1, (usage + held * config.fairshare_horizon_s) / weight, team)
+
+
+def over_share(state: ClusterState, team: str, held: int) -> int:
+    """How many GPUs a team holds beyond its guaranteed share (negative: below it)."""
+    t = state.teams.get(team)
+    return held - (t.quota.guaranteed if t is not None else 0)
+
+
+def limit_room(state: ClusterState, team: str, held: int) -> int | None:
+    """GPUs a team may still take before its hard limit (None: no limit)."""
+    t = state.teams.get(team)
+    if t is None or t.quota.limit is None:
+        return None
+    return t.quota.limit - held
+
+
+def may_preempt(state: ClusterState, victim_team: str, victim_held: int, for_team: str, for_held: int) -> bool:
+    """The fold's fairness rule: a team at or under its guaranteed share is never preempted for a
+    team at or over its own. `*_held` are the holdings when the request is applied."""
+    if victim_team == for_team:
+        return True
+    vt, ft = state.teams.get(victim_team), state.teams.get(for_team)
+    vg = vt.quota.guaranteed if vt is not None else 0
+    fg = ft.quota.guaranteed if ft is not None else 0
+    return not (victim_held <= vg and for_held >= fg)

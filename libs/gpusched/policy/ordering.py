@@ -1,0 +1,129 @@
+"""In which order pending jobs are considered: priority class, then submission time (or least
+attained service), then job id; with fair share, teams take turns by `fairshare.team_rank` and
+priority orders each team's own queue.
+
+Requeued jobs keep their original submission time, so a preempted job goes back near the front.
+
+The order is kept by a `QueueIndex`, an incremental memo of the sorted queue (a cache, not
+state: it gives exactly the order a full sort would, and is rebuilt whenever it cannot prove it
+is current). It makes a cycle cost O(jobs that changed + jobs considered), not O(queue): it
+finds the jobs (re)queued since the last call by walking the fold's insertion-ordered `pending`
+backwards, and it remembers which waiting jobs already carry the stable reason a cycle would
+give them (`settled`), so a long queue costs nothing per cycle.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator
+
+from ..core.model import PRIORITY_RANK
+from ..core.state import ClusterState, Job
+from .config import PolicyConfig
+from .fairshare import team_rank
+
+#: Every this many calls the index forgets which reasons it has seen settled and checks them
+#: all again (a guard against reasons appended by another writer).
+REVERIFY_EVERY = 256
+_MAX_INDEXES = 8
+
+
+def job_key(job: Job, config: PolicyConfig) -> tuple:
+    """Lower sorts first, within one team (or the whole queue without fair share)."""
+    prio = -PRIORITY_RANK[job.spec.priority] if config.priority else 0
+    attained = job.service_gpu_s if config.las else 0.0  # a pending job holds nothing: static
+    return (prio, attained, job.submitted_at, job.job_id)
+
+
+class QueueIndex:
+    """The pending queue of one state, sorted (per team with fair share), kept incrementally."""
+
+    def __init__(self, state: ClusterState, config: PolicyConfig, mode: tuple) -> None:
+        self.state, self.config, self.mode = state, config, mode
+        self.entries: dict[str, tuple[tuple, int]] = {}  # job -> (sort key, attempt)
+        self.queues: dict[str | None, list[tuple]] = {}  # team (None without fair share) -> keys
+        self.settled: dict[str, None] = {}  # waiting jobs whose state shows their tail reason
+        self.calls = 0
+
+    def _insert(self, job: Job) -> None:
+        key = job_key(job, self.config)
+        self.entries[job.job_id] = (key, job.attempt)
+        insort(self.queues.setdefault(job.spec.team if self.config.fairshare else None, []), key)
+
+    def _remove(self, job_id: str) -> None:
+        key, _ = self.entries.pop(job_id)
+        q = self.queues[self.state.jobs[job_id].spec.team if self.config.fairshare else None]
+        i = bisect_left(q, key)
+        del q[i]
+        self.settled.pop(job_id, None)
+
+    def update(self) -> None:
+        st = self.state
+        pend, jobs, entries = st.pending, st.jobs, self.entries
+        self.calls += 1
+        if self.calls % REVERIFY_EVERY == 0:
+            self.settled.clear()
+        # Jobs (re)queued since the last call sit at the end of the insertion-ordered `pending`:
+        # a job that left the queue was granted (its attempt moved) or ended for good.
+        changed = []
+        for jid in reversed(pend):
+            e = entries.get(jid)
+            if e is not None and e[1] == jobs[jid].attempt:
+                break
+            changed.append(jid)
+        fresh = sum(1 for jid in changed if jid not in entries)
+        if len(entries) > len(pend) - fresh:
+            for jid in entries.keys() - pend.keys():
+                self._remove(jid)
+        for jid in reversed(changed):
+            if jid in entries:
+                self._remove(jid)
+            self._insert(jobs[jid])
+
+    def ordered(self, now: float, held: Callable[[str], int]) -> Iterator[Job]:
+        """Pending jobs in order. With fair share the order is lazy: `held(team)` is read after
+        each job is yielded, so grants made meanwhile move the team down."""
+        st, jobs = self.state, self.state.jobs
+        if not self.config.fairshare:
+            for key in self.queues.get(None, ()):
+                yield jobs[key[-1]]
+            return
+        heap = []
+        usage = {}
+        for t, q in self.queues.items():
+            if q:
+                usage[t] = st.team_usage(t, now)
+                heap.append((team_rank(st, t, held(t), usage[t], self.config), t, 0))
+        heapq.heapify(heap)
+        while heap:
+            _, t, i = heapq.heappop(heap)
+            q = self.queues[t]
+            yield jobs[q[i][-1]]
+            if i + 1 < len(q):
+                heapq.heappush(heap, (team_rank(st, t, held(t), usage[t], self.config), t, i + 1))
+
+
+_INDEXES: dict[tuple, QueueIndex] = {}
+
+
+def queue_index(state: ClusterState, config: PolicyConfig) -> QueueIndex:
+    """The (updated) queue index of `state` for the ordering knobs of `config`."""
+    mode = (config.priority, config.las, config.fairshare, config.strict_fifo or not config.gang, config.elastic)
+    key = (id(state), mode)
+    idx = _INDEXES.get(key)
+    if idx is None or idx.state is not state:
+        idx = QueueIndex(state, config, mode)
+        if len(_INDEXES) >= _MAX_INDEXES:
+            del _INDEXES[next(iter(_INDEXES))]
+        _INDEXES[key] = idx
+    idx.update()
+    return idx
+
+
+def ordered(state: ClusterState, now: float, config: PolicyConfig,
+            held: Callable[[str], int] | None = None) -> Iterator[Job]:
+    """Pending jobs in the order a cycle considers them (a fresh index: for tests and tools)."""
+    idx = QueueIndex(state, config, ())
+    idx.update()
+    return idx.ordered(now, held or (lambda t: state.teams[t].held))

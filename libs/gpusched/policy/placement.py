@@ -1,0 +1,435 @@
+"""Which GPUs a gang gets: all of them or none, the tightest set, then the least fragmenting.
+
+`place` is topology-aware: it tries each level from NVLink domain up to the job's required
+level and takes the first that fits; within a level it picks the fewest nodes/racks, then best
+fit (the candidate whose free count is the smallest that fits, so whole nodes and whole racks
+stay free for the next big gang), ties going to the rack with the least free GPUs. `first_free`
+is the naive baseline and the fallback.
+
+Both work on a `Pool`: the fold's incremental per-node free sets seen through a small overlay of
+what this cycle already granted or released, so one cycle never double-books and never mutates
+the state. A placement costs a few passes over per-node free counts (no scan of every GPU);
+the static shape of the cluster (node -> rack -> block, NVLink domain sizes) is indexed once
+per state and reused until a node registers.
+"""
+
+from __future__ import annotations
+
+from msgspec import Struct
+
+from ..core.model import LEVEL_RANK, GpuId
+from ..core.state import ClusterState
+
+#: NVLink domain size of the standard layouts (None: the whole node; 0: read the GPU records).
+_DOMAIN_SIZE = {"all": None, "pairs": 2, "quads": 4, "none": 1}
+
+
+class Placement(Struct, frozen=True):
+    gpus: list[GpuId]
+    level: str
+    why: str
+
+
+class Topology:
+    """The static shape of a cluster, by node index in registration order."""
+
+    __slots__ = ("nodes", "names", "index", "rack_of", "racks", "rack_members", "block_of_rack",
+                 "dom_cap", "all_layout", "max_node")
+
+    def __init__(self, state: ClusterState) -> None:
+        self.nodes = state.nodes
+        self.names = list(state.nodes)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        racks: dict[str, int] = {}
+        self.rack_of: list[int] = []
+        self.rack_members: list[list[int]] = []
+        self.block_of_rack: list[str | None] = []
+        self.dom_cap: list[int] = []
+        for i, (name, node) in enumerate(state.nodes.items()):
+            r = racks.get(node.rack)
+            if r is None:
+                r = racks[node.rack] = len(self.rack_members)
+                self.rack_members.append([])
+                self.block_of_rack.append(node.block)
+            self.rack_of.append(r)
+            self.rack_members[r].append(i)
+            size = _DOMAIN_SIZE.get(node.nvlink, 0)
+            if size is None:
+                size = len(node.gpus)
+            elif not size:
+                per: dict[int, int] = {}
+                for g in node.gpus:
+                    d = state.gpus[g].nvlink_domain
+                    per[d] = per.get(d, 0) + 1
+                size = max(per.values(), default=0)
+            self.dom_cap.append(size)
+        self.racks = list(racks)
+        self.all_layout = [node.nvlink == "all" for node in state.nodes.values()]
+        self.max_node = max((len(n.gpus) for n in state.nodes.values()), default=0)
+
+
+_TOPOLOGIES: dict[int, Topology] = {}
+
+
+def topology(state: ClusterState) -> Topology:
+    """The state's topology index (nodes only ever register, never leave: a count suffices)."""
+    t = _TOPOLOGIES.get(id(state))
+    if t is None or t.nodes is not state.nodes or len(t.names) != len(state.nodes):
+        if len(_TOPOLOGIES) >= 8:
+            del _TOPOLOGIES[next(iter(_TOPOLOGIES))]
+        t = _TOPOLOGIES[id(state)] = Topology(state)
+    return t
+
+
+class Pool:
+    """Placeable GPUs as one cycle sees them: the fold's free sets, less the GPUs this cycle has
+    granted (`take`), plus the GPUs it has released (`add`). Never mutates the state."""
+
+    __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack")
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.topo = topology(state)
+        self.taken: set[GpuId] = set()
+        self.added: dict[str, list[GpuId]] = {}  # node -> GPUs released this cycle, in order
+        self.delta: dict[str, int] = {}  # node -> change of its free count
+        self.count = state.free_count
+        self._cnt: list[int] | None = None  # free count per node index, built on first use
+        self._rack: list[int] | None = None  # free count per rack index, built on first use
+
+    def copy(self) -> Pool:
+        p = Pool.__new__(Pool)
+        p.state, p.topo, p.count = self.state, self.topo, self.count
+        p.taken, p.delta = set(self.taken), dict(self.delta)
+        p.added = {k: list(v) for k, v in self.added.items()}
+        p._cnt = None if self._cnt is None else list(self._cnt)
+        p._rack = None if self._rack is None else list(self._rack)
+        return p
+
+    # counts
+
+    def node_counts(self) -> list[int]:
+        """Free GPUs per node index (one pass on first use, then kept up to date)."""
+        if self._cnt is None:
+            cnt = [len(node.free) for node in self.state.nodes.values()]
+            index = self.topo.index
+            for name, d in self.delta.items():
+                cnt[index[name]] += d
+            self._cnt = cnt
+        return self._cnt
+
+    def rack_counts(self) -> list[int]:
+        if self._rack is None:
+            cnt = self.node_counts()
+            self._rack = [sum(map(cnt.__getitem__, m)) for m in self.topo.rack_members]
+        return self._rack
+
+    def counts(self) -> dict[str, int]:
+        """Free count of every node by name, in node order (zeros included)."""
+        return dict(zip(self.topo.names, self.node_counts()))
+
+    def n_free(self, name: str) -> int:
+        return len(self.state.nodes[name].free) + self.delta.get(name, 0)
+
+    def free_on(self, name: str) -> list[GpuId]:
+        """The free GPUs of one node, in the fold's order, then those released this cycle."""
+        node = self.state.nodes[name]
+        taken = self.taken
+        out = [g for g in node.free if g not in taken] if taken else list(node.free)
+        extra = self.added.get(name)
+        if extra:
+            out.extend(g for g in extra if g not in taken)
+        return out
+
+    # changes
+
+    def _bump(self, node: str, d: int) -> None:
+        self.delta[node] = self.delta.get(node, 0) + d
+        self.count += d
+        if self._cnt is not None:
+            i = self.topo.index[node]
+            self._cnt[i] += d
+            if self._rack is not None:
+                self._rack[self.topo.rack_of[i]] += d
+
+    def take(self, gpus: list[GpuId]) -> None:
+        gi = self.state.gpus
+        for g in gpus:
+            node = gi[g].node
+            extra = self.added.get(node)
+            if extra and g in extra:
+                extra.remove(g)
+            else:
+                self.taken.add(g)
+            self._bump(node, -1)
+
+    def add(self, gpus: list[GpuId]) -> None:
+        """GPUs released this cycle; only those the fold will make placeable again, once each."""
+        st = self.state
+        for g in gpus:
+            rec = st.gpus[g]
+            node = st.nodes[rec.node]
+            if rec.quarantined is not None or rec.zombie_pids is not None or not node.usable:
+                continue
+            if g in self.taken:
+                self.taken.discard(g)
+            elif g in node.free:
+                continue  # already free: adding twice must not count twice
+            else:
+                extra = self.added.setdefault(rec.node, [])
+                if g in extra:
+                    continue
+                extra.append(g)
+            self._bump(rec.node, 1)
+
+    def without(self, gpus) -> Pool:
+        """A copy that cannot place on `gpus` (e.g. a reservation)."""
+        p = self.copy()
+        gi, nodes = self.state.gpus, self.state.nodes
+        for g in gpus:
+            node = gi[g].node
+            extra = p.added.get(node)
+            if extra and g in extra:
+                extra.remove(g)
+            elif g in p.taken or g not in nodes[node].free:
+                continue
+            else:
+                p.taken.add(g)
+            p._bump(node, -1)
+        return p
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _fill(items: list[tuple[object, int]], n: int) -> list[tuple[object, int]] | None:
+    """Fewest containers, best fit for the last: take the largest until the rest fits in one,
+    then the smallest that holds the rest. `items` are (key, free); returns (key, how many)."""
+    order = sorted((it for it in items if it[1] > 0), key=lambda it: -it[1])  # stable: ties keep order
+    chosen: list[tuple[object, int]] = []
+    rest = n
+    i = 0
+    while rest > 0:
+        if i >= len(order):
+            return None
+        best = -1
+        j = i
+        while j < len(order) and order[j][1] >= rest:
+            best = j
+            j += 1
+        if best >= 0:
+            chosen.append((order[best][0], rest))
+            return chosen
+        chosen.append(order[i])
+        rest -= order[i][1]
+        i += 1
+    return chosen
+
+
+def _nodes_needed(counts: list[int], n: int) -> int:
+    total = 0
+    for i, k in enumerate(sorted(counts, reverse=True)):
+        total += k
+        if total >= n:
+            return i + 1
+    return 1 << 30
+
+
+def _domains(pool: Pool, name: str) -> dict[int, list[GpuId]]:
+    gi = pool.state.gpus
+    out: dict[int, list[GpuId]] = {}
+    for g in pool.free_on(name):
+        out.setdefault(gi[g].nvlink_domain, []).append(g)
+    return out
+
+
+def _pick_on_node(pool: Pool, name: str, n: int) -> list[GpuId]:
+    """n GPUs of one node: fewest NVLink domains, best fit for the last one."""
+    if pool.state.nodes[name].nvlink == "all":
+        return pool.free_on(name)[:n]
+    doms = _domains(pool, name)
+    plan = _fill([(d, len(gs)) for d, gs in doms.items()], n)
+    assert plan is not None
+    out: list[GpuId] = []
+    for d, k in plan:
+        out.extend(doms[d][:k])  # type: ignore[index]
+    return out
+
+
+def _pick_on_nodes(pool: Pool, members: list[int], n: int) -> list[GpuId]:
+    cnt, names = pool.node_counts(), pool.topo.names
+    plan = _fill([(i, cnt[i]) for i in members], n)
+    assert plan is not None
+    out: list[GpuId] = []
+    for i, k in plan:
+        out.extend(_pick_on_node(pool, names[i], k))  # type: ignore[index]
+    return out
+
+
+def _across_racks(pool: Pool, racks: list[int], n: int) -> list[GpuId]:
+    rc, members = pool.rack_counts(), pool.topo.rack_members
+    plan = _fill([(r, rc[r]) for r in racks], n)
+    assert plan is not None
+    out: list[GpuId] = []
+    for r, k in plan:
+        out.extend(_pick_on_nodes(pool, members[r], k))  # type: ignore[index]
+    return out
+
+
+# --- topology-aware placement --------------------------------------------------------------
+
+
+def place(pool: Pool, n: int, required: str = "cluster", preferred: str = "nvlink") -> Placement | None:
+    """The tightest feasible set of `n` GPUs no wider than `required`, or None."""
+    if n <= 0 or n > pool.count:
+        return None
+    topo = pool.topo
+    names = topo.names
+    cnt = pool.node_counts()
+    limit = LEVEL_RANK[required]
+
+    def done(gpus: list[GpuId], level: str, why: str) -> Placement:
+        if LEVEL_RANK[level] > LEVEL_RANK[preferred]:
+            why += f" (preferred {preferred} not available)"
+        return Placement(gpus, level, why)
+
+    if n <= topo.max_node:
+        cands = [i for i, k in enumerate(cnt) if k >= n]
+        if cands:
+            rc, rack_of = pool.rack_counts(), topo.rack_of
+            # 1. one NVLink domain: best fit domain, then node, then rack
+            dom_cands = [i for i in cands if topo.dom_cap[i] >= n]
+            best_dom = None
+            if dom_cands:
+                fast = [i for i in dom_cands if topo.all_layout[i]]
+                if fast:
+                    kmin = min(cnt[i] for i in fast)
+                    i = min((i for i in fast if cnt[i] == kmin), key=lambda i: rc[rack_of[i]])
+                    best_dom = ((kmin, kmin, rc[rack_of[i]], i), i, None)
+                for i in dom_cands:
+                    if topo.all_layout[i]:
+                        continue
+                    for d, gs in _domains(pool, names[i]).items():
+                        if len(gs) >= n:
+                            key = (len(gs), cnt[i], rc[rack_of[i]], i)
+                            if best_dom is None or key < best_dom[0]:
+                                best_dom = (key, i, d)
+            if best_dom is not None:
+                _, i, d = best_dom
+                gpus = pool.free_on(names[i])[:n] if d is None else _domains(pool, names[i])[d][:n]
+                return done(gpus, "nvlink", f"one NVLink domain on {names[i]}")
+            if limit < LEVEL_RANK["node"]:
+                return None
+            # 2. one node: best fit node, ties to the rack with the least free
+            kmin = min(cnt[i] for i in cands)
+            i = min((i for i in cands if cnt[i] == kmin), key=lambda i: rc[rack_of[i]])
+            return done(_pick_on_node(pool, names[i], n), "node", f"one node {names[i]}")
+    if limit < LEVEL_RANK["rack"]:
+        return None
+
+    # 3. one rack: fewest nodes, then best fit rack
+    rc = pool.rack_counts()
+    members = topo.rack_members
+    best = None
+    for r, total in enumerate(rc):
+        if total < n:
+            continue
+        key = (_nodes_needed([cnt[i] for i in members[r]], n), total, r)
+        if best is None or key < best:
+            best = key
+    if best is not None:
+        r = best[2]
+        return done(_pick_on_nodes(pool, members[r], n), "rack", f"one rack {topo.racks[r]}, {best[0]} nodes")
+    if limit < LEVEL_RANK["block"]:
+        return None
+
+    # 4. one block: fewest racks, then best fit block
+    block_racks: dict[str, list[int]] = {}
+    for r, b in enumerate(topo.block_of_rack):
+        if b is not None and rc[r] > 0:
+            block_racks.setdefault(b, []).append(r)
+    bbest = None
+    for b, racks in block_racks.items():
+        total = sum(rc[r] for r in racks)
+        if total < n:
+            continue
+        key = (_nodes_needed([rc[r] for r in racks], n), total)
+        if bbest is None or key < bbest[0]:
+            bbest = (key, b)
+    if bbest is not None:
+        b = bbest[1]
+        return done(_across_racks(pool, block_racks[b], n), "block", f"one block {b}, {bbest[0][0]} racks")
+    if limit < LEVEL_RANK["cluster"]:
+        return None
+
+    # 5. across racks: fewest racks, best fit for the last one
+    gpus = _across_racks(pool, [r for r, k in enumerate(rc) if k > 0], n)
+    used = {topo.rack_of[topo.index[pool.state.gpus[g].node]] for g in gpus}
+    level = pool.state.span(gpus)  # "block" when the racks happen to share one
+    return done(gpus, level, f"across {len(used)} racks")
+
+
+# --- naive placement ------------------------------------------------------------------------
+
+
+def first_free(pool: Pool, n: int, required: str = "cluster") -> Placement | None:
+    """The first free GPUs in node order: the baseline and the fallback of a dead placement
+    service. Still never wider than `required` (the first group of that level with room)."""
+    if n <= 0 or n > pool.count:
+        return None
+    st = pool.state
+    delta = pool.delta
+    if required == "cluster":
+        out: list[GpuId] = []
+        for name, node in st.nodes.items():
+            if not node.free and delta.get(name, 0) <= 0:
+                continue
+            for g in pool.free_on(name):
+                out.append(g)
+                if len(out) == n:
+                    return Placement(out, st.span(out), "first free GPUs")
+        return None
+    groups: dict[object, list[GpuId]] = {}
+    for name, node in st.nodes.items():
+        if not node.free and delta.get(name, 0) <= 0:
+            continue
+        for g in pool.free_on(name):
+            if required == "nvlink":
+                key: object = (name, st.gpus[g].nvlink_domain)
+            elif required == "node":
+                key = name
+            elif required == "rack":
+                key = node.rack
+            else:
+                key = node.block if node.block is not None else ("rack", node.rack)
+            grp = groups.setdefault(key, [])
+            grp.append(g)
+            if len(grp) == n:
+                return Placement(grp, st.span(grp), f"first free GPUs within one {required}")
+    return None
+
+
+def explain_no_fit(pool: Pool, n: int, required: str) -> str:
+    """Why `n` GPUs do not fit now, with the free counts that matter (for the head job), e.g.
+    "waiting for 16 GPUs within one rack; 9 free in rack r0, 6 in r1"."""
+    if required == "cluster":
+        return f"waiting for {n} GPUs; {pool.count} free"
+    level = "node" if required in ("nvlink", "node") else required
+    per: dict[str, int] = {}
+    nodes = pool.state.nodes
+    for name, k in pool.counts().items():
+        if k <= 0:
+            continue
+        node = nodes[name]
+        key = name if level == "node" else node.rack if level == "rack" else (node.block or node.rack)
+        per[key] = per.get(key, 0) + k
+    top = sorted(per.items(), key=lambda kv: -kv[1])[:3]
+    scope = "one NVLink domain" if required == "nvlink" else f"one {required}"
+    if not top:
+        return f"waiting for {n} GPUs within {scope}; none free"
+    first, rest = top[0], top[1:]
+    detail = f"{first[1]} free in {level} {first[0]}" + "".join(f", {k} in {name}" for name, k in rest)
+    return f"waiting for {n} GPUs within {scope}; {detail}"
+
+
+__all__ = ["Placement", "Pool", "Topology", "explain_no_fit", "first_free", "place", "topology"]

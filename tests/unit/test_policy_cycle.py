@@ -1,0 +1,136 @@
+"""One cycle per preset: what starts, what waits and why; reasons only when they change."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.core import events as ev
+from gpusched.policy.config import PRESETS
+from gpusched.policy.cycle import cycle, naive_cycle
+
+from .policy_helpers import Scenario, gpus, grants
+
+
+def _big_head(s: Scenario) -> None:
+    s.run("x", gpus("r0n0", 0, 1, 2, 3))
+    s.submit("big", 16, at=1)
+    s.submit("small", 2, at=2)
+
+
+def _topology(s: Scenario) -> None:
+    s.run("x", gpus("r0n0", 0, 1))
+    s.submit("four", 4, at=1)
+
+
+def _limit(s: Scenario) -> None:
+    s.team("capped", limit=4)
+    s.run("x", gpus("r0n0", 0, 1, 2), team="capped")
+    s.submit("over", 2, team="capped", at=1)
+    s.submit("other", 2, team="b", at=2)
+
+
+def _same_cycle(s: Scenario) -> None:
+    for i in range(5):
+        s.submit(f"j{i}", 4, at=i)
+
+
+# name: (setup, preset, want started {job: level or None}, want pending {job: reason prefix})
+CASES = {
+    "fifo: the head blocks everything behind it": (
+        _big_head, "fifo", {}, {"big": "waiting for 16 GPUs; 12 free", "small": "queued behind earlier jobs"}),
+    "gang: a job that does not fit does not block the ones behind it": (
+        _big_head, "gang", {"small": "nvlink"}, {"big": "waiting for 16 GPUs; 10 free"}),
+    "full: the small job may not take the head's reservation": (
+        _big_head, "full", {}, {"big": "waiting for 16 GPUs; 12 free; GPUs reserved", "small": "would delay"}),
+    "naive placement takes the first free GPUs": (_topology, "gang", {"four": "nvlink"}, {}),
+    "topology placement keeps the whole node free": (_topology, "topo", {"four": "nvlink"}, {}),
+    "never over a team's hard limit": (
+        _limit, "fairshare", {"other": None}, {"over": "team capped at its limit 4"}),
+    "grants within one cycle never reuse a GPU": (
+        _same_cycle, "topo", {"j0": None, "j1": None, "j2": None, "j3": None}, {"j4": "waiting for 4 free GPUs"}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cycle(name):
+    setup, preset, want_started, want_pending = CASES[name]
+    s = Scenario(racks=1, nodes=2)
+    setup(s)
+    out = s.cycle(preset)
+    assert s.state.violations() == []
+    started = grants(out)
+    assert set(started) == set(want_started)
+    for job, level in want_started.items():
+        if level is not None:
+            assert s.state.jobs[job].level == level
+    for job, prefix in want_pending.items():
+        assert s.state.jobs[job].pending_reason.startswith(prefix), s.state.jobs[job].pending_reason
+    # Nothing changed: the next cycle appends nothing, not even a JobPending.
+    assert s.cycle(preset) == []
+
+
+def test_topology_vs_naive_placement_of_a_small_gang():
+    naive, topo = Scenario(racks=1, nodes=2), Scenario(racks=1, nodes=2)
+    for s in (naive, topo):
+        s.run("x", gpus("r0n0", 0, 1, 2, 3, 4, 5))
+        s.submit("four", 4, at=1)
+    assert grants(naive.cycle("gang"))["four"] == gpus("r0n0", 6, 7) + gpus("r0n1", 0, 1)
+    assert grants(topo.cycle("topo"))["four"] == gpus("r0n1", 0, 1, 2, 3)
+    assert naive.state.jobs["four"].level == "rack" and topo.state.jobs["four"].level == "nvlink"
+
+
+def test_pending_reason_is_appended_only_when_it_changes():
+    s = Scenario(racks=1, nodes=1)
+    s.run("x", gpus("r0n0", *range(8)), time_limit_s=100.0)
+    s.submit("a", 4, at=1)
+    s.submit("b", 4, at=2)
+    first = s.cycle("topo")
+    assert [e.job_id for e in first if isinstance(e, ev.JobPending)] == ["a", "b"]
+    assert s.cycle("topo", now=5) == []
+    s.submit("c", 4, at=6)
+    assert [e.job_id for e in s.cycle("topo") if isinstance(e, ev.JobPending)] == ["c"]
+
+
+def test_naive_cycle_is_fifo_with_gangs_first_free_and_marks_its_grants():
+    s = Scenario(racks=1, nodes=2)
+    s.run("x", gpus("r0n0", 0, 1, 2, 3, 4, 5))
+    s.submit("big", 16, at=1)
+    s.submit("four", 4, at=2)
+    out = naive_cycle(s.state, 3.0)
+    g = [e for e in out if isinstance(e, ev.GpusGranted)]
+    assert [(e.job_id, e.placer, e.gpus) for e in g] == [("four", "naive", gpus("r0n0", 6, 7) + gpus("r0n1", 0, 1))]
+    assert not any(isinstance(e, (ev.PreemptionRequested, ev.GpusReleased)) for e in out)
+
+
+def test_presets_tell_the_story_one_step_at_a_time():
+    assert list(PRESETS) == ["fifo", "gang", "topo", "preempt", "fairshare", "full"]
+    p = PRESETS
+    assert p["fifo"].strict_fifo and not p["fifo"].topology and not p["fifo"].preemption
+    assert not p["gang"].strict_fifo and not p["gang"].topology
+    assert p["topo"].topology and not p["topo"].preemption
+    assert p["preempt"].preemption and p["preempt"].priority and not p["preempt"].fairshare
+    assert p["fairshare"].fairshare and not p["fairshare"].checkpoint
+    assert p["full"].checkpoint and p["full"].elastic and p["full"].backfill
+
+
+def test_cycle_does_not_mutate_the_state():
+    s = Scenario(racks=1, nodes=2)
+    s.run("x", gpus("r0n0", 0, 1))
+    s.submit("a", 8, at=1, preemptible=True)
+    s.submit("b", 12, at=2, priority="high")
+    before = s.state.snapshot()
+    cycle(s.state, 3.0, PRESETS["full"])
+    assert s.state.snapshot() == before
+
+
+@pytest.mark.parametrize("preset, want_eta", [("topo", None), ("full", 490.0)])
+def test_the_head_names_the_jobs_it_waits_for(preset, want_eta):
+    s = Scenario(racks=1, nodes=2)
+    s.run("x", gpus("r0n0", *range(8)), at=0, time_limit_s=100.0)
+    s.run("y", gpus("r0n1", 0, 1, 2, 3), at=0, time_limit_s=500.0)
+    s.submit("big", 16, at=1)
+    s.cycle(preset, now=10)
+    big = s.state.jobs["big"]
+    assert big.pending_reason.startswith("waiting for 16 GPUs; 4 free")
+    assert big.pending_blockers == ["x", "y"]
+    assert big.pending_eta_s == want_eta  # only a protected reservation has a time
