@@ -66,11 +66,7 @@ class FoldedLog:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+            await cancel_tasks([self._task])
 
     async def catch_up(self, timeout: float = 10.0) -> None:
         """Wait until the fold has applied everything in the stream as of now."""
@@ -97,6 +93,22 @@ class FoldedLog:
             return False
         finally:
             self.changed.clear()
+
+
+async def cancel_tasks(tasks: list[asyncio.Task], timeout: float = 5.0) -> None:
+    """Cancel and wait, cancelling again if needed: Python 3.11's `wait_for` can swallow a
+    cancellation that lands as its inner future completes, and the task would run on."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = [t for t in tasks if not t.done()]
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=0.1)
+        pending = [t for t in pending if not t.done()]
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" noise
 
 
 async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callable[[Event], str | None] = lambda e: None,

@@ -13,6 +13,7 @@ import msgspec
 
 from .commands import AnyCommand, CommandReply
 from .events import AnyEvent
+from .heartbeat import SCHEMAS as BUS_SCHEMAS
 
 
 def _schema(tp: object) -> dict:
@@ -20,19 +21,11 @@ def _schema(tp: object) -> dict:
 
 
 def all_schemas() -> dict[str, dict]:
-    """File name -> schema. Extra telemetry types register through `EXTRA_SCHEMAS`."""
-    out = {
-        "events.schema.json": _schema(AnyEvent),
-        "commands.schema.json": _schema(AnyCommand),
-        "command-reply.schema.json": _schema(CommandReply),
-    }
-    for name, tp in EXTRA_SCHEMAS.items():
-        out[name] = _schema(tp)
-    return out
-
-
-#: Types outside the log that integrators still see on the bus (e.g. node heartbeats).
-EXTRA_SCHEMAS: dict[str, object] = {}
+    """File name -> schema: the log's events, admission's commands, and what node daemons say
+    outside the log (heartbeats, node-control requests)."""
+    types = {"events.schema.json": AnyEvent, "commands.schema.json": AnyCommand,
+             "command-reply.schema.json": CommandReply, **BUS_SCHEMAS}
+    return {name: _schema(tp) for name, tp in types.items()}
 
 
 def render(schema: dict) -> str:

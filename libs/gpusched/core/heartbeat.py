@@ -1,0 +1,138 @@
+"""What a node daemon says on the bus outside the log: heartbeats and node-control messages.
+
+Heartbeats are telemetry (core NATS on `subjects.heartbeat_subject(node)`), not facts: the
+reconciler turns what they show into facts (node lost, zombie, quarantine). The node-control
+messages are the request/reply protocol on `subjects.node_control_subject(node)`.
+Both are part of the public contract: `SCHEMAS` lists their JSON Schemas.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+from msgspec import Struct
+
+from gpusched.core.model import SCHEMA_VERSION
+
+
+class GpuSample(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One GPU at one instant. `pids`: every process the backend sees on the GPU (NVML compute
+    processes; the simulated backend: what the agent started there plus injected strays).
+    `healthy` is False after a critical XID or an uncorrected ECC error; `health` says why."""
+
+    index: int
+    uuid: str
+    memory_used_mb: int = 0
+    memory_total_mb: int = 0
+    utilization_pct: float = 0.0
+    pids: list[int] = []
+    healthy: bool = True
+    health: str = ""
+    xid: int | None = None
+    ecc_errors: int = 0
+
+
+JobProcessState = Literal["running", "stopping", "exited"]
+
+
+class JobReport(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A job process the agent runs for one attempt on this node. `exited` with `exit_code` 0
+    is a non-zero rank that finished first and waits for rank 0 (its GPUs are still held)."""
+
+    job_id: str
+    attempt: int
+    gpus: list[int]
+    pids: list[int] = []
+    state: JobProcessState = "running"
+    exit_code: int | None = None
+
+
+class Heartbeat(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Published every `heartbeat_s` by each node daemon. `agent_id` changes when the daemon
+    restarts; `seq` counts heartbeats since then."""
+
+    node: str
+    at: float
+    agent_id: str
+    seq: int
+    backend: str
+    gpus: list[GpuSample]
+    jobs: list[JobReport] = []
+    v: int = SCHEMA_VERSION
+
+
+# --- node control (request/reply) -------------------------------------------------------------
+
+
+class NodeRequest(Struct, frozen=True, kw_only=True, tag_field="type", tag=True, forbid_unknown_fields=True):
+    v: int = SCHEMA_VERSION
+
+
+class KillProcesses(NodeRequest, frozen=True, kw_only=True):
+    """Kill processes that run on this node's GPUs (zombies). Pids not seen on one of the
+    node's GPUs are refused: the daemon never kills an arbitrary process."""
+
+    pids: list[int]
+    gpu: str | None = None
+    reason: str = ""
+
+
+class InjectStray(NodeRequest, frozen=True, kw_only=True):
+    """Simulated backend only: report `pid` as a process on GPU `index` (chaos, tests)."""
+
+    index: int
+    pid: int
+
+
+class InjectHealth(NodeRequest, frozen=True, kw_only=True):
+    """Simulated backend only: mark GPU `index` unhealthy with an XID (or healthy again)."""
+
+    index: int
+    healthy: bool = False
+    xid: int | None = 79
+    reason: str = ""
+
+
+class SimulateCrash(NodeRequest, frozen=True, kw_only=True):
+    """Simulated backend only: the machine dies (its job processes too) and the daemon goes
+    silent; with `revive_after_s` it comes back and registers again."""
+
+    revive_after_s: float | None = None
+
+
+AnyNodeRequest = Union[KillProcesses, InjectStray, InjectHealth, SimulateCrash]
+
+
+class NodeReply(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    ok: bool
+    node: str
+    error: str = ""
+    killed: list[int] = []
+    missing: list[int] = []
+    refused: list[int] = []
+
+
+_heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
+_request_decoder = msgspec.json.Decoder(AnyNodeRequest)
+_reply_decoder = msgspec.json.Decoder(NodeReply)
+
+
+def decode_heartbeat(data: bytes) -> Heartbeat:
+    return _heartbeat_decoder.decode(data)
+
+
+def decode_request(data: bytes) -> NodeRequest:
+    return _request_decoder.decode(data)
+
+
+def decode_reply(data: bytes) -> NodeReply:
+    return _reply_decoder.decode(data)
+
+
+#: Schema file name -> type, written to `schemas/` by `gpusched schemas`.
+SCHEMAS: dict[str, object] = {
+    "heartbeat.schema.json": Heartbeat,
+    "node-control.schema.json": AnyNodeRequest,
+    "node-control-reply.schema.json": NodeReply,
+}

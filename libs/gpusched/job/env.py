@@ -1,0 +1,26 @@
+"""The contract between a node daemon and the job it starts: environment variables and the
+files of the job's control directory. The daemon writes what the SDK reads and vice versa."""
+
+from __future__ import annotations
+
+JOB_ID = "GPUSCHED_JOB_ID"
+ATTEMPT = "GPUSCHED_ATTEMPT"
+NODE = "GPUSCHED_NODE"
+NODE_RANK = "GPUSCHED_NODE_RANK"
+NNODES = "GPUSCHED_NNODES"
+NPROC_PER_NODE = "GPUSCHED_NPROC_PER_NODE"  # GPUs of the job on this node
+GPUS = "GPUSCHED_GPUS"  # the job's GPUs on this node, global ids "<node>/<index>", comma-separated
+GPU_UUIDS = "GPUSCHED_GPU_UUIDS"
+RESUME_FROM = "GPUSCHED_RESUME_FROM"  # path of the last checkpoint; unset when there is none
+RESUME_STEP = "GPUSCHED_RESUME_STEP"
+CHECKPOINT_DIR = "GPUSCHED_CHECKPOINT_DIR"
+CONTROL_DIR = "GPUSCHED_CONTROL_DIR"
+
+#: Control directory files. The daemon writes REQUEST (JSON: id, reason, deadline, for_job)
+#: when the job should checkpoint and yield, and RESIZE when an elastic job's GPUs change.
+#: The SDK writes ACK_PREFIX*.json (path, step, request) after each durable checkpoint, and
+#: SDK_PREFIX<pid> to say that process handles SIGUSR1 (the daemon then also signals it).
+REQUEST = "checkpoint-request.json"
+RESIZE = "resize.json"
+ACK_PREFIX = "ack-"
+SDK_PREFIX = "sdk-"

@@ -1,0 +1,161 @@
+"""Entry points of the node daemon: one real node (`run_nodeagent`), many simulated nodes in
+one process (`run_simulated_nodes`), and `main(argv)` for `gpusched service run nodeagent`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+
+import structlog
+
+from gpusched.core.model import nvlink_domains
+
+from .agent import AgentConfig, NodeHost, default_work_dir
+from .backends import BackendUnavailable, NvmlBackend, SimBackend
+
+log = structlog.get_logger()
+
+
+def host_address() -> str:
+    """This host's address as other nodes reach it (MASTER_ADDR of jobs whose rank 0 is here)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def sim_node_names(count: int, prefix: str = "node") -> list[str]:
+    width = max(2, len(str(count - 1)))
+    return [f"{prefix}{i:0{width}d}" for i in range(count)]
+
+
+async def _serve_until(host: NodeHost, stop: asyncio.Event | None, ready: asyncio.Event | None) -> None:
+    await host.start()
+    if ready is not None:
+        ready.set()
+    try:
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        await host.stop()
+
+
+async def run_nodeagent(
+    nats_url: str | None = None, *, node: str | None = None, backend: str = "nvml", rack: str = "rack0",
+    block: str | None = None, address: str = "", gpus: int = 8, nvlink: str = "all",
+    work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
+    log_dir: str | os.PathLike | None = None, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
+    stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
+) -> None:
+    """One node daemon until `stop` is set. `backend="nvml"` reads this host's GPUs (`gpus` and
+    `nvlink` only shape a `backend="sim"` node; "auto": NVML if a driver answers, else sim)."""
+    node = node or socket.gethostname()
+    backend = resolve_backend(backend)
+    gpu_backend = NvmlBackend() if backend == "nvml" else SimBackend(node, gpus, nvlink)
+    host = await NodeHost.open(nats_url, heartbeat_s=heartbeat_s)
+    host.add(AgentConfig(node=node, rack=rack, block=block or None, address=address or host_address(),
+                         nvlink=nvlink if backend == "sim" else "custom",
+                         work_dir=Path(work_dir) if work_dir else default_work_dir(), kill_grace_s=kill_grace_s,
+                         checkpoint_root=checkpoint_root, log_dir=log_dir),
+             gpu_backend)
+    await _serve_until(host, stop, ready)
+
+
+async def start_simulated_nodes(
+    nats_url: str | None = None, count: int = 4, gpus_per_node: int = 8, nodes_per_rack: int = 4,
+    nvlink: str = "all", *, racks_per_block: int | None = None, prefix: str = "node",
+    work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
+    heartbeat_s: float = 2.0, kill_grace_s: float = 5.0, poll_s: float = 0.2, address: str = "127.0.0.1",
+) -> NodeHost:
+    """Start `count` simulated nodes sharing one connection and one fold; returns the started
+    host (call `await host.stop()`). Nodes are `<prefix>00..`, racks `rack00..` of
+    `nodes_per_rack` nodes, blocks `block00..` of `racks_per_block` racks when given."""
+    nvlink_domains(nvlink, gpus_per_node)  # fail early on a bad layout
+    root = Path(work_dir) if work_dir else default_work_dir()
+    host = await NodeHost.open(nats_url, heartbeat_s=heartbeat_s, poll_s=poll_s)
+    for i, name in enumerate(sim_node_names(count, prefix)):
+        rack_i = i // max(1, nodes_per_rack)
+        host.add(AgentConfig(node=name, rack=f"rack{rack_i:02d}",
+                             block=f"block{rack_i // racks_per_block:02d}" if racks_per_block else None,
+                             address=address, nvlink=nvlink, work_dir=root, kill_grace_s=kill_grace_s,
+                             checkpoint_root=checkpoint_root),
+                 SimBackend(name, gpus_per_node, nvlink))
+    await host.start()
+    return host
+
+
+async def run_simulated_nodes(
+    nats_url: str | None = None, count: int = 4, gpus_per_node: int = 8, nodes_per_rack: int = 4,
+    nvlink: str = "all", *, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, **kwargs,
+) -> None:
+    """`start_simulated_nodes` until `stop` is set (what `gpusched up` runs)."""
+    host = await start_simulated_nodes(nats_url, count, gpus_per_node, nodes_per_rack, nvlink, **kwargs)
+    if ready is not None:
+        ready.set()
+    try:
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        await host.stop()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The daemon's options (`--nats`, `--log-level` come from `shell.common_arguments`)."""
+    parser.add_argument("--backend", choices=("auto", "nvml", "sim"), default="auto",
+                        help="GPUs through NVML, simulated ones, or auto: NVML when a driver answers, else sim")
+    parser.add_argument("--node", default=None, help="node name (default: the host name; sim: the prefix)")
+    parser.add_argument("--rack", default="rack0")
+    parser.add_argument("--block", default=None)
+    parser.add_argument("--address", default="", help="address other nodes reach this one at (MASTER_ADDR)")
+    parser.add_argument("--count", type=int, default=1, help="sim: number of simulated nodes in this process")
+    parser.add_argument("--gpus", type=int, default=8, help="sim: GPUs per node")
+    parser.add_argument("--nvlink", choices=("all", "pairs", "quads", "none"), default="all", help="sim: NVLink layout")
+    parser.add_argument("--nodes-per-rack", type=int, default=4, help="sim: nodes per rack")
+    parser.add_argument("--work-dir", default=None, help="logs, control dirs, default checkpoints "
+                        "(default: $GPUSCHED_WORK_DIR or ~/.local/state/gpusched)")
+    parser.add_argument("--checkpoint-root", default=None,
+                        help="default checkpoint dirs <root>/<job> for jobs without one (a shared file system)")
+    parser.add_argument("--log-dir", default=None, help="job logs <log-dir>/<job>/<attempt>-<node>.log")
+    parser.add_argument("--heartbeat-s", type=float, default=5.0)
+    parser.add_argument("--kill-grace-s", type=float, default=10.0)
+
+
+def resolve_backend(kind: str) -> str:
+    if kind != "auto":
+        return kind
+    try:
+        NvmlBackend().close()
+    except BackendUnavailable as err:
+        log.warning("nvml_unavailable_using_sim", reason=str(err))
+        return "sim"
+    return "nvml"
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    args.backend = resolve_backend(args.backend)
+    if args.backend == "sim" and (args.count > 1 or args.node is None):
+        await run_simulated_nodes(args.nats, args.count, args.gpus, args.nodes_per_rack, args.nvlink, stop=stop,
+                                  prefix=args.node or "node", work_dir=args.work_dir, heartbeat_s=args.heartbeat_s,
+                                  checkpoint_root=args.checkpoint_root,
+                                  kill_grace_s=args.kill_grace_s, address=args.address or "127.0.0.1")
+    else:
+        await run_nodeagent(args.nats, node=args.node, backend=args.backend, rack=args.rack, block=args.block,
+                            address=args.address, gpus=args.gpus, nvlink=args.nvlink, work_dir=args.work_dir,
+                            checkpoint_root=args.checkpoint_root, log_dir=args.log_dir,
+                            heartbeat_s=args.heartbeat_s, kill_grace_s=args.kill_grace_s, stop=stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gpusched.services.shell import common_arguments, run
+
+    parser = argparse.ArgumentParser(prog="gpusched-nodeagent", description="gpusched node daemon")
+    common_arguments(parser)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(serve, args, "nodeagent")
+    except BackendUnavailable as err:
+        print(f"gpusched nodeagent: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,192 @@
+"""The node daemon against a real log: registration, heartbeats, real job processes and their
+environment, exits, cancellation, failures (the test plays placement by appending grants)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import msgspec
+
+from gpusched.bus import subjects
+from gpusched.core import events as ev
+from gpusched.core.model import JobSpec
+from gpusched.core.heartbeat import Heartbeat, NodeReply, KillProcesses, decode_heartbeat
+from gpusched.services.nodeagent.launcher import master_port
+
+from .node_helpers import PY, Cluster, alive, wait_gone
+
+ENV_KEYS = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+            "LOCAL_RANK", "GPUSCHED_JOB_ID", "GPUSCHED_ATTEMPT", "GPUSCHED_NODE", "GPUSCHED_GPUS",
+            "GPUSCHED_NPROC_PER_NODE", "GPUSCHED_CHECKPOINT_DIR", "GPUSCHED_CONTROL_DIR", "GPUSCHED_RESUME_FROM",
+            "GPUSCHED_GPU_UUIDS", "FROM_SPEC"]
+
+
+async def test_registration_and_heartbeats(nats_url, tmp_path):
+    async with Cluster(nats_url, tmp_path) as c:
+        beats: dict[str, list[Heartbeat]] = {}
+
+        async def on_hb(msg):
+            hb = decode_heartbeat(msg.data)
+            beats.setdefault(hb.node, []).append(hb)
+
+        sub = await c.log.nc.subscribe(subjects.HEARTBEATS, cb=on_hb)
+        await c.start_nodes(["a0", "a1"], gpus=4, nvlink="pairs", racks=["r0", "r1"])
+        node = c.state.nodes["a0"]
+        assert (node.rack, node.address, node.nvlink) == ("r0", "127.0.0.1", "pairs")
+        assert [c.state.gpus[g].nvlink_domain for g in node.gpus] == [0, 0, 1, 1]
+        deadline = time.monotonic() + 5
+        while not all(len(beats.get(n, [])) >= 2 for n in ("a0", "a1")):
+            assert time.monotonic() < deadline, beats.keys()
+            await asyncio.sleep(0.05)
+        await sub.unsubscribe()
+        hb = beats["a0"][-1]
+        assert [g.uuid for g in hb.gpus] == [c.state.gpus[g].uuid for g in node.gpus]
+        assert all(g.healthy and g.pids == [] and g.memory_total_mb > 0 for g in hb.gpus)
+        assert hb.backend == "sim" and hb.seq >= 2 and hb.jobs == []
+        # a restarted daemon does not register again (the fold already knows the node)
+        host2 = await c.start_nodes(["a0"], gpus=4)
+        await host2.stop()
+        c.hosts.remove(host2)
+        state = await c.refold()
+        assert len(c.events(ev.NodeRegistered)) == 2
+        assert state.violations() == []
+
+
+async def test_multi_node_job_gets_its_environment_and_completes(nats_url, tmp_path):
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["b0", "b1"], gpus=4)
+        out = tmp_path / "env"
+        out.mkdir()
+        script = ("import os, json, sys, time; "
+                  f"json.dump({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}, "
+                  f"open(os.path.join({str(out)!r}, os.environ['GPUSCHED_NODE'] + '.json'), 'w')); "
+                  "print('hello from', os.environ['RANK']); time.sleep(0.5 if os.environ['RANK'] == '0' else 0)")
+        spec = JobSpec(team="t", gpus=4, command=[PY, "-c", script], env={"FROM_SPEC": "yes", "GPUSCHED_JOB_ID": "x"})
+        await c.submit("j1", spec)
+        # the grant lists b1 first: b1 is rank 0 and MASTER_ADDR is its address
+        attempt = await c.grant("j1", ["b1/2", "b1/3", "b0/0", "b0/1"])
+        job = await c.wait(lambda s: s.jobs["j1"].state == "completed" and s.jobs["j1"], "j1 completed")
+        assert sorted(job.nodes_started) == ["b0", "b1"]
+        envs = {n: json.loads((out / f"{n}.json").read_text()) for n in ("b0", "b1")}
+        assert envs["b1"]["CUDA_VISIBLE_DEVICES"] == "2,3" and envs["b0"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert (envs["b1"]["RANK"], envs["b0"]["RANK"]) == ("0", "1")
+        port = str(master_port("j1", attempt))
+        for n, env in envs.items():
+            assert env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "0" and env["MASTER_ADDR"] == "127.0.0.1"
+            assert env["MASTER_PORT"] == port and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+            assert env["GPUSCHED_JOB_ID"] == "j1" and env["GPUSCHED_ATTEMPT"] == str(attempt)
+            assert env["GPUSCHED_NPROC_PER_NODE"] == "2" and env["GPUSCHED_RESUME_FROM"] is None
+            assert env["FROM_SPEC"] == "yes"
+            assert env["GPUSCHED_CONTROL_DIR"].endswith(f"control/j1/{attempt}-{n}")
+            assert len(env["GPUSCHED_GPU_UUIDS"].split(",")) == 2
+        assert envs["b0"]["GPUSCHED_GPUS"] == "b0/0,b0/1"
+        logfile = tmp_path / "work" / "logs" / "j1" / f"{attempt}-b1.log"
+        assert "hello from 0" in logfile.read_text()
+        state = await c.refold()
+        assert [e.node for e in c.events(ev.JobStarted)] in (["b0", "b1"], ["b1", "b0"])
+        assert len(c.events(ev.JobCompleted)) == 1 and not c.events(ev.JobFailed)
+        assert state.violations() == []
+
+
+async def test_cancel_kills_the_process_group(nats_url, tmp_path):
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["c0"], gpus=2, kill_grace_s=1.0)
+        # a shell that ignores SIGTERM, with a child: the whole group must go, SIGKILL after the grace
+        spec = JobSpec(team="t", gpus=1, command=["sh", "-c", "trap '' TERM; echo trapped; sleep 60 & wait"])
+        await c.submit("j2", spec)
+        await c.grant("j2", ["c0/1"])
+        started = await c.wait(lambda s: s.jobs["j2"].state == "running", "j2 running")
+        assert started
+        await c.refold()
+        (pid,) = c.events(ev.JobStarted)[0].pids
+        assert alive(pid)
+        logfile = tmp_path / "work" / "logs" / "j2" / "1-c0.log"
+        deadline = time.monotonic() + 5
+        while "trapped" not in logfile.read_text():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        await c.append(ev.JobCancelled(at=time.time(), job_id="j2"))
+        await wait_gone(pid, timeout=5)
+        assert time.monotonic() - t0 >= 0.9  # it ignored SIGTERM: killed after the grace
+        await asyncio.sleep(0.3)
+        state = await c.refold()
+        assert state.jobs["j2"].state == "cancelled"
+        assert not c.events(ev.JobFailed) and not c.events(ev.JobCompleted) and not c.events(ev.GpusReleased)
+        assert state.violations() == []
+
+
+async def test_failures_requeue_then_fail_and_kill9_requeues(nats_url, tmp_path):
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["d0"], gpus=2)
+        await c.submit("bad", JobSpec(team="t", gpus=1, command=[PY, "-c", "raise SystemExit(3)"], max_restarts=1))
+        await c.grant("bad", ["d0/0"])
+        await c.wait(lambda s: s.jobs["bad"].state == "pending" and s.jobs["bad"].restarts == 1, "requeued")
+        await c.grant("bad", ["d0/0"])
+        job = await c.wait(lambda s: s.jobs["bad"].state == "failed" and s.jobs["bad"], "failed")
+        assert "exit code 3" in job.end_reason
+        # kill -9 of a running job's process: the daemon sees the exit and requeues the attempt
+        await c.submit("victim", JobSpec(team="t", gpus=1, command=["sleep", "60"]))
+        await c.grant("victim", ["d0/1"])
+        await c.wait(lambda s: s.jobs["victim"].state == "running", "victim running")
+        await c.refold()
+        (pid,) = c.events(ev.JobStarted, "victim")[0].pids
+        os.kill(pid, signal.SIGKILL)
+        job = await c.wait(lambda s: s.jobs["victim"].state == "pending" and s.jobs["victim"], "victim requeued")
+        assert job.restarts == 1 and job.pending_reason == "requeued: process_failed"
+        # a command that does not exist is a failure too (exit 127), not a crash of the daemon
+        await c.submit("nope", JobSpec(team="t", gpus=1, command=["/no/such/binary"], on_failure="fail"))
+        await c.grant("nope", ["d0/1"])
+        job = await c.wait(lambda s: s.jobs["nope"].state == "failed" and s.jobs["nope"], "nope failed")
+        assert job.end_reason.startswith("exit code 127")
+        state = await c.refold()
+        assert [e.reason for e in c.events(ev.GpusReleased)] == ["process_failed", "process_failed"]
+        assert state.violations() == []
+
+
+async def test_kill_requests_only_touch_processes_on_its_gpus(nats_url, tmp_path):
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["e0"], gpus=2)
+        request = KillProcesses(pids=[os.getpid(), 4_000_000], reason="test")
+        msg = await c.log.nc.request(subjects.node_control_subject("e0"), msgspec.json.encode(request), timeout=2)
+        reply = msgspec.json.decode(msg.data, type=NodeReply)
+        assert reply.ok and reply.killed == [] and reply.refused == [os.getpid()] and reply.missing == [4_000_000]
+        msg = await c.log.nc.request(subjects.node_control_subject("e0"), b'{"type":"Nuke"}', timeout=2)
+        assert "Invalid value 'Nuke'" in msgspec.json.decode(msg.data, type=NodeReply).error
+
+
+async def test_elastic_resize_stops_and_starts_launchers(nats_url, tmp_path):
+    async with Cluster(nats_url, tmp_path) as c:
+        host = await c.start_nodes(["f0", "f1"], gpus=4)
+        spec = JobSpec(team="t", gpus=4, min_gpus=1, command=["sleep", "60"])
+        await c.submit("el", spec)
+        await c.grant("el", ["f0/0", "f0/1", "f1/0", "f1/1"])
+        await c.wait(lambda s: sorted(s.jobs["el"].nodes_started) == ["f0", "f1"], "both launched")
+        f1_pid = host.agents["f1"].current("el").proc.pid
+        f0_run = host.agents["f0"].current("el")
+        # shrink: f1 loses all its GPUs (its launcher stops), f0 keeps one fewer (its process stays)
+        await c.append(ev.JobResized(at=time.time(), job_id="el", removed=["f1/0", "f1/1", "f0/1"]))
+        await wait_gone(f1_pid, timeout=5)
+        control = f0_run.proc.launch.control_dir
+        deadline = time.monotonic() + 5
+        while not (control / "resize.json").exists():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert json.loads((control / "resize.json").read_text()) == {"gpus": ["f0/0"]}
+        assert alive(f0_run.proc.pid) and f0_run.gpus == (0,)
+        # grow onto f1 again: a launcher starts there for the same attempt
+        await c.append(ev.JobResized(at=time.time(), job_id="el", added=["f1/2", "f1/3"]))
+        deadline = time.monotonic() + 5
+        while host.agents["f1"].current("el") is None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        run = host.agents["f1"].current("el")
+        assert (run.attempt, run.gpus) == (1, (2, 3))
+        assert run.proc.launch.control_dir.name == "1-f1.1"  # its own control dir, not the stopped one's
+        state = await c.refold()
+        assert state.jobs["el"].state == "running" and not c.events(ev.GpusReleased) and not c.events(ev.JobFailed)
+        assert state.violations() == []
