@@ -65,14 +65,15 @@ class Record:
 
 
 class EventLog:
-    def __init__(self, nc: NATS, replicas: int = 1):
+    def __init__(self, nc: NATS, replicas: int | None = None):
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
-        self.replicas = replicas
+        # R3 in a NATS cluster: every service must agree, so it comes from one variable
+        self.replicas = replicas if replicas is not None else int(os.environ.get("GPUSCHED_STREAM_REPLICAS", "1"))
         self.dead_letters = 0
 
     @classmethod
-    async def open(cls, url: str | None = None, name: str = "gpusched", replicas: int = 1) -> EventLog:
+    async def open(cls, url: str | None = None, name: str = "gpusched", replicas: int | None = None) -> EventLog:
         log = cls(await connect(url, name=name), replicas)
         await log.ensure()
         return log

@@ -25,6 +25,9 @@ CMD_QUOTA = "gpusched.cmd.quota"
 CMD_DRAIN = "gpusched.cmd.drain"
 CMD_ANY = "gpusched.cmd.*"
 
+#: Request/reply subject of the quota ledger's team standings (read models, not facts).
+Q_SHARES = "gpusched.q.shares"
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

@@ -1,0 +1,145 @@
+"""Client commands: `gpusched submit`, `cancel`, `quota`, `drain`. Each is one request/reply
+to admission (`gpusched.bus.client`); the connection comes from `--nats` or `GPUSCHED_NATS_URL`.
+Exit codes: 0 accepted, 1 refused (the reason on stderr), 2 no control plane answering."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+import msgspec
+
+from gpusched.core.commands import CommandReply
+from gpusched.core.model import JobSpec, TeamQuota, TopologyConstraint
+
+TOPOLOGY = {"nvlink": "nvlink", "node": "node", "rack": "rack", "block": "block", "any": "cluster", "cluster": "cluster"}
+
+
+async def _send(args: argparse.Namespace, call) -> CommandReply:
+    from gpusched.bus.client import Client
+
+    client = await Client.connect(args.nats, timeout=args.timeout)
+    try:
+        return await call(client)
+    finally:
+        await client.close()
+
+
+def _run(args: argparse.Namespace, call, ok_text) -> int:
+    from gpusched.bus.client import ControlPlaneUnavailable
+
+    try:
+        reply = asyncio.run(_send(args, call))
+    except ControlPlaneUnavailable as err:
+        print(f"gpusched {args.command}: {err}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        print(json.dumps(msgspec.to_builtins(reply)))
+    elif reply.ok:
+        print(ok_text(reply))
+    if not reply.ok:
+        if not getattr(args, "json", False):
+            print(f"gpusched {args.command}: refused: {reply.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    env = {}
+    for item in args.env or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"gpusched submit: --env {item!r} is not KEY=VALUE")
+        env[key] = value
+    raw = {
+        "team": args.team, "gpus": args.gpus, "min_gpus": args.min_gpus, "priority": args.priority,
+        "preemptible": args.preemptible, "time_limit_s": args.time_limit, "command": command, "env": env,
+        "checkpoint_dir": args.checkpoint_dir, "name": args.name or "",
+        "topology": msgspec.to_builtins(TopologyConstraint(required=TOPOLOGY[args.topology],  # type: ignore[arg-type]
+                                                           preferred=args.prefer or "nvlink")),
+        "on_failure": args.on_failure, "max_restarts": args.max_restarts,
+    }
+    try:
+        return msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
+    except msgspec.ValidationError as err:
+        raise SystemExit(f"gpusched submit: invalid job: {err}") from None
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    return _run(args, lambda c: c.submit(spec, request_id=args.request_id),
+                lambda r: r.job_id + (" (already submitted)" if r.duplicate else ""))
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    return _run(args, lambda c: c.cancel(args.job, reason=args.reason), lambda r: f"cancelled {r.job_id}")
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    try:
+        quota = msgspec.convert({"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit}, TeamQuota)
+    except msgspec.ValidationError as err:
+        raise SystemExit(f"gpusched quota: invalid quota: {err}") from None
+    limit = "no limit" if quota.limit is None else f"limit {quota.limit}"
+    return _run(args, lambda c: c.set_quota(args.team, quota),
+                lambda r: f"team {args.team}: guaranteed {quota.guaranteed}, weight {quota.weight:g}, {limit}")
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    return _run(args, lambda c: c.drain(args.node, drain=not args.undo, reason=args.reason),
+                lambda r: f"node {args.node} {'undrained' if args.undo else 'drained'}")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats", default=None, help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for admission's reply")
+    p.add_argument("--json", action="store_true", help="print admission's reply as JSON")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("submit", help="submit a job: gpusched submit --team T --gpus N -- COMMAND...")
+    p.add_argument("--team", required=True)
+    p.add_argument("--gpus", type=int, required=True, help="gang size (the most an elastic job uses)")
+    p.add_argument("--min-gpus", type=int, default=None, help="elastic: may run with this many")
+    p.add_argument("--priority", choices=["interactive", "high", "normal", "low"], default="normal")
+    p.add_argument("--preemptible", action="store_true")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--topology", choices=["nvlink", "node", "rack", "block", "any"], default="any",
+                   help="the widest level the job may span (default: any)")
+    p.add_argument("--prefer", choices=["nvlink", "node", "rack", "block", "cluster"], default=None,
+                   help="the level placement aims for (default: nvlink)")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--name", default=None)
+    p.add_argument("--env", action="append", metavar="KEY=VALUE")
+    p.add_argument("--on-failure", choices=["requeue", "fail"], default="requeue")
+    p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
+    _common(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("cancel", help="cancel a pending or running job")
+    p.add_argument("job")
+    p.add_argument("--reason", default="cancelled by user")
+    _common(p)
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("quota", help="set a team's guaranteed share, weight and hard limit")
+    p.add_argument("team")
+    p.add_argument("--guaranteed", type=int, default=0)
+    p.add_argument("--weight", type=float, default=1.0)
+    p.add_argument("--limit", type=int, default=None)
+    _common(p)
+    p.set_defaults(func=cmd_quota)
+
+    p = sub.add_parser("drain", help="keep new work off a node (--undo: allow it again)")
+    p.add_argument("node")
+    p.add_argument("--undo", action="store_true")
+    p.add_argument("--reason", default="")
+    _common(p)
+    p.set_defaults(func=cmd_drain)

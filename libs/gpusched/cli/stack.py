@@ -1,0 +1,370 @@
+"""`gpusched up` (the whole stack on one machine) and `gpusched service run NAME` (one service,
+the form deploy files use).
+
+`up` starts NATS (JetStream) and Redis unless given URLs, then every service of the registry
+as its own subprocess (`gpusched service run NAME ...`), so that each can be killed on its own
+(`kill -9 $(jq .services.placement DATA/stack.json)` is the chaos test), and restarts a
+service that died after `--restart-delay` seconds (`--no-restart`: leave it dead). It prints
+ONE line when the stack is ready, writes `DATA/stack.json` (URLs and pids), and on SIGINT /
+SIGTERM stops the services, then Redis and NATS, and exits 0. Logs: `DATA/logs/NAME.log`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpusched.bus.servers import Server, free_port, start_nats, start_redis
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _preferred_port(port: int) -> int:
+    return port if port and _port_free(port) else free_port()
+
+
+def service_command(name: str, nats_url: str, redis_url: str, *extra: str) -> list[str]:
+    """The command line of one service process."""
+    return [sys.executable, "-m", "gpusched.cli.main", "service", "run", name, "--nats", nats_url,
+            "--redis", redis_url, *extra]
+
+
+def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | tuple[str, ...] = (),
+                  log_path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start one service as a subprocess in its own session (signals from a terminal reach
+    only `up`, which stops the services in order). Used by `up`, the e2e tests and the bench."""
+    out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
+    full_env = {**os.environ, "GPUSCHED_NATS_URL": nats_url, "GPUSCHED_REDIS_URL": redis_url, **(env or {})}
+    try:
+        return subprocess.Popen(service_command(name, nats_url, redis_url, *extra), stdout=out,
+                                stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    finally:
+        if log_path is not None:
+            out.close()
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
+    """SIGTERM all, wait, then SIGKILL the ones still running."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@dataclass
+class Child:
+    name: str
+    argv_extra: list[str]
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    died_at: float | None = None
+
+
+@dataclass
+class Stack:
+    args: argparse.Namespace
+    data_dir: Path
+    nats_url: str = ""
+    redis_url: str = ""
+    dashboard_url: str | None = None
+    servers: list[Server] = field(default_factory=list)
+    children: dict[str, Child] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+    # --- start ------------------------------------------------------------------------------
+
+    def start_servers(self) -> None:
+        a = self.args
+        if a.nats:
+            self.nats_url = a.nats
+        else:
+            server = start_nats(_preferred_port(a.nats_port), store_dir=self.data_dir / "nats")
+            self.servers.append(server)
+            self.nats_url = server.url
+        if a.redis:
+            self.redis_url = a.redis
+        else:
+            server = start_redis(_preferred_port(a.redis_port), workdir=self.data_dir / "redis")
+            self.servers.append(server)
+            self.redis_url = server.url
+
+    def plan(self) -> None:
+        from gpusched.services import registry
+
+        a = self.args
+        wanted = [n.strip() for n in a.services.split(",")] if a.services else [
+            s.name for s in registry.SERVICES.values() if s.in_stack]
+        ttl = ["--lease-ttl-ms", str(a.lease_ttl_ms)]
+        policy = ["--policy", a.policy] + [f"--policy-set={kv}" for kv in a.policy_set]
+        extra: dict[str, list[str]] = {
+            "placement": [*policy, *ttl],
+            "preemptor": policy,
+            "fallback": ttl,
+            "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
+                          "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
+                          "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2"],
+        }
+        if "dashboard" in wanted and registry.available("dashboard"):
+            port = _preferred_port(a.dashboard_port)
+            extra["dashboard"] = ["--port", str(port)]
+            self.dashboard_url = f"http://127.0.0.1:{port}"
+        for name in wanted:
+            if name not in registry.SERVICES:
+                raise SystemExit(f"gpusched up: unknown service {name!r}; known: {', '.join(registry.SERVICES)}")
+            if not registry.available(name):
+                self.missing.append(name)
+                continue
+            self.children[name] = Child(name, extra.get(name, []))
+
+    def spawn(self, child: Child) -> None:
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        child.proc = spawn_service(child.name, self.nats_url, self.redis_url, child.argv_extra,
+                                   log_path=logs / f"{child.name}.log")
+        child.died_at = None
+        self.write_state()
+
+    def write_state(self) -> None:
+        state = {
+            "nats": self.nats_url, "redis": self.redis_url, "dashboard": self.dashboard_url,
+            "data_dir": str(self.data_dir), "pid": os.getpid(),
+            "services": {n: c.proc.pid for n, c in self.children.items() if c.proc is not None},
+        }
+        tmp = self.data_dir / "stack.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.data_dir / "stack.json")
+
+    # --- readiness ----------------------------------------------------------------------------
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        path = self.data_dir / "logs" / f"{name}.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def ready_line_seen(self, name: str) -> bool:
+        return f'"{name}_ready"' in self.log_tail(name, 200)
+
+    async def wait_ready(self, timeout: float) -> None:
+        from gpusched.bus.log import EventLog
+        from gpusched.core.state import ClusterState
+
+        deadline = time.monotonic() + timeout
+        own = [n for n in ("admission", "placement", "fallback", "preemptor", "quota_ledger") if n in self.children]
+        log = await EventLog.open(self.nats_url, name="gpusched-up")
+        try:
+            if "nodeagent" not in self.children:
+                await register_simulated_nodes(log, self.args.nodes, self.args.gpus_per_node,
+                                               self.args.nodes_per_rack, self.args.nvlink)
+            state, seq = ClusterState(), 0
+            while True:
+                for name, child in self.children.items():
+                    if child.proc is not None and child.proc.poll() is not None:
+                        raise RuntimeError(f"service {name} exited with code {child.proc.returncode} while "
+                                           f"starting:\n{self.log_tail(name)}")
+                async for s, e in log.replay(seq + 1):
+                    state.apply(e, s)
+                    seq = s
+                nodes_ok = len(state.nodes) >= self.args.nodes
+                services_ok = all(self.ready_line_seen(n) for n in own)
+                dash_ok = self.dashboard_url is None or _http_ok(self.dashboard_url)
+                if nodes_ok and services_ok and dash_ok:
+                    return
+                if time.monotonic() > deadline:
+                    waiting = [n for n in own if not self.ready_line_seen(n)]
+                    raise RuntimeError(f"stack not ready within {timeout:.0f}s: nodes {len(state.nodes)}/"
+                                       f"{self.args.nodes}, services waiting: {waiting or 'none'}, "
+                                       f"dashboard {'ok' if dash_ok else 'not answering'}")
+                await asyncio.sleep(0.2)
+        finally:
+            await log.close()
+
+    # --- run ----------------------------------------------------------------------------------
+
+    def supervise(self, stop: asyncio.Event) -> None:
+        """Restart a service that died (after the delay), unless --no-restart."""
+        now = time.monotonic()
+        for child in self.children.values():
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            if child.died_at is None:
+                child.died_at = now
+                print(f"gpusched up: service {child.name} exited with code {child.proc.returncode}"
+                      + ("" if self.args.no_restart else f"; restarting in {self.args.restart_delay:g}s"),
+                      file=sys.stderr, flush=True)
+            if not self.args.no_restart and now - child.died_at >= self.args.restart_delay and not stop.is_set():
+                child.restarts += 1
+                self.spawn(child)
+
+    def stop(self) -> None:
+        stop_processes([c.proc for c in self.children.values() if c.proc is not None])
+        for server in reversed(self.servers):
+            server.stop()
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return resp.status < 500
+    except Exception:
+        return False
+
+
+def simulated_nodes(nodes: int, gpus_per_node: int, nodes_per_rack: int, nvlink: str, at: float | None = None,
+                    prefix: str = "node"):
+    """NodeRegistered events of a simulated cluster without daemons: what `up`
+    appends itself when no node daemon is installed, and what tests and the bench use. Names
+match the simulated node daemons': `node00` in `rack00`, ..."""
+    from gpusched.core import events as ev
+    from gpusched.core.model import GpuInfo, nvlink_domains
+
+    at = time.time() if at is None else at
+    width = max(2, len(str(nodes - 1)))
+    out = []
+    for i in range(nodes):
+        name = f"{prefix}{i:0{width}d}"
+        domains = nvlink_domains(nvlink, gpus_per_node)
+        gpus = [GpuInfo(index=g, uuid=f"GPU-sim-{name}-{g}", model="SIM-H100", memory_mb=81920,
+                        nvlink_domain=domains[g]) for g in range(gpus_per_node)]
+        out.append(ev.NodeRegistered(at=at, node=name, rack=f"rack{i // max(1, nodes_per_rack):02d}", gpus=gpus,
+                                     nvlink=nvlink))  # type: ignore[arg-type]
+    return out
+
+
+async def register_simulated_nodes(log, nodes: int, gpus_per_node: int, nodes_per_rack: int, nvlink: str) -> None:
+    for event in simulated_nodes(nodes, gpus_per_node, nodes_per_rack, nvlink):
+        await log.append(event, msg_id=f"register-{event.node}")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="gpusched-"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    stack = Stack(args, data_dir.resolve())
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            stack.start_servers()
+            stack.plan()
+            for child in stack.children.values():
+                stack.spawn(child)
+            ready = asyncio.create_task(stack.wait_ready(args.ready_timeout))
+            await asyncio.wait({ready, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                ready.cancel()
+                return 0
+            ready.result()
+            parts = [f"nats {stack.nats_url}", f"redis {stack.redis_url}"]
+            if stack.dashboard_url:
+                parts.append(f"dashboard {stack.dashboard_url}")
+            parts.append(f"{args.nodes} nodes x {args.gpus_per_node} GPUs, policy {args.policy}, data {data_dir}")
+            if stack.missing:
+                parts.append(f"not installed: {', '.join(stack.missing)}")
+            print("gpusched up: ready - " + " | ".join(parts), flush=True)
+            while not stop.is_set():
+                stack.supervise(stop)
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.5)
+                except TimeoutError:
+                    pass
+            return 0
+        except RuntimeError as err:
+            print(f"gpusched up: {err}", file=sys.stderr, flush=True)
+            return 1
+
+    try:
+        return asyncio.run(main())
+    finally:
+        stack.stop()
+        print("gpusched up: stopped", file=sys.stderr, flush=True)
+
+
+def cmd_service_run(args: argparse.Namespace) -> int:
+    from gpusched.services import registry
+    from gpusched.services.shell import common_arguments, run
+
+    if args.name not in registry.SERVICES:
+        raise SystemExit(f"gpusched service run: unknown service {args.name!r}; known: {', '.join(registry.SERVICES)}")
+    try:
+        entry = registry.load(args.name)
+    except (ModuleNotFoundError, AttributeError) as err:
+        raise SystemExit(f"gpusched service run: service {args.name} is not installed ({err})") from None
+    parser = argparse.ArgumentParser(prog=f"gpusched service run {args.name}",
+                                     description=registry.SERVICES[args.name].about, conflict_handler="resolve")
+    common_arguments(parser)  # every service takes --nats, --redis, --log-level
+    entry.add_arguments(parser)
+    opts = parser.parse_args(args.rest)
+    for flag, var in (("nats", "GPUSCHED_NATS_URL"), ("redis", "GPUSCHED_REDIS_URL")):
+        if getattr(opts, flag, None):
+            os.environ[var] = getattr(opts, flag)  # for modules that read the environment
+    return run(entry.serve, opts, args.name)
+
+
+def cmd_service_list(args: argparse.Namespace) -> int:
+    from gpusched.services import registry
+
+    for s in registry.SERVICES.values():
+        mark = "" if registry.available(s.name) else "  (not installed)"
+        print(f"{s.name:14s} {s.about}{mark}")
+    return 0
+
+
+def register(sub) -> None:
+    up = sub.add_parser("up", help="start NATS, Redis, every service and simulated nodes on this machine")
+    up.add_argument("--nodes", type=int, default=4)
+    up.add_argument("--gpus-per-node", type=int, default=8)
+    up.add_argument("--nodes-per-rack", type=int, default=4)
+    up.add_argument("--nvlink", choices=["all", "pairs", "quads", "none"], default="all")
+    up.add_argument("--nats", default=None, help="use this NATS server instead of starting one")
+    up.add_argument("--redis", default=None, help="use this Redis instead of starting one")
+    up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded NATS (busy: any free one)")
+    up.add_argument("--redis-port", type=int, default=6379, help="port of the embedded Redis (busy: any free one)")
+    up.add_argument("--dashboard-port", type=int, default=8080)
+    up.add_argument("--data-dir", default=None, help="NATS store, logs, stack.json (default: a new temp dir)")
+    up.add_argument("--policy", default="full")
+    up.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one field of the policy preset (repeatable)")
+    up.add_argument("--services", default=None, help="comma-separated subset of services to start")
+    up.add_argument("--lease-ttl-ms", type=int, default=3000)
+    up.add_argument("--restart-delay", type=float, default=5.0, help="seconds before a dead service is restarted")
+    up.add_argument("--no-restart", action="store_true", help="leave dead services dead (chaos demos)")
+    up.add_argument("--ready-timeout", type=float, default=60.0)
+    up.set_defaults(func=cmd_up)
+
+    service = sub.add_parser("service", help="run one service (the form deploy files use)")
+    ssub = service.add_subparsers(dest="service_command", required=True, metavar="ACTION")
+    run = ssub.add_parser("run", help="run one service in the foreground", add_help=False)
+    run.add_argument("name")
+    run.add_argument("rest", nargs=argparse.REMAINDER)
+    run.set_defaults(func=cmd_service_run)
+    lst = ssub.add_parser("list", help="list the services")
+    lst.set_defaults(func=cmd_service_list)

@@ -1,0 +1,291 @@
+"""Admission: answers the commands (`SubmitJob`, `CancelJob`, `SetTeamQuota`, `DrainNode`) on
+request/reply subjects and appends the accepted facts.
+
+Several instances may run: they share the queue group `admission`. The decision (`admit`) is a
+pure function of the fold and the command; the shell only decodes, decides, appends, replies.
+Submits are idempotent by the client's request id: the job id is derived from it, the append
+carries `Nats-Msg-Id: submit-<request id>` (JetStream's duplicate window), and the fold's
+`requests` map answers repeats after the window. Well-formed submits that are refused are
+appended as `JobRejected` for audit; malformed messages only get an error reply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+
+import msgspec
+import structlog
+from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
+
+from gpusched import telemetry
+from gpusched.bus import subjects
+from gpusched.bus.log import EventLog
+from gpusched.core import events as ev
+from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
+from gpusched.core.model import LEVEL_RANK
+from gpusched.core.state import TERMINAL, ClusterState
+from gpusched.services.runtime import FoldedLog
+from gpusched.services.shell import common_arguments
+
+log = structlog.get_logger()
+
+QUEUE_GROUP = "admission"
+SUBJECT_COMMANDS: dict[str, type[Command]] = {
+    subjects.CMD_SUBMIT: SubmitJob,
+    subjects.CMD_CANCEL: CancelJob,
+    subjects.CMD_QUOTA: SetTeamQuota,
+    subjects.CMD_DRAIN: DrainNode,
+}
+_DECODERS = {subject: msgspec.json.Decoder(cls) for subject, cls in SUBJECT_COMMANDS.items()}
+_encode_reply = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    #: Refuse jobs of teams that have no quota yet (otherwise a team starts with the default
+    #: terms: nothing guaranteed, weight 1, no limit but the cluster).
+    strict_teams: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What admission decided: the fact to append (if any), its message id, and the reply
+    (whose `seq` the shell fills in after the append)."""
+
+    reply: CommandReply
+    event: ev.Event | None = None
+    msg_id: str | None = None
+
+
+# --- the pure part ------------------------------------------------------------------------
+
+
+def job_id_for(request_id: str, state: ClusterState, taken: set[str] | frozenset[str] = frozenset()) -> str:
+    """A short, readable id derived from the request id (so every admission instance, and every
+    retry, names the job the same way); on the rare collision, the next 8 hex digits."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=32).hexdigest()
+    for i in range(0, len(digest) - 7, 8):
+        candidate = "j-" + digest[i:i + 8]
+        if candidate not in state.jobs and candidate not in taken:
+            return candidate
+    return "j-" + digest  # 2^-256 territory
+
+
+class Capacity:
+    """The largest GPU count at each topology level, cached per cluster shape (topology only
+    changes when a node registers)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, int] | None = None
+        self._largest: dict[str, int] = {}
+
+    def largest(self, state: ClusterState) -> dict[str, int]:
+        key = (len(state.nodes), len(state.gpus))
+        if key != self._key:
+            nvlink: dict[tuple[str, int], int] = {}
+            node: dict[str, int] = {}
+            rack: dict[str, int] = {}
+            block: dict[str, int] = {}
+            for g in state.gpus.values():
+                n = state.nodes[g.node]
+                nvlink[(g.node, g.nvlink_domain)] = nvlink.get((g.node, g.nvlink_domain), 0) + 1
+                node[g.node] = node.get(g.node, 0) + 1
+                rack[n.rack] = rack.get(n.rack, 0) + 1
+                if n.block is not None:
+                    block[n.block] = block.get(n.block, 0) + 1
+            self._largest = {
+                "nvlink": max(nvlink.values(), default=0),
+                "node": max(node.values(), default=0),
+                "rack": max(rack.values(), default=0),
+                "block": max(block.values(), default=max(rack.values(), default=0)),
+                "cluster": len(state.gpus),
+            }
+            self._key = key
+        return self._largest
+
+
+_LEVEL_NAMES = {"nvlink": "NVLink domain", "node": "node", "rack": "rack", "block": "block", "cluster": "cluster"}
+
+
+def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig, capacity: Capacity) -> str | None:
+    """Why a well-formed submission cannot be admitted, or None."""
+    spec = cmd.spec
+    if spec.min_gpus is not None and spec.min_gpus > spec.gpus:
+        return f"spec.min_gpus ({spec.min_gpus}) exceeds spec.gpus ({spec.gpus})"
+    topo = spec.topology
+    if LEVEL_RANK[topo.preferred] > LEVEL_RANK[topo.required]:
+        return (f"spec.topology.preferred ({topo.preferred}) is wider than spec.topology.required "
+                f"({topo.required})")
+    team = state.teams.get(spec.team)
+    if team is None and config.strict_teams:
+        return f"unknown team {spec.team!r} (strict teams: set its quota first with `gpusched quota {spec.team} ...`)"
+    need = spec.gang_min
+    if team is not None and team.quota.limit is not None and need > team.quota.limit:
+        return f"team {spec.team!r} has a limit of {team.quota.limit} GPUs; the job needs {need}"
+    if state.gpus:  # before any node registered, jobs may queue
+        largest = capacity.largest(state)
+        if need > largest["cluster"]:
+            return f"the cluster has {largest['cluster']} GPUs; the job needs {need}"
+        if topo.required != "cluster" and need > largest[topo.required]:
+            return (f"spec.topology.required is {topo.required}, but the largest {_LEVEL_NAMES[topo.required]} "
+                    f"has {largest[topo.required]} GPUs; the job needs {need}")
+    return None
+
+
+def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig, capacity: Capacity,
+          taken: set[str] | frozenset[str] = frozenset()) -> Decision:
+    """Decide one well-formed command against the fold."""
+    rid = cmd.request_id
+    if isinstance(cmd, SubmitJob):
+        known = state.requests.get(rid)
+        if known is not None:
+            return Decision(CommandReply(ok=True, job_id=known, duplicate=True))
+        problem = submit_problem(state, cmd, config, capacity)
+        if problem is not None:
+            event = ev.JobRejected(at=now, request_id=rid, team=cmd.spec.team, reason=problem)
+            return Decision(CommandReply(ok=False, error=problem), event, f"reject-{rid}")
+        job_id = job_id_for(rid, state, taken)
+        event = ev.JobSubmitted(at=now, job_id=job_id, spec=cmd.spec, request_id=rid)
+        return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{rid}")
+    if isinstance(cmd, CancelJob):
+        job = state.jobs.get(cmd.job_id)
+        if job is None:
+            return Decision(CommandReply(ok=False, error=f"unknown job {cmd.job_id!r}"))
+        if job.state in TERMINAL:
+            return Decision(CommandReply(ok=False, job_id=job.job_id,
+                                         error=f"job {job.job_id} already {job.state} ({job.end_reason})"))
+        event = ev.JobCancelled(at=now, job_id=job.job_id, reason=cmd.reason)
+        return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"cancel-{rid}")
+    if isinstance(cmd, SetTeamQuota):
+        q = cmd.quota
+        if q.limit is not None and q.guaranteed > q.limit:
+            return Decision(CommandReply(ok=False, error=f"quota.guaranteed ({q.guaranteed}) exceeds quota.limit ({q.limit})"))
+        return Decision(CommandReply(ok=True), ev.TeamQuotaSet(at=now, team=cmd.team, quota=q), f"quota-{rid}")
+    if isinstance(cmd, DrainNode):
+        if cmd.node not in state.nodes:
+            return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
+        event = ev.NodeDrained(at=now, node=cmd.node, drain=cmd.drain, reason=cmd.reason)
+        return Decision(CommandReply(ok=True), event, f"drain-{rid}")
+    return Decision(CommandReply(ok=False, error=f"unsupported command {type(cmd).__name__}"))
+
+
+def decode(subject: str, data: bytes) -> Command | str:
+    """The command on `subject`, or a precise error naming the field (msgspec's own text)."""
+    decoder = _DECODERS.get(subject)
+    if decoder is None:
+        return f"unknown command subject {subject!r}; expected one of {', '.join(sorted(_DECODERS))}"
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as err:
+        return f"invalid {SUBJECT_COMMANDS[subject].__name__}: {err}"
+    except msgspec.DecodeError as err:
+        return f"malformed JSON: {err}"
+
+
+# --- the shell ----------------------------------------------------------------------------
+
+
+class Admission:
+    def __init__(self, folded: FoldedLog, config: AdmissionConfig, max_in_flight: int = 256):
+        self.folded = folded
+        self.config = config
+        self.capacity = Capacity()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._in_flight: dict[str, asyncio.Future[CommandReply]] = {}  # request id -> reply
+        self._taken: set[str] = set()  # job ids appended but maybe not folded yet
+        self._tasks: set[asyncio.Task] = set()
+        self.handled = 0
+
+    async def on_message(self, msg: Msg) -> None:
+        await self._slots.acquire()
+        task = asyncio.create_task(self._handle(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _handle(self, msg: Msg) -> None:
+        kind = SUBJECT_COMMANDS.get(msg.subject, Command).__name__
+        try:
+            with telemetry.consume_span(f"admission.{kind}", msg.headers, kind=SpanKind.SERVER) as span:
+                reply = await self.handle(msg.subject, msg.data)
+                if not reply.ok:
+                    telemetry.mark_error(span, reply.error)
+                elif reply.job_id:
+                    span.set_attribute("gpusched.job_id", reply.job_id)
+        except Exception as err:  # the requester must hear something
+            log.exception("command_failed", subject=msg.subject)
+            reply = CommandReply(ok=False, error=f"internal error: {type(err).__name__}: {err}")
+        self.handled += 1
+        if msg.reply:
+            await msg.respond(_encode_reply(reply))
+
+    async def handle(self, subject: str, data: bytes) -> CommandReply:
+        cmd = decode(subject, data)
+        if isinstance(cmd, str):
+            log.info("command_malformed", subject=subject, error=cmd)
+            return CommandReply(ok=False, error=cmd)
+        key = f"{type(cmd).__name__}:{cmd.request_id}"
+        running = self._in_flight.get(key)
+        if running is not None:  # the same request is being appended right now: same answer
+            reply = await asyncio.shield(running)
+            return msgspec.structs.replace(reply, duplicate=True) if reply.ok else reply
+        future: asyncio.Future[CommandReply] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = future
+        try:
+            reply = await self._decide_and_append(cmd)
+            future.set_result(reply)
+            return reply
+        except BaseException as err:
+            future.set_exception(err)
+            future.exception()  # retrieved: nobody else may be waiting
+            raise
+        finally:
+            del self._in_flight[key]
+
+    async def _decide_and_append(self, cmd: Command) -> CommandReply:
+        state = self.folded.state
+        decision = admit(state, cmd, time.time(), self.config, self.capacity, self._taken)
+        if decision.event is None:
+            return decision.reply
+        job_id = decision.event.job_id if isinstance(decision.event, ev.JobSubmitted) else None
+        if job_id:
+            self._taken.add(job_id)
+        seq = await self.folded.log.append(decision.event, msg_id=decision.msg_id)
+        if job_id and len(self._taken) > 4096:
+            self._taken = {j for j in self._taken if j not in state.jobs}
+        (log.debug if decision.reply.ok else log.info)("command_decided", kind=decision.event.kind, ok=decision.reply.ok, seq=seq,
+                 request_id=cmd.request_id, job_id=decision.reply.job_id, error=decision.reply.error or None)
+        return msgspec.structs.replace(decision.reply, seq=seq)
+
+    async def drain(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common_arguments(parser)
+    parser.add_argument("--strict-teams", action="store_true",
+                        help="refuse jobs of teams without a quota (default: new teams get default terms)")
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    event_log = await EventLog.open(args.nats, name="gpusched-admission")
+    folded = FoldedLog(event_log)
+    await folded.start()
+    admission = Admission(folded, AdmissionConfig(strict_teams=getattr(args, "strict_teams", False)))
+    sub = await event_log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
+                                       pending_msgs_limit=1_000_000, pending_bytes_limit=-1)
+    log.info("admission_ready", seq=folded.seen_seq)
+    await stop.wait()
+    await sub.unsubscribe()
+    await admission.drain()
+    await folded.stop()
+    await event_log.close()

@@ -1,0 +1,137 @@
+"""The fallback: naive first-free placement while the placement service is gone.
+
+Its own small process (`gpusched service run fallback`), so that killing placement (or its
+host) does not take the fallback with it, and placement stays a pure topology-aware writer.
+It watches the placement lease in Redis. When the lease has been absent for `--grace-ms`
+(and this process has been up that long, so a stack that is still starting is not "degraded"),
+it appends `PlacementDegraded` once (the fold's `placement_degraded` is checked first, the
+message id is derived from the last recovery's sequence) and then places with `naive_cycle`,
+with the same compare-and-set as placement: a double booking is impossible even if placement
+comes back mid-append. Its grants carry `placer="naive"`. When a placement instance holds the
+lease again, the fallback stops at once and placement appends `PlacementRecovered`.
+
+If Redis itself is unreachable, placement cannot hold its lease and stops deciding; the fallback
+then counts the lease as lapsed and places naively (reason says so). Several fallbacks may run:
+one active by its own lease, any of them acting when Redis is down (compare-and-set again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import msgspec
+import structlog
+
+from gpusched.core import events as ev
+from gpusched.services.runtime import FoldedLog
+
+from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, connect_redis, lease_holder, owner_id
+from .placement import Tracker, decide_and_append
+from .shell import common_arguments, wait_wake
+
+log = structlog.get_logger()
+
+
+def naive(event: ev.Event) -> ev.Event:
+    if isinstance(event, ev.GpusGranted) and event.placer != "naive":
+        return msgspec.structs.replace(event, placer="naive")
+    return event
+
+
+class Fallback:
+    def __init__(self, folded: FoldedLog, redis, own: Lease, placement_key: str, grace_s: float,
+                 debounce_s: float = 0.005, tick_s: float | None = None):
+        from gpusched.policy.cycle import naive_cycle
+
+        self.folded = folded
+        self.redis = redis
+        self.own = own
+        self.placement_key = placement_key
+        self.grace_s = grace_s
+        self.debounce_s = debounce_s
+        self.tick_s = tick_s if tick_s is not None else max(0.05, grace_s / 4)
+        self.decide = naive_cycle
+        self.tracker = Tracker(folded)
+        self.started = time.monotonic()
+        self.last_seen_placement = time.monotonic()
+        self.grants = 0
+
+    async def placement_lapsed(self) -> str | None:
+        """Why placement is considered gone, or None while it is alive (or still starting)."""
+        holder = await lease_holder(self.redis, self.placement_key)
+        now = time.monotonic()
+        if holder:
+            self.last_seen_placement = now
+            return None
+        gone = now - self.last_seen_placement
+        if gone < self.grace_s:
+            return None
+        if holder == "":
+            return f"redis unreachable for {gone:.1f}s: placement cannot hold its lease"
+        return f"placement lease {self.placement_key} absent for {gone:.1f}s"
+
+    async def round(self) -> None:
+        reason = await self.placement_lapsed()
+        if reason is None:
+            return
+        redis_down = reason.startswith("redis")
+        if not (self.own.held or redis_down):
+            return
+        state = self.folded.state
+        if not state.placement_degraded:
+            event = ev.PlacementDegraded(at=max(time.time(), state.now), reason=reason)
+            seq = await self.folded.log.append(event, msg_id=f"degraded-{self.tracker.recovered_seq}")
+            log.warning("placement_degraded", seq=seq, reason=reason)
+            await self.folded.catch_up()
+        appended, conflicted = await decide_and_append(
+            self.folded, lambda s, now: self.decide(s, now), (ev.GpusGranted,), transform=naive,
+            rebase=(ev.GpusGranted,),
+        )
+        self.grants += appended
+        if appended or conflicted:
+            self.folded.changed.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        keeper = asyncio.create_task(self.own.keep(stop), name="fallback-lease")
+        try:
+            while not stop.is_set():
+                await wait_wake(self.folded, stop, self.tick_s, self.debounce_s)
+                if stop.is_set():
+                    break
+                try:
+                    await self.round()
+                except Exception:
+                    log.exception("fallback_round_failed")
+                    await asyncio.sleep(0.5)
+        finally:
+            await keeper
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common_arguments(parser)
+    parser.add_argument("--placement-lease-key", default=PLACEMENT_LEASE_KEY)
+    parser.add_argument("--lease-key", default=FALLBACK_LEASE_KEY)
+    parser.add_argument("--lease-ttl-ms", type=int, default=3000)
+    parser.add_argument("--grace-ms", type=int, default=None,
+                        help="how long the placement lease must be absent before taking over (default: its TTL)")
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    from gpusched.bus.log import EventLog
+
+    event_log = await EventLog.open(args.nats, name="gpusched-fallback")
+    redis = connect_redis(args.redis)
+    folded = FoldedLog(event_log)
+    await folded.start()
+    own = Lease(redis, args.lease_key, owner_id("fallback"), args.lease_ttl_ms)
+    grace_s = (args.grace_ms if args.grace_ms is not None else args.lease_ttl_ms) / 1000.0
+    fallback = Fallback(folded, redis, own, args.placement_lease_key, grace_s)
+    log.info("fallback_ready", seq=folded.seen_seq, watching=args.placement_lease_key, grace_s=grace_s)
+    try:
+        await fallback.run(stop)
+    finally:
+        await folded.stop()
+        await event_log.close()
+        await redis.aclose()
