@@ -1,0 +1,506 @@
+"""`gpusched jobs | nodes | teams | queue | show JOB`: what the cluster looks like, and why a job waits.
+
+Listings read the Redis read models when Redis answers and a projector has written them (fast),
+else fold the log directly (always correct, slower); `--fold` forces the latter. Both paths build
+the same documents (`gpusched.readmodel`), so `--json` is identical either way.
+`show` always reads the job's history from the log (filtered by subject) and explains a pending
+job with `policy.explain` over a fold (a Redis snapshot plus the log's tail when there is one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from gpusched import readmodel
+from gpusched.core.state import ClusterState
+
+COLORS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta",
+          "bright_green", "bright_yellow", "bright_blue", "bright_red"]
+
+
+def _team_color(team: str | None, teams: list[str]) -> str:
+    if team is None:
+        return "grey50"
+    return COLORS[teams.index(team) % len(COLORS)] if team in teams else "white"
+
+
+# --- where the data comes from ----------------------------------------------------------------
+
+
+class Snapshot:
+    """The documents one listing needs, and where they came from."""
+
+    def __init__(self, source: str, seq: int, at: float):
+        self.source, self.seq, self.at = source, seq, at
+        self.state: ClusterState | None = None
+
+
+async def _open_log(nats: str | None):
+    from gpusched.bus.log import EventLog, nats_url
+
+    try:
+        return await asyncio.wait_for(EventLog.open(nats, name="gpusched-cli"), 5)
+    except (TimeoutError, OSError, Exception) as err:  # noqa: BLE001 - any connect failure reads the same
+        raise SystemExit(f"error: cannot reach NATS at {nats_url(nats)} ({type(err).__name__}: {err}); "
+                         "is `gpusched up` running? (set --nats or GPUSCHED_NATS_URL)") from err
+
+
+async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: bool = True) -> ClusterState:
+    """The cluster state now: a Redis snapshot plus the log's tail, or the whole log."""
+    from gpusched.services.projector import fold_log, load_snapshot
+
+    state = None
+    if use_snapshot and _redis_configured(redis):
+        r = _redis_client(redis)
+        try:
+            state = await asyncio.wait_for(load_snapshot(r), 3)
+        except Exception:  # noqa: BLE001 - a snapshot is only a shortcut
+            state = None
+        finally:
+            await r.aclose()
+    log = await _open_log(nats)
+    try:
+        return await fold_log(log, state)
+    finally:
+        await log.close()
+
+
+def _redis_configured(redis: str | None) -> bool:
+    return bool(redis or os.environ.get("GPUSCHED_REDIS_URL"))
+
+
+def _redis_client(redis: str | None):
+    from gpusched.services.projector import _redis
+
+    return _redis(redis)
+
+
+async def _views(args) -> Any:
+    """The Redis views when they answer and have been written; else None."""
+    if getattr(args, "fold", False) or not _redis_configured(args.redis):
+        return None
+    from gpusched.services.projector import Views
+
+    views = Views.connect(args.redis)
+    try:
+        meta = await asyncio.wait_for(views.meta(), 3)
+    except Exception:  # noqa: BLE001
+        meta = None
+    if meta is None:
+        await views.close()
+        return None
+    views.meta_doc = meta  # type: ignore[attr-defined]
+    return views
+
+
+async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Documents of one kind (`jobs`, `nodes`, `teams`, `queue`) and where they came from."""
+    views = await _views(args)
+    if views is not None:
+        try:
+            docs = await getattr(views, what)()
+            meta = views.meta_doc  # type: ignore[attr-defined]
+            return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"]}
+        finally:
+            await views.close()
+    state = await fold_state(args.nats, args.redis)
+    return docs_from_state(state, what), {"source": "log", "seq": state.last_seq, "at": state.now}
+
+
+def docs_from_state(state: ClusterState, what: str) -> list[dict[str, Any]]:
+    if what == "jobs":
+        jobs = sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id))
+        return [{**readmodel.job_doc(state, j), "seq": state.last_seq} for j in jobs]
+    if what == "nodes":
+        return [{**readmodel.node_doc(state, n), "seq": state.last_seq} for n in sorted(state.nodes)]
+    if what == "teams":
+        return [{**readmodel.team_doc(state, t), "seq": state.last_seq} for t in sorted(state.teams)]
+    if what == "queue":
+        return [{**q, "seq": state.last_seq} for q in readmodel.queue_docs(state)]
+    raise ValueError(what)
+
+
+# --- formatting --------------------------------------------------------------------------------
+
+
+def compress_gpus(gpus: list[dict[str, Any]]) -> str:
+    """`[{node: n0, index: 0}, ...]` -> `n0[0-3] n1[0,2]`."""
+    per: dict[str, list[int]] = {}
+    for g in gpus:
+        per.setdefault(g["node"], []).append(g["index"])
+    parts = []
+    for node, idx in per.items():
+        idx.sort()
+        runs, start, prev = [], idx[0], idx[0]
+        for i in idx[1:] + [None]:  # type: ignore[list-item]
+            if i is not None and i == prev + 1:
+                prev = i
+                continue
+            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+            if i is not None:
+                start = prev = i
+        parts.append(f"{node}[{','.join(runs)}]")
+    return " ".join(parts)
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0.0, float(seconds))
+    if s < 60:
+        return f"{s:.0f}s" if s >= 10 else f"{s:.1f}s"
+    if s < 3600:
+        return f"{s / 60:.0f}m{s % 60:02.0f}s"
+    if s < 86400:
+        return f"{s / 3600:.0f}h{(s % 3600) / 60:02.0f}m"
+    return f"{s / 86400:.1f}d"
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def display_now(meta: dict[str, Any]) -> float:
+    """Ages are shown against the wall clock on a live cluster, against the log's last event
+    time when the log is old (an audit of a past day)."""
+    at = meta.get("at") or 0.0
+    wall = time.time()
+    return max(at, wall) if abs(wall - at) < 86400 else at
+
+
+def _caption(meta: dict[str, Any]) -> str:
+    return f"from {meta['source']} at log seq {meta['seq']}"
+
+
+STATE_STYLE = {"pending": "yellow", "starting": "cyan", "running": "green", "completed": "dim",
+               "failed": "red", "cancelled": "dim"}
+
+
+def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    now = display_now(meta)
+    table = Table(caption=_caption(meta), header_style="bold")
+    for col in ("JOB", "TEAM", "STATE", "PRIO", "GPUS", "HELD ON", "AGE", "DETAIL"):
+        table.add_column(col, no_wrap=col != "DETAIL", overflow="fold" if col == "HELD ON" else "ellipsis",
+                         min_width=20 if col == "DETAIL" else None)
+    for d in docs:
+        held = len(d["gpus"])
+        want = d["gpus_requested"] if d["min_gpus"] == d["gpus_requested"] else f"{d['min_gpus']}-{d['gpus_requested']}"
+        gpus = f"{held}/{want}" if d["state"] in ("starting", "running") else f"{want}"
+        if d["state"] == "pending":
+            detail = d["pending_reason"] or "waiting for the next placement cycle"
+        elif d["state"] in ("starting", "running"):
+            detail = f"{d['level']} via {d['placer']}" + (" (backfill)" if d["backfill"] else "")
+            if d.get("preemption"):
+                detail += f"; preempting for {d['preemption']['for_job']}"
+        else:
+            detail = d["end_reason"]
+        since = d["started_at"] if d["state"] in ("starting", "running") else d["submitted_at"]
+        age = _dur(now - since) if d["state"] not in ("completed", "failed", "cancelled") else "-"
+        style = STATE_STYLE.get(d["state"], "")
+        table.add_row(d["job_id"], d["team"], f"[{style}]{d['state']}[/]", d["priority"], gpus,
+                      compress_gpus(d["gpus"]), age, detail)
+    _console().print(table)
+
+
+def print_nodes(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    teams = sorted({g["team"] for d in docs for g in d["gpus"] if g["team"]})
+    table = Table(caption=_caption(meta) + ("; GPUs: team initial, . free, x down" if docs else ""),
+                  header_style="bold")
+    for col in ("NODE", "RACK", "STATUS", "FREE", "GPUS", "JOBS"):
+        table.add_column(col, no_wrap=True)
+    for d in docs:
+        cells = []
+        for g in d["gpus"]:
+            if g["status"] == "held":
+                cells.append(f"[{_team_color(g['team'], teams)}]{(g['team'] or '?')[0]}[/]")
+            elif g["status"] == "free":
+                cells.append("[grey50].[/]")
+            else:
+                cells.append("[red]x[/]")
+        status = "lost" if d["lost"] else "drained" if d["drained"] else "ok"
+        jobs = sorted({g["job_id"] for g in d["gpus"] if g["job_id"]})
+        table.add_row(d["node"], d["rack"], status, f"{d['free']}/{d['total']}", "".join(cells), " ".join(jobs))
+    _console().print(table)
+
+
+def print_teams(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(caption=_caption(meta) + "; SHARE: held / guaranteed share of the cluster", header_style="bold")
+    for col in ("TEAM", "HELD", "GUAR", "LIMIT", "WEIGHT", "SHARE", "RUN", "QUEUED", "USAGE"):
+        table.add_column(col, no_wrap=True, justify="left" if col == "TEAM" else "right",
+                         min_width=max([4] + [len(d["team"]) for d in docs]) if col == "TEAM" else None)
+    for d in docs:
+        held = f"[{'yellow' if d['under_guarantee'] else 'green'}]{d['held']}[/]"
+        table.add_row(d["team"], held, str(d["guaranteed"]), "-" if d["limit"] is None else str(d["limit"]),
+                      f"{d['weight']:g}", f"{d['share']:.0%}/{d['entitled_share']:.0%}", str(d["running_jobs"]),
+                      f"{d['pending_jobs']}j {d['pending_gpus']}g", f"{d['usage_gpu_s'] / 3600:.1f}h")
+    _console().print(table)
+
+
+def print_queue(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(caption=_caption(meta), header_style="bold")
+    for col in ("#", "JOB", "TEAM", "PRIO", "GPUS", "WAITING", "ETA", "REASON"):
+        table.add_column(col, no_wrap=col != "REASON")
+    now = display_now(meta)
+    for d in docs:
+        table.add_row(str(d["position"]), d["job_id"], d["team"], d["priority"], str(d["gpus"]), _dur(now - d["submitted_at"]),
+                      _dur(d["eta_s"]), d["reason"] or "-")
+    _console().print(table)
+
+
+PRINTERS = {"jobs": print_jobs, "nodes": print_nodes, "teams": print_teams, "queue": print_queue}
+
+
+def _filter(docs: list[dict[str, Any]], args) -> list[dict[str, Any]]:
+    if getattr(args, "team", None):
+        docs = [d for d in docs if d.get("team") == args.team]
+    if getattr(args, "state", None):
+        wanted = set(args.state.split(","))
+        docs = [d for d in docs if d.get("state") in wanted]
+    if getattr(args, "active", False):
+        docs = [d for d in docs if d.get("state") in ("pending", "starting", "running")]
+    return docs
+
+
+def _listing(what: str):
+    def run(args) -> int:
+        docs, meta = asyncio.run(load(args, what))
+        docs = _filter(docs, args)
+        if args.json:
+            json.dump(docs, sys.stdout, indent=None if args.compact else 2)
+            sys.stdout.write("\n")
+        else:
+            PRINTERS[what](docs, meta)
+        return 0
+
+    return run
+
+
+# --- show JOB ----------------------------------------------------------------------------------
+
+
+async def read_subject(event_log, subject: str) -> list[Any]:
+    """Every record of the stream matching `subject`, in log order (stops at what exists now)."""
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    from gpusched.bus import subjects as subj
+
+    info = await event_log.js.stream_info(subj.STREAM, subjects_filter=subject)
+    count = sum((info.state.subjects or {}).values())
+    if count == 0:
+        return []
+    out = []
+    sub = await event_log.js.subscribe(subject, stream=subj.STREAM, ordered_consumer=True,
+                                       config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    try:
+        from gpusched.core.events import decode_event
+
+        while len(out) < count:
+            msg = await sub.next_msg(timeout=10)
+            try:
+                event = decode_event(msg.data)
+            except Exception:  # noqa: BLE001 - dead letters are shown by `replay`
+                count -= 1
+                continue
+            from gpusched.bus.log import Record
+
+            out.append(Record(msg.metadata.sequence.stream, event, msg.subject, msg.headers))
+            if msg.metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+async def job_history(event_log, job_id: str) -> list[Any]:
+    """Every fact about a job, plus the preemptions made for it, in log order."""
+    from gpusched.bus import subjects as subj
+
+    own = await read_subject(event_log, subj.job_filter(job_id))
+    served = [r for r in await read_subject(event_log, "gpusched.evt.*.PreemptionRequested.*")
+              if getattr(r.event, "for_job", None) == job_id]
+    return sorted(own + served, key=lambda r: r.seq)
+
+
+async def show_data(nats: str | None, redis: str | None, job_id: str) -> dict[str, Any]:
+    from gpusched.policy.explain import explain_pending, explain_preemptions
+    from gpusched.services.projector import fold_log, load_snapshot
+
+    state = None
+    if _redis_configured(redis):
+        r = _redis_client(redis)
+        try:
+            state = await asyncio.wait_for(load_snapshot(r), 3)
+        except Exception:  # noqa: BLE001
+            state = None
+        finally:
+            await r.aclose()
+    event_log = await _open_log(nats)
+    try:
+        state = await fold_log(event_log, state)
+        if job_id not in state.jobs:
+            return {"job_id": job_id, "error": f"no job {job_id} in the log (at seq {state.last_seq})"}
+        history = await job_history(event_log, job_id)
+    finally:
+        await event_log.close()
+    job = state.jobs[job_id]
+    own = [(r.seq, r.event) for r in history if getattr(r.event, "job_id", None) == job_id]
+    data: dict[str, Any] = {
+        "job": readmodel.job_doc(state, job),
+        "seq": state.last_seq,
+        "now": state.now,
+        "history": [{**readmodel.event_line(r.seq, r.event),
+                     "served_by_preemption": getattr(r.event, "for_job", None) == job_id and r.event.job_id != job_id}
+                    for r in history],
+        "preemptions": explain_preemptions(own),
+        "preempted_for_it": [{"seq": r.seq, "at": r.event.at, "victim": r.event.job_id, "reason": r.event.reason}
+                             for r in history if getattr(r.event, "for_job", None) == job_id
+                             and r.event.job_id != job_id],
+    }
+    if job.state == "pending":
+        data["why_pending"] = explain_pending(state, job_id)
+    return data
+
+
+def print_show(data: dict[str, Any]) -> None:
+    from rich.panel import Panel
+    from rich.table import Table
+
+    console = _console()
+    if "error" in data:
+        console.print(f"[red]{data['error']}[/]")
+        return
+    d = data["job"]
+    now = data["now"]
+    head = (f"[bold]{d['job_id']}[/] {d['name']}  team [bold]{d['team']}[/]  {d['priority']}  "
+            f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {d['gpus_requested']} GPU(s)"
+            + (f" (min {d['min_gpus']})" if d["min_gpus"] != d["gpus_requested"] else "")
+            + ("  preemptible" if d["preemptible"] else "")
+            + (f"  topology <= {d['required']}" if d["required"] != "cluster" else ""))
+    lines = [head]
+    if d["gpus"]:
+        lines.append(f"holds {len(d['gpus'])} GPU(s): {compress_gpus(d['gpus'])} ({d['level']}, via {d['placer']})")
+    if d["checkpoint"]:
+        c = d["checkpoint"]
+        lines.append(f"last checkpoint: step {c['step']} at {c['path']} ({_dur(now - c['at'])} ago)")
+    if d["preemptions"] or d["restarts"] or d["lost_gpu_s"]:
+        lines.append(f"preempted {d['preemptions']}x, restarted {d['restarts']}x, lost work {d['lost_gpu_s']:.0f} GPU-s")
+    if d["end_reason"]:
+        lines.append(f"ended: {d['end_reason']}")
+    console.print(Panel("\n".join(lines), title=f"job {d['job_id']}", subtitle=f"log seq {data['seq']}"))
+
+    why = data.get("why_pending")
+    if why:
+        waited = display_now({"at": now}) - d["submitted_at"]
+        w = [f"[bold yellow]why pending:[/] {why['summary']}  (waiting {_dur(waited)}, "
+             f"queue position {why['queue']['position']} of {why['queue']['of']})"]
+        if why["policy"]["blockers"]:
+            w.append(f"blockers (policy): {', '.join(why['policy']['blockers'])}")
+        tq = why["team_quota"]
+        lim = "none" if tq["limit"] is None else tq["limit"]
+        w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
+                 + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
+                 + ("  (under its guarantee: may reclaim from over-share teams)" if tq["under_guarantee"] else ""))
+        topo = why["topology"]
+        w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
+                 f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"
+                 + (f"; fits now in {', '.join(topo['fits_now_in'])}" if topo["fits_now_in"] else ""))
+        if topo.get("impossible"):
+            w.append(f"[red]{topo['impossible']}[/]")
+        if topo["level"] != "cluster":
+            doms = "  ".join(f"{x['domain']}: {x['free']}/{x['total']} free" for x in topo["domains"][:6])
+            w.append(f"  {doms}")
+        if why["holders"]:
+            w.append("held by: " + ", ".join(
+                f"{h['job_id']} ({h['team']}, {h['gpus']} GPUs, {h['priority']}{', preemptible' if h['preemptible'] else ''})"
+                for h in why["holders"][:5]))
+        if why["held_by_team"]:
+            w.append("GPUs held per team: " + ", ".join(f"{t} {n}" for t, n in why["held_by_team"].items()))
+        if why["queue"]["ahead"]:
+            w.append(f"ahead in the queue: {', '.join(why['queue']['ahead'])}"
+                     + (" …" if why["queue"]["ahead_jobs"] > len(why["queue"]["ahead"]) else ""))
+        for u in why["unblock"]:
+            w.append(f"[green]would unblock:[/] {u}")
+        w.append(f"estimated start: {'unknown (running jobs have no time limit)' if why['eta_s'] is None else 'in ' + _dur(why['eta_s'])}")
+        console.print(Panel("\n".join(w), title="why is it pending?", border_style="yellow"))
+
+    for p in data["preemptions"]:
+        ck = p.get("checkpoint")
+        txt = (f"preempted at seq {p['seq']} for [bold]{p['for_job']}[/] ({p['reason']}); "
+               + (f"released {'forcibly' if p['forced'] else 'after checkpoint'}, lost {p['lost_gpu_s']:.0f} GPU-s"
+                  if p["released_at"] is not None else f"checkpoint due in {_dur(p['deadline'] - now)}")
+               + (f"; resumes from step {ck['step']} ({ck['path']})" if ck else "; no checkpoint: restarts from scratch"))
+        console.print(f"[magenta]{txt}[/]")
+    for p in data["preempted_for_it"]:
+        console.print(f"[cyan]preempted {p['victim']} for it at seq {p['seq']} ({p['reason']})[/]")
+
+    table = Table(title="history", header_style="bold", show_edge=False)
+    table.add_column("SEQ", justify="right", no_wrap=True)
+    table.add_column("T+", justify="right", no_wrap=True)
+    table.add_column("EVENT", no_wrap=True)
+    table.add_column("")
+    t0 = d["submitted_at"]
+    for h in data["history"]:
+        table.add_row(str(h["seq"]), _dur(h["at"] - t0), h["type"], h["text"])
+    console.print(table)
+
+
+def _show(args) -> int:
+    data = asyncio.run(show_data(args.nats, args.redis, args.job_id))
+    if args.json:
+        json.dump(data, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print_show(data)
+    return 1 if "error" in data else 0
+
+
+# --- registration -----------------------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats", default=None, help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
+    p.add_argument("--redis", default=None, help="Redis URL of the read models (default: $GPUSCHED_REDIS_URL)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    for what, help_ in (("jobs", "list jobs with their state and the GPUs they hold"),
+                        ("nodes", "list nodes and their GPUs, coloured by team"),
+                        ("teams", "list teams: GPUs held vs guaranteed share and limit"),
+                        ("queue", "list pending jobs in the order the policy considers them, with why")):
+        p = sub.add_parser(what, help=help_, description=help_)
+        _common(p)
+        p.add_argument("--fold", action="store_true", help="fold the log even when Redis read models answer")
+        p.add_argument("--compact", action="store_true", help="one-line JSON")
+        if what in ("jobs", "queue"):
+            p.add_argument("--team", default=None, help="only this team's jobs")
+        if what == "jobs":
+            p.add_argument("--state", default=None, help="only these states (comma-separated)")
+            p.add_argument("--active", action="store_true", help="only pending, starting and running jobs")
+        p.set_defaults(func=_listing(what))
+    p = sub.add_parser("show", help="a job's history and why it is pending",
+                       description="A job's history from the log; for a pending job, what blocks it, what "
+                                   "would unblock it and an estimated start; for a preempted one, which job it "
+                                   "served, its checkpoint and the work lost.")
+    p.add_argument("job_id")
+    _common(p)
+    p.set_defaults(func=_show)
+
+
+__all__ = ["register", "load", "fold_state", "show_data", "job_history", "docs_from_state", "compress_gpus"]

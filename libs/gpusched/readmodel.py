@@ -1,0 +1,189 @@
+"""The read models: plain JSON documents derived from a `ClusterState`.
+
+One pure function per document (a job, a node, a team, the queue, an event line). The projector
+stores them in Redis; the CLI and the dashboard print them, reading either Redis or a fold of the
+log: both paths go through these functions, so the two can never disagree on a field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .core import events as ev
+from .core.model import split_gpu_id
+from .core.state import ClusterState, Job
+
+
+def gpu_ref(g: str) -> dict[str, Any]:
+    node, index = split_gpu_id(g)
+    return {"gpu": g, "node": node, "index": index}
+
+
+def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
+    spec = job.spec
+    doc: dict[str, Any] = {
+        "job_id": job.job_id,
+        "name": spec.name,
+        "team": spec.team,
+        "state": job.state,
+        "priority": spec.priority,
+        "gpus_requested": spec.gpus,
+        "min_gpus": spec.gang_min,
+        "preemptible": spec.preemptible,
+        "required": spec.topology.required,
+        "gpus": [gpu_ref(g) for g in job.gpus],
+        "placer": job.placer,
+        "level": job.level,
+        "backfill": job.backfill,
+        "attempt": job.attempt,
+        "submitted_at": job.submitted_at,
+        "started_at": job.started_at,
+        "first_started_at": job.first_started_at,
+        "finished_at": job.finished_at,
+        "nodes_started": list(job.nodes_started),
+        "preemptions": job.preemptions,
+        "restarts": job.restarts,
+        "lost_gpu_s": round(job.lost_gpu_s, 3),
+        "end_reason": job.end_reason,
+        "pending_reason": job.pending_reason,
+        "pending_blockers": list(job.pending_blockers),
+        "pending_eta_s": job.pending_eta_s,
+        "checkpoint": msgspec.to_builtins(job.checkpoint) if job.checkpoint else None,
+        "preemption": msgspec.to_builtins(job.preemption) if job.preemption else None,
+    }
+    return doc
+
+
+def gpu_status(state: ClusterState, g: str) -> str:
+    rec = state.gpus[g]
+    node = state.nodes[rec.node]
+    if rec.holder is not None:
+        return "held"
+    if node.lost:
+        return "lost"
+    if node.drained:
+        return "drained"
+    if rec.quarantined is not None:
+        return "quarantined"
+    if rec.zombie_pids is not None:
+        return "zombie"
+    return "free"
+
+
+def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
+    node = state.nodes[name]
+    gpus = []
+    for g in node.gpus:
+        rec = state.gpus[g]
+        holder = state.jobs.get(rec.holder) if rec.holder else None
+        gpus.append({
+            "gpu": g, "index": rec.index, "model": rec.model, "memory_mb": rec.memory_mb,
+            "nvlink_domain": rec.nvlink_domain, "status": gpu_status(state, g),
+            "job_id": rec.holder, "team": holder.spec.team if holder else None,
+            "priority": holder.spec.priority if holder else None,
+            "quarantined": rec.quarantined, "zombie_pids": rec.zombie_pids,
+        })
+    return {
+        "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
+        "lost": node.lost, "drained": node.drained, "total": len(node.gpus), "free": len(node.free),
+        "held": sum(1 for x in gpus if x["status"] == "held"), "gpus": gpus,
+    }
+
+
+def team_doc(state: ClusterState, name: str) -> dict[str, Any]:
+    t = state.teams[name]
+    total = state.total_gpus or 1
+    pending = [state.jobs[j] for j in state.pending if state.jobs[j].spec.team == name]
+    running = [state.jobs[j] for j in state.running if state.jobs[j].spec.team == name]
+    return {
+        "team": name, "held": t.held, "guaranteed": t.quota.guaranteed, "limit": t.quota.limit,
+        "weight": t.quota.weight, "usage_gpu_s": round(state.team_usage(name), 3),
+        "share": round(t.held / total, 4), "entitled_share": round(t.quota.guaranteed / total, 4),
+        "under_guarantee": t.held < t.quota.guaranteed,
+        "pending_jobs": len(pending), "pending_gpus": sum(j.spec.gang_min for j in pending),
+        "running_jobs": len(running),
+    }
+
+
+def queue_docs(state: ClusterState) -> list[dict[str, Any]]:
+    """Pending jobs in the order the policy considers them, with their reason."""
+    from .policy.explain import queue_order
+
+    out = []
+    for pos, job_id in enumerate(queue_order(state), 1):
+        job = state.jobs[job_id]
+        out.append({
+            "position": pos, "job_id": job_id, "team": job.spec.team, "priority": job.spec.priority,
+            "gpus": job.spec.gang_min, "submitted_at": job.submitted_at,
+            "waiting_s": round(max(0.0, state.now - job.submitted_at), 3),
+            "reason": job.pending_reason, "blockers": list(job.pending_blockers), "eta_s": job.pending_eta_s,
+            "preemptions": job.preemptions,
+        })
+    return out
+
+
+def health_doc(state: ClusterState) -> dict[str, Any]:
+    s = state.summary()
+    return {"placement_degraded": state.placement_degraded, "last_seq": state.last_seq, "time": state.now,
+            "jobs": s["jobs"], "gpus": s["gpus"], "nodes": s["nodes"], "violations": len(state.broken)}
+
+
+def describe(event: ev.Event) -> str:
+    """One human line per event (the event tail)."""
+    e: Any = event
+    k = type(event).__name__
+    if k == "JobSubmitted":
+        s = e.spec
+        return f"{e.job_id} submitted by {s.team}: {s.gpus} GPU(s), {s.priority}" + (" preemptible" if s.preemptible else "")
+    if k == "GpusGranted":
+        return f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}{', backfill' if e.backfill else ''})"
+    if k == "JobPending":
+        return f"{e.job_id} pending: {e.reason}"
+    if k == "JobStarted":
+        return f"{e.job_id} started on {e.node} (attempt {e.attempt})"
+    if k == "PreemptionRequested":
+        return f"{e.job_id} preempted for {e.for_job}: {e.reason}"
+    if k == "CheckpointSaved":
+        return f"{e.job_id} checkpoint step {e.step}"
+    if k == "GpusReleased":
+        return f"{e.job_id} released GPUs ({e.reason}{', forced' if e.forced else ''}, lost {e.lost_gpu_s:.0f} GPU-s)"
+    if k == "JobResized":
+        return f"{e.job_id} resized +{len(e.added)} -{len(e.removed)} {e.reason}".rstrip()
+    if k == "JobCompleted":
+        return f"{e.job_id} completed (exit {e.exit_code})"
+    if k == "JobFailed":
+        return f"{e.job_id} failed: {e.reason}"
+    if k == "JobCancelled":
+        return f"{e.job_id} cancelled: {e.reason}"
+    if k == "JobRejected":
+        return f"submission of {e.team} rejected: {e.reason}"
+    if k == "NodeRegistered":
+        return f"node {e.node} registered in {e.rack} with {len(e.gpus)} GPU(s)"
+    if k == "NodeLost":
+        return f"node {e.node} lost: {e.reason}"
+    if k == "NodeDrained":
+        return f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}".rstrip()
+    if k in ("GpuQuarantined", "GpuRestored"):
+        return f"GPU {e.gpu} {'quarantined' if k == 'GpuQuarantined' else 'restored'}: {e.reason}"
+    if k == "ZombieDetected":
+        return f"zombie on {e.gpu}: pids {e.pids}"
+    if k == "ZombieReclaimed":
+        return f"zombie on {e.gpu} reclaimed"
+    if k == "TeamQuotaSet":
+        q = e.quota
+        return f"team {e.team} quota: guaranteed {q.guaranteed}, weight {q.weight}, limit {q.limit}"
+    if k == "PlacementDegraded":
+        return f"placement DEGRADED: {e.reason}"
+    if k == "PlacementRecovered":
+        return f"placement recovered {e.reason}".rstrip()
+    return k
+
+
+def event_line(seq: int, event: ev.Event) -> dict[str, Any]:
+    return {"seq": seq, "at": event.at, "type": type(event).__name__, "job_id": getattr(event, "job_id", None),
+            "text": describe(event)}
+
+
+__all__ = ["job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]

@@ -1,0 +1,369 @@
+"""The dashboard: one page that shows the cluster live, and a few controls.
+
+The server folds the log itself (the same fold every service runs, so it is right even while
+Redis or the projector is down) and pushes the page's whole model over Server-Sent Events a few
+times a second when something changed. Documents come from `gpusched.readmodel`, explanations
+from `policy.explain`. Controls go through the control plane: submitting and flooding through
+admission (request/reply), stopping and starting placement through the supervisor's control
+subject (`gpusched.ctl.placement`, see `control.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.resources
+import json
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from gpusched import metrics, readmodel, telemetry
+from gpusched.bus.log import EventLog, Record
+from gpusched.core.model import JobSpec, TopologyConstraint
+from gpusched.core.state import ClusterState
+from gpusched.services.runtime import FoldedLog
+
+from . import control
+
+log = structlog.get_logger()
+
+TAIL = 120
+FINISHED_SHOWN = 40
+QUEUE_SHOWN = 300
+PUSH_MIN_INTERVAL_S = 0.25  # at most 4 pushes a second per page
+
+
+class Series:
+    """Team holdings over log time, one point per change (coalesced within `every_s`)."""
+
+    def __init__(self, every_s: float = 0.5, keep: int = 1200):
+        self.every_s = every_s
+        self.points: deque[dict[str, Any]] = deque(maxlen=keep)
+
+    def observe(self, state: ClusterState) -> None:
+        teams = {t: u.held for t, u in state.teams.items()}
+        if not teams:
+            return
+        if self.points and self.points[-1]["teams"] == teams:
+            return
+        if self.points and state.now - self.points[-1]["at"] < self.every_s:
+            self.points[-1] = {"at": self.points[-1]["at"], "teams": teams}
+            return
+        self.points.append({"at": state.now, "teams": teams})
+
+
+class Dashboard:
+    def __init__(self, event_log: EventLog, redis_url: str | None = None):
+        self.log = event_log
+        self.redis_url = redis_url
+        self.folded = FoldedLog(event_log)
+        self.folded.listeners.append(self._on_record)
+        self.tail: deque[dict[str, Any]] = deque(maxlen=TAIL)
+        self.series = Series()
+        self.version = 0
+        self.moved = asyncio.Event()
+        self._cache: tuple[int, bytes] | None = None
+        self._redis = None
+        self.lease: dict[str, Any] = {}
+        self.started_at = time.time()
+
+    def _on_record(self, rec: Record, state: ClusterState) -> None:
+        self.tail.append(readmodel.event_line(rec.seq, rec.event))
+        self.series.observe(state)
+        self.version += 1
+        self.moved.set()
+
+    # --- the page's model ------------------------------------------------------------------
+
+    def model(self) -> dict[str, Any]:
+        state = self.folded.state
+        teams = sorted(state.teams)
+        racks: dict[str, list[dict[str, Any]]] = {}
+        for name in sorted(state.nodes):
+            doc = readmodel.node_doc(state, name)
+            racks.setdefault(doc["rack"], []).append(doc)
+        active = [readmodel.job_doc(state, state.jobs[j]) for j in list(state.running)]
+        finished = [j for j in state.jobs.values() if j.state in ("completed", "failed", "cancelled")]
+        finished.sort(key=lambda j: (j.finished_at or 0.0), reverse=True)
+        queue = readmodel.queue_docs(state)
+        health = readmodel.health_doc(state)
+        health["lease"] = self.lease
+        return {
+            "seq": state.last_seq,
+            "now": state.now,
+            "served_at": time.time(),
+            "health": health,
+            "teams": [readmodel.team_doc(state, t) for t in teams],
+            "racks": [{"rack": r, "nodes": nodes} for r, nodes in sorted(racks.items())],
+            "running": active,
+            "queue": queue[:QUEUE_SHOWN],
+            "queue_len": len(queue),
+            "finished": [readmodel.job_doc(state, j) for j in finished[:FINISHED_SHOWN]],
+            "shares": list(self.series.points),
+            "tail": list(self.tail),
+        }
+
+    def model_bytes(self) -> bytes:
+        if self._cache is None or self._cache[0] != self.version:
+            self._cache = (self.version, msgspec.json.encode(self.model()))
+        return self._cache[1]
+
+    # --- lease (liveness of placement, from Redis when there is one) ------------------------
+
+    async def watch_lease(self, stop: asyncio.Event) -> None:
+        if not self.redis_url:
+            return
+        try:
+            from gpusched.services.lease import PLACEMENT_LEASE_KEY, connect_redis, lease_holder
+        except ImportError:
+            return
+        r = connect_redis(self.redis_url)
+        try:
+            while not stop.is_set():
+                holder = await lease_holder(r, PLACEMENT_LEASE_KEY)
+                lease = {"placement": holder, "redis": holder != ""}
+                if lease != self.lease:
+                    self.lease = lease
+                    self.version += 1
+                    self.moved.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+        finally:
+            await r.aclose()
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+
+
+def _web_file(name: str) -> bytes:
+    return importlib.resources.files("gpusched").joinpath("web", name).read_bytes()
+
+
+CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+
+
+async def index(request: web.Request) -> web.Response:
+    return web.Response(body=_web_file("index.html"), content_type="text/html", charset="utf-8")
+
+
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if "/" in name or name.startswith("."):
+        raise web.HTTPNotFound()
+    try:
+        body = _web_file(name)
+    except (FileNotFoundError, IsADirectoryError):
+        raise web.HTTPNotFound() from None
+    ext = name[name.rfind("."):]
+    return web.Response(body=body, content_type=CONTENT_TYPES.get(ext, "application/octet-stream"),
+                        headers={"Cache-Control": "no-cache"})
+
+
+async def api_state(request: web.Request) -> web.Response:
+    dash: Dashboard = request.app[DASH]
+    return web.Response(body=dash.model_bytes(), content_type="application/json")
+
+
+async def api_events(request: web.Request) -> web.StreamResponse:
+    """Server-Sent Events: `state` messages with the page's whole model whenever it changed."""
+    dash: Dashboard = request.app[DASH]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+    sent = -1
+    stop: asyncio.Event = request.app[STOP]
+    try:
+        while not stop.is_set():
+            if dash.version != sent:
+                sent = dash.version
+                await resp.write(b"event: state\ndata: " + dash.model_bytes() + b"\n\n")
+                await asyncio.sleep(PUSH_MIN_INTERVAL_S)
+                continue
+            dash.moved.clear()
+            try:
+                await asyncio.wait_for(dash.moved.wait(), 15.0)
+            except TimeoutError:
+                await resp.write(b": keep-alive\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    return resp
+
+
+async def api_job(request: web.Request) -> web.Response:
+    from gpusched.policy.explain import explain_pending
+
+    dash: Dashboard = request.app[DASH]
+    job_id = request.match_info["job_id"]
+    state = dash.folded.state
+    job = state.jobs.get(job_id)
+    if job is None:
+        raise web.HTTPNotFound(text=json.dumps({"error": f"no job {job_id}"}), content_type="application/json")
+    out: dict[str, Any] = {"job": readmodel.job_doc(state, job)}
+    if job.state == "pending":
+        out["why_pending"] = explain_pending(state, job_id)
+    return web.json_response(out)
+
+
+def _client(request: web.Request):
+    from gpusched.bus.client import Client
+
+    dash: Dashboard = request.app[DASH]
+    return Client(dash.log.nc, timeout=5.0)
+
+
+def _spec(body: dict[str, Any], **defaults: Any) -> JobSpec:
+    fields = {**defaults, **{k: v for k, v in body.items() if v not in (None, "")}}
+    topo = fields.pop("required", None)
+    if topo:
+        fields["topology"] = TopologyConstraint(required=topo)
+    for key in ("gpus", "min_gpus"):
+        if key in fields:
+            fields[key] = int(fields[key])
+    if "time_limit_s" in fields:
+        fields["time_limit_s"] = float(fields["time_limit_s"])
+    if "preemptible" in fields:
+        fields["preemptible"] = fields["preemptible"] in (True, "true", "on", "1", 1)
+    return msgspec.convert(fields, JobSpec)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, ValueError):
+        raise web.HTTPBadRequest(text=json.dumps({"ok": False, "error": "body must be JSON"}),
+                                 content_type="application/json") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text=json.dumps({"ok": False, "error": "body must be a JSON object"}),
+                                 content_type="application/json")
+    return body
+
+
+async def api_submit(request: web.Request) -> web.Response:
+    from gpusched.bus.client import ControlPlaneUnavailable
+
+    body = await _body(request)
+    try:
+        spec = _spec(body, team="web", gpus=1)
+    except (msgspec.ValidationError, ValueError, TypeError) as err:
+        return web.json_response({"ok": False, "error": f"invalid job: {err}"}, status=400)
+    with telemetry.span("dashboard.submit", team=spec.team, gpus=spec.gpus):
+        try:
+            reply = await _client(request).submit(spec)
+        except ControlPlaneUnavailable as err:
+            return web.json_response({"ok": False, "error": str(err)}, status=503)
+    return web.json_response(msgspec.to_builtins(reply), status=200 if reply.ok else 409)
+
+
+async def api_flood(request: web.Request) -> web.Response:
+    """A burst of interactive jobs from one team (the chaos scene's flood)."""
+    from gpusched.bus.client import ControlPlaneUnavailable
+
+    body = await _body(request)
+    count = max(1, min(int(body.pop("count", 20)), 500))
+    try:
+        spec = _spec(body, team="interactive", gpus=1, priority="interactive", time_limit_s=60.0)
+    except (msgspec.ValidationError, ValueError, TypeError) as err:
+        return web.json_response({"ok": False, "error": f"invalid job: {err}"}, status=400)
+    client = _client(request)
+    tag = uuid.uuid4().hex[:6]
+    with telemetry.span("dashboard.flood", team=spec.team, count=count):
+        try:
+            replies = await asyncio.gather(*[
+                client.submit(msgspec.structs.replace(spec, name=spec.name or f"flood-{tag}-{i}")) for i in range(count)])
+        except ControlPlaneUnavailable as err:
+            return web.json_response({"ok": False, "error": str(err)}, status=503)
+    ok = [r.job_id for r in replies if r.ok]
+    return web.json_response({"ok": bool(ok), "submitted": len(ok), "jobs": ok,
+                              "errors": sorted({r.error for r in replies if not r.ok})})
+
+
+async def api_placement(request: web.Request) -> web.Response:
+    body = await _body(request)
+    action = body.get("action")
+    if action not in ("stop", "start", "status"):
+        return web.json_response({"ok": False, "error": "action must be stop, start or status"}, status=400)
+    dash: Dashboard = request.app[DASH]
+    with telemetry.span("dashboard.placement", action=action):
+        reply = await control.request(dash.log.nc, "placement", action)
+    return web.json_response(reply, status=200 if reply.get("ok") else 503)
+
+
+async def prometheus(request: web.Request) -> web.Response:
+    """The cluster's metrics from the dashboard's fold (see `gpusched.metrics`)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    dash: Dashboard = request.app[DASH]
+    metrics.observe_state(dash.folded.state)
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def health(request: web.Request) -> web.Response:
+    dash: Dashboard = request.app[DASH]
+    return web.json_response({"ok": True, "seq": dash.folded.state.last_seq})
+
+
+DASH: web.AppKey[Dashboard] = web.AppKey("dash", Dashboard)
+STOP: web.AppKey[asyncio.Event] = web.AppKey("stop", asyncio.Event)
+
+
+def make_app(dash: Dashboard, stop: asyncio.Event) -> web.Application:
+    app = web.Application()
+    app[DASH] = dash
+    app[STOP] = stop
+    app.router.add_get("/", index)
+    app.router.add_get("/static/{name}", static)
+    app.router.add_get("/api/state", api_state)
+    app.router.add_get("/api/events", api_events)
+    app.router.add_get("/api/job/{job_id}", api_job)
+    app.router.add_post("/api/submit", api_submit)
+    app.router.add_post("/api/flood", api_flood)
+    app.router.add_post("/api/placement", api_placement)
+    app.router.add_get("/healthz", health)
+    app.router.add_get("/metrics", prometheus)
+    return app
+
+
+async def run(nats_url: str | None, redis_url: str | None, host: str = "127.0.0.1", port: int = 8080,
+              stop: asyncio.Event | None = None, ready: asyncio.Event | None = None) -> None:
+    """Serve the dashboard until `stop` is set (the entry point `gpusched up` uses)."""
+    telemetry.set_service("dashboard")
+    stop = stop or asyncio.Event()
+    event_log = await EventLog.open(nats_url, name="gpusched-dashboard")
+    dash = Dashboard(event_log, redis_url)
+    metrics.attach(dash.folded)
+    await dash.folded.start()
+    app = make_app(dash, stop)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    lease_task = asyncio.create_task(dash.watch_lease(stop))
+    log.info("dashboard_ready", url=f"http://{host}:{port}", seq=dash.folded.state.last_seq)
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+    finally:
+        dash.moved.set()
+        lease_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await lease_task
+        await runner.cleanup()
+        await dash.folded.stop()
+        await event_log.close()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    await run(getattr(args, "nats", None), getattr(args, "redis", None), args.host, args.port, stop)

@@ -1,0 +1,442 @@
+"""The projector: keeps the read models in Redis in step with the log.
+
+It follows the log into a fold and, a few times a second, writes what changed as JSON documents
+(`gpusched.readmodel`): one hash field per job, node and team, the queue in policy order, the
+health of the control plane, the event tail, a time series of team shares, and now and then a
+whole-state snapshot (snapshot + tail makes a restart fast). Every document carries `seq`, the
+log sequence it covers, and `gpusched:v:meta` says which sequence the whole view covers. Nothing
+here is a source of truth: `rebuild_views` wipes it all and derives it again from the log.
+
+Keys (all under `gpusched:v:`):
+    meta            hash   seq, at (log time), written_at, rebuilt_at
+    jobs            hash   job id -> job document
+    jobs:order      zset   job id scored by submission time
+    nodes           hash   node -> node document (its GPUs with holders and teams)
+    teams           hash   team -> usage vs guarantee and limit
+    queue           zset   pending job id scored by its position in policy order
+    queue:docs      hash   pending job id -> queue entry (reason, blockers, eta)
+    health          hash   placement_degraded, counts, lease holders
+    tail            list   the latest event lines, oldest first
+    shares          list   samples {at, seq, teams: {team: held}}, oldest first
+and `gpusched:snapshot` (hash: seq, half_life_s, data = msgpack of the ClusterState).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+import structlog
+
+from gpusched import metrics, readmodel, telemetry
+from gpusched.bus.log import EventLog, Record
+from gpusched.core import events as ev
+from gpusched.core.model import split_gpu_id
+from gpusched.core.state import ClusterState
+from gpusched.services.runtime import FoldedLog
+
+log = structlog.get_logger()
+
+PREFIX = "gpusched:v:"
+SNAPSHOT_KEY = "gpusched:snapshot"
+UPDATES_CHANNEL = "gpusched:v:updates"
+TAIL_LEN = 200
+SHARES_LEN = 900
+K = {name: PREFIX + name for name in
+     ("meta", "jobs", "jobs:order", "nodes", "teams", "queue", "queue:docs", "health", "tail", "shares")}
+
+_json = msgspec.json.Encoder()
+
+
+def _enc(doc: Any) -> bytes:
+    return _json.encode(doc)
+
+
+def _redis(url: str | None) -> aioredis.Redis:
+    try:
+        from gpusched.services.lease import connect_redis
+    except ImportError:  # pragma: no cover - the control plane provides it
+        return aioredis.Redis.from_url(url or "redis://127.0.0.1:6379/0", socket_timeout=2.0)
+    return connect_redis(url)
+
+
+class ShareSeries:
+    """Team holdings sampled on the log's clock: at most one sample per `every_s` of log time;
+    a change inside a bucket waits in `pending` until the bucket is over (the team documents
+    always have the current value)."""
+
+    def __init__(self, every_s: float = 1.0, keep: int = SHARES_LEN):
+        self.every_s = every_s
+        self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.fresh: list[dict[str, Any]] = []
+        self.pending: dict[str, Any] | None = None
+
+    def observe(self, state: ClusterState, seq: int) -> None:
+        teams = {t: u.held for t, u in sorted(state.teams.items())}
+        if not teams:
+            return
+        last = self.samples[-1] if self.samples else None
+        if last is not None and last["teams"] == teams:
+            self.pending = None
+            return
+        self.pending = {"at": state.now, "seq": seq, "teams": teams}
+        self.settle(state.now)
+
+    def settle(self, now: float) -> None:
+        """Keep the pending sample once its bucket is over."""
+        last = self.samples[-1] if self.samples else None
+        if self.pending is not None and (last is None or now - last["at"] >= self.every_s):
+            self.samples.append(self.pending)
+            self.fresh.append(self.pending)
+            self.pending = None
+
+
+class Projector:
+    """Collects what changed from fold records; `flush` writes it to Redis in one transaction."""
+
+    def __init__(self, r: aioredis.Redis, snapshot_every: int = 5000):
+        self.r = r
+        self.snapshot_every = snapshot_every
+        self.dirty_jobs: set[str] = set()
+        self.dirty_nodes: set[str] = set()
+        self.dirty_teams: set[str] = set()
+        self.queue_dirty = False
+        self.health_dirty = False
+        self.tail_new: list[dict[str, Any]] = []
+        self.shares = ShareSeries()
+        self._job_nodes: dict[str, set[str]] = {}  # nodes a job held last time we looked
+        self.written_seq = 0
+        self.snapshot_seq = 0
+        self.writes = 0
+
+    # --- from the fold -------------------------------------------------------------------
+
+    def listener(self, rec: Record, state: ClusterState) -> None:
+        e = rec.event
+        job_id = getattr(e, "job_id", None)
+        if job_id:
+            self.dirty_jobs.add(job_id)
+            job = state.jobs.get(job_id)
+            if job is not None:
+                self.dirty_teams.add(job.spec.team)
+                nodes = {split_gpu_id(g)[0] for g in job.gpus}
+                before = self._job_nodes.get(job_id, set())
+                self.dirty_nodes |= nodes | before
+                if nodes:
+                    self._job_nodes[job_id] = nodes
+                else:
+                    self._job_nodes.pop(job_id, None)
+            self.queue_dirty = True
+        node = getattr(e, "node", None)
+        if node and not job_id:
+            self.dirty_nodes.add(node)
+            for j, nodes in list(self._job_nodes.items()):  # a lost node requeues its jobs
+                if node in nodes and isinstance(e, ev.NodeLost):
+                    self.dirty_jobs.add(j)
+                    self.dirty_nodes |= nodes
+                    self.queue_dirty = True
+        gpu = getattr(e, "gpu", None)
+        if gpu:
+            self.dirty_nodes.add(split_gpu_id(gpu)[0])
+        team = getattr(e, "team", None)
+        if team and isinstance(e, ev.TeamQuotaSet):
+            self.dirty_teams.add(team)
+            self.queue_dirty = True
+        if e.ALLOC or isinstance(e, (ev.PlacementDegraded, ev.PlacementRecovered, ev.JobSubmitted)):
+            self.health_dirty = True
+        self.tail_new.append(readmodel.event_line(rec.seq, e))
+        if len(self.tail_new) > TAIL_LEN:
+            del self.tail_new[: len(self.tail_new) - TAIL_LEN]
+        self.shares.observe(state, rec.seq)
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.dirty_jobs or self.dirty_nodes or self.dirty_teams or self.queue_dirty
+                    or self.health_dirty or self.tail_new)
+
+    # --- to Redis ------------------------------------------------------------------------
+
+    async def flush(self, state: ClusterState, full: bool = False) -> int:
+        """Write what changed (everything when `full`) in one MULTI/EXEC; returns the seq covered."""
+        seq = state.last_seq
+        if full:
+            jobs, nodes, teams = list(state.jobs), list(state.nodes), list(state.teams)
+        else:
+            jobs, nodes, teams = sorted(self.dirty_jobs), sorted(self.dirty_nodes), sorted(self.dirty_teams)
+        pipe = self.r.pipeline(transaction=True)
+        if full:
+            self._delete_views(pipe)
+        if jobs:
+            docs, order = {}, {}
+            for j in jobs:
+                job = state.jobs.get(j)
+                if job is None:
+                    continue
+                doc = readmodel.job_doc(state, job)
+                doc["seq"] = seq
+                docs[j] = _enc(doc)
+                order[j] = job.submitted_at
+            if docs:
+                pipe.hset(K["jobs"], mapping=docs)
+                pipe.zadd(K["jobs:order"], order)
+        if nodes:
+            docs = {}
+            for n in nodes:
+                if n in state.nodes:
+                    doc = readmodel.node_doc(state, n)
+                    doc["seq"] = seq
+                    docs[n] = _enc(doc)
+            if docs:
+                pipe.hset(K["nodes"], mapping=docs)
+        if teams:
+            docs = {}
+            for t in teams:
+                if t in state.teams:
+                    doc = readmodel.team_doc(state, t)
+                    doc["seq"] = seq
+                    docs[t] = _enc(doc)
+            if docs:
+                pipe.hset(K["teams"], mapping=docs)
+        if full or self.queue_dirty:
+            queue = readmodel.queue_docs(state)
+            pipe.delete(K["queue"], K["queue:docs"])
+            if queue:
+                pipe.zadd(K["queue"], {q["job_id"]: q["position"] for q in queue})
+                pipe.hset(K["queue:docs"], mapping={q["job_id"]: _enc({**q, "seq": seq}) for q in queue})
+        if full or self.health_dirty or jobs:
+            health = readmodel.health_doc(state)
+            pipe.hset(K["health"], mapping={"doc": _enc(health), "seq": seq,
+                                            "placement_degraded": int(state.placement_degraded)})
+        if self.tail_new:
+            pipe.rpush(K["tail"], *[_enc(x) for x in self.tail_new])
+            pipe.ltrim(K["tail"], -TAIL_LEN, -1)
+        self.shares.settle(state.now)
+        fresh = list(self.shares.samples) if full else self.shares.fresh
+        if full:
+            pipe.delete(K["shares"])
+        if fresh:
+            pipe.rpush(K["shares"], *[_enc(x) for x in fresh])
+            pipe.ltrim(K["shares"], -SHARES_LEN, -1)
+        meta = {"seq": seq, "at": state.now, "written_at": time.time()}
+        if full:
+            meta["rebuilt_at"] = time.time()
+        pipe.hset(K["meta"], mapping=meta)
+        pipe.publish(UPDATES_CHANNEL, str(seq))
+        await pipe.execute()
+        self.dirty_jobs.clear()
+        self.dirty_nodes.clear()
+        self.dirty_teams.clear()
+        self.queue_dirty = self.health_dirty = False
+        self.tail_new.clear()
+        self.shares.fresh = []
+        self.written_seq = seq
+        self.writes += 1
+        if self.snapshot_every and seq - self.snapshot_seq >= self.snapshot_every:
+            await save_snapshot(self.r, state)
+            self.snapshot_seq = seq
+        return seq
+
+    def _delete_views(self, pipe) -> None:
+        pipe.delete(*K.values())
+
+
+async def save_snapshot(r: aioredis.Redis, state: ClusterState) -> None:
+    """The whole fold, tagged with the log sequence it covers."""
+    await r.hset(SNAPSHOT_KEY, mapping={"seq": state.last_seq, "half_life_s": str(state.half_life_s),
+                                         "data": state.snapshot()})
+
+
+async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState | None:
+    """The latest snapshot if its half-life matches (a fold with other parameters is another fold)."""
+    try:
+        raw = await r.hgetall(SNAPSHOT_KEY)
+    except (aioredis.RedisError, OSError):
+        return None
+    if not raw or b"data" not in raw:
+        return None
+    if raw.get(b"half_life_s", b"").decode() != str(half_life_s):
+        return None
+    state = ClusterState.restore(raw[b"data"])
+    state.last_seq = int(raw[b"seq"])
+    return state
+
+
+async def fold_log(event_log: EventLog, state: ClusterState | None = None, until: int | None = None) -> ClusterState:
+    """Fold the log (from a snapshot's sequence when given one) up to `until` (default: now)."""
+    state = state or ClusterState()
+    last = await event_log.last_seq() if until is None else until
+    if last > state.last_seq:
+        async for rec in event_log.records(state.last_seq + 1, last):
+            state.apply(rec.event, rec.seq)
+    return state
+
+
+# --- entry points ---------------------------------------------------------------------------
+
+
+async def rebuild_views(nats_url: str | None, redis_url: str | None) -> dict[str, Any]:
+    """Wipe the read models and derive them again from the whole log (`gpusched replay
+    --rebuild-views`). Returns what was written."""
+    event_log = await EventLog.open(nats_url, name="projector-rebuild")
+    r = _redis(redis_url)
+    try:
+        projector = Projector(r, snapshot_every=1)
+        state = ClusterState()
+        last = await event_log.last_seq()
+        if last:
+            async for rec in event_log.records(1, last):
+                state.apply(rec.event, rec.seq)
+                projector.tail_new.append(readmodel.event_line(rec.seq, rec.event))
+                if len(projector.tail_new) > 4 * TAIL_LEN:
+                    del projector.tail_new[: -TAIL_LEN]
+                projector.shares.observe(state, rec.seq)
+        projector.tail_new = projector.tail_new[-TAIL_LEN:]
+        seq = await projector.flush(state, full=True)
+        return {"seq": seq, "jobs": len(state.jobs), "nodes": len(state.nodes), "teams": len(state.teams),
+                "queue": len(state.pending), "tail": len(projector.tail_new), "snapshot": True}
+    finally:
+        await r.aclose()
+        await event_log.close()
+
+
+async def run(nats_url: str | None = None, redis_url: str | None = None, stop: asyncio.Event | None = None,
+              flush_s: float = 0.1, snapshot_every: int = 5000) -> None:
+    """Follow the log and keep the read models until `stop` is set."""
+    telemetry.set_service("projector")
+    stop = stop or asyncio.Event()
+    event_log = await EventLog.open(nats_url, name="projector")
+    r = _redis(redis_url)
+    projector = Projector(r, snapshot_every=snapshot_every)
+    folded = FoldedLog(event_log)
+    folded.listeners.append(projector.listener)
+    metrics.attach(folded)
+    try:
+        await folded.start()
+        await _write_retrying(projector, folded.state, full=True, stop=stop)
+        log.info("projector_ready", seq=folded.state.last_seq)
+        while not stop.is_set():
+            await _wait(folded, stop, flush_s)
+            if projector.dirty and not stop.is_set():
+                await _write_retrying(projector, folded.state, full=False, stop=stop)
+    finally:
+        await folded.stop()
+        await r.aclose()
+        await event_log.close()
+
+
+async def _wait(folded: FoldedLog, stop: asyncio.Event, flush_s: float) -> None:
+    changed = asyncio.ensure_future(folded.changed.wait())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({changed, stopped}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        changed.cancel()
+        stopped.cancel()
+    folded.changed.clear()
+    await asyncio.sleep(flush_s)  # one write covers a burst of events
+
+
+async def _write_retrying(projector: Projector, state: ClusterState, full: bool, stop: asyncio.Event) -> None:
+    """Redis down is not fatal: keep the dirty marks and write everything once it is back."""
+    delay = 0.2
+    while not stop.is_set():
+        try:
+            with metrics.decision_timer("projector"):
+                await projector.flush(state, full=full)
+            return
+        except (aioredis.RedisError, OSError) as err:
+            log.warning("projector_redis_error", error=str(err))
+            full = True
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                pass
+            delay = min(delay * 2, 5.0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--flush-s", type=float, default=0.1, help="how often changed views are written")
+    parser.add_argument("--snapshot-every", type=int, default=5000, help="events between state snapshots")
+    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    """The service-shell entry point (`gpusched service run projector`)."""
+    if getattr(args, "metrics_port", 0):
+        metrics.start_metrics_server(args.metrics_port)
+    await run(getattr(args, "nats", None), getattr(args, "redis", None), stop,
+              flush_s=getattr(args, "flush_s", 0.1), snapshot_every=getattr(args, "snapshot_every", 5000))
+
+
+# --- reading the views back (CLI, dashboard) --------------------------------------------------
+
+
+class Views:
+    """Read access to the read models. `available()` is False when Redis does not answer or no
+    projector has written yet; callers then fold the log instead."""
+
+    def __init__(self, r: aioredis.Redis):
+        self.r = r
+
+    @classmethod
+    def connect(cls, redis_url: str | None) -> Views:
+        return cls(_redis(redis_url))
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    async def meta(self) -> dict[str, Any] | None:
+        try:
+            raw = await self.r.hgetall(K["meta"])
+        except (aioredis.RedisError, OSError):
+            return None
+        if not raw:
+            return None
+        return {"seq": int(raw[b"seq"]), "at": float(raw[b"at"]), "written_at": float(raw[b"written_at"])}
+
+    async def _hash_docs(self, key: str) -> list[dict[str, Any]]:
+        raw = await self.r.hgetall(key)
+        return [msgspec.json.decode(v) for _, v in sorted(raw.items())]
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        ids = [j.decode() for j in await self.r.zrange(K["jobs:order"], 0, -1)]
+        if not ids:
+            return []
+        raw = await self.r.hmget(K["jobs"], ids)
+        return [msgspec.json.decode(v) for v in raw if v is not None]
+
+    async def job(self, job_id: str) -> dict[str, Any] | None:
+        raw = await self.r.hget(K["jobs"], job_id)
+        return None if raw is None else msgspec.json.decode(raw)
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        return await self._hash_docs(K["nodes"])
+
+    async def teams(self) -> list[dict[str, Any]]:
+        return await self._hash_docs(K["teams"])
+
+    async def queue(self) -> list[dict[str, Any]]:
+        ids = [j.decode() for j in await self.r.zrange(K["queue"], 0, -1)]
+        if not ids:
+            return []
+        raw = await self.r.hmget(K["queue:docs"], ids)
+        return [msgspec.json.decode(v) for v in raw if v is not None]
+
+    async def health(self) -> dict[str, Any] | None:
+        raw = await self.r.hget(K["health"], "doc")
+        return None if raw is None else msgspec.json.decode(raw)
+
+    async def tail(self, n: int = 50) -> list[dict[str, Any]]:
+        return [msgspec.json.decode(v) for v in await self.r.lrange(K["tail"], -n, -1)]
+
+    async def shares(self) -> list[dict[str, Any]]:
+        return [msgspec.json.decode(v) for v in await self.r.lrange(K["shares"], 0, -1)]
+
+
+__all__ = ["Projector", "Views", "rebuild_views", "run", "serve", "add_arguments", "load_snapshot",
+           "save_snapshot", "fold_log", "PREFIX", "SNAPSHOT_KEY", "UPDATES_CHANNEL"]

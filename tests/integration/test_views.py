@@ -1,0 +1,134 @@
+"""Read models: the projector's Redis views equal a fold of the log, are rebuilt from the log,
+and the CLI prints the same documents from either source; `show` explains a pending job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from gpusched.bus.log import EventLog
+from gpusched.cli.main import main
+from gpusched.core import events as ev
+from gpusched.core.model import GpuInfo, JobSpec, TeamQuota, TopologyConstraint
+from gpusched.services import projector
+
+
+def _scenario() -> list[ev.Event]:
+    gpus = [GpuInfo(index=i, uuid=f"u{i}", nvlink_domain=i // 4) for i in range(8)]
+    return [
+        ev.NodeRegistered(at=1, node="n0", rack="r0", gpus=gpus),
+        ev.NodeRegistered(at=1, node="n1", rack="r1", gpus=gpus),
+        ev.TeamQuotaSet(at=1, team="vision", quota=TeamQuota(guaranteed=8, limit=12)),
+        ev.TeamQuotaSet(at=1, team="nlp", quota=TeamQuota(guaranteed=8, limit=8)),
+        ev.JobSubmitted(at=2, job_id="big", spec=JobSpec(team="vision", gpus=8, preemptible=True, time_limit_s=100)),
+        ev.GpusGranted(at=3, job_id="big", attempt=1, gpus=[f"n0/{i}" for i in range(8)], level="node"),
+        ev.JobStarted(at=4, job_id="big", attempt=1, node="n0"),
+        ev.JobSubmitted(at=5, job_id="mid", spec=JobSpec(team="nlp", gpus=6, time_limit_s=50)),
+        ev.GpusGranted(at=6, job_id="mid", attempt=1, gpus=[f"n1/{i}" for i in range(6)], level="node"),
+        ev.JobSubmitted(at=7, job_id="wait", spec=JobSpec(team="nlp", gpus=4, topology=TopologyConstraint(required="node"))),
+        ev.JobPending(at=7, job_id="wait", reason="team nlp at its limit 8 (needs 2 more GPUs)",
+                      blockers=["team nlp limit 8"]),
+        ev.CheckpointSaved(at=8, job_id="big", attempt=1, path="/ck/big", step=40),
+        ev.PreemptionRequested(at=9, job_id="big", for_job="mid", reason="test", deadline=20),
+        ev.GpusReleased(at=10, job_id="big", reason="preempted", lost_gpu_s=16.0),
+    ]
+
+
+async def _append_all(url, events):
+    log = await EventLog.open(url)
+    try:
+        for e in events:
+            await log.append(e)
+    finally:
+        await log.close()
+
+
+def _cli_json(capsys, *argv):
+    capsys.readouterr()
+    assert main(list(argv)) in (0, None)
+    return json.loads(capsys.readouterr().out)
+
+
+def test_views_from_redis_equal_fold_and_rebuild(nats_url, redis_url, capsys):
+    asyncio.run(_append_all(nats_url, _scenario()))
+    summary = asyncio.run(projector.rebuild_views(nats_url, redis_url))
+    assert summary["seq"] == 14 and summary["jobs"] == 3 and summary["nodes"] == 2
+
+    for what in ("jobs", "nodes", "teams", "queue"):
+        from_redis = _cli_json(capsys, what, "--json", "--nats", nats_url, "--redis", redis_url)
+        from_log = _cli_json(capsys, what, "--json", "--nats", nats_url, "--fold")
+        assert from_redis == from_log, what
+        assert all(d["seq"] == 14 for d in from_redis)
+
+    jobs = {d["job_id"]: d for d in _cli_json(capsys, "jobs", "--json", "--nats", nats_url, "--redis", redis_url)}
+    assert jobs["mid"]["state"] == "starting"
+    assert [(g["node"], g["index"]) for g in jobs["mid"]["gpus"]] == [("n1", i) for i in range(6)]
+    assert jobs["big"]["state"] == "pending" and jobs["big"]["preemptions"] == 1
+    teams = {d["team"]: d for d in _cli_json(capsys, "teams", "--json", "--nats", nats_url, "--redis", redis_url)}
+    assert teams["nlp"]["held"] == 6 and teams["nlp"]["limit"] == 8 and teams["vision"]["held"] == 0
+    queue = _cli_json(capsys, "queue", "--json", "--nats", nats_url, "--redis", redis_url)
+    assert {q["job_id"] for q in queue} == {"big", "wait"}
+
+
+def test_projector_follows_live(nats_url, redis_url):
+    async def scenario():
+        events = _scenario()
+        await _append_all(nats_url, events[:6])
+        stop = asyncio.Event()
+        task = asyncio.create_task(projector.run(nats_url, redis_url, stop, flush_s=0.02))
+        views = projector.Views.connect(redis_url)
+        try:
+            async def seq_reaches(n):
+                for _ in range(200):
+                    meta = await views.meta()
+                    if meta and meta["seq"] >= n:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"views never reached seq {n}")
+
+            await seq_reaches(6)
+            assert {j["job_id"]: j["state"] for j in await views.jobs()} == {"big": "starting"}
+            await _append_all(nats_url, events[6:])
+            await seq_reaches(14)
+            jobs = {j["job_id"]: j for j in await views.jobs()}
+            assert jobs["big"]["state"] == "pending" and jobs["mid"]["state"] == "starting"
+            nodes = {n["node"]: n for n in await views.nodes()}
+            assert nodes["n0"]["free"] == 8 and nodes["n1"]["held"] == 6
+            assert nodes["n1"]["gpus"][0]["team"] == "nlp"
+            tail = await views.tail()
+            assert tail[-1]["seq"] == 14 and "released" in tail[-1]["text"]
+            assert (await views.health())["placement_degraded"] is False
+            shares = await views.shares()
+            assert shares[-1]["teams"] == {"nlp": 6, "vision": 0}
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            await views.close()
+
+    asyncio.run(scenario())
+
+
+def test_show_explains_pending_and_preempted(nats_url, capsys):
+    asyncio.run(_append_all(nats_url, _scenario()))
+    data = _cli_json(capsys, "show", "wait", "--json", "--nats", nats_url)
+    why = data["why_pending"]
+    assert why["team_quota"]["limit_blocks"] is True
+    assert why["topology"]["level"] == "node" and why["topology"]["fits_now_in"] == ["n0"]
+    assert any("limit" in u for u in why["unblock"])
+    assert [h["type"] for h in data["history"]] == ["JobSubmitted", "JobPending"]
+
+    data = _cli_json(capsys, "show", "big", "--json", "--nats", nats_url)
+    (p,) = data["preemptions"]
+    assert p["for_job"] == "mid" and p["lost_gpu_s"] == 16.0 and p["checkpoint"]["step"] == 40
+    data = _cli_json(capsys, "show", "mid", "--json", "--nats", nats_url)
+    assert data["preempted_for_it"][0]["victim"] == "big"
+    assert "PreemptionRequested" in [h["type"] for h in data["history"]]
+
+    capsys.readouterr()
+    assert main(["show", "wait", "--nats", nats_url]) == 0
+    out = capsys.readouterr().out
+    assert "why is it pending?" in out and "limit" in out
+    assert main(["jobs", "--nats", nats_url, "--fold"]) == 0
+    assert "n1[0-5]" in capsys.readouterr().out
