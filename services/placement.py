@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
+from gpusched import metrics, telemetry
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog, append_cas
@@ -233,8 +234,9 @@ async def decide_and_append(folded: FoldedLog, decide: Decide, kinds: tuple[type
     state = folded.state
     view = folded.alloc_seq
     t0 = time.perf_counter()
-    events, deferred = budget_reasons(own_decisions(state, decide(state, max(time.time(), state.now)), kinds),
-                                      max_reasons)
+    with metrics.decision_timer(telemetry.current_service()):
+        decided = decide(state, max(time.time(), state.now))
+    events, deferred = budget_reasons(own_decisions(state, decided, kinds), max_reasons)
     log.debug("decided", events=len(events), deferred_reasons=deferred, seconds=round(time.perf_counter() - t0, 4),
               pending=len(state.pending))
     total = 0

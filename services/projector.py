@@ -362,13 +362,10 @@ async def _write_retrying(projector: Projector, state: ClusterState, full: bool,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flush-s", type=float, default=0.1, help="how often changed views are written")
     parser.add_argument("--snapshot-every", type=int, default=5000, help="events between state snapshots")
-    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     """The service-shell entry point (`gpusched service run projector`)."""
-    if getattr(args, "metrics_port", 0):
-        metrics.start_metrics_server(args.metrics_port)
     await run(getattr(args, "nats", None), getattr(args, "redis", None), stop,
               flush_s=getattr(args, "flush_s", 0.1), snapshot_every=getattr(args, "snapshot_every", 5000))
 

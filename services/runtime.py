@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from gpusched import metrics
+
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
 from gpusched.core.state import ClusterState
@@ -39,6 +41,8 @@ class FoldedLog:
 
     async def start(self) -> None:
         """Replay what exists, then keep following in the background."""
+        if metrics.ENABLED:
+            metrics.attach(self)
         target = await self.log.last_seq()
         if target == 0:
             self._caught_up.set()

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from gpusched import telemetry
+from gpusched import metrics, telemetry
 from gpusched.services.runtime import FoldedLog
 
 log = structlog.get_logger()
@@ -29,13 +29,17 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", default=None,
                         help="Redis URL (default: $GPUSCHED_REDIS_URL or redis://127.0.0.1:6379/0)")
     parser.add_argument("--log-level", default=os.environ.get("GPUSCHED_LOG_LEVEL", "info"))
-
+    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
 
 
 def run(serve: Serve, args: argparse.Namespace, service: str) -> int:
     """Run one service until SIGINT/SIGTERM."""
     os.environ.setdefault("GPUSCHED_LOG_LEVEL", getattr(args, "log_level", "info"))
     telemetry.setup(service)
+
+    if getattr(args, "metrics_port", 0):
+        metrics.start_metrics_server(args.metrics_port)
+        metrics.ENABLED = True  # every fold this process starts drives the cluster gauges
 
     async def main() -> None:
         telemetry.set_service(service)

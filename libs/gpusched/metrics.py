@@ -161,6 +161,8 @@ class FoldMetrics:
 
 
 _attached: set[int] = set()
+#: Set by a service started with --metrics-port: `FoldedLog.start` then attaches itself.
+ENABLED = False
 
 
 def attach(folded: Any) -> FoldMetrics:

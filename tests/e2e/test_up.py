@@ -7,9 +7,11 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 from gpusched.bus.log import EventLog
 from gpusched.core.state import ClusterState
@@ -33,10 +35,11 @@ async def _fold(nats_url: str) -> ClusterState:
 
 async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
     data = tmp_path / "stack"
+    metrics_base = free_port_block(12)
     up = subprocess.Popen(
         [sys.executable, "-m", "gpusched.cli.main", "up", "--nodes", "2", "--gpus-per-node", "2",
          "--data-dir", str(data), "--nats-port", "0", "--redis-port", "0", "--dashboard-port", "0",
-         "--restart-delay", "0.5"],
+         "--restart-delay", "0.5", "--metrics-port-base", str(metrics_base)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = await asyncio.wait_for(asyncio.to_thread(up.stdout.readline), 60)
@@ -62,6 +65,12 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
             assert time.monotonic() < deadline, {j: state.jobs[j].state for j in jobs if j in state.jobs}
             await asyncio.sleep(0.3)
         assert state.violations() == []
+
+        # Each service serves Prometheus metrics driven by its own fold of the log.
+        services = list(stack["services"])
+        placement_port = metrics_base + services.index("placement")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{placement_port}/metrics", timeout=5).read().decode()
+        assert 'gpusched_gpus{status="held"}' in text and "gpusched_grants_total" in text
 
         # A service killed with SIGKILL is restarted by `up`.
         os.kill(stack["services"]["admission"], signal.SIGKILL)
@@ -90,6 +99,23 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
                 pass
             up.kill()
             up.wait()
+
+
+def free_port_block(n: int) -> int:
+    """A base port whose next n ports are free now (best effort)."""
+    for base in range(21000, 60000, 97):
+        if all(_port_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _alive(pid: int) -> bool:

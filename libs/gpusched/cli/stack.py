@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpusched.bus.servers import Server, free_port, start_nats, start_redis
+from gpusched.bus.log import connect
+from gpusched.services.dashboard import control
 
 
 def _port_free(port: int) -> bool:
@@ -81,6 +83,7 @@ class Child:
     proc: subprocess.Popen | None = None
     restarts: int = 0
     died_at: float | None = None
+    held: bool = False  # stopped on purpose (dashboard control): not restarted
 
 
 @dataclass
@@ -131,13 +134,16 @@ class Stack:
             port = _preferred_port(a.dashboard_port)
             extra["dashboard"] = ["--port", str(port)]
             self.dashboard_url = f"http://127.0.0.1:{port}"
-        for name in wanted:
+        for i, name in enumerate(wanted):
             if name not in registry.SERVICES:
                 raise SystemExit(f"gpusched up: unknown service {name!r}; known: {', '.join(registry.SERVICES)}")
             if not registry.available(name):
                 self.missing.append(name)
                 continue
-            self.children[name] = Child(name, extra.get(name, []))
+            argv = extra.get(name, [])
+            if a.metrics_port_base and name != "dashboard":  # the dashboard serves /metrics itself
+                argv = [*argv, "--metrics-port", str(a.metrics_port_base + i)]
+            self.children[name] = Child(name, argv)
 
     def spawn(self, child: Child) -> None:
         logs = self.data_dir / "logs"
@@ -209,7 +215,7 @@ class Stack:
         """Restart a service that died (after the delay), unless --no-restart."""
         now = time.monotonic()
         for child in self.children.values():
-            if child.proc is None or child.proc.poll() is None:
+            if child.held or child.proc is None or child.proc.poll() is None:
                 continue
             if child.died_at is None:
                 child.died_at = now
@@ -283,6 +289,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 ready.cancel()
                 return 0
             ready.result()
+            controls = await connect(stack.nats_url, name="gpusched-up")
+            await control.serve_controls(controls, control.stack_handlers(stack))  # dashboard stop/start
             parts = [f"nats {stack.nats_url}", f"redis {stack.redis_url}"]
             if stack.dashboard_url:
                 parts.append(f"dashboard {stack.dashboard_url}")
@@ -296,6 +304,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     await asyncio.wait_for(stop.wait(), 0.5)
                 except TimeoutError:
                     pass
+            await controls.drain()
             return 0
         except RuntimeError as err:
             print(f"gpusched up: {err}", file=sys.stderr, flush=True)
@@ -349,6 +358,8 @@ def register(sub) -> None:
     up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded NATS (busy: any free one)")
     up.add_argument("--redis-port", type=int, default=6379, help="port of the embedded Redis (busy: any free one)")
     up.add_argument("--dashboard-port", type=int, default=8080)
+    up.add_argument("--metrics-port-base", type=int, default=0,
+                    help="serve each service's Prometheus /metrics on BASE+i (0: only the dashboard's /metrics)")
     up.add_argument("--data-dir", default=None, help="NATS store, logs, stack.json (default: a new temp dir)")
     up.add_argument("--policy", default="full")
     up.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
