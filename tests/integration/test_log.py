@@ -53,9 +53,10 @@ async def test_grant_with_a_stale_view_is_rejected(event_log):
     view = 1  # both writers saw the node registration (seq 1) as the last alloc event
     await event_log.append(ev.GpusGranted(at=2, job_id="j1", attempt=1, gpus=["n0/0", "n0/1", "n0/2", "n0/3"]),
                            expect_alloc_seq=view)
-    with pytest.raises(Conflict):
+    with pytest.raises(Conflict) as err:
         await event_log.append(ev.GpusGranted(at=2, job_id="j2", attempt=1, gpus=["n0/3", "n0/4", "n0/5", "n0/6"]),
                                expect_alloc_seq=view)
+    assert (err.value.expected, err.value.actual) == (1, 4)  # the server names the real last alloc seq
     # a non-alloc append in between does not make a fresh view stale
     await event_log.append(ev.JobPending(at=3, job_id="j2", reason="waiting"))
     await event_log.append(ev.GpusGranted(at=3, job_id="j2", attempt=1, gpus=["n0/4", "n0/5", "n0/6", "n0/7"]),

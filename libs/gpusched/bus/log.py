@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,9 @@ class Conflict(Exception):
     def __init__(self, expected: int, detail: str):
         super().__init__(f"expected alloc sequence {expected}: {detail}")
         self.expected = expected
+        found = re.search(r"wrong last sequence: (\d+)", detail)
+        #: The alloc tree's real last sequence, as the server reported it (None if it did not).
+        self.actual = int(found.group(1)) if found else None
 
 
 @dataclass(frozen=True)
