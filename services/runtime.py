@@ -132,8 +132,10 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
             seqs = await folded.log.append_batch(chunk, msg_ids=[msg_id(e) for e in chunk],
                                                  expect_alloc_seq=cas, headers=headers)
         except Conflict as conflict:
-            await folded.catch_up()
-            if conflict.actual is not None and folded.seen_seq >= conflict.actual:
+            if conflict.actual is None:
+                await folded.catch_up()
+            else:  # the server named the change we missed: wait for it, no stream-info round trip
+                await folded.wait_seq(conflict.actual)
                 # self-heal: the server knows the alloc tree's last sequence even when this fold
                 # could not attribute it (e.g. a snapshot that predates a dead-lettered message)
                 folded.alloc_seq = max(folded.alloc_seq, conflict.actual)
