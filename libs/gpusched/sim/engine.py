@@ -1,0 +1,423 @@
+"""The trace simulator: the real fold and the real policies, driven by a virtual clock.
+
+The simulator plays the node daemons and the world. It appends `NodeRegistered` and
+`TeamQuotaSet`, then `JobSubmitted` at trace times, `JobStarted` right after a grant,
+`CheckpointSaved` (periodically, and on a preemption request when the policy has
+`checkpoint`, after which the job idles until the policy releases it), and `JobCompleted`
+when a job's work is done.
+Everything else (grants, resizes, preemptions, forced releases) comes from
+`policy.cycle.cycle(state, now, config)`, exactly as the placement service would append it.
+
+The loop keeps a heap of future world events. At each distinct time it applies the events
+due, then calls the policy only if something changed (or a preemption deadline or the tick
+came due), and applies what it returns. Every event goes through `ClusterState.apply`, and a
+broken invariant aborts the run naming the event that broke it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..core import events as ev
+from ..core.model import GpuInfo, JobSpec, TeamQuota, TopologyConstraint, nvlink_domains
+from ..core.state import ClusterState, Violation
+from .metrics import Recorder
+from .runtime import REALISTIC, RuntimeModel
+from .traces import TraceJob
+
+#: How trace jobs (which carry no placement constraints) map to `JobSpec.topology`.
+TOPOLOGY_MAPPINGS = ("pack", "any")
+_ONE_NODE = TopologyConstraint(required="node", preferred="nvlink")
+_ANYWHERE = TopologyConstraint(required="cluster", preferred="nvlink")
+
+# Kinds of world events, in the order they run when due at the same time.
+_COMPLETE, _YIELD, _CHECKPOINT, _SUBMIT, _WAKE = range(5)
+
+
+class SimStalled(RuntimeError):
+    """The policy keeps deciding at one virtual instant without time moving on (a livelock)."""
+
+
+class SimViolation(RuntimeError):
+    """An event broke an invariant of DESIGN.md; the run stops there."""
+
+    def __init__(self, event: ev.Event, violations: list[Violation]):
+        self.event, self.violations = event, violations
+        detail = "; ".join(f"{v.rule}: {v.detail}" for v in violations)
+        super().__init__(f"invariant broken at t={event.at:.0f}s by {event.kind} {_describe(event)}: {detail}")
+
+
+def _describe(event: ev.Event) -> str:
+    job = getattr(event, "job_id", None)
+    return f"(job {job})" if job else ""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`racks` x `nodes_per_rack` x `gpus_per_node`, with one NVLink layout on every node."""
+
+    racks: int
+    nodes_per_rack: int
+    gpus_per_node: int
+    nvlink: str = "all"
+
+    @classmethod
+    def parse(cls, text: str, nvlink: str = "all") -> Cluster:
+        try:
+            r, n, g = (int(x) for x in text.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"cluster {text!r}: expected RxNxG (racks x nodes per rack x GPUs per node), e.g. 2x32x8") from None
+        if min(r, n, g) < 1:
+            raise ValueError(f"cluster {text!r}: every dimension must be >= 1")
+        nvlink_domains(nvlink, g)  # validates the layout name
+        return cls(r, n, g, nvlink)
+
+    def __str__(self) -> str:
+        return f"{self.racks}x{self.nodes_per_rack}x{self.gpus_per_node}"
+
+    @property
+    def total_gpus(self) -> int:
+        return self.racks * self.nodes_per_rack * self.gpus_per_node
+
+    @property
+    def nvlink_size(self) -> int:
+        return {"all": self.gpus_per_node, "pairs": 2, "quads": 4, "none": 1}[self.nvlink]
+
+    def best_level(self, gpus: int) -> str:
+        """The tightest level any placement of `gpus` GPUs can reach on an empty cluster."""
+        if gpus <= min(self.nvlink_size, self.gpus_per_node):
+            return "nvlink"
+        if gpus <= self.gpus_per_node:
+            return "node"
+        if gpus <= self.gpus_per_node * self.nodes_per_rack:
+            return "rack"
+        return "cluster"
+
+    def registrations(self, at: float = 0.0) -> list[ev.NodeRegistered]:
+        domains = nvlink_domains(self.nvlink, self.gpus_per_node)
+        out = []
+        for r in range(self.racks):
+            for n in range(self.nodes_per_rack):
+                node = f"r{r:02d}n{n:03d}"
+                gpus = [GpuInfo(index=i, uuid=f"GPU-sim-{node}-{i}", model="sim", nvlink_domain=domains[i])
+                        for i in range(self.gpus_per_node)]
+                out.append(ev.NodeRegistered(at=at, node=node, rack=f"rack{r:02d}", gpus=gpus, nvlink=self.nvlink,
+                                             address="sim"))
+        return out
+
+
+def default_quotas(jobs: list[TraceJob], total_gpus: int) -> dict[str, TeamQuota]:
+    """Each team's guaranteed share is the cluster times its share of the trace's GPU-seconds,
+    rounded down; weight 1; no hard limit but the cluster. Documented in docs/results.md."""
+    demand: dict[str, float] = {}
+    for j in jobs:
+        demand[j.team] = demand.get(j.team, 0.0) + j.gpu_s
+    total = sum(demand.values()) or 1.0
+    return {team: TeamQuota(guaranteed=int(total_gpus * d / total), weight=1.0, limit=None)
+            for team, d in sorted(demand.items())}
+
+
+@dataclass
+class _Run:
+    """The world's view of one job: its remaining work and what its processes are doing."""
+
+    trace: TraceJob
+    remaining: float  # work seconds left as of `since`
+    saved: float  # remaining work at the last checkpoint (what a forced kill goes back to)
+    held: int = 0
+    rate: float = 0.0
+    since: float = 0.0
+    resume_at: float = 0.0  # progress starts after the restore of a checkpoint
+    ckpt_at: float = 0.0  # last checkpoint, or the start of the attempt
+    done_at: float = math.inf  # planned completion while running
+    mode: str = "pending"  # pending, running, yielding, done
+    epoch: int = 0  # bumps on every re-plan: stale heap entries are skipped
+    resumed: bool = False  # ran before: the next start restores a checkpoint
+    pending_since: float = 0.0
+    queue_s: float = 0.0
+    first_start: float | None = None
+    finish: float | None = None
+    grants: list[tuple[int, str, float]] = field(default_factory=list)  # (gpus, level, slowdown)
+    lost_gpu_s: float = 0.0
+    overhead_gpu_s: float = 0.0
+    preemptions: int = 0
+    forced_releases: int = 0
+
+
+class Simulation:
+    """One run of a trace on a cluster under one policy configuration."""
+
+    def __init__(
+        self,
+        jobs: list[TraceJob],
+        cluster: Cluster,
+        config: object,
+        runtime: RuntimeModel = REALISTIC,
+        *,
+        quotas: dict[str, TeamQuota] | None = None,
+        cycle: Callable | None = None,
+        policy_name: str = "",
+        tick_s: float | None = None,
+        cycle_cap: int = 4,
+        topology: str = "pack",
+        stall_cycles: int = 1000,
+    ):
+        if cycle is None:
+            from ..policy.cycle import cycle
+        self.cycle = cycle
+        self.cluster, self.config, self.runtime = cluster, config, runtime
+        self.policy_name = policy_name
+        self.tick_s = tick_s
+        if topology not in TOPOLOGY_MAPPINGS:
+            raise ValueError(f"unknown topology mapping {topology!r}; expected {', '.join(TOPOLOGY_MAPPINGS)}")
+        self.topology = topology
+        self.cycle_cap = cycle_cap
+        self.stall_cycles = stall_cycles
+        total = cluster.total_gpus
+        self.skipped = [j for j in jobs if (j.min_gpus or j.gpus) > total]
+        self.jobs = [j for j in jobs if (j.min_gpus or j.gpus) <= total]
+        self.quotas = quotas if quotas is not None else default_quotas(self.jobs, total)
+        half_life = getattr(config, "half_life_s", 7 * 24 * 3600.0)
+        self.state = ClusterState(half_life_s=half_life)
+        self.checkpoint_on_request = bool(getattr(config, "checkpoint", True))
+        teams = sorted({j.team for j in self.jobs} | set(self.quotas))
+        self.rec = Recorder(cluster, teams, self.quotas)
+        self.runs: dict[str, _Run] = {}
+        self._heap: list[tuple[float, int, int, str, int]] = []
+        self._seq = 0
+        self.now = 0.0
+        self.cycles = 0
+        self.wall_s = 0.0
+        self._dirty = False
+        self._last_decided: deque[list[ev.Event]] = deque(maxlen=4)
+
+    # --- the log --------------------------------------------------------------------------
+
+    def _apply(self, event: ev.Event) -> None:
+        broken = len(self.state.broken)
+        self.state.apply(event)
+        if len(self.state.broken) > broken:
+            raise SimViolation(event, self.state.broken[broken:])
+
+    def _push(self, t: float, kind: int, job_id: str = "", epoch: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, job_id, epoch))
+
+    # --- the run --------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        started = time.perf_counter()
+        for e in self.cluster.registrations():
+            self._apply(e)
+        for team, quota in sorted(self.quotas.items()):
+            self._apply(ev.TeamQuotaSet(at=0.0, team=team, quota=quota))
+        for j in self.jobs:
+            self.runs[j.job_id] = _Run(j, j.duration_s, j.duration_s)
+            self._push(j.submit_s, _SUBMIT, j.job_id)
+        self._submits_left = len(self.jobs)
+        heap = self._heap
+        last_mark = None
+        instant, instant_cycles = -1.0, 0
+        while heap:
+            t = heap[0][0]
+            if t != instant:
+                instant, instant_cycles = t, self.cycles
+            elif self.cycles - instant_cycles > self.stall_cycles:
+                raise SimStalled(f"policy livelock at t={t:.0f}s: {self.cycles - instant_cycles} cycles without "
+                                 f"time moving on; the last cycles decided: "
+                                 + " | ".join("; ".join(f"{e.kind} {_describe(e)}" for e in d
+                                                        if not isinstance(e, ev.JobPending))
+                                              for d in self._last_decided))
+            self.now = t
+            while heap and heap[0][0] == t:
+                _, kind, _, job_id, epoch = heapq.heappop(heap)
+                self._world(kind, job_id, epoch, t)
+            rounds = 0
+            while self._dirty and rounds < self.cycle_cap:
+                self._dirty = False
+                rounds += 1
+                self._schedule(t)
+            if self._dirty:  # still releasing after `cycle_cap` rounds: decide again at this instant
+                self._dirty = False
+                self._push(t, _WAKE)
+            mark = (self.state.last_alloc_seq, self._submits_left)
+            if mark != last_mark:  # holdings, queue or demand changed: integrate up to now
+                last_mark = mark
+                self.rec.step(t, self.state, self.runs)
+            if (self.tick_s and self.state.pending and (self.state.running or self._submits_left)
+                    and not (heap and heap[0][0] <= t + self.tick_s)):
+                self._push(t + self.tick_s, _WAKE)  # time-driven decisions (aging, decay)
+        self.wall_s = time.perf_counter() - started
+        return self.summary()
+
+    def _world(self, kind: int, job_id: str, epoch: int, t: float) -> None:
+        if kind == _WAKE:
+            self._dirty = True
+            return
+        run = self.runs[job_id]
+        if kind == _SUBMIT:
+            self._submit(run, t)
+        elif epoch != run.epoch:
+            return  # planned before the job's situation changed
+        elif kind == _COMPLETE:
+            self._complete(run, t)
+        elif kind == _CHECKPOINT:
+            self._checkpoint(run, t)
+            self._next_checkpoint(run, t)
+        elif kind == _YIELD:  # checkpoint written: the policy's next cycle releases the GPUs
+            self._checkpoint(run, t)
+            self._dirty = True
+
+    def _schedule(self, t: float) -> None:
+        """One policy cycle: apply its decisions in order, then play the world's reaction."""
+        self.cycles += 1
+        decided = self.cycle(self.state, t, self.config)
+        self._last_decided.append(decided)
+        started: list[str] = []
+        for e in decided:
+            self._apply(e)
+            if isinstance(e, ev.GpusGranted):
+                started.append(e.job_id)
+                self._granted(self.runs[e.job_id], e, t)
+            elif isinstance(e, ev.JobResized):
+                self._resized(self.runs[e.job_id], e, t)
+            elif isinstance(e, ev.PreemptionRequested):
+                self._preempt_requested(self.runs[e.job_id], e, t)
+            elif isinstance(e, ev.GpusReleased):
+                self._dirty = True  # freed GPUs: decide again at once
+                self._stopped(self.runs[e.job_id], t, forced=e.forced)
+        for job_id in started:  # the node daemons start the processes
+            job = self.state.jobs[job_id]
+            for node in dict.fromkeys(g.rpartition("/")[0] for g in job.gpus):
+                self._apply(ev.JobStarted(at=t, job_id=job_id, attempt=job.attempt, node=node))
+
+    # --- the world's reactions ------------------------------------------------------------
+
+    def _submit(self, run: _Run, t: float) -> None:
+        j = run.trace
+        spec = JobSpec(team=j.team, gpus=j.max_gpus or j.gpus, min_gpus=j.min_gpus, priority=j.priority,
+                       preemptible=j.preemptible, time_limit_s=j.time_limit_s, name=j.job_id,
+                       topology=self._constraint(j.max_gpus or j.gpus))
+        self._apply(ev.JobSubmitted(at=t, job_id=j.job_id, spec=spec, request_id=f"sim-{j.job_id}"))
+        run.pending_since = t
+        self._submits_left -= 1
+        self.rec.submitted(run)
+        self._dirty = True
+
+    def _constraint(self, gpus: int) -> TopologyConstraint:
+        """`pack`: a job that fits on one node must run on one node (one pod per node, as on
+        Kubernetes; Philly too kept such jobs on one server); `any`: only a preference."""
+        if self.topology == "pack" and gpus <= self.cluster.gpus_per_node:
+            return _ONE_NODE
+        return _ANYWHERE
+
+    def _advance(self, run: _Run, t: float) -> None:
+        if run.mode == "running":
+            start = max(run.since, run.resume_at)
+            if t > start:
+                run.remaining = max(0.0, run.remaining - run.rate * (t - start))
+        run.since = t
+
+    def _plan(self, run: _Run, t: float) -> None:
+        """(Re)schedule the completion and the next periodic checkpoint of a running job."""
+        run.epoch += 1
+        begin = max(t, run.resume_at)
+        run.done_at = begin + run.remaining / run.rate if run.rate > 0 else math.inf
+        if run.done_at < math.inf:
+            self._push(run.done_at, _COMPLETE, run.trace.job_id, run.epoch)
+        self._next_checkpoint(run, t)
+
+    def _next_checkpoint(self, run: _Run, t: float) -> None:
+        interval = self.runtime.checkpoint_interval_s
+        if interval > 0:
+            nxt = max(run.ckpt_at, run.resume_at) + interval
+            if nxt < run.done_at:
+                self._push(max(nxt, t), _CHECKPOINT, run.trace.job_id, run.epoch)
+
+    def _granted(self, run: _Run, e: ev.GpusGranted, t: float) -> None:
+        run.queue_s += t - run.pending_since
+        if run.first_start is None:
+            run.first_start = t
+        level = self.state.span(e.gpus)
+        run.held = len(e.gpus)
+        run.rate = self.runtime.speed(run.held, run.trace.gpus, level)
+        run.grants.append((run.held, level, self.runtime.slowdown.get(level, 1.0)))
+        restore = self.runtime.restore_s if run.resumed else 0.0
+        run.overhead_gpu_s += restore * run.held
+        run.resume_at, run.since, run.ckpt_at, run.mode = t + restore, t, t, "running"
+        self._plan(run, t)
+
+    def _resized(self, run: _Run, e: ev.JobResized, t: float) -> None:
+        self._advance(run, t)
+        job = self.state.jobs[e.job_id]
+        run.held = len(job.gpus)
+        run.rate = self.runtime.speed(run.held, run.trace.gpus, self.state.span(job.gpus)) if job.gpus else 0.0
+        if run.mode == "running":
+            self._plan(run, t)
+
+    def _preempt_requested(self, run: _Run, e: ev.PreemptionRequested, t: float) -> None:
+        run.preemptions += 1
+        self._push(max(e.deadline, t), _WAKE)  # the policy releases overdue jobs: call it then
+        if not self.checkpoint_on_request or run.mode != "running":
+            return
+        self._advance(run, t)
+        run.mode = "yielding"  # progress pauses while the checkpoint is written
+        run.overhead_gpu_s += self.runtime.checkpoint_s * run.held
+        run.epoch += 1
+        self._push(t + self.runtime.checkpoint_s, _YIELD, run.trace.job_id, run.epoch)
+
+    def _checkpoint(self, run: _Run, t: float) -> None:
+        self._advance(run, t)
+        run.saved, run.ckpt_at = run.remaining, t
+        job = self.state.jobs[run.trace.job_id]
+        step = int(run.trace.duration_s - run.remaining)
+        self._apply(ev.CheckpointSaved(at=t, job_id=run.trace.job_id, attempt=job.attempt,
+                                       path=f"sim://{run.trace.job_id}/{step}", step=step))
+
+    def _stopped(self, run: _Run, t: float, forced: bool) -> None:
+        """The job's GPUs were released: it goes back to the queue from its checkpoint."""
+        if run.mode in ("pending", "done"):
+            return
+        rate = run.rate
+        self._advance(run, t)
+        if self.runtime.lossless:
+            run.saved = run.remaining
+        elif run.saved > run.remaining and rate > 0:  # GPU time spent on the work now lost
+            run.lost_gpu_s += run.held * (run.saved - run.remaining) / rate
+        run.forced_releases += forced
+        run.remaining = run.saved
+        run.mode, run.held, run.rate, run.resumed = "pending", 0, 0.0, True
+        run.epoch += 1
+        run.pending_since = t
+        self._dirty = True
+
+    def _complete(self, run: _Run, t: float) -> None:
+        job = self.state.jobs[run.trace.job_id]
+        self._apply(ev.JobCompleted(at=t, job_id=run.trace.job_id, attempt=job.attempt))
+        run.remaining, run.mode, run.finish, run.held = 0.0, "done", t, 0
+        run.epoch += 1
+        self.rec.completed(run)
+        self._dirty = True
+
+    # --- results --------------------------------------------------------------------------
+
+    def summary(self) -> dict:
+        out = self.rec.summary(self.runs, self.state)
+        out.update({
+            "policy": self.policy_name,
+            "cluster": str(self.cluster),
+            "gpus": self.cluster.total_gpus,
+            "runtime_model": self.runtime.name,
+            "skipped_too_large": len(self.skipped),
+            "unfinished": sum(1 for r in self.runs.values() if r.mode != "done"),
+            "events": self.state.events,
+            "cycles": self.cycles,
+            "sim_wall_s": round(self.wall_s, 3),
+        })
+        return out
+

@@ -1,0 +1,186 @@
+"""What a simulation measured, with every definition in one place.
+
+- JCT: completion - submission. Queue time: every second a job spent pending (first wait plus
+  the waits after each preemption). Sizes: "1", "2-4", "5-8", ">8" GPUs requested.
+- utilization: GPU-seconds held / GPU-seconds of capacity, over the time work was waiting
+  (at least one job pending): idle GPUs then are the scheduler's fault.
+- locality: share of grants of multi-GPU jobs placed at the best level any placement of that
+  size can reach on the cluster (NVLink domain, else node, else rack).
+- jain_fairness: Jain's index over teams of x = allocated / entitled GPU-seconds, integrated
+  over the busy windows. A team's entitlement at an instant is its guaranteed share (capped by
+  its demand) plus a weighted water-filling share of the rest, capped by demand and hard limit;
+  demand is the GPUs its unfinished jobs ask for.
+- lost_gpu_hours: GPU time spent on work that a forced release threw away (since the last
+  checkpoint). overhead_gpu_hours: GPU time spent saving and restoring checkpoints on
+  preemption. gpu_hours: the trace's work (duration x GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..core.model import LEVEL_RANK, LEVELS, TeamQuota
+
+if TYPE_CHECKING:
+    from .engine import Cluster, _Run
+
+SIZE_BUCKETS = ("1", "2-4", "5-8", ">8")
+
+
+def size_bucket(gpus: int) -> str:
+    if gpus <= 1:
+        return "1"
+    if gpus <= 4:
+        return "2-4"
+    if gpus <= 8:
+        return "5-8"
+    return ">8"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def jain(xs: list[float]) -> float:
+    """Jain's fairness index: 1 when all equal, 1/n when one gets everything."""
+    if not xs:
+        return 1.0
+    s, s2 = sum(xs), sum(x * x for x in xs)
+    return (s * s) / (len(xs) * s2) if s2 > 0 else 1.0
+
+
+def entitlements(capacity: int, demand: dict[str, int], quotas: dict[str, TeamQuota]) -> dict[str, float]:
+    """Each team's fair allocation now: guarantee first, then weighted water-filling."""
+    default = TeamQuota()
+    cap = {}
+    for team, d in demand.items():
+        if d > 0:
+            q = quotas.get(team, default)
+            cap[team] = min(d, q.limit if q.limit is not None else capacity)
+    give = {team: float(min(c, quotas.get(team, default).guaranteed)) for team, c in cap.items()}
+    left = capacity - sum(give.values())
+    active = sorted(t for t in cap if give[t] < cap[t])
+    while left > 1e-9 and active:
+        weights = {t: quotas.get(t, default).weight for t in active}
+        total_w = sum(weights.values())
+        sated = [t for t in active if cap[t] - give[t] <= left * weights[t] / total_w]
+        if not sated:
+            for t in active:
+                give[t] += left * weights[t] / total_w
+            break
+        for t in sated:
+            left -= cap[t] - give[t]
+            give[t] = float(cap[t])
+        active = [t for t in active if t not in sated]
+    return give
+
+
+class Recorder:
+    """Integrates the cluster's state over virtual time; the engine calls `step` at each time."""
+
+    def __init__(self, cluster: Cluster, teams: list[str], quotas: dict[str, TeamQuota]):
+        self.cluster = cluster
+        self.capacity = cluster.total_gpus
+        self.teams = list(teams)
+        self.quotas = quotas
+        self.demand: dict[str, int] = dict.fromkeys(self.teams, 0)
+        self.last_t: float | None = None
+        self.held: tuple[int, ...] = (0,) * len(self.teams)
+        self.busy = False
+        self.entitled: dict[str, float] = {}
+        self._key: tuple | None = None
+        self.busy_s = 0.0
+        self.busy_held_gpu_s = 0.0
+        self.alloc_gpu_s = dict.fromkeys(self.teams, 0.0)
+        self.entitled_gpu_s = dict.fromkeys(self.teams, 0.0)
+        self.held_gpu_s = 0.0
+        #: (time, GPUs held per team) at every change, for the plots
+        self.timeline: list[tuple[float, tuple[int, ...]]] = []
+
+    def submitted(self, run: _Run) -> None:
+        j = run.trace
+        self.demand[j.team] = self.demand.get(j.team, 0) + (j.max_gpus or j.gpus)
+
+    def completed(self, run: _Run) -> None:
+        j = run.trace
+        self.demand[j.team] -= j.max_gpus or j.gpus
+
+    def step(self, t: float, state, runs) -> None:
+        if self.last_t is not None and t > self.last_t:
+            dt = t - self.last_t
+            total = sum(self.held)
+            self.held_gpu_s += total * dt
+            if self.busy:
+                self.busy_s += dt
+                self.busy_held_gpu_s += total * dt
+                for team, h in zip(self.teams, self.held):
+                    self.alloc_gpu_s[team] += h * dt
+                for team, e in self.entitled.items():
+                    self.entitled_gpu_s[team] += e * dt
+        self.last_t = t
+        teams = state.teams
+        held = tuple(teams[name].held if name in teams else 0 for name in self.teams)
+        self.busy = bool(state.pending)
+        if held != self.held or not self.timeline:
+            self.timeline.append((t, held))
+        self.held = held
+        key = tuple(self.demand.get(team, 0) for team in self.teams)
+        if self.busy and key != self._key:
+            self._key = key
+            self.entitled = entitlements(self.capacity, self.demand, self.quotas)
+
+    def summary(self, runs: dict[str, _Run], state) -> dict:
+        done = [r for r in runs.values() if r.finish is not None]
+        jct = [r.finish - r.trace.submit_s for r in done]
+        queue = [r.queue_s for r in runs.values() if r.first_start is not None]
+        by_size: dict[str, list[float]] = {b: [] for b in SIZE_BUCKETS}
+        for r in runs.values():
+            if r.first_start is not None:
+                by_size[size_bucket(r.trace.gpus)].append(r.queue_s)
+        multi = [(g, level) for r in runs.values() for g, level, _ in r.grants if g >= 2]
+        best = sum(1 for g, level in multi if LEVEL_RANK[level] <= LEVEL_RANK[self.cluster.best_level(g)])
+        xs = [self.alloc_gpu_s[t] / self.entitled_gpu_s[t] for t in self.teams if self.entitled_gpu_s.get(t, 0) > 0]
+        gpu_hours = sum(r.trace.gpu_s for r in runs.values()) / 3600
+        lost = sum(r.lost_gpu_s for r in runs.values()) / 3600
+        starts = [r.trace.submit_s for r in runs.values()]
+        ends = [r.finish for r in done]
+        return {
+            "jobs": len(runs),
+            "completed": len(done),
+            "avg_jct_s": _r(sum(jct) / len(jct)) if jct else 0.0,
+            "p50_jct_s": _r(percentile(jct, 50)),
+            "p99_jct_s": _r(percentile(jct, 99)),
+            "avg_queue_s": _r(sum(queue) / len(queue)) if queue else 0.0,
+            "avg_queue_s_by_size": {b: _r(sum(v) / len(v)) if v else 0.0 for b, v in by_size.items()},
+            "jobs_by_size": {b: len(v) for b, v in by_size.items()},
+            "max_queue_s": _r(max(queue, default=0.0)),
+            "utilization": _r(self.busy_held_gpu_s / (self.capacity * self.busy_s), 4) if self.busy_s else 0.0,
+            "busy_s": _r(self.busy_s),
+            "locality": _r(best / len(multi), 4) if multi else 1.0,
+            "multi_gpu_grants": len(multi),
+            "locality_levels": {lvl: n for lvl in LEVELS if (n := sum(1 for _, level in multi if level == lvl))},
+            "jain_fairness": _r(jain(xs), 4),
+            "team_share_ratio": {t: _r(self.alloc_gpu_s[t] / self.entitled_gpu_s[t], 4)
+                                 for t in self.teams if self.entitled_gpu_s.get(t, 0) > 0},
+            "preemptions": sum(j.preemptions for j in state.jobs.values()),
+            "preemption_requests": sum(r.preemptions for r in runs.values()),
+            "max_preemptions_of_a_job": max((j.preemptions for j in state.jobs.values()), default=0),
+            "forced_releases": sum(r.forced_releases for r in runs.values()),
+            "gpu_hours": _r(gpu_hours),
+            "lost_gpu_hours": _r(lost),
+            "lost_share": _r(lost / gpu_hours, 5) if gpu_hours else 0.0,
+            "overhead_gpu_hours": _r(sum(r.overhead_gpu_s for r in runs.values()) / 3600),
+            "makespan_s": _r(max(ends) - min(starts)) if ends else 0.0,
+        }
+
+
+def _r(x: float, digits: int = 1) -> float:
+    return round(float(x), digits)
