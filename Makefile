@@ -27,6 +27,7 @@ test-slow: install
 bench: install
 	$(PY) bench/bench_log.py --quick
 	$(PY) bench/bench_placement.py
+	$(PY) bench/bench_cycle.py
 	$(PY) bench/bench_sim.py
 	$(PY) bench/bench_e2e.py --quick
 

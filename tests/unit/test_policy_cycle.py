@@ -123,6 +123,59 @@ def test_cycle_does_not_mutate_the_state():
     assert s.state.snapshot() == before
 
 
+def _head_changes(s: Scenario) -> None:
+    s.run("x", gpus("r0n0", *range(8)), at=0, time_limit_s=100.0)
+    s.run("y", gpus("r0n1", *range(8)), at=0, time_limit_s=1000.0)
+    s.submit("big", 16, at=1)
+    s.submit("big2", 16, at=2)
+    for i in range(6):
+        s.submit(f"small{i}", 2, at=3 + i)
+
+
+def _head_will_start(s: Scenario) -> None:
+    s.run("x", gpus("r0n0", *range(8)), at=0, time_limit_s=100.0)
+    s.run("u", gpus("r0n2", 0, 1, 2, 3), at=0, time_limit_s=100.0)
+    s.run("y", gpus("r0n1", *range(8)), at=0, time_limit_s=1000.0)
+    s.submit("big", 16, at=1)
+    s.submit("big2", 16, at=2)
+    for i in range(6):
+        s.submit(f"small{i}", 8, at=3 + i)
+
+
+def _head_cancelled(s: Scenario) -> None:
+    s.apply(ev.JobCancelled(at=20, job_id="big", reason="user"))
+
+
+def _head_started(s: Scenario) -> None:
+    s.finish("x", at=100)
+    s.finish("u", at=100)
+
+
+# name: (setup, cluster nodes, first cycle at, change, next cycle at, want JobPending of the next cycle)
+REASON_CASES = {
+    "a new head re-explains only itself, not every job behind it": (
+        _head_changes, 3, 10, _head_cancelled, 20, ["big2"]),
+    "the head starts: the next head and nobody else gets a new reason": (
+        _head_will_start, 4, 10, _head_started, 100, ["big2"]),
+}
+
+
+@pytest.mark.parametrize("name", list(REASON_CASES))
+def test_reasons_behind_the_head_are_stable(name):
+    setup, nodes, t0, change, t1, want = REASON_CASES[name]
+    s = Scenario(racks=1, nodes=nodes)
+    setup(s)
+    s.cycle("full", now=t0)
+    small = s.state.jobs["small0"]
+    assert small.pending_reason == "would delay the GPUs reserved for the head of the queue"
+    assert small.pending_blockers == []
+    change(s)
+    out = s.cycle("full", now=t1)
+    assert s.state.jobs["big"].state != "pending"  # the head changed
+    assert [e.job_id for e in out if isinstance(e, ev.JobPending)] == want
+    assert s.state.violations() == []
+
+
 @pytest.mark.parametrize("preset, want_eta", [("topo", None), ("full", 490.0)])
 def test_the_head_names_the_jobs_it_waits_for(preset, want_eta):
     s = Scenario(racks=1, nodes=2)
@@ -134,3 +187,61 @@ def test_the_head_names_the_jobs_it_waits_for(preset, want_eta):
     assert big.pending_reason.startswith("waiting for 16 GPUs; 4 free")
     assert big.pending_blockers == ["x", "y"]
     assert big.pending_eta_s == want_eta  # only a protected reservation has a time
+
+
+# --- cost: a long queue of jobs alike costs one placement, not one each ----------------------
+
+
+def _scattered(s: Scenario, pending: int, **spec) -> None:
+    """Every node runs a 7-GPU job (one GPU free per node); `pending` jobs that fit no node."""
+    for n in range(4):
+        s.run(f"x{n}", gpus(f"r0n{n}", *range(7)), at=0)
+    for i in range(pending):
+        s.submit(f"p{i:03d}", gpus=2 + 2 * (i % 2), at=1 + i, required="node", **spec)
+
+
+# name: (preset, pending jobs, job kwargs, most placements one cycle may try)
+COST_CASES = {
+    "topo: 200 waiting jobs of two shapes, a few placements": ("topo", 200, {}, 4),
+    "full: 200 waiting jobs of two shapes behind a reservation, a few placements": ("full", 200, {}, 16),
+    "full, preemptible (borrowers): still a few placements": ("full", 200, dict(preemptible=True), 16),
+}
+
+
+@pytest.mark.parametrize("name", list(COST_CASES))
+def test_failed_placements_are_remembered_within_a_cycle(name, monkeypatch):
+    import gpusched.policy.backfill as backfill_mod
+    import gpusched.policy.cycle as cycle_mod
+
+    preset, pending, spec, most = COST_CASES[name]
+    s = Scenario(racks=1, nodes=4)
+    _scattered(s, pending, **spec)
+    calls = []
+
+    def counting(real):
+        def wrapper(pool, n, *args, **kw):
+            calls.append(n)
+            return real(pool, n, *args, **kw)
+        return wrapper
+
+    monkeypatch.setattr(cycle_mod, "place", counting(cycle_mod.place))
+    monkeypatch.setattr(backfill_mod, "place", counting(backfill_mod.place))
+    out = s.cycle(preset, now=10)
+    assert not grants(out)
+    assert len(calls) <= most, len(calls)
+    assert s.state.violations() == []
+
+
+def test_a_remembered_failure_is_forgotten_when_the_pool_grows():
+    from gpusched.policy.placement import Pool
+
+    s = Scenario(racks=1, nodes=2)
+    s.run("x", gpus("r0n0", *range(7)), at=0)
+    s.run("y", gpus("r0n1", *range(7)), at=0)
+    pool = Pool(s.state)
+    pool.fails.add((2, 2, "node", "nvlink"))
+    pool.take(gpus("r0n0", 7))
+    assert pool.fails  # fewer GPUs: what failed still fails
+    assert pool.copy().fails and pool.without(gpus("r0n1", 7)).fails
+    pool.add(gpus("r0n0", 0))
+    assert not pool.fails  # it grew

@@ -41,6 +41,24 @@ def _shrink(s):
     s.submit("hi", 8, at=1000, priority="high")
 
 
+def _preempted_then_shrunk(s):
+    # "big" cannot be served by el's extra GPUs and preempts el (checkpoint: in flight); "small"
+    # must not then shrink el: its GPUs are already promised, and a job is touched once a cycle.
+    s.run("el", gpus("r0n0", *range(8)), size=8, min_gpus=2, at=0, priority="low", preemptible=True)
+    s.run("x", gpus("r0n1", *range(8)), at=0)
+    s.submit("big", 8, at=1000, priority="interactive", required="node")
+    s.submit("small", 2, at=1000)
+
+
+def _shared_shrink(s):
+    # two blocked jobs, one elastic job: it gives back what they need, in one JobResized that
+    # accounts for the GPUs already taken back for the first one.
+    s.run("el", gpus("r0n0", *range(8)), size=8, min_gpus=2, at=0)
+    s.run("x", gpus("r0n1", *range(8)), at=0)
+    s.submit("a", 2, at=1000)
+    s.submit("b", 2, at=1001)
+
+
 # name: (setup, want decisions at t=1000, want GPUs held by "el" after)
 CASES = {
     "starts with what fits when space is short": (_short, [("grant", "el")], 4),
@@ -49,6 +67,9 @@ CASES = {
     "does not grow while a job that could use the GPUs waits": (_no_grow_while_waiting, [], 4),
     "grows no further than its team's limit": (_grow_to_limit, [("resize", "el", 2)], 6),
     "shrinks to its minimum before anyone is preempted": (_shrink, [("resize", "el", -8), ("grant", "hi")], 4),
+    "a job asked to yield is not also shrunk in the same cycle": (_preempted_then_shrunk, [("preempt", "el", "big")], 8),
+    "two blocked jobs share one shrink: one JobResized, each GPU granted once": (
+        _shared_shrink, [("resize", "el", -4), ("grant", "a"), ("grant", "b")], 4),
 }
 
 
@@ -57,10 +78,13 @@ def test_elastic(name):
     setup, want, held = CASES[name]
     s = Scenario(racks=1, nodes=2)
     setup(s)
-    out = s.cycle("full", now=1000)
+    out = s.cycle("full", now=max(1000, s.now))
     assert summary(out) == want
     assert len(s.state.jobs["el"].gpus) == held
     assert s.state.violations() == []
+    given = [g for e in out if isinstance(e, ev.GpusGranted) for g in e.gpus]
+    given += [g for e in out if isinstance(e, ev.JobResized) for g in e.added]
+    assert len(given) == len(set(given))
 
 
 def test_growth_stays_near_the_job():

@@ -99,6 +99,61 @@ def _required_node(s):
     s.submit("hi", 6, at=1000, priority="high", required="node")
 
 
+def _reclaim_lower_priority(s):
+    s.team("poor", guaranteed=8)
+    s.team("rich", guaranteed=0)
+    s.run("r1", N0, at=0, team="rich", priority="high", preemptible=True)
+    s.run("r2", N1, at=10, team="rich", priority="high", preemptible=True)
+    s.submit("p", 8, team="poor", at=1000, priority="low")
+
+
+def _reclaim_not_preemptible(s):
+    s.team("poor", guaranteed=8)
+    s.team("rich", guaranteed=0)
+    s.run("r1", N0, at=0, team="rich", priority="high")
+    s.run("r2", N1, at=10, team="rich", priority="high")
+    s.submit("p", 8, team="poor", at=1000, priority="low")
+
+
+def _reclaim_only_to_the_guarantee(s):
+    s.team("poor", guaranteed=8)
+    s.team("rich", guaranteed=0)
+    s.run("p0", N0, at=0, team="poor", priority="low")
+    s.run("r1", N1, at=0, team="rich", priority="high", preemptible=True)
+    s.submit("p", 8, team="poor", at=1000, priority="low")
+
+
+def _no_ping_pong(s):
+    # a is 1 over its guarantee in 4-GPU jobs, b 3 under: taking a 4-GPU job would leave a 3
+    # under (no better than b now), and a would reclaim it back: no reclaim.
+    s.team("a", guaranteed=7)
+    s.team("b", guaranteed=7)
+    s.team("c", guaranteed=2)
+    s.run("a1", gpus("r0n0", 0, 1, 2, 3), at=0, team="a", preemptible=True)
+    s.run("a2", gpus("r0n0", 4, 5, 6, 7), at=0, team="a", preemptible=True)
+    s.run("b1", gpus("r0n1", 0, 1, 2, 3), at=0, team="b", preemptible=True)
+    s.run("c1", gpus("r0n1", 4, 5, 6, 7), at=0, team="c")
+    s.submit("b2", 4, team="b", at=1000)
+
+
+def _chaos_flood(s):
+    """The chaos demo on 32 GPUs: vision (guaranteed 12, limit 24) holds 20 in preemptible 4-GPU
+    batch jobs, nlp (guaranteed 12) its 12, chat (guaranteed 8, limit 12) holds nothing and
+    floods 12 interactive 1-GPU jobs."""
+    s.node("r0n2", "r0")
+    s.node("r0n3", "r0")
+    s.team("vision", guaranteed=12, limit=24)
+    s.team("nlp", guaranteed=12, limit=24)
+    s.team("chat", guaranteed=8, limit=12)
+    quads = [gpus(f"r0n{n}", *range(h, h + 4)) for n in range(4) for h in (0, 4)]
+    for i in range(5):
+        s.run(f"v{i}", quads[i], at=0, team="vision", preemptible=True)
+    for i in range(3):
+        s.run(f"n{i}", quads[5 + i], at=0, team="nlp", preemptible=True)
+    for i in range(12):
+        s.submit(f"c{i:02d}", 1, at=1000, team="chat", priority="interactive")
+
+
 # name: (setup, preset, want decisions of the cycle at t=1000)
 CASES = {
     "higher priority preempts a lower-priority preemptible job (killed, no checkpoint)": (
@@ -118,6 +173,18 @@ CASES = {
     "required topology: victims free one node": (
         _required_node, "preempt", [("preempt", "a", "hi"), ("release", "a", True), ("grant", "hi")]),
     "checkpoint handshake: ask and wait": (_priority, "full", [("preempt", "lo", "hi")]),
+    "a team below its guarantee reclaims from a team over its own, even at a lower priority": (
+        _reclaim_lower_priority, "fairshare", [("preempt", "r2", "p"), ("release", "r2", True), ("grant", "p")]),
+    "reclaim still respects non-preemptible jobs": (_reclaim_not_preemptible, "fairshare", []),
+    "reclaim by a lower priority stops at the reclaiming team's guarantee": (
+        _reclaim_only_to_the_guarantee, "fairshare", []),
+    "reclaim never leaves the victim's team as short as the reclaimer (no ping-pong)": (
+        _no_ping_pong, "fairshare", []),
+    "chaos flood: one 4-GPU victim of the team over its share serves four 1-GPU jobs": (
+        _chaos_flood, "fairshare", [("preempt", "v0", "c00"), ("release", "v0", True), ("grant", "c00"),
+                                    ("grant", "c01"), ("grant", "c02"), ("grant", "c03")]),
+    "chaos flood with checkpoints: GPUs being freed cover the other blocked jobs": (
+        _chaos_flood, "full", [("preempt", "v0", "c00")]),
 }
 
 
@@ -132,6 +199,52 @@ def test_preemption(name):
     if want and want[0][0] == "preempt":
         req = next(e for e in out if isinstance(e, ev.PreemptionRequested))
         assert req.reason.startswith(f"preempted for {want[0][2]}")
+
+
+def _teams_held(s) -> dict[str, int]:
+    return {t: u.held for t, u in sorted(s.state.teams.items())}
+
+
+# name: (setup, preset, want holdings per team once steady, most GPUs preempted in all)
+STEADY = {
+    "chaos flood, kills: chat reclaims its guarantee from vision only": (
+        _chaos_flood, "fairshare", {"chat": 8, "nlp": 12, "vision": 12}, 8),
+    "chaos flood, checkpoints in flight over several cycles: vision only, no overkill": (
+        _chaos_flood, "full", {"chat": 8, "nlp": 12, "vision": 12}, 8),
+}
+
+
+@pytest.mark.parametrize("name", list(STEADY))
+def test_preemption_until_steady(name):
+    """Run the preemptor cycle after cycle (every 10 s; a victim checkpoints 25 s after it is
+    asked, one of them never does and is killed at its deadline), applying the events, until a
+    cycle decides nothing and nothing is in flight."""
+    setup, preset, want, most = STEADY[name]
+    s = Scenario(racks=1, nodes=2)
+    setup(s)
+    now, asked, quiet = 1000.0, {}, 0
+    preempted: list[str] = []
+    for _ in range(40):
+        for jid in list(s.state.running):
+            job = s.state.jobs[jid]
+            if job.preemption is not None and jid != "v1" and now - asked[jid] >= 25:
+                s.checkpoint(jid, at=now)
+        out = s.cycle(preset, now=now)
+        for e in out:
+            if isinstance(e, ev.PreemptionRequested):
+                asked[e.job_id] = e.at
+                preempted.append(e.job_id)
+        assert s.state.violations() == []
+        busy = [e for e in out if not isinstance(e, ev.JobPending)]
+        inflight = any(s.state.jobs[j].preemption is not None for j in s.state.running)
+        quiet = quiet + 1 if not busy and not inflight else 0
+        if quiet >= 3:
+            break
+        now += 10.0
+    assert quiet >= 3, "never settled"
+    assert _teams_held(s) == want
+    assert not [j for j in preempted if s.state.jobs[j].team != "vision"]
+    assert sum(s.state.jobs[j].spec.gpus for j in preempted) <= most
 
 
 def test_checkpointed_job_is_released_and_the_waiting_job_starts():

@@ -152,3 +152,103 @@ def test_cycle_is_deterministic_and_independent_of_its_memo(w):
         assert _decide(fresh, now, w) == _decide(state, now, w)
         for e in _decide(state, now, w):
             state.apply(e)
+
+
+# --- one cycle's output: each running job touched once, each GPU given once ------------------
+
+
+@st.composite
+def contended(draw):
+    """A full-ish cluster: running jobs (many elastic, most preemptible) of teams with
+    guarantees, preemptions possibly in flight, and a queue of jobs that want their GPUs."""
+    racks, nodes = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    gpus = draw(st.sampled_from([4, 8]))
+    teams = {t: (draw(st.integers(0, 12)), draw(st.sampled_from([None, None, 8, 16])))
+             for t in ["a", "b", "c"][: draw(st.integers(2, 3))]}
+    names = [f"r{r}n{n}/{i}" for r in range(racks) for n in range(nodes) for i in range(gpus)]
+    order = draw(st.permutations(names))
+    running = []
+    for i in range(draw(st.integers(1, 10))):
+        held = draw(st.integers(1, 8))
+        elastic = draw(st.integers(0, 2)) > 0
+        size = held + draw(st.integers(0, 4)) if elastic else held
+        running.append(dict(job_id=f"r{i}", held=held, size=size,
+                            min_gpus=draw(st.integers(1, held)) if elastic and size > 1 else None,
+                            team=draw(st.sampled_from(sorted(teams))), at=float(draw(st.integers(0, 900))),
+                            priority=draw(st.sampled_from(["low", "normal", "high"])),
+                            preemptible=draw(st.integers(0, 3)) > 0, asked=draw(st.integers(0, 4)) == 0))
+    pending = [dict(job_id=f"p{i}", gpus=draw(st.integers(1, 8)), team=draw(st.sampled_from(sorted(teams))),
+                    priority=draw(st.sampled_from(["low", "normal", "high", "interactive"])),
+                    required=draw(st.sampled_from(LEVELS_REQ)), at=float(draw(st.integers(900, 1000))),
+                    min_gpus=draw(st.sampled_from([None, None, 1])))
+               for i in range(draw(st.integers(1, 12)))]
+    preset = draw(st.sampled_from(["preempt", "fairshare", "full", "full", "full"]))
+    overrides = dict(min_runtime_s=draw(st.sampled_from([0.0, 0.0, 300.0])),
+                     max_preemptors_per_cycle=draw(st.sampled_from([1, 4, 4, 8])))
+    if preset == "full":
+        overrides.update(checkpoint=draw(st.integers(0, 3)) > 0, backfill=draw(st.booleans()))
+    return dict(racks=racks, nodes=nodes, gpus=gpus, teams=teams, order=order, running=running,
+                pending=pending, preset=preset, overrides=overrides, steps=draw(st.integers(1, 4)))
+
+
+def _check_once(state: ClusterState, out) -> None:
+    granted: dict[str, str] = {}
+    removed: dict[str, str] = {}
+    touched: dict[str, str] = {}  # running job -> what the cycle did to it
+    for e in out:
+        for g in (e.gpus if isinstance(e, ev.GpusGranted) else e.added if isinstance(e, ev.JobResized) else []):
+            assert g not in granted, f"{g} given to {granted[g]} and {e.job_id}"
+            granted[g] = e.job_id
+        if isinstance(e, ev.JobResized):
+            for g in e.removed:
+                assert g not in removed, f"{g} taken back twice"
+                removed[g] = e.job_id
+            assert e.job_id not in touched, f"{e.job_id}: {touched[e.job_id]}, then resized"
+            touched[e.job_id] = "resized"
+        elif isinstance(e, ev.PreemptionRequested):
+            assert e.job_id not in touched, f"{e.job_id}: {touched[e.job_id]}, then preempted"
+            touched[e.job_id] = "preempted"
+        elif isinstance(e, ev.GpusReleased):
+            # only a job preempted earlier (this cycle without checkpoint, or an earlier one)
+            assert touched.get(e.job_id) in (None, "preempted"), f"{e.job_id}: {touched[e.job_id]}, then released"
+            touched[e.job_id] = "released"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(contended())
+def test_one_cycle_touches_each_job_once_and_gives_each_gpu_once(w):
+    s = Scenario(racks=w["racks"], nodes=w["nodes"], gpus=w["gpus"])
+    for t, (g, limit) in w["teams"].items():
+        s.team(t, guaranteed=g, limit=limit)
+    state = s.state
+    free = list(w["order"])
+    for r in w["running"]:
+        t = state.teams[r["team"]]
+        if len(free) < r["held"] or (t.quota.limit is not None and t.held + r["held"] > t.quota.limit):
+            continue
+        mine, free = free[: r["held"]], free[r["held"]:]
+        s.run(r["job_id"], mine, at=r["at"], size=r["size"], min_gpus=r["min_gpus"], team=r["team"],
+              priority=r["priority"], preemptible=r["preemptible"])
+    for r in w["running"]:  # some preemptions already in flight (fairly: the fold must accept them)
+        job = state.jobs.get(r["job_id"])
+        if job is not None and r["asked"] and job.spec.preemptible and job.holding:
+            s.apply(ev.PreemptionRequested(at=950.0, job_id=job.job_id, for_job=job.job_id, reason="test",
+                                           deadline=1030.0))
+    for p in w["pending"]:
+        lo = p["min_gpus"] if p["min_gpus"] is not None and p["gpus"] > 1 else None
+        s.submit(p["job_id"], p["gpus"], at=p["at"], team=p["team"], priority=p["priority"],
+                 required=p["required"], min_gpus=lo)
+    config = PRESETS[w["preset"]].replace(**w["overrides"])
+    now = 1000.0
+    for _ in range(w["steps"]):
+        out = cycle(state, now, config)
+        _check_once(state, out)
+        for e in out:
+            state.apply(e)
+            assert state.violations() == [], (e, state.violations())
+        _check(state, out)
+        for jid in list(state.running):  # half the victims checkpoint, the rest run to their deadline
+            job = state.jobs[jid]
+            if job.preemption is not None and int(jid[1:]) % 2 == 0:
+                state.apply(ev.CheckpointSaved(at=now + 5, job_id=jid, attempt=job.attempt, path="p", step=1))
+        now += 20.0

@@ -6,6 +6,13 @@
 `state`. It never mutates the state: GPUs granted or released earlier in the same cycle are
 tracked on a scratch `Pool` and per-team holdings. `naive_cycle` is the fallback of a dead
 placement service: FIFO with gangs, first free GPUs, no preemption.
+
+Within one cycle each running job is touched at most once (one `JobResized`, or one preemption
+and its release), and no GPU is granted twice. Reclaim counts what is already coming free: the
+GPUs of preemptions in flight (asked in an earlier cycle or earlier in this one) form a second
+scratch pool (`coming`) from which blocked jobs claim, in queue order, before any new victim is
+chosen; a blocked job whose need is covered triggers no preemption, and the GPUs claimed count
+as its team's when judging fairness and limits.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from . import reasons as rs
 from .backfill import Reservation, expected_end, reserve
 from .config import PRESETS, PolicyConfig
 from .elastic import extras, grow_gpus, shrink_plan
-from .fairshare import limit_room, over_share
+from .fairshare import limit_room, may_preempt, over_share
 from .ordering import queue_index
 from .placement import Placement, Pool, explain_no_fit, first_free, place
 from .preemption import choose_victims, work_since_checkpoint
@@ -57,10 +64,16 @@ class _Cycle:
         self.blocked: list[Job] = []  # waiting for room (not for a limit), in order
         self.started: list[tuple[Job, list[GpuId]]] = []  # granted this cycle
         self.released: set[str] = set()  # running jobs released this cycle
-        self.shrunk: set[str] = set()  # elastic jobs shrunk to their minimum this cycle
+        self.shrunk: set[str] = set()  # elastic jobs shrunk this cycle
+        self.removed: dict[str, list[GpuId]] = {}  # elastic job -> GPUs taken back this cycle
+        self.resize_at: dict[str, int] = {}  # elastic job -> index of its JobResized in `out`
         self.preempting: dict[str, list[str]] = {}  # beneficiary -> victims in flight
         self.inflight: dict[str, None] = {}  # running jobs asked to yield, not yet released
         self.leaving: dict[str, int] = {}  # team -> GPUs of its jobs asked to yield
+        self.inflight_gpus = 0  # GPUs of preemptions asked in earlier cycles, not yet released
+        self.coming: Pool | None = None  # reclaim: the pool plus in-flight GPUs, less claims
+        self.incoming: dict[str, int] = {}  # team -> GPUs its blocked jobs claimed from `coming`
+        self._fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
         self.ridx = running_index(state)
         self.head: Job | None = None
         self.reservation: Reservation | None = None
@@ -105,13 +118,15 @@ class _Cycle:
                 self.preempting.setdefault(p.for_job, []).append(jid)
                 self.inflight[jid] = None
                 self.leaving[job.team] = self.leaving.get(job.team, 0) + len(job.gpus)
+                self.inflight_gpus += len(job.gpus)
 
     def _release(self, job: Job, forced: bool, lost: float) -> None:
         self.out.append(ev.GpusReleased(at=self.now, job_id=job.job_id, reason="preempted", forced=forced,
                                         lost_gpu_s=round(lost, 6)))
         self.pool.add(job.gpus)
-        if self._outside is not None:
-            self._outside = None
+        if self.coming is not None:
+            self.coming.add(job.gpus)
+        self._outside = None
         self._adjust(job.team, -len(job.gpus))
         self.released.add(job.job_id)
 
@@ -122,11 +137,18 @@ class _Cycle:
         if want < lo:
             return None
         required = spec.topology.required
+        # Jobs alike in what placement reads fail alike: a failure is remembered on the pool
+        # until it grows (see Pool.fails), so a long queue costs one placement per shape.
+        key = (want, lo, required, spec.topology.preferred)
+        if lo > pool.count or key in pool.fails:
+            return None
         if self.placer == "naive":
             p = first_free(pool, want, required)
         else:
             p = place(pool, want, required, spec.topology.preferred)
         if p is not None or lo == want:
+            if p is None:
+                pool.fails.add(key)
             return p
         # elastic: start with what fits now, at least the minimum
         k = min(want - 1, pool.count)
@@ -137,14 +159,32 @@ class _Cycle:
             p = first_free(pool, k, required) if self.placer == "naive" else place(pool, k, required)
             if p is not None:
                 return p
+        pool.fails.add(key)
         return None
+
+    def _fits_pool(self, job: Job, room: int | None) -> bool:
+        """Whether `job` could start on the pool as it is (for its reason only; remembered until
+        the pool shrinks)."""
+        spec = job.spec
+        want = spec.gpus if room is None else min(spec.gpus, room)
+        key = (want, spec.gang_min if self.config.elastic else spec.gpus, spec.topology.required,
+               spec.topology.preferred)
+        if key in self._fits_now:
+            return True
+        if self._fit(job, self.pool, room) is None:
+            return False
+        self._fits_now.add(key)
+        return True
 
     def _grant(self, job: Job, p: Placement, backfill: bool) -> None:
         self.out.append(ev.GpusGranted(at=self.now, job_id=job.job_id, attempt=job.attempt + 1, gpus=p.gpus,
                                        placer=self.placer, level=p.level, backfill=backfill))
         self.pool.take(p.gpus)
+        self._fits_now.clear()
         if self._outside is not None:
-            self._outside = self._outside.without(p.gpus)
+            self._outside.remove(p.gpus)
+        if self.coming is not None:
+            self.coming.remove(p.gpus)  # a GPU an earlier claim counted on: that claim is void
         self._adjust(job.team, len(p.gpus))
         self.started.append((job, p.gpus))
         self.reasons.pop(job.job_id, None)
@@ -164,8 +204,8 @@ class _Cycle:
         for job in idx.ordered(self.now, self.held):
             if self.strict and self.blocked or self.limit_stop:
                 break
-            if not self.strict and pool.count <= 0 and len(self.blocked) >= reclaimers:
-                break
+            if not self.strict and pool.count <= 0 and len(self.blocked) >= reclaimers + self.inflight_gpus:
+                break  # (blocked jobs covered by GPUs in flight trigger no preemption: see reclaim)
             processed[job.job_id] = None
             spec = job.spec
             room = self.room(job.team)
@@ -181,8 +221,8 @@ class _Cycle:
                     self._grant(job, p, backfill=True)
                     continue
                 self.blocked.append(job)
-                if self._fit(job, pool, room) is not None:
-                    self._reason(job, rs.would_delay(self.head.job_id))
+                if self._fits_pool(job, room):
+                    self._reason(job, rs.would_delay())
                 else:
                     self._reason(job, rs.no_room(lo, spec.topology.required))
                 continue
@@ -302,50 +342,58 @@ class _Cycle:
     # --- shrink and preemption ---------------------------------------------------------------
 
     def _fits(self, job: Job, need: int):
+        """Whether `need` GPUs for `job` fit a pool (failures remembered on the pool)."""
         required = job.spec.topology.required
-        if self.placer == "naive":
-            return lambda pool: pool.count >= need and first_free(pool, need, required) is not None
-        return lambda pool: pool.count >= need and place(pool, need, required) is not None
+        key = ("fits", need, required)
+        find = first_free if self.placer == "naive" else place
+
+        def fits(pool: Pool) -> bool:
+            if pool.count < need or key in pool.fails:
+                return False
+            if find(pool, need, required) is None:
+                pool.fails.add(key)
+                return False
+            return True
+
+        return fits
 
     def reclaim(self) -> None:
-        """For the first blocked jobs: wait for preemptions in flight, else shrink elastic jobs,
-        else preempt; without a checkpoint handshake the freed GPUs are granted at once."""
-        config, st = self.config, self.state
+        """For the first blocked jobs, in order: start on GPUs freed earlier in this cycle; else
+        claim GPUs already coming free (preemptions in flight); else shrink elastic jobs; else
+        preempt. Without a checkpoint handshake the freed GPUs are granted at once."""
+        config = self.config
+        max_tries = 1 if self.strict else config.max_preemptors_per_cycle
         tries = 0
         failed: set[tuple] = set()  # jobs alike in what a victim search reads fail alike
+        self.coming = self._coming()
         for job in list(self.blocked):
-            if tries >= (1 if self.strict else config.max_preemptors_per_cycle):
+            if tries >= max_tries:
                 break
-            if job.job_id in self.reasons and self.reasons[job.job_id][0].startswith("would delay"):
+            r = self.reasons.get(job.job_id)
+            if r is not None and r[0].startswith("would delay"):
                 continue
-            tries += 1
             lo = job.spec.gang_min if config.elastic else job.spec.gpus
             room = self.room(job.team)
-            if room is not None and room < lo:
-                continue
-            inflight = self.preempting.get(job.job_id)
-            if inflight:
-                self._reason(job, rs.preempting(inflight))
-                continue
+            if room is not None and room - self.incoming.get(job.team, 0) < lo:
+                continue  # its team's limit: what is already coming to it is all it may get
             fits = self._fits(job, lo)
-            if config.elastic:
-                cands = [st.jobs[j] for j in self.ridx.elastic
-                         if j not in self.released and j not in self.shrunk and st.jobs[j].preemption is None
-                         and extras(st.jobs[j]) > 0]
-                cands.sort(key=lambda j: (-extras(j), j.job_id))
-                plan = shrink_plan(cands, self.pool, fits)
-                if plan is not None:
-                    for victim, removed in plan:
-                        self.out.append(ev.JobResized(at=self.now, job_id=victim.job_id, removed=removed,
-                                                      reason=f"shrink to make room for {job.job_id}"))
-                        self.pool.add(removed)
-                        self._adjust(victim.team, -len(removed))
-                        self.shrunk.add(victim.job_id)
-                    self._outside = None
+            # 1. GPUs freed earlier in this cycle (shrinks, kills without checkpoint)
+            if self.pool.count >= lo and fits(self.pool):
+                if self._may_start_now(job):
                     self._start_blocked(job, room)
-                    continue
+                else:
+                    self._reason(job, rs.would_delay())
+                continue
+            # 2. GPUs already coming free: no new victim for a need they cover
+            if self._claim(job, lo):
+                continue
+            tries += 1
+            # 3. extra GPUs of elastic jobs
+            if config.elastic and self._shrink(job, fits, room):
+                continue
             if not config.preemption:
                 continue
+            # 4. preemption
             alike = (job.team, job.spec.priority, lo, job.spec.topology.required, job is self.head)
             if alike in failed:
                 continue
@@ -358,7 +406,103 @@ class _Cycle:
             if not config.checkpoint:
                 self._start_blocked(job, room)
             else:
+                self._claim(job, lo, own=True)
                 self._reason(job, rs.preempting([v.job_id for v in victims]))
+
+    def _coming(self) -> Pool:
+        """The pool plus the GPUs of preemptions in flight (they come free at their deadline)."""
+        coming = self.pool.copy()
+        jobs = self.state.jobs
+        for jid in self.inflight:
+            if jid not in self.released:
+                coming.add(jobs[jid].gpus)
+        return coming
+
+    def _may_start_now(self, job: Job) -> bool:
+        """GPUs freed by reclaim go to the reserved head first."""
+        head = self.head
+        return head is None or job is head or not any(b is head for b in self.blocked)
+
+    def _claim(self, job: Job, lo: int, own: bool = False) -> bool:
+        """Claim GPUs coming free for a blocked job, if they cover its need: they count as its
+        team's from now on (fairness, limits), and no later job of the cycle counts on them."""
+        coming = self.coming
+        required = job.spec.topology.required
+        key = ("claim", lo, required)
+        if coming is None or coming.count < lo or key in coming.fails:
+            return False
+        p = first_free(coming, lo, required) if self.placer == "naive" else place(coming, lo, required)
+        if p is None:
+            coming.fails.add(key)
+            return False
+        coming.take(p.gpus)
+        self.incoming[job.team] = self.incoming.get(job.team, 0) + len(p.gpus)
+        if own:
+            return True
+        mine = self.preempting.get(job.job_id)
+        if mine:
+            self._reason(job, rs.preempting(mine))
+        else:
+            gi = self.state.gpus
+            self._reason(job, rs.yielding(sorted({h for g in p.gpus if (h := gi[g].holder) is not None})))
+        return True
+
+    def _shrink(self, job: Job, fits, room: int | None) -> bool:
+        """Take extra GPUs back from elastic jobs (as this cycle sees them) so that `job` starts."""
+        st = self.state
+        jobs = st.jobs
+        cands: list[tuple[Job, list[GpuId]]] = []
+        for jid in self.ridx.elastic:
+            v = jobs[jid]
+            if jid in self.released or jid in self.inflight or v.preemption is not None:
+                continue
+            taken = self.removed.get(jid)
+            gpus = v.gpus if not taken else [g for g in v.gpus if g not in taken]
+            if extras(v, gpus) > 0 and (not taken or self._may_extend(v)):
+                cands.append((v, gpus))
+        if not cands:
+            return False
+        cands.sort(key=lambda c: (-extras(*c), c[0].job_id))
+        plan = shrink_plan(cands, self.pool, fits)
+        if plan is None:
+            return False
+        for victim, removed in plan:
+            self._resize_down(victim, removed, job)
+        self._outside = None
+        self._start_blocked(job, room)
+        return True
+
+    def _may_extend(self, victim: Job) -> bool:
+        """A job shrunk earlier in this cycle may give back more only by growing its one
+        JobResized, which moves the removal earlier in the output: not past a preemption of
+        another job of its team for another team (that request was judged with the holding it
+        had then, and the fold checks it with the holding when applied)."""
+        i = self.resize_at[victim.job_id]
+        jobs, team = self.state.jobs, victim.team
+        for e in self.out[i + 1:]:
+            if (isinstance(e, ev.PreemptionRequested) and jobs[e.job_id].team == team
+                    and jobs[e.for_job].team != team):
+                return False
+        return True
+
+    def _resize_down(self, victim: Job, removed: list[GpuId], job: Job) -> None:
+        jid = victim.job_id
+        i = self.resize_at.get(jid)
+        if i is None:
+            self.resize_at[jid] = len(self.out)
+            self.removed[jid] = list(removed)
+            self.out.append(ev.JobResized(at=self.now, job_id=jid, removed=list(removed),
+                                          reason=f"shrink to make room for {job.job_id}"))
+        else:  # one JobResized per job and cycle
+            self.removed[jid] = self.removed[jid] + list(removed)
+            old = self.out[i]
+            self.out[i] = ev.JobResized(at=self.now, job_id=jid, removed=self.removed[jid],
+                                        reason=f"{old.reason}, {job.job_id}")
+        self.pool.add(removed)
+        if self.coming is not None:
+            self.coming.add(removed)
+        self._adjust(victim.team, -len(removed))
+        self.shrunk.add(jid)
 
     def _victims(self, job: Job, need: int, fits) -> list[Job] | None:
         st, now, config = self.state, self.now, self.config
@@ -368,17 +512,27 @@ class _Cycle:
             if due:
                 return due
         rank = PRIORITY_RANK[job.spec.priority]
-        under = config.fairshare and over_share(st, job.team, self.held(job.team)) < 0
+        for_held = self.held(job.team) + self.incoming.get(job.team, 0)
+        under = config.fairshare and over_share(st, job.team, for_held) < 0
         buckets = []
         for (team, r), bucket in self.ridx.preemptible.items():
-            over = over_share(st, team, self.held(team) - self.leaving.get(team, 0))
-            if (config.priority and r < rank) or (under and team != job.team and r <= rank and over > 0):
+            vh = self.held(team) - self.leaving.get(team, 0)
+            over = over_share(st, team, vh)
+            lower = config.priority and r < rank
+            if team == job.team:
+                ok = lower
+            else:  # reclaim (any priority) from a team over its share; or priority, fairly
+                ok = (under and over > 0) or (lower and may_preempt(st, team, vh, job.team, for_held))
+            if ok:
                 buckets.append((-over, r, team, bucket))
         if not buckets:
             return None
         buckets.sort(key=lambda b: b[:3])
         # Candidates: teams furthest over their share first, oldest start first within a bucket
         # (the ones past `min_runtime_s`); enough of them to choose well from, not all.
+        # The set is chosen so that the job fits on free GPUs plus its own victims: GPUs coming
+        # free for other jobs serve only jobs they cover entirely (`_claim`), as a job that
+        # topped up scattered leftovers with victims elsewhere would span needlessly wide.
         want = max(1, need - self.pool.count)
         cands: list[Job] = []
         gathered = 0
@@ -398,7 +552,7 @@ class _Cycle:
         if gathered < want:
             return None
         return choose_victims(st, self.pool, job, need, now, config, cands, self.held, fits, self._scope(job),
-                              self.leaving)
+                              self.leaving, self.incoming)
 
     def _due(self, job: Job, need: int, fits) -> list[Job] | None:
         """Backfilled preemptible jobs yield to the blocked head as soon as evicting them lets it
@@ -410,8 +564,10 @@ class _Cycle:
                  if j not in self.released and j not in self.inflight and j not in self.shrunk]
         if not cands:
             return None
-        return choose_victims(st, self.pool, job, need, self.now, self.config, cands, self.held, fits,
-                              self._scope(job), self.leaving)
+        # The head's reservation already counts GPUs in flight: so does its claim on borrowers.
+        coming = self.coming if self.coming is not None else self.pool
+        return choose_victims(st, coming, job, need, self.now, self.config, cands, self.held, fits,
+                              self._scope(job), self.leaving, self.incoming, due=True)
 
     def _scope(self, job: Job):
         """Groups of GPUs at the job's required level (None: the whole cluster)."""
@@ -435,6 +591,8 @@ class _Cycle:
             self.preempting.setdefault(job.job_id, []).append(victim.job_id)
             self.inflight[victim.job_id] = None
             self.leaving[victim.team] = self.leaving.get(victim.team, 0) + len(victim.gpus)
+            if self.coming is not None:
+                self.coming.add(victim.gpus)
 
     def _start_blocked(self, job: Job, room: int | None) -> None:
         p = self._fit(job, self.pool, room)
@@ -451,7 +609,7 @@ class _Cycle:
             if self.pool.count <= 0:
                 break
             job = st.jobs[jid]
-            if (jid in self.released or jid in self.shrunk or job.preemption is not None
+            if (jid in self.released or jid in self.shrunk or jid in self.inflight or job.preemption is not None
                     or len(job.gpus) >= job.spec.gpus):
                 continue
             add = grow_gpus(st, self.pool, job, self.room(job.team))

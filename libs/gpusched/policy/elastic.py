@@ -1,35 +1,58 @@
 """Elastic jobs (`min_gpus < gpus`): start at what fits (at least the minimum) when space is
-short, grow into idle GPUs when nothing that could use them is waiting, and give their extra
-GPUs back (shrink to the minimum) before any non-elastic job is preempted.
+short, grow into idle GPUs when nothing that could use them is waiting, and give extra GPUs back
+(never below the minimum) before any non-elastic job is preempted.
 
 Extra GPUs above the minimum are opportunistic: any blocked job may reclaim them, whatever its
 team or priority, so shrinking needs no fairness check (and the fold makes none).
+
+A cycle may shrink one job for several blocked jobs; it passes each job's holding *as the cycle
+sees it* (less what it already took back), so a GPU is never taken back twice.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ..core.model import LEVEL_RANK, GpuId
 from ..core.state import ClusterState, Job
 from .placement import Pool
 
 
-def extras(job: Job) -> int:
-    return max(0, len(job.gpus) - job.spec.gang_min)
+def extras(job: Job, gpus: list[GpuId] | None = None) -> int:
+    """GPUs above the job's gang minimum (of `gpus`, its holding as a cycle sees it; default: the fold's)."""
+    return max(0, len(job.gpus if gpus is None else gpus) - job.spec.gang_min)
 
 
-def shrink_plan(candidates: list[Job], pool: Pool, fits) -> list[tuple[Job, list[GpuId]]] | None:
-    """Which extra GPUs to take back (the most recently added first) so that `fits` holds."""
+def shrink_plan(candidates: list[Job] | list[tuple[Job, list[GpuId]]], pool: Pool,
+                fits: Callable[[Pool], bool]) -> list[tuple[Job, list[GpuId]]] | None:
+    """Which extra GPUs to take back so that `fits` holds, or None: candidates in order, the most
+    recently added GPUs first; the last job gives back only as many as are needed.
+    `candidates`: jobs, or (job, its GPUs as the cycle sees them)."""
     hyp = pool.copy()
     plan: list[tuple[Job, list[GpuId]]] = []
-    for job in candidates:
-        k = extras(job)
+    for c in candidates:
+        job, gpus = (c, c.gpus) if isinstance(c, Job) else c
+        k = extras(job, gpus)
         if k <= 0:
             continue
-        removed = job.gpus[-k:]
-        plan.append((job, removed))
-        hyp.add(removed)
-        if fits(hyp):
-            return plan
+        trial = hyp.copy()
+        trial.add(gpus[-k:])
+        if not fits(trial):
+            plan.append((job, gpus[-k:]))
+            hyp = trial
+            continue
+        # the smallest tail of this job that is enough (fits is monotone in added GPUs)
+        lo, hi = 1, k
+        while lo < hi:
+            mid = (lo + hi) // 2
+            t = hyp.copy()
+            t.add(gpus[-mid:])
+            if fits(t):
+                hi = mid
+            else:
+                lo = mid + 1
+        plan.append((job, gpus[-lo:]))
+        return plan
     return None
 
 

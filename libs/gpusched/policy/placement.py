@@ -83,9 +83,14 @@ def topology(state: ClusterState) -> Topology:
 
 class Pool:
     """Placeable GPUs as one cycle sees them: the fold's free sets, less the GPUs this cycle has
-    granted (`take`), plus the GPUs it has released (`add`). Never mutates the state."""
+    granted (`take`), plus the GPUs it has released (`add`). Never mutates the state.
 
-    __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack")
+    `fails` remembers the placement questions that found no room in this pool (keys chosen by
+    the caller, e.g. size and topology levels). Feasibility only shrinks as GPUs leave the pool,
+    so a failure stays valid across `take`/`remove` and copies; `add` (the pool grows) forgets
+    them all. It lets a long queue of jobs alike cost one placement, not one each."""
+
+    __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack", "fails")
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
@@ -96,6 +101,7 @@ class Pool:
         self.count = state.free_count
         self._cnt: list[int] | None = None  # free count per node index, built on first use
         self._rack: list[int] | None = None  # free count per rack index, built on first use
+        self.fails: set = set()
 
     def copy(self) -> Pool:
         p = Pool.__new__(Pool)
@@ -104,6 +110,7 @@ class Pool:
         p.added = {k: list(v) for k, v in self.added.items()}
         p._cnt = None if self._cnt is None else list(self._cnt)
         p._rack = None if self._rack is None else list(self._rack)
+        p.fails = set(self.fails)
         return p
 
     # counts
@@ -166,6 +173,7 @@ class Pool:
     def add(self, gpus: list[GpuId]) -> None:
         """GPUs released this cycle; only those the fold will make placeable again, once each."""
         st = self.state
+        count = self.count
         for g in gpus:
             rec = st.gpus[g]
             node = st.nodes[rec.node]
@@ -181,21 +189,27 @@ class Pool:
                     continue
                 extra.append(g)
             self._bump(rec.node, 1)
+        if self.count != count and self.fails:
+            self.fails.clear()  # the pool grew: what did not fit may fit now
+
+    def remove(self, gpus) -> None:
+        """Make `gpus` unplaceable in this pool (those it does not hold are ignored)."""
+        gi, nodes = self.state.gpus, self.state.nodes
+        for g in gpus:
+            node = gi[g].node
+            extra = self.added.get(node)
+            if extra and g in extra:
+                extra.remove(g)
+            elif g in self.taken or g not in nodes[node].free:
+                continue
+            else:
+                self.taken.add(g)
+            self._bump(node, -1)
 
     def without(self, gpus) -> Pool:
         """A copy that cannot place on `gpus` (e.g. a reservation)."""
         p = self.copy()
-        gi, nodes = self.state.gpus, self.state.nodes
-        for g in gpus:
-            node = gi[g].node
-            extra = p.added.get(node)
-            if extra and g in extra:
-                extra.remove(g)
-            elif g in p.taken or g not in nodes[node].free:
-                continue
-            else:
-                p.taken.add(g)
-            p._bump(node, -1)
+        p.remove(gpus)
         return p
 
 

@@ -1,21 +1,36 @@
 """Whom to preempt for a blocked job: the smallest, cheapest, fairest victim set.
 
 A running job is a candidate victim when it is preemptible, has run `min_runtime_s` since its
-(re)start (anti-thrash), is not already being preempted, and the blocked job outranks it: a
-higher priority class, or (fair share) the blocked job's team is below its guaranteed share and
-the victim's team above its own. The fold's fairness rule is checked for every request with the
-holdings at the moment it is applied, so the fold never flags `unfair_preemption`.
+(re)start (anti-thrash), and is not already being preempted, shrunk or released. It may be taken
+for the blocked job when
+
+- it is of the blocked job's own team and of a lower priority class (priority orders work within
+  a team), or
+- (fair-share reclaim, like Kueue's reclaimWithinCohort) the blocked job's team is below its
+  guaranteed share and the victim's team is above its own at that point of the set, whatever the
+  two jobs' priority classes, provided the victim's team ends less far below its guarantee than
+  the blocked job's team is now (each reclaim lowers the largest shortfall: no ping-pong of a
+  big job between two teams near their guarantees), or
+- (priority) it is of a lower priority class and the fold's fairness rule allows it.
+
+Holdings are judged as they will be: the victim teams' less the GPUs already asked to yield
+(`leaving`) and those taken earlier in the same set; the beneficiary team's plus the GPUs already
+coming its way (`incoming`: claimed in-flight releases). The fold checks its rule with the
+holdings at the moment a request is applied, which are never less favourable, so it never flags
+`unfair_preemption`.
+
 Candidates are taken teams-furthest-over-their-share first, then least work lost since the last
-checkpoint, then biggest first (fewest victims); the set is then pruned of victims it does not
-need, and among topology groups (one per node/rack/block when the job requires one) the cheapest
-set wins.
+checkpoint, then biggest first (fewest victims); a victim from a team at or below its guarantee
+only once the teams over theirs cannot supply. The set is then pruned of victims it does not
+need, and among topology groups (one per node/rack/block when the job requires one) the set
+taking least from teams at or below their guarantee, then the cheapest, wins.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..core.model import GpuId
+from ..core.model import PRIORITY_RANK, GpuId
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .fairshare import may_preempt, over_share
@@ -34,13 +49,16 @@ def work_since_checkpoint(job: Job, now: float) -> float:
 def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
                    candidates: list[Job], held: Callable[[str], int],
                    fits: Callable[[Pool], bool], scope: Callable[[GpuId], object] | None,
-                   leaving: dict[str, int] | None = None) -> list[Job] | None:
+                   leaving: dict[str, int] | None = None, incoming: dict[str, int] | None = None,
+                   due: bool = False) -> list[Job] | None:
     """The victims to preempt so that `job` fits (`fits(pool)` after their GPUs return), or None.
-    `candidates` are already filtered for preemptibility, runtime and rank; `scope` maps a GPU to
-    its group at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
-    team already asked to yield, counted as gone when judging whether a team may lose more. Within a group,
-    free GPUs plus victims' GPUs are counted (exact at every level but a partial NVLink domain);
-    only the cheapest group's set is checked with a real placement."""
+    `candidates` are already filtered for preemptibility and runtime; `scope` maps a GPU to its
+    group at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
+    team already asked to yield; `incoming`: GPUs per team already coming free for its blocked
+    jobs; `due`: the candidates yield whatever their rank (borrowed reservations), subject only
+    to the fold's rule. `pool` may include GPUs already coming free (in-flight preemptions).
+    Within a group, free GPUs plus victims' GPUs are counted (exact at every level but a partial
+    NVLink domain); only the cheapest groups' sets are checked with a real placement."""
     if not candidates:
         return None
     # First, cheaply: can any group free enough at all? (Most searches end here.)
@@ -77,12 +95,14 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
                     per[key] = per.get(key, 0) + 1
             for key, k in per.items():
                 groups.setdefault(key, []).append((v, k))
+    rule = _Rule(state, job, config, held, leaving, incoming or {}, due)
     options = []
     for key, group in groups.items():
-        chosen = _greedy(state, job, group, need - base.get(key, 0), held, lost, leaving)
-        if chosen is not None:
-            options.append(((sum(lost[v.job_id] for v in chosen), len(chosen), sum(len(v.gpus) for v in chosen),
-                             [v.job_id for v in chosen]), chosen))
+        got = _greedy(rule, group, need - base.get(key, 0), lost)
+        if got is not None:
+            chosen, protected = got
+            options.append(((protected, sum(lost[v.job_id] for v in chosen), len(chosen),
+                             sum(len(v.gpus) for v in chosen), [v.job_id for v in chosen]), chosen))
     options.sort(key=lambda o: o[0])
     for _, chosen in options[:4]:
         hyp = pool.copy()
@@ -93,27 +113,75 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     return None
 
 
-def _greedy(state, job, group: list[tuple[Job, int]], want: int, held, lost, leaving) -> list[Job] | None:
-    """Take victims in order until they free `want` GPUs in the group, never one the fairness
-    rule forbids; then drop the ones the set does not need, the most expensive first."""
+class _Rule:
+    """May this victim be taken for the job, given what the set already takes from its team?"""
+
+    def __init__(self, state: ClusterState, job: Job, config: PolicyConfig, held, leaving, incoming, due) -> None:
+        self.state, self.job, self.held, self.leaving, self.due = state, job, held, leaving, due
+        self.rank = PRIORITY_RANK[job.spec.priority]
+        self.priority = config.priority
+        self.for_held = held(job.team) + incoming.get(job.team, 0)
+        self.under = config.fairshare and over_share(state, job.team, self.for_held) < 0
+
+    def victim_held(self, team: str, drop: dict[str, int]) -> int:
+        return self.held(team) - self.leaving.get(team, 0) - drop.get(team, 0)
+
+    def admits(self, v: Job, vh: int) -> tuple[bool, bool]:
+        """(may take it, its team is at or below its guarantee before it is taken)."""
+        st, job = self.state, self.job
+        at_or_under = over_share(st, v.team, vh) <= 0
+        if not may_preempt(st, v.team, vh, job.team, self.for_held):
+            return False, at_or_under
+        if self.due:
+            return True, at_or_under
+        lower = self.priority and PRIORITY_RANK[v.spec.priority] < self.rank
+        if v.team == job.team:
+            return lower, False
+        # Reclaim, whatever the priorities: from a team over its share, and only if that team
+        # ends less far below its guarantee than the reclaiming team is now. Every reclaim then
+        # lowers the largest shortfall, so reclaims never ping-pong between two teams.
+        reclaim = (self.under and not at_or_under
+                   and over_share(st, v.team, vh - len(v.gpus)) > over_share(st, job.team, self.for_held))
+        return lower or reclaim, at_or_under
+
+
+def _greedy(rule: _Rule, group: list[tuple[Job, int]], want: int, lost) -> tuple[list[Job], int] | None:
+    """Take victims in order until they free `want` GPUs in the group, never one the rules
+    forbid; victims of teams at or below their guarantee only after every other candidate; then
+    drop the ones the set does not need, the most expensive first. Returns (victims, GPUs taken
+    from teams at or below their guarantee)."""
     if want <= 0:
         return None  # it fits already: not a preemption question
     drop: dict[str, int] = {}  # GPUs each victim team gives up in this set
-    chosen: list[tuple[Job, int]] = []
+    chosen: list[tuple[Job, int, bool]] = []
     freed = 0
+    later: list[tuple[Job, int]] = []
     for v, k in group:
-        vh = held(v.team) - drop.get(v.team, 0) - leaving.get(v.team, 0)
-        if not may_preempt(state, v.team, vh, job.team, held(job.team)):
+        ok, protected = rule.admits(v, rule.victim_held(v.team, drop))
+        if not ok:
             continue
-        chosen.append((v, k))
+        if protected:
+            later.append((v, k))  # only if the teams over their share cannot supply
+            continue
+        chosen.append((v, k, False))
         drop[v.team] = drop.get(v.team, 0) + len(v.gpus)
         freed += k
         if freed >= want:
             break
-    else:
-        return None
-    for v, k in sorted(chosen, key=lambda vk: -lost[vk[0].job_id]):
+    if freed < want:
+        for v, k in later:
+            ok, protected = rule.admits(v, rule.victim_held(v.team, drop))
+            if not ok:
+                continue
+            chosen.append((v, k, protected))
+            drop[v.team] = drop.get(v.team, 0) + len(v.gpus)
+            freed += k
+            if freed >= want:
+                break
+        else:
+            return None
+    for v, k, _ in sorted(chosen, key=lambda c: (c[2], lost[c[0].job_id]), reverse=True):
         if len(chosen) > 1 and freed - k >= want:
-            chosen = [x for x in chosen if x[0] is not v]
+            chosen = [c for c in chosen if c[0] is not v]
             freed -= k
-    return [v for v, _ in chosen]
+    return [v for v, _, _ in chosen], sum(len(v.gpus) for v, _, p in chosen if p)
