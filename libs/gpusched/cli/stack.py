@@ -53,7 +53,11 @@ def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | t
     """Start one service as a subprocess in its own session (signals from a terminal reach
     only `up`, which stops the services in order). Used by `up`, the e2e tests and the bench."""
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
-    full_env = {**os.environ, "GPUSCHED_NATS_URL": nats_url, "GPUSCHED_REDIS_URL": redis_url, **(env or {})}
+    # The project's interpreter comes first on PATH, so a job's `python` on the simulated nodes
+    # is the one gpusched (and its job SDK) is installed in.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    full_env = {**os.environ, "PATH": path, "GPUSCHED_NATS_URL": nats_url, "GPUSCHED_REDIS_URL": redis_url,
+                **(env or {})}
     try:
         return subprocess.Popen(service_command(name, nats_url, redis_url, *extra), stdout=out,
                                 stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
