@@ -6,6 +6,7 @@ test fails when it drifts from the code.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -17,7 +18,18 @@ from .heartbeat import SCHEMAS as BUS_SCHEMAS
 
 
 def _schema(tp: object) -> dict:
-    return msgspec.json.schema(tp)
+    return _clean(msgspec.json.schema(tp))
+
+
+def _clean(node):
+    """Dedent docstring descriptions the same way whatever the msgspec version (0.23 dedents,
+    earlier ones do not), so `schemas/` is stable across installs."""
+    if isinstance(node, dict):
+        return {k: inspect.cleandoc(v) if k == "description" and isinstance(v, str) else _clean(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_clean(v) for v in node]
+    return node
 
 
 def all_schemas() -> dict[str, dict]:
