@@ -34,7 +34,7 @@ def sim_node_names(count: int, prefix: str = "node") -> list[str]:
 
 
 async def _serve_until(host: NodeHost, stop: asyncio.Event | None, ready: asyncio.Event | None) -> None:
-    await host.start()
+    """Serve a started host until `stop` is set, then stop it."""
     if ready is not None:
         ready.set()
     try:
@@ -61,6 +61,7 @@ async def run_nodeagent(
                          work_dir=Path(work_dir) if work_dir else default_work_dir(), kill_grace_s=kill_grace_s,
                          checkpoint_root=checkpoint_root, log_dir=log_dir),
              gpu_backend)
+    await host.start()
     await _serve_until(host, stop, ready)
 
 
@@ -93,12 +94,7 @@ async def run_simulated_nodes(
 ) -> None:
     """`start_simulated_nodes` until `stop` is set (what `gpusched up` runs)."""
     host = await start_simulated_nodes(nats_url, count, gpus_per_node, nodes_per_rack, nvlink, **kwargs)
-    if ready is not None:
-        ready.set()
-    try:
-        await (stop.wait() if stop is not None else asyncio.Event().wait())
-    finally:
-        await host.stop()
+    await _serve_until(host, stop, ready)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

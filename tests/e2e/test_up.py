@@ -7,13 +7,13 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 from gpusched.bus.log import EventLog
+from gpusched.bus.servers import port_free
 from gpusched.core.state import ClusterState
 
 
@@ -104,18 +104,9 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
 def free_port_block(n: int) -> int:
     """A base port whose next n ports are free now (best effort)."""
     for base in range(21000, 60000, 97):
-        if all(_port_free(base + i) for i in range(n)):
+        if all(port_free(base + i) for i in range(n)):
             return base
     raise RuntimeError("no block of free ports")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _alive(pid: int) -> bool:

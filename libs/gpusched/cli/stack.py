@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,22 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpusched.bus.servers import Server, free_port, start_nats, start_redis
+from gpusched.bus.servers import Server, free_port, port_free, start_nats, start_redis
 from gpusched.bus.log import connect
 from gpusched.services.dashboard import control
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _preferred_port(port: int) -> int:
-    return port if port and _port_free(port) else free_port()
+    return port if port and port_free(port) else free_port()
 
 
 def service_command(name: str, nats_url: str, redis_url: str, *extra: str) -> list[str]:
