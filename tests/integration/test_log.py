@@ -177,3 +177,8 @@ async def test_replay_verify_names_an_injected_double_grant_and_over_limit_grant
     assert text.returncode == 1 and "double_booking" in text.stdout and "over_limit" in text.stdout
     before = run_replay(nats_url, "--verify", "--json", "--until", str(double - 1))
     assert before.returncode == 0 and json.loads(before.stdout)["last_seq"] == double - 1
+    # by time: events decided after 00:00:03 (the over-limit grant, at=4) are not replayed
+    at_three = json.loads(run_replay(nats_url, "--json", "--until", "1970-01-01T00:00:03").stdout)
+    assert at_three["last_seq"] == over - 1 and [v["rule"] for v in at_three["violations"]] == ["double_booking"]
+    bad = run_replay(nats_url, "--until", "yesterday")
+    assert bad.returncode != 0 and "neither a sequence number nor an ISO time" in bad.stderr
