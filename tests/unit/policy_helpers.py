@@ -53,6 +53,12 @@ class Scenario:
         for node in dict.fromkeys(g.split("/")[0] for g in gpus):
             self.apply(ev.JobStarted(at=at, job_id=job_id, attempt=job.attempt, node=node))
 
+    def preempt(self, job_id: str, for_job: str, at: float) -> None:
+        """A past preemption of a running job for `for_job`: asked and released at `at`."""
+        self.apply(ev.PreemptionRequested(at=at, job_id=job_id, for_job=for_job, reason=f"preempted for {for_job}",
+                                          deadline=at),
+                   ev.GpusReleased(at=at, job_id=job_id, reason="preempted"))
+
     def checkpoint(self, job_id: str, at: float) -> None:
         job = self.state.jobs[job_id]
         self.apply(ev.CheckpointSaved(at=at, job_id=job_id, attempt=job.attempt, path="ck", step=1))

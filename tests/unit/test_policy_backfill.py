@@ -30,7 +30,18 @@ def _unknown_ends(s: Scenario) -> None:
     s.submit("big", 16, at=1)
 
 
-# name: (nodes, setup, candidate job kwargs, want started?, want head eta_s)
+def _being_freed(s: Scenario) -> None:
+    """The head's set is free or being freed: half of n0 is idle, the other half is held by a
+    job already asked to yield for the head (deadline t=50)."""
+    s.run("v", gpus("r0n0", 0, 1, 2, 3), at=0, priority="low", preemptible=True)
+    s.run("y", N1, at=0)
+    s.run("z", N2, at=0)
+    s.submit("big", 8, at=1, required="node")
+    s.apply(ev.PreemptionRequested(at=5, job_id="v", for_job="big", reason="preempted for big", deadline=50.0))
+
+
+# name: (nodes, setup, candidate job kwargs, want started?,
+#        want head: its eta_s while it waits reserved, or the start of its reason)
 CASES = {
     "ends before the reservation by its time limit: backfills": (
         3, _known_ends, dict(gpus=4, time_limit_s=50.0), True, 90.0),
@@ -41,12 +52,16 @@ CASES = {
     "preemptible and over its share: borrows the reservation": (
         3, _known_ends, dict(gpus=4, preemptible=True), True, 90.0),
     "unknown ends: the reservation accumulates, no eta": (3, _unknown_ends, dict(gpus=4), False, None),
+    # Borrowing a set that is free or coming free now would only push the head back by the
+    # borrower's checkpoint: the GPUs are the head's.
+    "the reservation is due (its GPUs are being freed): no borrowing": (
+        3, _being_freed, dict(gpus=4, preemptible=True, required="node"), False, "preempted 1 job(s) for it"),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_backfill(name):
-    nodes, setup, cand, want_started, want_eta = CASES[name]
+    nodes, setup, cand, want_started, want_head = CASES[name]
     s = Scenario(racks=1, nodes=nodes)
     setup(s)
     s.submit("cand", at=2, **cand)
@@ -62,7 +77,10 @@ def test_backfill(name):
         assert s.state.jobs["cand"].pending_reason == "would delay the GPUs reserved for the head of the queue"
         assert s.state.jobs["cand"].pending_blockers == []
     big = s.state.jobs["big"]
-    assert "GPUs reserved" in big.pending_reason and big.pending_eta_s == want_eta
+    if isinstance(want_head, str):
+        assert big.pending_reason.startswith(want_head), big.pending_reason
+    else:
+        assert "GPUs reserved" in big.pending_reason and big.pending_eta_s == want_head
 
 
 def test_borrowed_reservation_is_taken_back_as_soon_as_the_head_could_start():
@@ -90,3 +108,87 @@ def test_the_reserved_head_starts_when_its_set_frees():
     out = s.cycle("full", now=20)
     assert list(grants(out)) == ["big"]  # small still may not delay it
     assert s.state.violations() == []
+
+
+# --- convergence: cycles at one instant (checkpoints are instant) must come to rest ----------
+
+
+def _other_head_would_hand_back(s: Scenario) -> None:
+    """The Philly livelock (t=340549 s, ideal runtime) in miniature. Team a (guarantee 7) holds
+    4, so it goes first: its 8-GPU head waits with a reservation on n0. Its preemptible 4-GPU job
+    p backfills n1; team a is now over its guarantee, so the next cycle b's 4-GPU job heads the
+    queue. Evicting p for it would put team a under its guarantee again: a's head would lead,
+    and a's q would backfill the freed GPUs, not b's job. So p stays (before the fix: p is
+    evicted, q starts, q is evicted, p starts... without end)."""
+    s.team("a", guaranteed=7)
+    s.team("b", guaranteed=2)
+    s.team("c", guaranteed=0)
+    s.run("x", N0, at=0, team="c")  # the head's reservation waits for it (unknown end)
+    s.run("a0", gpus("r0n1", 0, 1, 2, 3), at=0, team="a")
+    s.run("b0", gpus("r0n2", 0, 1, 2, 3), at=0, team="b")
+    s.run("c0", gpus("r0n2", 4, 5, 6, 7), at=0, team="c")
+    s.submit("head", 8, team="a", at=1, required="node")
+    s.submit("other", 4, team="b", at=2, required="node")
+    s.submit("p", 4, team="a", at=3, required="node", preemptible=True)
+    s.submit("q", 4, team="a", at=4, required="node", preemptible=True)
+
+
+def _borrower_of_the_heads_team(s: Scenario) -> None:
+    """Team a (guarantee 16) holds 4 (x, on n0), team b (guarantee 20) holds 8: a goes first and
+    its 8-GPU head reserves n0. a's preemptible job p borrows the idle half of n0, and a now
+    ranks after b: b's 4-GPU job heads the queue. Taking p back for it would rank a first again
+    (a's head would lead, p borrow again, b's job take it back...): it waits. When x ends, a's
+    head leads, takes its loan back and starts: the loan did not push it back."""
+    s.team("a", guaranteed=16)
+    s.team("b", guaranteed=20)
+    s.run("x", gpus("r0n0", 0, 1, 2, 3), at=0, team="a")
+    s.run("y", N1, at=0, team="b")
+    s.submit("head", 8, team="a", at=1, required="node")
+    s.submit("other", 4, team="b", at=2, required="node")
+    s.submit("p", 4, team="a", at=3, required="node", preemptible=True)
+
+
+def _borrower_yields_when_due(s: Scenario) -> None:
+    s.finish("x", at=s.now)
+
+
+# name: (nodes, setup, want running at rest, want preempted at all, then: change, want running at rest)
+CONVERGE = {
+    "no eviction for a head that would rank the borrower's team first again (Philly livelock)": (
+        3, _other_head_would_hand_back, {"p"}, [], None, None),
+    "a borrower of the head's team stays until its own head is due, whoever leads meanwhile": (
+        2, _borrower_of_the_heads_team, {"p"}, [], _borrower_yields_when_due, {"head"}),
+}
+
+
+def _until_rest(s: Scenario, now: float, most: int = 12) -> list[str]:
+    """Cycles at one instant, every preempted job checkpointing at once (the ideal runtime),
+    until a cycle decides nothing and nothing is in flight. Returns the jobs preempted."""
+    preempted: list[str] = []
+    for _ in range(most):
+        for jid in list(s.state.running):
+            if s.state.jobs[jid].preemption is not None:
+                s.checkpoint(jid, at=now)
+        out = s.cycle("full", now=now)
+        assert s.state.violations() == []
+        preempted += [e.job_id for e in out if isinstance(e, ev.PreemptionRequested)]
+        busy = [e for e in out if not isinstance(e, ev.JobPending)]
+        if not busy and not any(s.state.jobs[j].preemption is not None for j in s.state.running):
+            return preempted
+    raise AssertionError(f"no rest after {most} cycles at t={now}: preempted {preempted}")
+
+
+@pytest.mark.parametrize("name", list(CONVERGE))
+def test_cycles_at_one_instant_come_to_rest(name):
+    nodes, setup, want_running, want_preempted, change, want_after = CONVERGE[name]
+    s = Scenario(racks=1, nodes=nodes)
+    setup(s)
+    before = set(s.state.running)
+    assert _until_rest(s, 1000.0) == want_preempted
+    assert set(s.state.running) - before == want_running
+    if change is not None:
+        before = set(s.state.running)
+        change(s)
+        _until_rest(s, s.now)
+        # the head's reserved GPUs were lent, not given: it starts as soon as they free
+        assert set(s.state.running) - before == want_after

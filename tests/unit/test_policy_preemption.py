@@ -6,6 +6,8 @@ import pytest
 
 from gpusched.core import events as ev
 
+from gpusched.policy.config import PRESETS
+
 from .policy_helpers import Scenario, gpus
 
 N0, N1 = gpus("r0n0", *range(8)), gpus("r0n1", *range(8))
@@ -136,6 +138,37 @@ def _no_ping_pong(s):
     s.submit("b2", 4, team="b", at=1000)
 
 
+def _priority_hands_back(s):
+    """Team f (guarantee 4) holds 12 GPUs and wants one more for a normal job; team v
+    (guarantee 0) holds only its low-priority 4-GPU job. The fold allows taking it (v is over its
+    guarantee), but without it v would rank before f (less usage): v's jobs, this one requeued
+    first, would take the GPUs straight back, and f's next job ask again after `min_runtime_s`.
+    (Philly week under full: job 2222 preempted 144 times this way, after the livelock fix.)"""
+    s.team("f", guaranteed=4)
+    s.team("v", guaranteed=0)
+    s.run("f0", N0, at=0, team="f")
+    s.run("f1", gpus("r0n1", 0, 1, 2, 3), at=0, team="f")
+    s.run("low", gpus("r0n1", 4, 5, 6, 7), at=0, team="v", priority="low", preemptible=True)
+    s.submit("hi", 1, team="f", at=1000)
+
+
+def _taken_before(times: int, restart_at: float):
+    """`_reclaim`, but both of rich's jobs were already taken `times` times for poor and last
+    restarted at `restart_at` (r2 ten seconds later)."""
+    def setup(s):
+        s.team("poor", guaranteed=8)
+        s.team("rich", guaranteed=0)
+        s.submit("p", 8, team="poor", at=0)
+        for jid, node, delay in (("r1", N0, 0), ("r2", N1, 10)):
+            t = 0.0
+            for _ in range(times):
+                s.run(jid, node, at=t, team="rich", preemptible=True)
+                s.preempt(jid, "p", at=t + 20)
+                t += 30
+            s.run(jid, node, at=restart_at + delay, team="rich", preemptible=True)
+    return setup
+
+
 def _chaos_flood(s):
     """The chaos demo on 32 GPUs: vision (guaranteed 12, limit 24) holds 20 in preemptible 4-GPU
     batch jobs, nlp (guaranteed 12) its 12, chat (guaranteed 8, limit 12) holds nothing and
@@ -154,7 +187,11 @@ def _chaos_flood(s):
         s.submit(f"c{i:02d}", 1, at=1000, team="chat", priority="interactive")
 
 
-# name: (setup, preset, want decisions of the cycle at t=1000)
+def _BACKOFF():
+    return PRESETS["fairshare"].replace(preempt_backoff_max_s=3600.0)
+
+
+# name: (setup, preset (or a function returning a config), want decisions of the cycle at t=1000)
 CASES = {
     "higher priority preempts a lower-priority preemptible job (killed, no checkpoint)": (
         _priority, "preempt", [("preempt", "lo", "hi"), ("release", "lo", True), ("grant", "hi")]),
@@ -180,6 +217,14 @@ CASES = {
         _reclaim_only_to_the_guarantee, "fairshare", []),
     "reclaim never leaves the victim's team as short as the reclaimer (no ping-pong)": (
         _no_ping_pong, "fairshare", []),
+    "no preemption across teams that would rank the victim's team first again": (
+        _priority_hands_back, "fairshare", []),
+    "back-off (opt-in): a job taken twice waits min_runtime_s * 4 before another team may take it again": (
+        _taken_before(2, 200.0), _BACKOFF, []),
+    "back-off (opt-in): once it has passed, the job may be taken again": (
+        _taken_before(1, 200.0), _BACKOFF, [("preempt", "r2", "p"), ("release", "r2", True), ("grant", "p")]),
+    "back-off is off by default: min_runtime_s alone protects a job taken before": (
+        _taken_before(2, 200.0), "fairshare", [("preempt", "r2", "p"), ("release", "r2", True), ("grant", "p")]),
     "chaos flood: one 4-GPU victim of the team over its share serves four 1-GPU jobs": (
         _chaos_flood, "fairshare", [("preempt", "v0", "c00"), ("release", "v0", True), ("grant", "c00"),
                                     ("grant", "c01"), ("grant", "c02"), ("grant", "c03")]),
@@ -193,7 +238,7 @@ def test_preemption(name):
     setup, preset, want = CASES[name]
     s = Scenario(racks=1, nodes=2)
     setup(s)
-    out = s.cycle(preset, now=1000)
+    out = s.cycle(preset() if callable(preset) else preset, now=1000)
     assert summary(out) == want
     assert s.state.violations() == []
     if want and want[0][0] == "preempt":

@@ -8,7 +8,10 @@ every known end, oldest start first). With an unknown end the reservation has no
 inf): the set is protected and accumulates as its holders end. Another job may start before the
 head only if it cannot delay it: it fits outside the reserved set, or its time limit ends before
 the reservation is due, or it is preemptible (and its team would be over its guaranteed share) so
-the head can take the GPUs back when its reservation comes due.
+the head can take the GPUs back when its reservation comes due, and the reservation is not due
+already (free or coming free within one checkpoint grace: then the GPUs are the head's, and a
+borrower would only push its start back by a checkpoint). A running borrower counts as ending
+within one grace (it yields on demand), so the reservation stays on the set it lent.
 """
 
 from __future__ import annotations

@@ -46,6 +46,10 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     fairshare_horizon_s: float = 3600.0
     #: Anti-thrash: a job runs at least this long after (re)start before it can be preempted.
     min_runtime_s: float = 300.0
+    #: Anti-thrash across teams, opt-in: a job may be taken for another team (reclaim, or
+    #: priority across teams) only after running `min_runtime_s * 2**preemptions` since its
+    #: (re)start, at most this long (None: off; `min_runtime_s` alone applies).
+    preempt_backoff_max_s: float | None = None
     #: How long a preempted job has to checkpoint before its GPUs are taken back.
     checkpoint_grace_s: float = 60.0
     #: How many blocked jobs per cycle may trigger preemption (bounds the cost of a cycle).

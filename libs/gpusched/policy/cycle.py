@@ -75,6 +75,7 @@ class _Cycle:
         self.incoming: dict[str, int] = {}  # team -> GPUs its blocked jobs claimed from `coming`
         self._fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
         self.ridx = running_index(state)
+        self.borrowed: set[str] = set()  # preemptible jobs backfilled this cycle (they yield)
         self.head: Job | None = None
         self.reservation: Reservation | None = None
         self._outside: Pool | None = None  # the pool less the reservation
@@ -186,6 +187,8 @@ class _Cycle:
         if self.coming is not None:
             self.coming.remove(p.gpus)  # a GPU an earlier claim counted on: that claim is void
         self._adjust(job.team, len(p.gpus))
+        if backfill and job.spec.preemptible:
+            self.borrowed.add(job.job_id)
         self.started.append((job, p.gpus))
         self.reasons.pop(job.job_id, None)
 
@@ -276,14 +279,24 @@ class _Cycle:
 
     def _holders(self) -> Iterator[tuple[float, Job, list[GpuId]]]:
         """Every job holding GPUs as this cycle sees it, soonest expected end first: known ends
-        (time limits, preemption deadlines) sorted, then unknown ends in start order."""
+        (time limits, preemption deadlines, borrowers) sorted, then unknown ends in start order.
+        A borrower yields on demand, so its GPUs count as free within one checkpoint grace: the
+        head's reservation stays on the set it lent (counted as an unknown end, the newest of
+        all, the set would move to older holders when the rest of it frees, and the loan and
+        the GPUs next to it would be taken for good)."""
         st, now, config = self.state, self.now, self.config
         known: list[tuple[float, int, Job, list[GpuId]]] = []
         unknown: list[tuple[float, int, Job, list[GpuId]]] = []
         skip = self.released
         inflight = self.inflight
-        for i, jid in enumerate(self.ridx.timed):
+        lent = self.ridx.borrowers
+        soon = now + self._grace()
+        for i, jid in enumerate(lent):
             if jid not in skip and jid not in inflight:
+                job = st.jobs[jid]
+                known.append((min(soon, expected_end(job, now, config)), (1 << 30) + i, job, job.gpus))
+        for i, jid in enumerate(self.ridx.timed):
+            if jid not in skip and jid not in inflight and jid not in lent:
                 job = st.jobs[jid]
                 known.append((expected_end(job, now, config), i, job, job.gpus))
         for i, jid in enumerate(inflight):
@@ -292,9 +305,12 @@ class _Cycle:
                 known.append((expected_end(job, now, config), -1 - i, job, job.gpus))
         for i, (job, gpus) in enumerate(self.started):
             end = expected_end(job, now, config) if job.spec.time_limit_s is not None else math.inf
+            if job.job_id in self.borrowed:
+                end = min(end, soon)
             (known if end < math.inf else unknown).append((end, (1 << 40) + i, job, gpus))
         timed = self.ridx.timed
-        lazy = (st.jobs[jid] for jid in st.running if jid not in timed and jid not in inflight and jid not in skip)
+        lazy = (st.jobs[jid] for jid in st.running
+                if jid not in timed and jid not in inflight and jid not in skip and jid not in lent)
         if config.unknown_runtime_s is not None:  # every end is known: one sorted list
             known.extend((expected_end(j, now, config), (1 << 20) + i, j, j.gpus) for i, j in enumerate(lazy))
             known.extend(unknown)
@@ -318,7 +334,7 @@ class _Cycle:
     def _backfill_fit(self, job: Job, room: int | None) -> Placement | None:
         """A placement for `job` that cannot delay the reserved head, or None: outside the
         reserved set, or anywhere if its time limit ends before the reservation is due, or if it
-        is preemptible and will yield (`borrow`)."""
+        is preemptible and will yield (`borrow`) while the reservation is not yet due."""
         res = self._reserve()
         if res is None:
             return self._fit(job, self.pool, room)  # the head can never fit as the cluster is
@@ -332,12 +348,22 @@ class _Cycle:
                 return q
         if res.known and spec.time_limit_s is not None and self.now + spec.time_limit_s <= res.at:
             return self._fit(job, self.pool, room)
-        if self.config.preemption and self.config.borrow and spec.preemptible:
+        if self.config.preemption and self.config.borrow and spec.preemptible and not self._due_soon(res):
             t = self.state.teams.get(job.team)
             guaranteed = t.quota.guaranteed if t is not None else 0
             if job.team == self.head.team or self.held(job.team) + lo > guaranteed:
                 return self._fit(job, self.pool, room)  # it yields when the head could start
         return None
+
+    def _grace(self) -> float:
+        """How long a job asked to yield may take to checkpoint."""
+        return self.config.checkpoint_grace_s if self.config.checkpoint else 0.0
+
+    def _due_soon(self, res: Reservation) -> bool:
+        """The reserved set is free or comes free within one checkpoint grace (its holders are
+        being preempted, are borrowers, or end by their time limit): the GPUs are the head's. A
+        borrower would have to yield at once, pushing the head's start back by its checkpoint."""
+        return res.known and res.at <= self.now + self._grace()
 
     # --- shrink and preemption ---------------------------------------------------------------
 
@@ -558,7 +584,16 @@ class _Cycle:
         """Backfilled preemptible jobs yield to the blocked head as soon as evicting them lets it
         start: they started ahead of it on the promise not to delay it, so neither priority nor
         `min_runtime_s` protects them (the fold's fairness rule still does). The head's start
-        moves by at most the checkpoint grace."""
+        moves by at most the checkpoint grace (none where the set was already due when they
+        started: then they may not borrow it, see `_due_soon`).
+
+        One thing does protect them: the eviction must leave the borrower's team ranked after
+        the head's (`preemption._Rule.keeps_order`). The head is whoever leads the queue this
+        cycle; a borrower pushed its team down the order when it started, and evicting it may
+        lift that team back above the head's. Its jobs would then lead the next walk and take
+        the freed GPUs (another borrow, or a start ahead of the head), that team would sink
+        again, this head lead again and evict again: a livelock within one instant where
+        checkpoints take no time (Philly week, ideal runtime, t=340549 s)."""
         st = self.state
         cands = [st.jobs[j] for j in self.ridx.borrowers
                  if j not in self.released and j not in self.inflight and j not in self.shrunk]
