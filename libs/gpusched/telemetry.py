@@ -247,6 +247,13 @@ def append_headers(event: Any, headers: dict[str, str]) -> dict[str, str]:
     (this is how a job's trace crosses services through the log), else a new trace."""
     if _disabled or "traceparent" in headers:
         return headers
+    if not _processors:  # nothing exports spans in this process: carry the context on, make no span
+        if _has_active_span():
+            inject(headers)
+        else:
+            job = _job_of(event)
+            headers.update(_job_context.get(job, {}) if job else {})
+        return headers
     parent = None if _has_active_span() else (_job_ctx_for(event))
     kind = type(event).__name__
     attrs = {"gpusched.event": kind, "messaging.system": "nats", "messaging.operation": "publish"}
