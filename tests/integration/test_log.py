@@ -182,3 +182,18 @@ async def test_replay_verify_names_an_injected_double_grant_and_over_limit_grant
     assert at_three["last_seq"] == over - 1 and [v["rule"] for v in at_three["violations"]] == ["double_booking"]
     bad = run_replay(nats_url, "--until", "yesterday")
     assert bad.returncode != 0 and "neither a sequence number nor an ISO time" in bad.stderr
+
+
+async def test_the_alloc_tree_stays_bounded_however_many_jobs(event_log):
+    """The CAS check's cost grows with the distinct subjects under the alloc tree, so jobs share
+    a bounded set of shards there; their info subjects stay per job."""
+    await event_log.append(node("n0", gpus=600))
+    grants = [ev.GpusGranted(at=2, job_id=f"j{i}", attempt=1, gpus=[f"n0/{i}"]) for i in range(600)]
+    await asyncio.gather(*(event_log.append(submit(f"j{i}", gpus=1)) for i in range(600)))
+    for i in range(0, 600, 200):
+        await event_log.append_batch(grants[i:i + 200])
+    alloc = await event_log.js.stream_info(subjects.STREAM, subjects_filter=subjects.ALLOC_TREE)
+    info = await event_log.js.stream_info(subjects.STREAM, subjects_filter="gpusched.evt.info.>")
+    assert len(alloc.state.subjects) <= 1 + subjects.ALLOC_SHARDS  # NodeRegistered + GpusGranted shards
+    assert len(info.state.subjects) == 600
+    assert subjects.event_subject(grants[7]).startswith("gpusched.evt.alloc.GpusGranted.s")

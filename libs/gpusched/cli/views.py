@@ -331,7 +331,8 @@ async def job_history(event_log, job_id: str) -> list[Any]:
     """Every fact about a job, plus the preemptions made for it, in log order."""
     from gpusched.bus import subjects as subj
 
-    own = await read_subject(event_log, subj.job_filter(job_id))
+    own = [r for subject in subj.job_subjects(job_id) for r in await read_subject(event_log, subject)
+           if getattr(r.event, "job_id", None) == job_id]
     served = [r for r in await read_subject(event_log, "gpusched.evt.*.PreemptionRequested.*")
               if getattr(r.event, "for_job", None) == job_id]
     return sorted(own + served, key=lambda r: r.seq)
