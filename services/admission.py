@@ -24,7 +24,6 @@ from opentelemetry.trace import SpanKind
 
 from gpusched import telemetry
 from gpusched.bus import subjects
-from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
 from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
 from gpusched.core.model import LEVEL_RANK
@@ -277,15 +276,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    event_log = await EventLog.open(args.nats, name="gpusched-admission")
-    folded = FoldedLog(event_log)
-    await folded.start()
+    folded = await FoldedLog.open(args.nats, name="gpusched-admission")
     admission = Admission(folded, AdmissionConfig(strict_teams=getattr(args, "strict_teams", False)))
-    sub = await event_log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
+    sub = await folded.log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
                                        pending_msgs_limit=1_000_000, pending_bytes_limit=-1)
     log.info("admission_ready", seq=folded.seen_seq)
     await stop.wait()
     await sub.unsubscribe()
     await admission.drain()
-    await folded.stop()
-    await event_log.close()
+    await folded.close()

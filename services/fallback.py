@@ -119,12 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    from gpusched.bus.log import EventLog
-
-    event_log = await EventLog.open(args.nats, name="gpusched-fallback")
     redis = connect_redis(args.redis)
-    folded = FoldedLog(event_log)
-    await folded.start()
+    folded = await FoldedLog.open(args.nats, name="gpusched-fallback")
     own = Lease(redis, args.lease_key, owner_id("fallback"), args.lease_ttl_ms)
     grace_s = (args.grace_ms if args.grace_ms is not None else args.lease_ttl_ms) / 1000.0
     fallback = Fallback(folded, redis, own, args.placement_lease_key, grace_s)
@@ -132,6 +128,5 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     try:
         await fallback.run(stop)
     finally:
-        await folded.stop()
-        await event_log.close()
+        await folded.close()
         await redis.aclose()

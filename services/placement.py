@@ -335,13 +335,9 @@ def topo_decider(policy: str, overrides: list[str] | None = None) -> Decide:
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    from gpusched.bus.log import EventLog
-
     decide = topo_decider(args.policy, args.policy_set)
-    event_log = await EventLog.open(args.nats, name="gpusched-placement")
     redis = connect_redis(args.redis)
-    folded = FoldedLog(event_log)
-    await folded.start()
+    folded = await FoldedLog.open(args.nats, name="gpusched-placement")
     lease = Lease(redis, args.lease_key, owner_id("placement"), args.lease_ttl_ms)
     placement = Placement(folded, lease, decide, debounce_s=args.debounce_ms / 1000.0, tick_s=args.tick_ms / 1000.0,
                           max_reasons=args.max_reasons)
@@ -349,6 +345,5 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     try:
         await placement.run(stop)
     finally:
-        await folded.stop()
-        await event_log.close()
+        await folded.close()
         await redis.aclose()

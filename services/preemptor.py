@@ -63,16 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    from gpusched.bus.log import EventLog
-
     config = policy_config(args.policy, args.policy_set)
-    event_log = await EventLog.open(args.nats, name="gpusched-preemptor")
-    folded = FoldedLog(event_log)
-    await folded.start()
+    folded = await FoldedLog.open(args.nats, name="gpusched-preemptor")
     preemptor = Preemptor(folded, config, tick_s=args.tick_ms / 1000.0)
     log.info("preemptor_ready", seq=folded.seen_seq, policy=args.policy)
     try:
         await preemptor.run(stop)
     finally:
-        await folded.stop()
-        await event_log.close()
+        await folded.close()

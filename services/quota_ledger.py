@@ -146,19 +146,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    from gpusched.bus.log import EventLog
-
-    event_log = await EventLog.open(args.nats, name="gpusched-quota-ledger")
     redis = connect_redis(args.redis)
-    folded = FoldedLog(event_log)
-    await folded.start()
+    folded = await FoldedLog.open(args.nats, name="gpusched-quota-ledger")
     ledger = QuotaLedger(folded, redis, args.interval_ms / 1000.0)
-    sub = await event_log.nc.subscribe(subjects.Q_SHARES, queue="quota_ledger", cb=ledger.on_request)
+    sub = await folded.log.nc.subscribe(subjects.Q_SHARES, queue="quota_ledger", cb=ledger.on_request)
     log.info("quota_ledger_ready", seq=folded.seen_seq)
     try:
         await ledger.run(stop)
     finally:
         await sub.unsubscribe()
-        await folded.stop()
-        await event_log.close()
+        await folded.close()
         await redis.aclose()

@@ -39,6 +39,17 @@ class FoldedLog:
         self.seen_seq = 0
         self.alloc_seq = 0
 
+    @classmethod
+    async def open(cls, url: str | None, name: str) -> FoldedLog:
+        """Connect, replay what exists and keep following: what every service starts with."""
+        folded = cls(await EventLog.open(url, name=name))
+        await folded.start()
+        return folded
+
+    async def close(self) -> None:
+        await self.stop()
+        await self.log.close()
+
     async def start(self) -> None:
         """Replay what exists, then keep following in the background."""
         if metrics.ENABLED:
