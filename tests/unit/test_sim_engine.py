@@ -13,7 +13,7 @@ from gpusched.cli.main import main
 from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
 from gpusched.sim.engine import Cluster, Simulation, SimViolation
-from gpusched.sim.metrics import jain
+from gpusched.sim.metrics import eta_error, jain
 from gpusched.sim.report import policy_config, runtime_model, simulate
 from gpusched.sim.runtime import IDEAL, REALISTIC, RuntimeModel
 from gpusched.sim.traces import TraceJob, load_trace
@@ -217,3 +217,18 @@ def test_livelock_is_reported_not_spun():
                      cycle=flapping, stall_cycles=50)
     with pytest.raises(Exception, match="livelock at t=0s"):
         sim.run()
+
+
+def test_eta_error_of_pending_estimates():
+    """One 8-GPU node. a runs 100 s with a 100 s time limit; b (team y, at 10 s) is told it
+    starts when a's limit ends, at 100. At 100, fair share puts team x's d (under its larger
+    guarantee) first, so b starts at 110: its estimate was 10 s late."""
+    jobs = [job("a", 0, 100, 8, "x", time_limit_s=100), job("b", 10, 100, 8, "y", time_limit_s=200),
+            job("d", 20, 10, 8, "x")]
+    sim = Simulation(jobs, Cluster.parse("1x1x8"), PRESETS["full"], IDEAL, policy_name="full")
+    m = sim.run()
+    assert {j: r.first_start for j, r in sim.runs.items()} == {"a": 0, "b": 110, "d": 100}
+    assert sim.eta_errors == [pytest.approx(10.0)]
+    assert m["eta_error"] == {"predictions": 1, "median_abs_s": 10.0, "p90_abs_s": 10.0, "late_share": 1.0}
+    assert eta_error([0.0, -150.0, 30.0]) == {"predictions": 3, "median_abs_s": 30.0, "p90_abs_s": 126.0,
+                                              "late_share": 0.3333}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..core import events as ev
 from ..core.model import GpuInfo, JobSpec, TeamQuota, TopologyConstraint, nvlink_domains
 from ..core.state import ClusterState, Violation
-from .metrics import Recorder
+from .metrics import Recorder, eta_error
 from .runtime import REALISTIC, RuntimeModel
 from .traces import TraceJob
 
@@ -192,6 +192,8 @@ class Simulation:
         self._seq = 0
         self.now = 0.0
         self.cycles = 0
+        self._eta: dict[str, list[float]] = {}  # job -> every start the policy predicted (JobPending.eta_s)
+        self.eta_errors: list[float] = []  # actual start - predicted start, for every prediction made
         self.wall_s = 0.0
         self._dirty = False
         self._last_decided: deque[list[ev.Event]] = deque(maxlen=4)
@@ -284,6 +286,10 @@ class Simulation:
             if isinstance(e, ev.GpusGranted):
                 started.append(e.job_id)
                 self._granted(self.runs[e.job_id], e, t)
+                self.eta_errors.extend(t - predicted for predicted in self._eta.pop(e.job_id, ()))
+            elif isinstance(e, ev.JobPending) and e.eta_s is not None:
+                # a later withdrawal ("ETA unknown") does not excuse what a user was shown
+                self._eta.setdefault(e.job_id, []).append(e.at + e.eta_s)
             elif isinstance(e, ev.JobResized):
                 self._resized(self.runs[e.job_id], e, t)
             elif isinstance(e, ev.PreemptionRequested):
@@ -417,6 +423,7 @@ class Simulation:
             "unfinished": sum(1 for r in self.runs.values() if r.mode != "done"),
             "events": self.state.events,
             "cycles": self.cycles,
+            "eta_error": eta_error(self.eta_errors),
             "sim_wall_s": round(self.wall_s, 3),
         })
         return out

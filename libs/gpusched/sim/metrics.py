@@ -182,5 +182,17 @@ class Recorder:
         }
 
 
+def eta_error(errors: list[float]) -> dict:
+    """How good the start estimates of `gpusched show` are: for every job that started while a
+    prediction stood, actual start minus predicted start (negative: it started early)."""
+    absolute = [abs(e) for e in errors]
+    return {
+        "predictions": len(errors),
+        "median_abs_s": _r(percentile(absolute, 50)) if errors else None,
+        "p90_abs_s": _r(percentile(absolute, 90)) if errors else None,
+        "late_share": _r(sum(1 for e in errors if e > 1e-6) / len(errors), 4) if errors else None,
+    }
+
+
 def _r(x: float, digits: int = 1) -> float:
     return round(float(x), digits)
