@@ -27,6 +27,7 @@ from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog, append_cas
 
 from .lease import PLACEMENT_LEASE_KEY, Lease, connect_redis, owner_id
+from .projector import load_snapshot
 from .shell import common_arguments, wait_wake
 
 log = structlog.get_logger()
@@ -337,7 +338,8 @@ def topo_decider(policy: str, overrides: list[str] | None = None) -> Decide:
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     decide = topo_decider(args.policy, args.policy_set)
     redis = connect_redis(args.redis)
-    folded = await FoldedLog.open(args.nats, name="gpusched-placement")
+    # snapshot + tail: a restarted (or standby) placement is ready in the time of the tail
+    folded = await FoldedLog.open(args.nats, name="gpusched-placement", snapshot=await load_snapshot(redis))
     lease = Lease(redis, args.lease_key, owner_id("placement"), args.lease_ttl_ms)
     placement = Placement(folded, lease, decide, debounce_s=args.debounce_ms / 1000.0, tick_s=args.tick_ms / 1000.0,
                           max_reasons=args.max_reasons)

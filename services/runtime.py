@@ -40,22 +40,29 @@ class FoldedLog:
         self.alloc_seq = 0
 
     @classmethod
-    async def open(cls, url: str | None, name: str) -> FoldedLog:
-        """Connect, replay what exists and keep following: what every service starts with."""
+    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None) -> FoldedLog:
+        """Connect, replay what exists (from `snapshot` on, when one is given) and keep
+        following: what every service starts with."""
         folded = cls(await EventLog.open(url, name=name))
-        await folded.start()
+        await folded.start(snapshot)
         return folded
 
     async def close(self) -> None:
         await self.stop()
         await self.log.close()
 
-    async def start(self) -> None:
-        """Replay what exists, then keep following in the background."""
+    async def start(self, snapshot: ClusterState | None = None) -> None:
+        """Replay what exists, then keep following in the background. A snapshot (the fold as of
+        its `last_seq`, e.g. the projector's in Redis) makes a restart replay only the tail; one
+        from beyond the end of this stream (a stream created anew) is ignored."""
         if metrics.ENABLED:
             metrics.attach(self)
         target = await self.log.last_seq()
-        if target == 0:
+        if snapshot is not None and self.seen_seq == 0 and 0 < snapshot.last_seq <= target:
+            if snapshot.half_life_s == self.state.half_life_s:
+                self.state = snapshot
+                self.seen_seq, self.alloc_seq = snapshot.last_seq, snapshot.last_alloc_seq
+        if self.seen_seq >= target:
             self._caught_up.set()
         self._task = asyncio.create_task(self._follow(target), name="fold-follow")
         await self._caught_up.wait()
