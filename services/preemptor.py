@@ -21,6 +21,7 @@ from gpusched.core import events as ev
 from gpusched.services.runtime import FoldedLog
 
 from .placement import decide_and_append, policy_arguments, policy_config
+from .projector import load_snapshot_from
 from .shell import common_arguments, wait_wake
 
 log = structlog.get_logger()
@@ -64,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = policy_config(args.policy, args.policy_set)
-    folded = await FoldedLog.open(args.nats, name="gpusched-preemptor")
+    folded = await FoldedLog.open(args.nats, name="gpusched-preemptor", snapshot=await load_snapshot_from(args.redis))
     preemptor = Preemptor(folded, config, tick_s=args.tick_ms / 1000.0)
     log.info("preemptor_ready", seq=folded.seen_seq, policy=args.policy)
     try:

@@ -266,6 +266,17 @@ async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = 7 * 24 * 
     return state
 
 
+async def load_snapshot_from(redis_url: str | None) -> ClusterState | None:
+    """The latest snapshot from the Redis at `redis_url`, or None (no Redis, no snapshot)."""
+    from .lease import connect_redis
+
+    r = connect_redis(redis_url)
+    try:
+        return await load_snapshot(r)
+    finally:
+        await r.aclose()
+
+
 async def fold_log(event_log: EventLog, state: ClusterState | None = None, until: int | None = None) -> ClusterState:
     """Fold the log (from a snapshot's sequence when given one) up to `until` (default: now)."""
     state = state or ClusterState()
