@@ -280,6 +280,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     admission = Admission(folded, AdmissionConfig(strict_teams=getattr(args, "strict_teams", False)))
     sub = await folded.log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
                                        pending_msgs_limit=1_000_000, pending_bytes_limit=-1)
+    await folded.log.nc.flush()  # "ready" means the server routes commands here
     log.info("admission_ready", seq=folded.seen_seq)
     await stop.wait()
     await sub.unsubscribe()

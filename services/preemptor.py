@@ -26,7 +26,8 @@ from .shell import common_arguments, wait_wake
 
 log = structlog.get_logger()
 
-PREEMPTOR_KINDS = (ev.PreemptionRequested, ev.GpusReleased)
+#: Also the end of jobs past their time limit: like a forced release, a deadline passing.
+PREEMPTOR_KINDS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobFailed)
 
 
 class Preemptor:

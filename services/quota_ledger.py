@@ -150,6 +150,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     folded = await FoldedLog.open(args.nats, name="gpusched-quota-ledger")
     ledger = QuotaLedger(folded, redis, args.interval_ms / 1000.0)
     sub = await folded.log.nc.subscribe(subjects.Q_SHARES, queue="quota_ledger", cb=ledger.on_request)
+    await folded.log.nc.flush()
     log.info("quota_ledger_ready", seq=folded.seen_seq)
     try:
         await ledger.run(stop)

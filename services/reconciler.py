@@ -182,6 +182,7 @@ class Reconciler:
         await self.folded.start()
         self.obs.started_at = time.time()
         self._sub = await self.log.nc.subscribe(subjects.HEARTBEATS, cb=self._on_heartbeat)
+        await self.log.nc.flush()
         self._task = asyncio.create_task(self._loop(), name="reconciler")
         log.info("reconciler_ready", seq=self.folded.seen_seq, config=self.cfg.__dict__)
 

@@ -93,3 +93,20 @@ async def test_fair_share_reclaims_gpus_from_a_team_over_its_share(harness):
     shares = await h.client.shares()
     assert shares["teams"]["a"]["standing"] == "within" and shares["teams"]["b"]["held"] == 4
     assert shares["teams"]["a"]["entitled"] == 4.0
+
+
+async def test_a_job_past_its_time_limit_is_ended_and_its_gpus_go_to_the_next(harness):
+    """Reservations and backfill count on time limits: an overrunning job is ended (as Slurm's
+    TIMEOUT) by the preemptor, and the waiting job gets the GPUs."""
+    h = harness
+    await _control_plane(h)
+    short = await h.submit(team="a", gpus=8, time_limit_s=1.5)
+    await h.wait_for("short granted", lambda s: h.holding(short))
+    await h.run_job(short)
+    waiting = await h.submit(team="b", gpus=8)
+    await h.wait_for("time limit enforced", lambda s: s.jobs[short].state == "failed", timeout=10)
+    assert h.state.jobs[short].end_reason == "time limit of 1.5 s exceeded"
+    await h.wait_for("the next job granted", lambda s: h.holding(waiting))
+    [grant] = [e for e in h.events(ev.GpusGranted) if e.job_id == short]
+    [end] = [e for e in h.events(ev.JobFailed) if e.job_id == short]
+    assert end.at - grant.at >= 1.5

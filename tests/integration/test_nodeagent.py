@@ -34,6 +34,7 @@ async def test_registration_and_heartbeats(nats_url, tmp_path):
             beats.setdefault(hb.node, []).append(hb)
 
         sub = await c.log.nc.subscribe(subjects.HEARTBEATS, cb=on_hb)
+        await c.log.nc.flush()
         await c.start_nodes(["a0", "a1"], gpus=4, nvlink="pairs", racks=["r0", "r1"])
         node = c.state.nodes["a0"]
         assert (node.rack, node.address, node.nvlink) == ("r0", "127.0.0.1", "pairs")

@@ -58,6 +58,7 @@ async def test_job_trace_crosses_services(nats_url, spans):
             await msg.respond(str(seq).encode())
 
     await adm.nc.subscribe(subjects.CMD_SUBMIT, cb=on_submit)
+    await adm.nc.flush()  # the server knows the responder before the request is sent
 
     async def placement(rec, log):  # a decision about the job: the grant continues its trace by itself
         if rec.event.kind == "JobSubmitted":

@@ -232,3 +232,14 @@ def test_eta_error_of_pending_estimates():
     assert m["eta_error"] == {"predictions": 1, "median_abs_s": 10.0, "p90_abs_s": 10.0, "late_share": 1.0}
     assert eta_error([0.0, -150.0, 30.0]) == {"predictions": 3, "median_abs_s": 30.0, "p90_abs_s": 126.0,
                                               "late_share": 0.3333}
+
+
+def test_a_job_past_its_time_limit_is_ended():
+    """One 8-GPU node: a needs 200 s of work but has a 100 s limit; it is ended at 100 and b,
+    waiting, starts then."""
+    jobs = [job("a", 0, 200, 8, "x", time_limit_s=100), job("b", 10, 50, 8, "y")]
+    sim = Simulation(jobs, Cluster.parse("1x1x8"), PRESETS["full"], IDEAL, policy_name="full")
+    m = sim.run()
+    assert (sim.runs["a"].finish, sim.runs["a"].timed_out) == (100, True)
+    assert sim.runs["b"].first_start == 100 and m["timed_out"] == 1
+    assert sim.state.jobs["a"].state == "failed" and sim.state.violations() == []

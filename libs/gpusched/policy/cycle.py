@@ -93,6 +93,7 @@ class _Cycle:
     # --- steps -------------------------------------------------------------------------------
 
     def run(self) -> list[ev.Event]:
+        self.expire()
         if self.config.preemption:
             self.settle()
         self.walk()
@@ -121,9 +122,25 @@ class _Cycle:
                 self.leaving[job.team] = self.leaving.get(job.team, 0) + len(job.gpus)
                 self.inflight_gpus += len(job.gpus)
 
+    def expire(self) -> None:
+        """A job past its time limit ends (Slurm's TIMEOUT): reservations and backfill count on
+        time limits, so a job that overruns must not push the reserved job's start back."""
+        st, now = self.state, self.now
+        for jid in list(st.running):
+            job = st.jobs[jid]
+            limit = job.spec.time_limit_s
+            if limit is not None and job.started_at is not None and now >= job.started_at + limit:
+                self.out.append(ev.JobFailed(at=now, job_id=jid, attempt=job.attempt,
+                                             reason=f"time limit of {limit:g} s exceeded"))
+                self._free(job)
+
     def _release(self, job: Job, forced: bool, lost: float) -> None:
         self.out.append(ev.GpusReleased(at=self.now, job_id=job.job_id, reason="preempted", forced=forced,
                                         lost_gpu_s=round(lost, 6)))
+        self._free(job)
+
+    def _free(self, job: Job) -> None:
+        """The job's GPUs return to this cycle's pool; nothing else may touch the job."""
         self.pool.add(job.gpus)
         if self.coming is not None:
             self.coming.add(job.gpus)

@@ -147,6 +147,7 @@ class _Run:
     overhead_gpu_s: float = 0.0
     preemptions: int = 0
     forced_releases: int = 0
+    timed_out: bool = False  # ended by its time limit before its work was done
 
 
 class Simulation:
@@ -297,6 +298,8 @@ class Simulation:
             elif isinstance(e, ev.GpusReleased):
                 self._dirty = True  # freed GPUs: decide again at once
                 self._stopped(self.runs[e.job_id], t, forced=e.forced)
+            elif isinstance(e, ev.JobFailed):  # past its time limit: its processes are killed
+                self._timed_out(self.runs[e.job_id], t)
         for job_id in started:  # the node daemons start the processes
             job = self.state.jobs[job_id]
             for node in dict.fromkeys(g.rpartition("/")[0] for g in job.gpus):
@@ -357,6 +360,8 @@ class Simulation:
         run.overhead_gpu_s += restore * run.held
         run.resume_at, run.since, run.ckpt_at, run.mode = t + restore, t, t, "running"
         self._plan(run, t)
+        if run.trace.time_limit_s is not None:  # the policy ends an overrunning job then
+            self._push(t + run.trace.time_limit_s, _WAKE)
 
     def _resized(self, run: _Run, e: ev.JobResized, t: float) -> None:
         self._advance(run, t)
@@ -402,6 +407,13 @@ class Simulation:
         run.pending_since = t
         self._dirty = True
 
+    def _timed_out(self, run: _Run, t: float) -> None:
+        self._advance(run, t)
+        run.mode, run.finish, run.held, run.timed_out = "done", t, 0, True
+        run.epoch += 1
+        self.rec.completed(run)
+        self._dirty = True
+
     def _complete(self, run: _Run, t: float) -> None:
         job = self.state.jobs[run.trace.job_id]
         self._apply(ev.JobCompleted(at=t, job_id=run.trace.job_id, attempt=job.attempt))
@@ -424,6 +436,7 @@ class Simulation:
             "events": self.state.events,
             "cycles": self.cycles,
             "eta_error": eta_error(self.eta_errors),
+            "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
             "sim_wall_s": round(self.wall_s, 3),
         })
         return out
