@@ -20,6 +20,17 @@ from ..core.state import ClusterState, Job
 TOP = 8
 
 
+
+def _held_on(state: ClusterState, nodes: list[str]) -> dict[str, int]:
+    """GPUs each job holds on these nodes."""
+    held: dict[str, int] = {}
+    for n in nodes:
+        for g in state.nodes[n].gpus:
+            h = state.gpus[g].holder
+            if h is not None:
+                held[h] = held.get(h, 0) + 1
+    return held
+
 def _domain_keys(state: ClusterState, required: str) -> tuple[str, dict[str, list[str]]]:
     """The topology domains a job with this constraint must fit in: name -> its nodes."""
     rank = LEVEL_RANK[required]
@@ -115,13 +126,7 @@ def _fit_at(state: ClusterState, job: Job, now: float) -> float | None:
         if capacity < need:
             continue
         ends: list[tuple[float, int]] = []
-        holders: dict[str, int] = {}
-        for n in usable:
-            for g in state.nodes[n].gpus:
-                h = state.gpus[g].holder
-                if h is not None:
-                    holders[h] = holders.get(h, 0) + 1
-        for h, count in holders.items():
+        for h, count in _held_on(state, usable).items():
             ends.append((_expected_end(state.jobs[h], now), count))
         ends.sort()
         for at, count in ends:
@@ -175,12 +180,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
         usable = [n for n in nodes if state.nodes[n].usable]
         free = sum(len(state.nodes[n].free) for n in usable)
         total = sum(len(state.nodes[n].gpus) for n in nodes)
-        held_here: dict[str, int] = {}
-        for n in nodes:
-            for g in state.nodes[n].gpus:
-                h = state.gpus[g].holder
-                if h is not None:
-                    held_here[h] = held_here.get(h, 0) + 1
+        held_here = _held_on(state, nodes)
         considered.append({"domain": name, "level": level, "free": free, "total": total,
                            "unavailable": total - free - sum(held_here.values()),
                            "fits": free >= need, "short": max(0, need - free),
