@@ -184,24 +184,11 @@ class Projector:
             if docs:
                 pipe.hset(K["jobs"], mapping=docs)
                 pipe.zadd(K["jobs:order"], order)
-        if nodes:
-            docs = {}
-            for n in nodes:
-                if n in state.nodes:
-                    doc = readmodel.node_doc(state, n)
-                    doc["seq"] = seq
-                    docs[n] = _enc(doc)
+        for key, names, known, make in (("nodes", nodes, state.nodes, readmodel.node_doc),
+                                         ("teams", teams, state.teams, readmodel.team_doc)):
+            docs = {name: _enc({**make(state, name), "seq": seq}) for name in names if name in known}
             if docs:
-                pipe.hset(K["nodes"], mapping=docs)
-        if teams:
-            docs = {}
-            for t in teams:
-                if t in state.teams:
-                    doc = readmodel.team_doc(state, t)
-                    doc["seq"] = seq
-                    docs[t] = _enc(doc)
-            if docs:
-                pipe.hset(K["teams"], mapping=docs)
+                pipe.hset(K[key], mapping=docs)
         if full or self.queue_dirty:
             queue = readmodel.queue_docs(state)
             pipe.delete(K["queue"], K["queue:docs"])
