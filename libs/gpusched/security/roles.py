@@ -1,0 +1,52 @@
+"""Roles and the event kinds each may decide: the one table behind NATS permissions (who may
+publish an event's subject) and `replay --verify` (whose signature an event may carry).
+
+A fact is trusted only if its signer's role decides that kind. Extend `EVENT_WRITERS` when an
+event kind is added: a kind nobody may write cannot be appended, and a test walks every event.
+"""
+
+from __future__ import annotations
+
+#: Services of the control plane, one identity each.
+SERVICE_ROLES = ("admission", "placement", "fallback", "preemptor", "quota_ledger", "reconciler",
+                 "projector", "dashboard")
+#: People and other systems.
+PERSON_ROLES = ("admin", "tenant", "platform", "auditor")
+#: One identity per GPU host.
+NODE_ROLE = "node"
+ROLES = SERVICE_ROLES + PERSON_ROLES + (NODE_ROLE,)
+
+#: Event type name -> the roles that may decide (and so sign and publish) it.
+EVENT_WRITERS: dict[str, frozenset[str]] = {
+    "JobSubmitted": frozenset({"admission"}),
+    "JobRejected": frozenset({"admission"}),
+    "JobCancelled": frozenset({"admission"}),
+    "TeamQuotaSet": frozenset({"admission"}),
+    "NodeDrained": frozenset({"admission"}),
+    "JobPending": frozenset({"placement", "fallback"}),
+    "GpusGranted": frozenset({"placement", "fallback"}),
+    "JobResized": frozenset({"placement"}),
+    "PlacementDegraded": frozenset({"fallback"}),
+    "PlacementRecovered": frozenset({"placement"}),
+    "PreemptionRequested": frozenset({"preemptor"}),
+    "GpusReleased": frozenset({"preemptor", "reconciler"}),
+    "JobFailed": frozenset({"preemptor", "reconciler", NODE_ROLE}),
+    "NodeRegistered": frozenset({NODE_ROLE}),
+    "JobStarted": frozenset({NODE_ROLE}),
+    "CheckpointSaved": frozenset({NODE_ROLE}),
+    "JobCompleted": frozenset({NODE_ROLE}),
+    "NodeLost": frozenset({"reconciler"}),
+    "GpuQuarantined": frozenset({"reconciler"}),
+    "GpuRestored": frozenset({"reconciler", "admission"}),
+    "ZombieDetected": frozenset({"reconciler"}),
+    "ZombieReclaimed": frozenset({"reconciler"}),
+}
+
+
+def may_write(role: str, event_type: str) -> bool:
+    return role in EVENT_WRITERS.get(event_type, frozenset())
+
+
+def kinds_of(role: str) -> frozenset[str]:
+    """The event kinds a role may append."""
+    return frozenset(kind for kind, roles in EVENT_WRITERS.items() if role in roles)
