@@ -1,0 +1,55 @@
+"""The keyring: every registered identity's public key and what it is (role, node, teams).
+
+Written by `gpusched up` / `gpusched user add|revoke` under the data dir (`keys.json`) and read by
+`replay --verify` to check that each fact was signed by a writer whose role decides that kind.
+It holds only public keys, so it can be handed to an auditor with an export of the stream.
+
+File format (JSON): `{"keys": {PUBLIC_NKEY: {"name": ..., "role": ..., "node": ... | null,
+"teams": [...], "revoked_at": UNIX_SECONDS | null}}}`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+
+class Principal(msgspec.Struct, frozen=True, kw_only=True):
+    """Who holds a key: `role` is one of `roles.ROLES`; `node` for node agents; `teams` for
+    tenants (one team) and platforms (the teams they may act for)."""
+
+    name: str
+    role: str
+    node: str | None = None
+    teams: list[str] = []
+    revoked_at: float | None = None
+
+
+class KeyRing(msgspec.Struct, kw_only=True):
+    keys: dict[str, Principal] = {}
+
+    def principal(self, public_key: str) -> Principal | None:
+        return self.keys.get(public_key)
+
+    def add(self, public_key: str, principal: Principal) -> None:
+        self.keys[public_key] = principal
+
+    def by_name(self, name: str) -> tuple[str, Principal] | None:
+        for key, p in self.keys.items():
+            if p.name == name:
+                return key, p
+        return None
+
+
+def load(path: str | os.PathLike) -> KeyRing:
+    return msgspec.json.decode(Path(path).read_bytes(), type=KeyRing)
+
+
+def save(ring: KeyRing, path: str | os.PathLike) -> None:
+    """Write atomically (rename), so a reader never sees half a keyring."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(ring), indent=2))
+    os.replace(tmp, path)
