@@ -2,7 +2,9 @@
 attained service), then job id; with fair share, teams take turns by `fairshare.team_rank` and
 priority orders each team's own queue.
 
-Requeued jobs keep their original submission time, so a preempted job goes back near the front.
+Requeued jobs keep their original submission time, so a preempted job goes back near the front;
+a job requeued by its idle timeout (`Job.yielded_idle`) goes behind its team's queue instead,
+until it is granted again (else it would take back the GPUs it just gave up).
 
 The order is kept by a `QueueIndex`, an incremental memo of the sorted queue (a cache, not
 state: it gives exactly the order a full sort would, and is rebuilt whenever it cannot prove it
@@ -33,7 +35,7 @@ def job_key(job: Job, config: PolicyConfig) -> tuple:
     """Lower sorts first, within one team (or the whole queue without fair share)."""
     prio = -PRIORITY_RANK[job.spec.priority] if config.priority else 0
     attained = job.service_gpu_s if config.las else 0.0  # a pending job holds nothing: static
-    return (prio, attained, job.submitted_at, job.job_id)
+    return (job.yielded_idle, prio, attained, job.submitted_at, job.job_id)
 
 
 class QueueIndex:
