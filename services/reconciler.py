@@ -18,7 +18,7 @@ the alloc tree with deterministic message ids):
   it is idle. After an admin restores such a GPU it is not quarantined again for the same leak.
 
 It also keeps each running job's mean utilization and memory over the last `usage_window_s`
-(the used-versus-held read model, written to Redis when it has one: `USAGE_KEY`).
+(the used-versus-held read model, written to Redis when it has one: `projector.USAGE_KEY`).
 
 `decide` is the pure part (the state, what heartbeats showed, `now`); `Reconciler` is the shell.
 Grace periods must exceed a couple of heartbeat intervals, and `zombie_grace_s` the node
@@ -50,8 +50,6 @@ log = structlog.get_logger()
 
 HEALTH_PREFIX = "health: "
 LEAK_PREFIX = "leaked memory: "
-#: Redis hash of the used-versus-held read model: job id -> JSON (`usage_docs`).
-USAGE_KEY = "gpusched:usage"
 
 
 @dataclass
@@ -402,7 +400,7 @@ class Reconciler:
 
     async def _write_usage(self, docs: dict[str, dict]) -> None:
         """Replace the used-versus-held read model (best effort: it is telemetry, not a fact)."""
-        from gpusched.services.projector import _redis
+        from gpusched.services.projector import USAGE_KEY, _redis
 
         try:
             if self._redis is None:
