@@ -322,3 +322,22 @@ def test_sim_backend_shows_job_utilization_and_injected_leaks():
     assert b.sample()[1].memory_used_mb == 0
     with pytest.raises(ValueError):
         b.inject_leak(7, 1)
+
+
+def test_with_fair_share_the_yielded_job_waits_behind_every_team():
+    s = Scenario(nodes=1, gpus=2)
+    s.team("nb", guaranteed=2)  # under its share: its jobs would lead the order
+    s.run("notebook", ["r0n0/0"], at=0.0, team="nb", priority="interactive")
+    s.run("busy", ["r0n0/1"], at=0.0, team="batch")
+    s.submit("train", team="batch", at=5.0)
+    s.apply(idle_fact("notebook", at=10.0, since=0.0),
+            ev.PreemptionRequested(at=20.0, job_id="notebook", for_job="notebook", reason="idle", deadline=20.0,
+                                   cause="idle"),
+            ev.GpusReleased(at=20.0, job_id="notebook", reason="preempted", forced=True))
+    assert [j.job_id for j in ordered(s.state, 21.0, FULL)] == ["train", "notebook"]
+    out = s.cycle(FULL, now=21.0)
+    assert [e.job_id for e in out if isinstance(e, ev.GpusGranted)] == ["train"]
+    s.finish("busy", at=30.0)
+    out = s.cycle(FULL, now=30.0)
+    assert [e.job_id for e in out if isinstance(e, ev.GpusGranted)] == ["notebook"]
+    assert not s.state.jobs["notebook"].yielded_idle
