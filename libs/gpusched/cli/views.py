@@ -387,7 +387,7 @@ async def job_history(event_log, job_id: str) -> list[Any]:
     own = [r for subject in subj.job_subjects(job_id) for r in await read_subject(event_log, subject)
            if getattr(r.event, "job_id", None) == job_id]
     served = [r for r in await read_subject(event_log, "gpusched.evt.*.PreemptionRequested.*")
-              if getattr(r.event, "for_job", None) == job_id]
+              if getattr(r.event, "for_job", None) == job_id and r.event.job_id != job_id]  # (idle: itself)
     return sorted(own + served, key=lambda r: r.seq)
 
 
