@@ -341,3 +341,42 @@ def test_with_fair_share_the_yielded_job_waits_behind_every_team():
     out = s.cycle(FULL, now=30.0)
     assert [e.job_id for e in out if isinstance(e, ev.GpusGranted)] == ["notebook"]
     assert not s.state.jobs["notebook"].yielded_idle
+
+
+def test_nvml_reset_refuses_a_gpu_with_processes_and_runs_nvidia_smi_otherwise(monkeypatch, tmp_path):
+    import sys
+
+    from gpusched.services.nodeagent.backends import NvmlBackend
+
+    from .test_node_side import FakeNvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    backend = NvmlBackend()
+    s = backend.sample()  # the fields the reconciler reads, from the stand-in driver
+    assert [(g.utilization_pct, g.memory_used_mb, g.pids) for g in s[:2]] == [(50.0, 0, [1000]), (50.0, 1024, [])]
+    assert backend.reset(0).startswith("refused: 1 process")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert backend.reset(1) == "nvidia-smi not found"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\n[ "$1 $2 $3" = "--gpu-reset -i 1" ] && exit 0\necho "bad args: $*" >&2; exit 3\n')
+    smi.chmod(0o755)
+    assert backend.reset(1) == ""
+    assert backend.reset(2) == "bad args: --gpu-reset -i 2"
+    backend.close()
+
+
+@pytest.mark.parametrize("gpu, quarantine, ok, error", [
+    ("n/2", "leaked memory: 4096 MB", True, ""),
+    ("n/2", None, False, "GPU n/2 is not quarantined"),
+    ("n/9", None, False, "unknown GPU 'n/9'"),
+])
+def test_an_operator_restores_a_quarantined_gpu(gpu, quarantine, ok, error):
+    from gpusched.core.commands import RestoreGpu
+    from gpusched.services.admission import AdmissionConfig, Capacity, admit
+
+    state = world(*([ev.GpuQuarantined(at=101, gpu="n/2", reason=quarantine)] if quarantine else []))
+    d = admit(state, RestoreGpu(request_id="r", gpu=gpu, reason="checked by hand"), 200.0, AdmissionConfig(), Capacity())
+    assert d.reply.ok is ok and error in d.reply.error
+    if ok:
+        assert isinstance(d.event, ev.GpuRestored) and "checked by hand" in d.event.reason
+        assert "was: leaked memory" in d.event.reason
