@@ -380,3 +380,47 @@ def test_an_operator_restores_a_quarantined_gpu(gpu, quarantine, ok, error):
     if ok:
         assert isinstance(d.event, ev.GpuRestored) and "checked by hand" in d.event.reason
         assert "was: leaked memory" in d.event.reason
+
+
+# --- the simulator: a trace's utilization ---------------------------------------------------------
+
+
+def _sim(config):
+    from gpusched.sim.engine import Cluster, Simulation
+    from gpusched.sim.runtime import IDEAL
+    from gpusched.sim.traces import TraceJob
+
+    jobs = [TraceJob("nb", 0.0, 36000.0, 2, "lab", "interactive", False, util_pct=0.0),
+            TraceJob("train", 10.0, 3600.0, 2, "lab", "normal", False)]
+    sim = Simulation(jobs, Cluster.parse("1x1x2"), config, IDEAL, policy_name="full")
+    return sim, sim.run()
+
+
+@pytest.mark.parametrize("action, train_start, idle_requeues, idle_ended", [
+    (None, 36000.0, 0, 0),  # no timeout: the idle notebook holds both GPUs for its whole session
+    # yields at 30 min, resumes behind the queue once train is done, and yields again every 30 min:
+    # the 10 h session runs as 20 attempts (the simulator counts the session as the job's work)
+    ("requeue", 1800.0, 19, 0),
+    ("end", 1800.0, 0, 1),
+])
+def test_the_simulator_reports_idle_jobs_and_applies_the_timeout(action, train_start, idle_requeues, idle_ended):
+    config = FULL.replace(idle_timeout_s={} if action is None else {"interactive": 1800.0},
+                          idle_action={} if action is None else {"interactive": action})
+    sim, out = _sim(config)
+    assert sim.runs["train"].first_start == train_start
+    assert (out["idle_requeues"], out["idle_ended"], out["unfinished"]) == (idle_requeues, idle_ended, 0)
+    assert out["idle_reports"] >= 1 and out["held_efficiency"] < 1.0
+    held, busy = sim.state.team_gpu_seconds("lab")
+    assert round(held / 3600, 3) == out["gpu_hours_held"] and round(busy / 3600, 3) == out["gpu_hours_busy"]
+    assert busy == 2 * 3600.0  # train's; the notebook was idle from each start (the evidence is backdated)
+
+
+def test_trace_utilization_column(tmp_path):
+    from gpusched.sim.traces import TraceError, load_csv
+
+    p = tmp_path / "t.csv"
+    p.write_text("job_id,submit_time_s,duration_s,num_gpus,team,util_pct\na,0,10,1,x,0\nb,1,10,1,x,\n")
+    assert [j.util_pct for j in load_csv(p)] == [0.0, None]
+    p.write_text("job_id,submit_time_s,duration_s,num_gpus,team,util_pct\na,0,10,1,x,101\n")
+    with pytest.raises(TraceError, match="util_pct: 101.0 is above 100"):
+        load_csv(p)
