@@ -25,7 +25,15 @@ from opentelemetry.trace import SpanKind
 from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.core import events as ev
-from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
+from gpusched.core.commands import (
+    CancelJob,
+    Command,
+    CommandReply,
+    DrainNode,
+    RestoreGpu,
+    SetTeamQuota,
+    SubmitJob,
+)
 from gpusched.core.model import LEVEL_RANK
 from gpusched.core.state import TERMINAL, ClusterState
 from gpusched.services.runtime import FoldedLog
@@ -39,6 +47,7 @@ SUBJECT_COMMANDS: dict[str, type[Command]] = {
     subjects.CMD_CANCEL: CancelJob,
     subjects.CMD_QUOTA: SetTeamQuota,
     subjects.CMD_DRAIN: DrainNode,
+    subjects.CMD_RESTORE: RestoreGpu,
 }
 _DECODERS = {subject: msgspec.json.Decoder(cls) for subject, cls in SUBJECT_COMMANDS.items()}
 _encode_reply = msgspec.json.Encoder().encode
@@ -170,6 +179,15 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
             return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
         event = ev.NodeDrained(at=now, node=cmd.node, drain=cmd.drain, reason=cmd.reason)
         return Decision(CommandReply(ok=True), event, f"drain-{rid}")
+    if isinstance(cmd, RestoreGpu):
+        g = state.gpus.get(cmd.gpu)
+        if g is None:
+            return Decision(CommandReply(ok=False, error=f"unknown GPU {cmd.gpu!r} (expected NODE/INDEX)"))
+        if g.quarantined is None:
+            return Decision(CommandReply(ok=False, error=f"GPU {cmd.gpu} is not quarantined"))
+        event = ev.GpuRestored(at=now, gpu=cmd.gpu, reason=f"restored by an operator: {cmd.reason or 'no reason given'}"
+                               f" (was: {g.quarantined})")
+        return Decision(CommandReply(ok=True), event, f"restore-{rid}")
     return Decision(CommandReply(ok=False, error=f"unsupported command {type(cmd).__name__}"))
 
 

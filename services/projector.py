@@ -44,6 +44,9 @@ log = structlog.get_logger()
 
 PREFIX = "gpusched:v:"
 SNAPSHOT_KEY = "gpusched:snapshot"
+#: The used-versus-held read model: job id -> mean utilization and memory over the last window.
+#: Written by the reconciler (it holds the heartbeats), read by `jobs`, `show` and the dashboard.
+USAGE_KEY = "gpusched:usage"
 UPDATES_CHANNEL = "gpusched:v:updates"
 TAIL_LEN = 200
 SHARES_LEN = 900
@@ -432,6 +435,14 @@ class Views:
     async def shares(self) -> list[dict[str, Any]]:
         return [msgspec.json.decode(v) for v in await self.r.lrange(K["shares"], 0, -1)]
 
+    async def usage(self) -> dict[str, dict[str, Any]]:
+        """Running jobs' mean utilization and memory (empty without a reconciler writing it)."""
+        try:
+            raw = await self.r.hgetall(USAGE_KEY)
+        except (aioredis.RedisError, OSError):
+            return {}
+        return {k.decode(): msgspec.json.decode(v) for k, v in raw.items()}
+
 
 __all__ = ["Projector", "Views", "rebuild_views", "run", "serve", "add_arguments", "load_snapshot",
-           "save_snapshot", "fold_log", "PREFIX", "SNAPSHOT_KEY", "UPDATES_CHANNEL"]
+           "save_snapshot", "fold_log", "PREFIX", "SNAPSHOT_KEY", "UPDATES_CHANNEL", "USAGE_KEY"]

@@ -40,6 +40,11 @@ QUEUE_SHOWN = 300
 PUSH_MIN_INTERVAL_S = 0.25  # at most 4 pushes a second per page
 
 
+
+def _accounted(doc: dict[str, Any], now: float) -> dict[str, Any]:
+    """A job or team document with its GPU-hours held and busy and its efficiency."""
+    return {**doc, **readmodel.accounting(doc, now)}
+
 class Series:
     """Team holdings over log time, one point per change (coalesced within `every_s`)."""
 
@@ -89,7 +94,7 @@ class Dashboard:
         for name in sorted(state.nodes):
             doc = readmodel.node_doc(state, name)
             racks.setdefault(doc["rack"], []).append(doc)
-        active = [readmodel.job_doc(state, state.jobs[j]) for j in list(state.running)]
+        active = [_accounted(readmodel.job_doc(state, state.jobs[j]), state.now) for j in list(state.running)]
         finished = [j for j in state.jobs.values() if j.state in ("completed", "failed", "cancelled")]
         finished.sort(key=lambda j: (j.finished_at or 0.0), reverse=True)
         queue = readmodel.queue_docs(state)
@@ -100,7 +105,7 @@ class Dashboard:
             "now": state.now,
             "served_at": time.time(),
             "health": health,
-            "teams": [readmodel.team_doc(state, t) for t in teams],
+            "teams": [_accounted(readmodel.team_doc(state, t), state.now) for t in teams],
             "racks": [{"rack": r, "nodes": nodes} for r, nodes in sorted(racks.items())],
             "running": active,
             "queue": queue[:QUEUE_SHOWN],
@@ -205,7 +210,7 @@ async def api_job(request: web.Request) -> web.Response:
     job = state.jobs.get(job_id)
     if job is None:
         raise web.HTTPNotFound(text=json.dumps({"error": f"no job {job_id}"}), content_type="application/json")
-    out: dict[str, Any] = {"job": readmodel.job_doc(state, job)}
+    out: dict[str, Any] = {"job": _accounted(readmodel.job_doc(state, job), state.now)}
     if job.state == "pending":
         out["why_pending"] = explain_pending(state, job_id)
     return web.json_response(out)

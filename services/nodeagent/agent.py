@@ -44,10 +44,12 @@ from .backends import GpuBackend, SimBackend, process_alive
 from gpusched.core.heartbeat import (
     Heartbeat,
     InjectHealth,
+    InjectLeak,
     InjectStray,
     JobReport,
     KillProcesses,
     NodeReply,
+    ResetGpu,
     SimulateCrash,
     decode_request,
 )
@@ -220,7 +222,7 @@ class NodeAgent:
         if proc.spawn_error:
             log.error("job_spawn_failed", job=job.job_id, attempt=job.attempt, node=self.node, error=proc.spawn_error)
             return  # the next poll reports exit code 127
-        self.backend.attach(mine, proc.pid)
+        self.backend.attach(mine, proc.pid, env=spec.env)
         log.info("job_started", job=job.job_id, attempt=job.attempt, node=self.node, pid=proc.pid, gpus=list(mine),
                  rank=spec.node_rank, resume_from=spec.resume_from)
         started = ev.JobStarted(at=time.time(), job_id=job.job_id, attempt=job.attempt, node=self.node, pids=[proc.pid])
@@ -373,12 +375,18 @@ class NodeAgent:
         try:
             if isinstance(req, KillProcesses):
                 return self._kill(req)
+            if isinstance(req, ResetGpu):
+                error = self.backend.reset(req.index)
+                log.warning("gpu_reset", node=self.node, index=req.index, reason=req.reason, error=error)
+                return NodeReply(ok=not error, node=self.node, error=error)
             if not isinstance(self.backend, SimBackend):
                 return NodeReply(ok=False, node=self.node, error=f"{req.__class__.__name__} needs the simulated backend")
             if isinstance(req, InjectStray):
                 self.backend.inject_stray(req.index, req.pid)
             elif isinstance(req, InjectHealth):
                 self.backend.inject_health(req.index, req.healthy, req.xid, req.reason)
+            elif isinstance(req, InjectLeak):
+                self.backend.inject_leak(req.index, req.memory_mb)
             elif isinstance(req, SimulateCrash):
                 self.host.crash(self.node, req.revive_after_s)
         except ValueError as err:

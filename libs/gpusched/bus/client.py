@@ -16,7 +16,15 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from gpusched import telemetry
-from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
+from gpusched.core.commands import (
+    CancelJob,
+    Command,
+    CommandReply,
+    DrainNode,
+    RestoreGpu,
+    SetTeamQuota,
+    SubmitJob,
+)
 from gpusched.core.model import JobSpec, TeamQuota
 
 from . import subjects
@@ -28,6 +36,7 @@ COMMAND_SUBJECTS: dict[type[Command], str] = {
     CancelJob: subjects.CMD_CANCEL,
     SetTeamQuota: subjects.CMD_QUOTA,
     DrainNode: subjects.CMD_DRAIN,
+    RestoreGpu: subjects.CMD_RESTORE,
 }
 
 _reply_decoder = msgspec.json.Decoder(CommandReply)
@@ -90,6 +99,9 @@ class Client:
     async def drain(self, node: str, drain: bool = True, reason: str = "", request_id: str | None = None) -> CommandReply:
         return await self.send(DrainNode(request_id=request_id or new_request_id(), node=node, drain=drain,
                                          reason=reason))
+
+    async def restore_gpu(self, gpu: str, reason: str = "", request_id: str | None = None) -> CommandReply:
+        return await self.send(RestoreGpu(request_id=request_id or new_request_id(), gpu=gpu, reason=reason))
 
     async def shares(self, timeout: float | None = None) -> dict[str, Any]:
         """The quota ledger's standings: `{"seq": ..., "at": ..., "teams": {team: {...}}}`."""

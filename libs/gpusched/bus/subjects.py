@@ -28,6 +28,7 @@ CMD_SUBMIT = "gpusched.cmd.submit"
 CMD_CANCEL = "gpusched.cmd.cancel"
 CMD_QUOTA = "gpusched.cmd.quota"
 CMD_DRAIN = "gpusched.cmd.drain"
+CMD_RESTORE = "gpusched.cmd.restore"
 CMD_ANY = "gpusched.cmd.*"
 
 #: Request/reply subject of the quota ledger's team standings (read models, not facts).

@@ -95,6 +95,11 @@ def cmd_drain(args: argparse.Namespace) -> int:
                 lambda r: f"node {args.node} {'undrained' if args.undo else 'drained'}")
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    return _run(args, lambda c: c.restore_gpu(args.gpu, reason=args.reason),
+                lambda r: f"GPU {args.gpu} back in service")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats", default=None, help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for admission's reply")
@@ -143,3 +148,9 @@ def register(sub) -> None:
     p.add_argument("--reason", default="")
     _common(p)
     p.set_defaults(func=cmd_drain)
+
+    p = sub.add_parser("restore", help="put a quarantined GPU back into service (admin)")
+    p.add_argument("gpu", help="NODE/INDEX, as `gpusched nodes --json` names it")
+    p.add_argument("--reason", default="")
+    _common(p)
+    p.set_defaults(func=cmd_restore)

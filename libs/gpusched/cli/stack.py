@@ -119,6 +119,7 @@ class Stack:
         extra: dict[str, list[str]] = {
             "placement": [*policy, *ttl],
             "preemptor": policy,
+            "reconciler": policy,  # idle_util_pct, idle_after_s
             "fallback": ttl,
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,

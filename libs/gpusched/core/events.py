@@ -88,12 +88,39 @@ class JobStarted(Event, frozen=True, kw_only=True):
 
 
 class PreemptionRequested(Event, frozen=True, kw_only=True):
-    """Ask a running job to checkpoint and yield by `deadline`, naming the job it serves."""
+    """Ask a running job to checkpoint and yield by `deadline`, naming the job it serves.
+    `cause` "idle": the idle timeout of its priority class reclaims an idle job (`for_job` is
+    the job itself; it serves the queue, and waits behind it once requeued)."""
 
     job_id: JobId
     for_job: JobId
     reason: str
     deadline: float
+    cause: Literal["preempt", "idle"] = "preempt"
+
+
+class JobIdle(Event, frozen=True, kw_only=True):
+    """The reconciler saw every GPU of the job under `threshold_pct` utilization for `window_s`
+    (idle since `since`). Appended when the conclusion changes, never per heartbeat. Evidence:
+    the window's mean and highest utilization and mean memory used per GPU."""
+
+    job_id: JobId
+    attempt: int
+    since: float
+    window_s: float
+    threshold_pct: float
+    util_pct: float = 0.0
+    util_pct_max: float = 0.0
+    memory_mb: float = 0.0
+
+
+class JobBusy(Event, frozen=True, kw_only=True):
+    """A job the reconciler had reported idle uses its GPUs again (`util_pct`: the GPU seen busy)."""
+
+    job_id: JobId
+    attempt: int
+    util_pct: float = 0.0
+    gpu: GpuId = ""
 
 
 class CheckpointSaved(Event, frozen=True, kw_only=True):
@@ -168,7 +195,8 @@ class NodeDrained(Event, frozen=True, kw_only=True):
 
 
 class GpuQuarantined(Event, frozen=True, kw_only=True):
-    """An unhealthy GPU (XID, ECC) is kept out of placement."""
+    """An unhealthy GPU (XID, ECC), or one whose memory stays in use with no process on it
+    after its job ended ("leaked memory: ..."), is kept out of placement."""
 
     ALLOC: ClassVar[bool] = True
     gpu: GpuId
@@ -223,6 +251,8 @@ AnyEvent = Union[
     JobResized,
     JobStarted,
     PreemptionRequested,
+    JobIdle,
+    JobBusy,
     CheckpointSaved,
     GpusReleased,
     JobCompleted,

@@ -35,6 +35,8 @@ EVENT_WRITERS: dict[str, frozenset[str]] = {
     "JobStarted": frozenset({NODE_ROLE}),
     "CheckpointSaved": frozenset({NODE_ROLE}),
     "JobCompleted": frozenset({NODE_ROLE}),
+    "JobIdle": frozenset({"reconciler"}),
+    "JobBusy": frozenset({"reconciler"}),
     "NodeLost": frozenset({"reconciler"}),
     "GpuQuarantined": frozenset({"reconciler"}),
     "GpuRestored": frozenset({"reconciler", "admission"}),
