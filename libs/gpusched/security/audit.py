@@ -1,0 +1,203 @@
+"""The audit of a log: fold it and check that every fact is where it should be and was written
+by someone allowed to write it. Pure (no I/O): `gpusched replay --verify` feeds it the live
+stream or an export file; an auditor's machine needs nothing but the file and `keys.json`.
+
+For each stored message, in stream order, `Audit.feed` checks:
+- `missing`: its stream sequence follows the previous one (a deleted message leaves a gap), and
+  its writer's chain number follows that writer's previous fact (a removed fact of a writer);
+- `unsigned`, `malformed_signature`, `bad_signature`: it carries a valid `Gpusched-Sig`;
+- `unknown_signer`, `revoked_signer`: the key is in the keyring and was not revoked when the
+  server stored the message;
+- `forbidden_kind`: the signer's role may decide this kind (`roles.may_write`);
+- `foreign_node`: a node's key states facts only about its own node and the jobs placed on it;
+- `reordered`: its chain number does not go back, it links to its writer's previous fact, and a
+  compare-and-set append was stored right after the alloc-tree sequence it was decided at;
+- `undecodable`: it decodes as an event (otherwise it is dead-lettered and not folded).
+The invariant violations of the fold (`ClusterState.broken`) are reported as before.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Protocol
+
+import msgspec
+
+from gpusched.core import events as ev
+from gpusched.core.model import split_gpu_id
+from gpusched.core.state import ClusterState
+
+from . import roles, signing
+from .keyring import KeyRing, Principal
+
+ALLOC_PREFIX = "gpusched.evt.alloc."
+
+
+class Message(Protocol):
+    """A stored message (`bus.log.RawMessage`, or a line of an export)."""
+
+    seq: int
+    subject: str
+    headers: dict[str, str] | None
+    data: bytes
+    time: float
+
+
+class Finding(msgspec.Struct, frozen=True):
+    seq: int
+    rule: str
+    detail: str
+    signer: str = ""
+
+
+class Audit:
+    """Folds messages and collects trust findings. `keyring` None: no key is known, so every
+    signed fact is `unknown_signer`. `allow_unsigned`: count unsigned facts instead of naming
+    them (legacy logs written before signing)."""
+
+    def __init__(self, keyring: KeyRing | None, allow_unsigned: bool = False, trust: bool = True,
+                 until_time: float | None = None, half_life_s: float | None = 7 * 24 * 3600.0):
+        self.keyring = keyring or KeyRing()
+        self.allow_unsigned = allow_unsigned
+        self.trust = trust  # False: fold only (a plain replay of an export)
+        self.until_time = until_time
+        self.state = ClusterState(half_life_s=half_life_s)
+        self.findings: list[Finding] = []
+        self.verifier = signing.Verifier()
+        self.last_seq = 0
+        self.alloc_seq = 0
+        self.chains: dict[tuple[str, str], tuple[int, str]] = {}  # (signer, chain) -> (n, digest)
+        self.counts = {"messages": 0, "signed": 0, "unsigned": 0}
+        self.placed: dict[str, set[str]] = {}  # job -> every node it was ever granted GPUs on
+
+    def feed(self, msg: Message) -> bool:
+        """Check one message and fold it. False: the message was decided after `until_time`;
+        it is not folded and the replay stops there."""
+        if not self.trust:
+            return self._fold(msg)
+        self.counts["messages"] += 1
+        if msg.seq != self.last_seq + 1:
+            first, last = self.last_seq + 1, msg.seq - 1
+            gap = f"sequence {first}" if first == last else f"sequences {first}..{last}"
+            if msg.seq <= self.last_seq:
+                self._find(msg.seq, "reordered", f"sequence {msg.seq} after {self.last_seq}")
+            else:
+                self._find(first, "missing", f"{gap} missing from the stream (deleted?)")
+        try:
+            event: ev.Event | None = ev.decode_event(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            event = None
+            self._find(msg.seq, "undecodable", str(err)[:200])
+        if event is not None and self.until_time is not None and event.at > self.until_time:
+            return False
+        self._check_signature(msg, event)
+        self.last_seq = max(self.last_seq, msg.seq)
+        if msg.subject.startswith(ALLOC_PREFIX):
+            self.alloc_seq = msg.seq
+        if event is not None:
+            self.state.apply(event, msg.seq)
+            gpus = event.gpus if isinstance(event, ev.GpusGranted) else getattr(event, "added", None)
+            if gpus and isinstance(event, (ev.GpusGranted, ev.JobResized)):
+                self.placed.setdefault(event.job_id, set()).update(split_gpu_id(g)[0] for g in gpus)
+        return True
+
+    def _fold(self, msg: Message) -> bool:
+        try:
+            event = ev.decode_event(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return True  # as the live replay: an undecodable message is skipped
+        if self.until_time is not None and event.at > self.until_time:
+            return False
+        self.state.apply(event, msg.seq)
+        return True
+
+    def _find(self, seq: int, rule: str, detail: str, signer: str = "") -> None:
+        self.findings.append(Finding(seq, rule, detail, signer))
+
+    def _check_signature(self, msg: Message, event: ev.Event | None) -> None:
+        header = (msg.headers or {}).get(signing.SIG_HEADER)
+        if header is None:
+            self.counts["unsigned"] += 1
+            if not self.allow_unsigned:
+                self._find(msg.seq, "unsigned", f"{_kind(event, msg)} carries no {signing.SIG_HEADER} header")
+            return
+        self.counts["signed"] += 1
+        try:
+            sig = signing.parse(header)
+        except ValueError as err:
+            self._find(msg.seq, "malformed_signature", str(err))
+            return
+        data = sig.input(msg.subject, msg.data)
+        if not self.verifier.valid(sig.signer, data, sig.sig):
+            self._find(msg.seq, "bad_signature", f"{_kind(event, msg)}: the signature does not match "
+                       f"the fact or key {sig.signer[:12]}...", sig.signer)
+            return
+        self._check_chain(msg, sig, signing.digest(data))
+        principal = self.keyring.principal(sig.signer)
+        if principal is None:
+            self._find(msg.seq, "unknown_signer", f"{_kind(event, msg)} signed by {sig.signer[:12]}..., "
+                       "a key not in the keyring", sig.signer)
+            return
+        self._check_principal(msg, event, principal, sig.signer)
+
+    def _check_chain(self, msg: Message, sig: signing.Signature, digest: str) -> None:
+        key = (sig.signer, sig.chain)
+        n, prev = self.chains.get(key, (0, "-"))
+        self.chains[key] = (max(n, sig.n), digest)
+        if sig.n <= n:
+            self._find(msg.seq, "reordered", f"fact {sig.n} of writer chain {sig.chain} comes after fact {n}",
+                       sig.signer)
+        elif sig.n > n + 1:
+            self._find(msg.seq, "missing", f"facts {n + 1}..{sig.n - 1} of writer chain {sig.chain} are "
+                       f"missing before this one", sig.signer)
+        elif sig.prev != prev:
+            self._find(msg.seq, "reordered", f"fact {sig.n} of writer chain {sig.chain} does not follow "
+                       "the fact stored before it", sig.signer)
+        if sig.cas != "-" and int(sig.cas) != self.alloc_seq:
+            self._find(msg.seq, "reordered", f"decided at alloc sequence {sig.cas}, stored after "
+                       f"{self.alloc_seq}", sig.signer)
+
+    def _check_principal(self, msg: Message, event: ev.Event | None, p: Principal, key: str) -> None:
+        who = f"{p.name} ({p.role})"
+        if p.revoked_at is not None and msg.time >= p.revoked_at:
+            self._find(msg.seq, "revoked_signer", f"{_kind(event, msg)} signed by {who} after its key "
+                       f"was revoked", key)
+        if event is None:
+            return
+        if not roles.may_write(p.role, event.kind):
+            self._find(msg.seq, "forbidden_kind", f"{event.kind} signed by {who}: only "
+                       f"{', '.join(sorted(roles.EVENT_WRITERS.get(event.kind, ()))) or 'nobody'} may decide it", key)
+        elif p.role == roles.NODE_ROLE:
+            problem = self._foreign(event, p.node or "")
+            if problem:
+                self._find(msg.seq, "foreign_node", f"{event.kind} signed by {who}: {problem}", key)
+
+    def _foreign(self, event: ev.Event, own: str) -> str:
+        """Why a node's fact is about something not its own ('' when it is its own)."""
+        node = getattr(event, "node", None)
+        if node is not None and not fnmatch.fnmatchcase(node, own):
+            return f"about node {node}, not its own {own}"
+        job_id = getattr(event, "job_id", None)
+        if job_id is None:
+            return ""
+        if not any(fnmatch.fnmatchcase(n, own) for n in self.placed.get(job_id, ())):
+            return f"about job {job_id}, which was never placed on {own}"
+        return ""
+
+    # --- results ------------------------------------------------------------------------
+
+    def summary(self) -> dict:
+        """What `replay --json` adds under `trust`: counts and the findings, first one first."""
+        findings = sorted(self.findings, key=lambda f: f.seq)
+        return {
+            **self.counts,
+            "allow_unsigned": self.allow_unsigned,
+            "keys": len(self.keyring.keys),
+            "first": msgspec.to_builtins(findings[0]) if findings else None,
+            "findings": [msgspec.to_builtins(f) for f in findings[:1000]],
+            "total_findings": len(findings),
+        }
+
+
+def _kind(event: ev.Event | None, msg: Message) -> str:
+    return event.kind if event is not None else f"the message on {msg.subject}"
