@@ -62,6 +62,7 @@ async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None
                     break
     finally:
         await log.close()
+    audit.finish()
 
 
 def audit_file(path: str, audit: Audit, until_seq: int | None = None) -> None:
@@ -77,6 +78,7 @@ def audit_file(path: str, audit: Audit, until_seq: int | None = None) -> None:
                 break
     except (ExportError, OSError) as err:
         raise SystemExit(f"gpusched replay: {err}") from None
+    audit.finish()
 
 
 def default_keys_path() -> Path:

@@ -78,6 +78,7 @@ class Child:
     restarts: int = 0
     died_at: float | None = None
     held: bool = False  # stopped on purpose (dashboard control): not restarted
+    env: dict[str, str] = field(default_factory=dict)  # secrets for this child only (not on argv)
 
 
 @dataclass
@@ -124,10 +125,15 @@ class Stack:
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
                           "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2"],
         }
+        env: dict[str, dict[str, str]] = {}
         if "dashboard" in wanted and registry.available("dashboard"):
+            from gpusched.services.dashboard.guard import new_token
+
             port = _preferred_port(a.dashboard_port)
             extra["dashboard"] = ["--port", str(port)]
-            self.dashboard_url = f"http://127.0.0.1:{port}"
+            token = os.environ.get("GPUSCHED_DASHBOARD_TOKEN") or new_token()  # the login, as Jupyter's
+            env["dashboard"] = {"GPUSCHED_DASHBOARD_TOKEN": token}
+            self.dashboard_url = f"http://127.0.0.1:{port}/?token={token}"
         for i, name in enumerate(wanted):
             if name not in registry.SERVICES:
                 raise SystemExit(f"gpusched up: unknown service {name!r}; known: {', '.join(registry.SERVICES)}")
@@ -137,13 +143,13 @@ class Stack:
             argv = extra.get(name, [])
             if a.metrics_port_base and name != "dashboard":  # the dashboard serves /metrics itself
                 argv = [*argv, "--metrics-port", str(a.metrics_port_base + i)]
-            self.children[name] = Child(name, argv)
+            self.children[name] = Child(name, argv, env=env.get(name, {}))
 
     def spawn(self, child: Child) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         child.proc = spawn_service(child.name, self.nats_url, self.redis_url, child.argv_extra,
-                                   log_path=logs / f"{child.name}.log")
+                                   log_path=logs / f"{child.name}.log", env=child.env)
         child.died_at = None
         self.write_state()
 
@@ -154,6 +160,7 @@ class Stack:
             "services": {n: c.proc.pid for n, c in self.children.items() if c.proc is not None},
         }
         tmp = self.data_dir / "stack.json.tmp"
+        tmp.touch(mode=0o600)  # it holds the dashboard's login URL
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.data_dir / "stack.json")
 

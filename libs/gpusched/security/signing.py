@@ -14,7 +14,9 @@ What is signed (`signing_input`), one line each, then the payload bytes as store
 
 The digest of a fact is SHA-256 of that input; the next fact of the same chain signs it as
 `prev`. It travels in one header, `Gpusched-Sig: v1 PUBKEY CHAIN N PREV CAS SIGNATURE`
-(signature base64url, unpadded). A chain is exactly the sequence of facts its writer got acked,
+(signature base64url, unpadded). In an atomic batch only the last fact is signed (the others
+carry "-"): its signature covers the earlier ones through the `prev` links, so a cycle of 64
+grants costs one signature, and a verifier checks one signature per run of linked facts. A chain is exactly the sequence of facts its writer got acked,
 in stream order: a verifier sees a fact removed from the middle (n skips, or prev does not
 match), reordered (n goes back), or forged into a writer's chain (bad signature). What a writer
 appended last cannot be told from a truncated log; the stream's own sequence numbers (no gaps)
@@ -122,6 +124,8 @@ def parse(header: str) -> Signature:
     _, signer, chain, n, prev, cas, sig = parts
     if not n.isdigit() or int(n) < 1 or not (cas == "-" or cas.isdigit()):
         raise ValueError("bad chain number or cas field")
+    if sig == "-":  # a link vouched for by its chain's next signed fact
+        return Signature(signer, chain, int(n), prev, cas, b"")
     try:
         raw = base64.urlsafe_b64decode(sig + "=" * (-len(sig) % 4))
     except (binascii.Error, ValueError):
@@ -180,14 +184,17 @@ class Chain:
 
     def sign(self, facts: list[tuple[str, bytes]], first_cas: int | None = None) -> tuple[list[str], str]:
         """`Gpusched-Sig` headers for (subject, payload) facts n+1..n+k (the chain is not
-        advanced yet) and the digest the chain would end at."""
+        advanced yet) and the digest the chain would end at. Only the last fact of an append
+        is signed: its signature covers the digests of the batch's earlier facts (an atomic
+        batch is stored whole or not at all), which carry "-" for a signature."""
         headers, prev = [], self.prev
         key = self.signer.public_key
+        last = len(facts) - 1
         for i, (subject, payload) in enumerate(facts):
             cas = str(first_cas) if (i == 0 and first_cas is not None) else "-"
             n = self.n + 1 + i
             data = signing_input(subject, key, self.id, n, prev, cas, payload)
-            sig = base64.urlsafe_b64encode(self.signer.sign(data)).rstrip(b"=").decode()
+            sig = base64.urlsafe_b64encode(self.signer.sign(data)).rstrip(b"=").decode() if i == last else "-"
             headers.append(f"{VERSION} {key} {self.id} {n} {prev} {cas} {sig}")
             prev = digest(data)
         return headers, prev
