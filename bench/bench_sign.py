@@ -81,7 +81,9 @@ async def fill(url: str, n_jobs: int, ring: KeyRing | None) -> EventLog:
         if ring is not None:
             ring.add(keys[role].public_key, Principal(name=f"bench-{role}", role=role, node="n*" if role == "node" else None))
     logs = {role: await EventLog.open(url, name=role, signer=k) for role, k in keys.items()}
-    await logs["node"].append_batch([node(i) for i in range(n_jobs // GPUS_PER_NODE + 1)])
+    regs = [node(i) for i in range(n_jobs // GPUS_PER_NODE + 1)]
+    for i in range(0, len(regs), 500):
+        await logs["node"].append_batch(regs[i:i + 500])
     subs, grants = jobs("r", n_jobs)
     for i in range(0, n_jobs, 500):
         await logs["admission"].append_batch(subs[i:i + 500])

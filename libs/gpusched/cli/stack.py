@@ -144,6 +144,30 @@ class Stack:
             if a.metrics_port_base and name != "dashboard":  # the dashboard serves /metrics itself
                 argv = [*argv, "--metrics-port", str(a.metrics_port_base + i)]
             self.children[name] = Child(name, argv, env=env.get(name, {}))
+        self.signing_keys()
+
+    def signing_keys(self) -> None:
+        """One signing key per service kind, its public half in `DATA/keys.json` (what
+        `replay --verify --keys` checks against). A stand-in until `up` creates NATS identities:
+        a service that already has a key (`GPUSCHED_SIGNING_SEED`, `GPUSCHED_CREDS`) keeps it."""
+        from gpusched.security import keyring, signing
+
+        path = self.data_dir / "keys.json"
+        ring = keyring.load(path) if path.exists() else keyring.KeyRing()
+        seeds_dir = self.data_dir / "keys"
+        seeds_dir.mkdir(mode=0o700, exist_ok=True)
+        for name, child in self.children.items():
+            if signing.signer_from_env({**os.environ, **child.env}) is not None:
+                continue
+            seed_file = seeds_dir / f"{name}.nk"
+            if not seed_file.exists():
+                seed_file.touch(mode=0o600)
+                seed_file.write_bytes(signing.new_seed())
+            role = "node" if name == "nodeagent" else name
+            ring.add(signing.Signer.from_seed(signing.seed_from_file(seed_file)).public_key,
+                     keyring.Principal(name=name, role=role, node="*" if role == "node" else None))
+            child.env["GPUSCHED_SIGNING_SEED_FILE"] = str(seed_file)
+        keyring.save(ring, path)
 
     def spawn(self, child: Child) -> None:
         logs = self.data_dir / "logs"

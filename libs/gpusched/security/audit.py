@@ -10,8 +10,9 @@ For each stored message, in stream order, `Audit.feed` checks:
   server stored the message;
 - `forbidden_kind`: the signer's role may decide this kind (`roles.may_write`);
 - `foreign_node`: a node's key states facts only about its own node and the jobs placed on it;
-- `reordered`: its chain number does not go back, it links to its writer's previous fact, and a
-  compare-and-set append was stored right after the alloc-tree sequence it was decided at;
+- `reordered`: its chain number does not go back, and a compare-and-set append was stored right
+  after the alloc-tree sequence it was decided at;
+- `altered`: the fact is what its writer's next fact committed to (the `prev` digest);
 - `undecodable`: it decodes as an event (otherwise it is dead-lettered and not folded).
 The invariant violations of the fold (`ClusterState.broken`) are reported as before.
 """
@@ -160,8 +161,8 @@ class Audit:
             self._find(msg.seq, "missing", f"facts {chain.n + 1}..{sig.n - 1} of {name} are missing before this one",
                        sig.signer)
         elif sig.prev != chain.digest and not self._settle(chain):
-            self._find(msg.seq, "reordered", f"fact {sig.n} of {name} does not follow the fact stored before it "
-                       f"(seq {chain.seq}): one of them was altered or moved", sig.signer)
+            self._find(chain.seq, "altered", f"fact {chain.n} of {name} is not what its writer's next fact "
+                       f"(seq {msg.seq}) committed to", sig.signer)
         if sig.cas != "-" and int(sig.cas) != self.alloc_seq:
             self._find(msg.seq, "reordered", f"decided at alloc sequence {sig.cas}, stored after "
                        f"{self.alloc_seq}", sig.signer)
