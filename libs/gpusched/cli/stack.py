@@ -222,7 +222,7 @@ class Stack:
                     seq = s
                 nodes_ok = len(state.nodes) >= self.args.nodes
                 services_ok = all(self.ready_line_seen(n) for n in own)
-                dash_ok = self.dashboard_url is None or _http_ok(self.dashboard_url)
+                dash_ok = self.dashboard_url is None or _http_ok(self.dashboard_url.split("/?")[0] + "/healthz")
                 if nodes_ok and services_ok and dash_ok:
                     return
                 if time.monotonic() > deadline:
