@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -20,7 +21,9 @@ from gpusched.bus.servers import free_port
 from gpusched.core import events as ev
 from gpusched.services import dashboard
 from gpusched.services.dashboard import control
-from gpusched.services.dashboard.guard import CSRF_HEADER, Guard
+from gpusched.security import signing
+from gpusched.security.keyring import KeyRing, Principal
+from gpusched.services.dashboard.guard import CSRF_HEADER, Guard, nkey_authorization
 
 from .conftest import CHROMIUM_ARGS, chromium_path
 
@@ -85,7 +88,11 @@ async def test_dashboard_refuses_strangers_forgeries_and_rebinding(nats_url, reb
     await control.serve_controls(log.nc, {"placement": lambda a: actions.append(a) or a != "stop"})
     port, evil_port = free_port(), free_port()
     ready = asyncio.Event()
-    guard = Guard(TOKEN, port, view_token=VIEW)
+    admin_key, tenant_key = signing.Signer.generate(), signing.Signer.generate()
+    keys = KeyRing()
+    keys.add(admin_key.public_key, Principal(name="root", role="admin"))
+    keys.add(tenant_key.public_key, Principal(name="ann", role="tenant", teams=["nlp"]))
+    guard = Guard(TOKEN, port, view_token=VIEW, keys=keys)
     dash = asyncio.create_task(dashboard.run(nats_url, None, "127.0.0.1", port, stop, ready, guard=guard))
     await asyncio.wait_for(ready.wait(), 15)
     base = f"http://127.0.0.1:{port}"
@@ -156,6 +163,19 @@ async def test_dashboard_refuses_strangers_forgeries_and_rebinding(nats_url, reb
             http, "POST", f"{base}/api/placement", b'{"action":"start"}',
             {"Content-Type": "application/json", "Cookie": f"{guard.cookie}={TOKEN}", "Origin": base})
         assert status == 403 and CSRF_HEADER in json.loads(body)["error"] and actions == ["stop", "status"]
+
+        # an admin credential instead of the token: the admin's nkey signs the Host and the time
+        host = f"127.0.0.1:{port}"
+        for signer, when, expected in ((tenant_key, None, 401), (admin_key, time.time() - 600, 401),
+                                       (admin_key, None, 200)):
+            status, _ = await asyncio.to_thread(
+                http, "POST", f"{base}/api/placement", b'{"action":"status"}',
+                {"Content-Type": "application/json", "Authorization": nkey_authorization(signer, host, when)})
+            assert status == expected, (signer.public_key, when)
+        assert actions == ["stop", "status", "status"]
+        forged = nkey_authorization(admin_key, "rebind.test:80")  # signed for another Host
+        status, _ = await asyncio.to_thread(http, "GET", f"{base}/api/state", None, {"Authorization": forged})
+        assert status == 401
     finally:
         await context.close()
         await runner.cleanup()

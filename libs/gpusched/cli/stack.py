@@ -132,7 +132,8 @@ class Stack:
             port = _preferred_port(a.dashboard_port)
             extra["dashboard"] = ["--port", str(port)]
             token = os.environ.get("GPUSCHED_DASHBOARD_TOKEN") or new_token()  # the login, as Jupyter's
-            env["dashboard"] = {"GPUSCHED_DASHBOARD_TOKEN": token}
+            env["dashboard"] = {"GPUSCHED_DASHBOARD_TOKEN": token,  # admins may also sign in with their nkey
+                                "GPUSCHED_KEYS": str(self.data_dir / "keys.json")}
             self.dashboard_url = f"http://127.0.0.1:{port}/?token={token}"
         for i, name in enumerate(wanted):
             if name not in registry.SERVICES:
