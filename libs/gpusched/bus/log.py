@@ -9,7 +9,8 @@
   goes on.
 - With a signer (the writer's nkey; by default `security.signing.signer_from_env()`), every
   append carries a `Gpusched-Sig` header: see `gpusched.security.signing` for what is signed.
-  Appends of one signed log are serialized (sign, publish, ack) so its chain is in stream order.
+  Each chain is used by one append at a time (sign, publish, ack), so a chain is in stream order;
+  concurrent appends (admission's pipelined submits) each take a chain of their own from a pool.
 """
 
 from __future__ import annotations
@@ -90,8 +91,9 @@ FROM_ENV = object()  # EventLog.open's default signer: whatever `signer_from_env
 class EventLog:
     def __init__(self, nc: NATS, replicas: int | None = None, signer: signing.Signer | None = None):
         self.nc = nc
-        #: This writer's signing chain, or None: appends go unsigned.
-        self.chain = signing.Chain(signer) if signer is not None else None
+        #: This writer's key, or None: appends go unsigned.
+        self.signer = signer
+        self._idle_chains: list[signing.Chain] = []  # a sequential writer keeps reusing one
         self.js: JetStreamContext = nc.jetstream()
         # R3 in a NATS cluster: every service must agree, so it comes from one variable
         self.replicas = replicas if replicas is not None else int(os.environ.get("GPUSCHED_STREAM_REPLICAS", "1"))
@@ -152,14 +154,21 @@ class EventLog:
         if expect_alloc_seq is not None:
             hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
             hdrs["Nats-Expected-Last-Subject-Sequence-Subject"] = subjects.ALLOC_TREE
-        if self.chain is None:
+        if self.signer is None:
             return await self._publish(subject, payload, hdrs, expect_alloc_seq)
-        async with self.chain.lock:
-            (hdrs[signing.SIG_HEADER],), end = self.chain.sign([(subject, payload)], expect_alloc_seq)
-            ack = await self._signed(lambda: self._publish(subject, payload, hdrs, expect_alloc_seq, raw=True))
+        chain = self._take_chain()
+        try:
+            (hdrs[signing.SIG_HEADER],), end = chain.sign([(subject, payload)], expect_alloc_seq)
+            ack = await self._signed(chain, lambda: self._publish(subject, payload, hdrs, expect_alloc_seq, raw=True))
             if not ack.duplicate:  # a duplicate stored nothing: the chain did not move
-                self.chain.advance(1, end)
+                chain.advance(1, end)
             return ack.seq
+        finally:
+            self._idle_chains.append(chain)
+
+    def _take_chain(self) -> signing.Chain:
+        """A chain no other append is using (the most recently used: one for a sequential writer)."""
+        return self._idle_chains.pop() if self._idle_chains else signing.Chain(self.signer)  # type: ignore[arg-type]
 
     async def _publish(self, subject: str, payload: bytes, hdrs: dict[str, str], expect_alloc_seq: int | None,
                        raw: bool = False):
@@ -171,7 +180,7 @@ class EventLog:
             raise
         return ack if raw else ack.seq
 
-    async def _signed(self, publish):
+    async def _signed(self, chain: signing.Chain, publish):
         """Run a signed publish: a refusal (Conflict, APIError) stored nothing and leaves the
         chain as it was; any other failure leaves it unknown whether the fact is stored, so the
         writer starts a new chain rather than link to it or skip it."""
@@ -180,7 +189,7 @@ class EventLog:
         except (Conflict, APIError):
             raise
         except BaseException:
-            self.chain.rotate()  # type: ignore[union-attr]
+            chain.rotate()
             raise
 
     async def append_batch(
@@ -201,17 +210,21 @@ class EventLog:
             return [await self.append(events[0], msg_id=msg_id, expect_alloc_seq=expect_alloc_seq, headers=headers)]
         if len(events) > MAX_BATCH:
             raise ValueError(f"an atomic batch holds at most {MAX_BATCH} events, got {len(events)}")
-        if self.chain is None:
-            return await self._publish_batch(events, msg_ids, expect_alloc_seq, headers)
-        async with self.chain.lock:
-            return await self._signed(lambda: self._publish_batch(events, msg_ids, expect_alloc_seq, headers))
+        if self.signer is None:
+            return await self._publish_batch(events, msg_ids, expect_alloc_seq, headers, None)
+        chain = self._take_chain()
+        try:
+            return await self._signed(chain, lambda: self._publish_batch(events, msg_ids, expect_alloc_seq, headers, chain))
+        finally:
+            self._idle_chains.append(chain)
 
     async def _publish_batch(self, events: Sequence[Event], msg_ids: Sequence[str | None] | None,
-                             expect_alloc_seq: int | None, headers: dict[str, str] | None) -> list[int]:
+                             expect_alloc_seq: int | None, headers: dict[str, str] | None,
+                             chain: signing.Chain | None) -> list[int]:
         batch_id = uuid.uuid4().hex
         last = len(events) - 1
         facts = [(subjects.event_subject(e), encode_event(e)) for e in events]
-        sigs, end = self.chain.sign(facts, expect_alloc_seq) if self.chain is not None else ([], "")
+        sigs, end = chain.sign(facts, expect_alloc_seq) if chain is not None else ([], "")
         reply = None
         for i, (event, (subject, payload)) in enumerate(zip(events, facts)):
             hdrs = dict(headers or {})
@@ -235,8 +248,8 @@ class EventLog:
             if error.get("err_code") in (WRONG_LAST_SEQUENCE, BATCH_DUPLICATE_MSG_ID) and expect_alloc_seq is not None:
                 raise Conflict(expect_alloc_seq or 0, error.get("description", ""))
             raise APIError(**error)
-        if self.chain is not None:
-            self.chain.advance(len(events), end)
+        if chain is not None:
+            chain.advance(len(events), end)
         commit = answer["seq"]
         return list(range(commit - len(events) + 1, commit + 1))
 

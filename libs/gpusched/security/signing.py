@@ -6,7 +6,8 @@ What is signed (`signing_input`), one line each, then the payload bytes as store
     gpusched-sig/v1
     <subject>              the event's subject (its kind, and its node/job/team key)
     <signer public nkey>
-    <chain id>             one random id per writer process (and per unknown outcome, below)
+    <chain id>             random: one per writer process (one per append in flight at once;
+                           a new one after an append whose outcome is unknown, below)
     <n>                    1, 2, 3 ... within the chain: the writer's own sequence
     <prev>                 digest of the chain's previous fact ("-" for n = 1)
     <cas>                  the expected alloc-tree sequence of a compare-and-set append, or "-"
@@ -27,7 +28,6 @@ and an export's `--until` cover that.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import hashlib
@@ -167,12 +167,11 @@ class Verifier:
 
 
 class Chain:
-    """One writer's chain on one connection. `lock` makes sign -> publish -> ack one step, so the
+    """One run of a writer's facts. One append at a time uses it (sign -> publish -> ack), so the
     chain's order is the stream's order; `advance` only after an ack that stored the facts."""
 
     def __init__(self, signer: Signer):
         self.signer = signer
-        self.lock = asyncio.Lock()
         self.rotate()
 
     def rotate(self) -> None:
