@@ -214,20 +214,27 @@ class Audit:
             self._find(msg.seq, "forbidden_kind", f"{event.kind} signed by {who}: only "
                        f"{', '.join(sorted(roles.EVENT_WRITERS.get(event.kind, ()))) or 'nobody'} may decide it", key)
         elif p.role == roles.NODE_ROLE:
-            problem = self._foreign(event, p.node or "")
+            own = [n for n in [p.node, *getattr(p, "nodes", [])] if n]  # `nodes`: a host of simulated nodes
+            problem = self._foreign(event, own)
             if problem:
                 self._find(msg.seq, "foreign_node", f"{event.kind} signed by {who}: {problem}", key)
 
-    def _foreign(self, event: ev.Event, own: str) -> str:
-        """Why a node's fact is about something not its own ('' when it is its own)."""
+    def _foreign(self, event: ev.Event, own: list[str]) -> str:
+        """Why a node's fact is about something not its own ('' when it is its own). `own`: the
+        node names (or globs) the key speaks for."""
+        mine = " or ".join(own) or "no node"
+
+        def is_own(node: str) -> bool:
+            return any(fnmatch.fnmatchcase(node, pattern) for pattern in own)
+
         node = getattr(event, "node", None)
-        if node is not None and not fnmatch.fnmatchcase(node, own):
-            return f"about node {node}, not its own {own}"
+        if node is not None and not is_own(node):
+            return f"about node {node}, not its own ({mine})"
         job_id = getattr(event, "job_id", None)
         if job_id is None:
             return ""
-        if not any(fnmatch.fnmatchcase(n, own) for n in self.placed.get(job_id, ())):
-            return f"about job {job_id}, which was never placed on {own}"
+        if not any(is_own(n) for n in self.placed.get(job_id, ())):
+            return f"about job {job_id}, which was never placed on {mine}"
         return ""
 
     # --- results ------------------------------------------------------------------------
