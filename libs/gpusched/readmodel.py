@@ -192,6 +192,8 @@ def describe(event: ev.Event) -> str:
         return f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}".rstrip()
     if k in ("GpuQuarantined", "GpuRestored"):
         return f"GPU {e.gpu} {'quarantined' if k == 'GpuQuarantined' else 'restored'}: {e.reason}"
+    if k == "SnapshotTaken":
+        return f"snapshot of the state at seq {e.seq} sealed"
     if k == "ZombieDetected":
         return f"zombie on {e.gpu}: pids {e.pids}"
     if k == "ZombieReclaimed":

@@ -1,8 +1,11 @@
 """The control-plane e2e harness: real nats-server and redis-server (tests/conftest.py), real
 service processes (`gpusched service run NAME`, killable with SIGKILL), a client, and a local
 fold of the log to wait on. The test plays the node daemon where it needs one (appending
-`JobStarted`, `CheckpointSaved`, `JobCompleted`). After every test the whole log is folded again
-and must show no broken invariant, and fold the same twice.
+`JobStarted`, `CheckpointSaved`, `JobCompleted`). Each service signs with a key of its own role
+(`GPUSCHED_SIGNING_SEED`, the hook trust-auth's identities plug into). After every test the whole
+log is folded again and must show no broken invariant, fold the same twice, and pass the trust
+audit: every service's fact signed by a role that may write it, none missing, altered or moved
+(the harness's own appends, as the node daemon, are unsigned and only counted).
 
 Test modules import the fixture: `from .harness import harness  # noqa: F401`.
 """
@@ -23,6 +26,8 @@ from gpusched.bus.log import EventLog
 from gpusched.cli.stack import register_simulated_nodes, spawn_service, stop_processes
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
+from gpusched.security import signing
+from gpusched.security.keyring import KeyRing, Principal
 
 #: Short leases and grace periods keep the chaos scenarios fast.
 LEASE_TTL_MS = 600
@@ -38,6 +43,8 @@ class Harness:
         self.client: Client | None = None
         self.state = ClusterState()
         self.records: list[tuple[int, ev.Event]] = []
+        self.keys = KeyRing()  # every service's public key, by role
+        self.seeds: dict[str, str] = {}
 
     async def open(self) -> None:
         self.log = await EventLog.open(self.nats_url, name="e2e")
@@ -58,10 +65,21 @@ class Harness:
         if name in ("placement", "preemptor") and not any(a.startswith("--policy-set") for a in extra):
             extra = (*extra, *FAST_POLICY)
         key = alias or name
-        proc = spawn_service(name, self.nats_url, self.redis_url, list(extra), log_path=self.tmp / f"{key}.log")
+        proc = spawn_service(name, self.nats_url, self.redis_url, list(extra), log_path=self.tmp / f"{key}.log",
+                             env={"GPUSCHED_SIGNING_SEED": self.seed(name)})
         self.procs[key] = proc
         self.kinds[key] = name
         return proc
+
+    def seed(self, service: str) -> str:
+        """The signing seed of a service kind (one identity per kind, as `gpusched up` makes)."""
+        if service not in self.seeds:
+            seed = signing.new_seed().decode()
+            self.seeds[service] = seed
+            role = "node" if service == "nodeagent" else service
+            self.keys.add(signing.Signer.from_seed(seed).public_key,
+                          Principal(name=service, role=role, node="*" if role == "node" else None))
+        return self.seeds[service]
 
     def kill9(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -162,8 +180,15 @@ async def harness(nats_url, redis_url, tmp_path):
     if state.violations():
         first = state.violations()[0].seq
         log = await EventLog.open(nats_url, name="e2e-audit")
-        around = [f"{rec.seq} {rec.subject} {rec.event}" async for rec in log.records(max(1, first - 8), first + 3)]
+        until = min(first + 3, await log.last_seq())  # records() waits for a sequence past the end
+        around = [f"{rec.seq} {rec.subject} {rec.event}" async for rec in log.records(max(1, first - 8), until)]
         await log.close()
         raise AssertionError(f"{state.violations()}\naround the first:\n" + "\n".join(around))
     again = await rebuild(nats_url)
     assert again.summary() == state.summary()
+    from gpusched.cli.replay import audit_stream
+    from gpusched.security.audit import Audit
+
+    audit = Audit(h.keys, allow_unsigned=True)
+    await audit_stream(nats_url, audit)
+    assert audit.findings == [], audit.findings[:5]

@@ -7,11 +7,16 @@
 - `replay` reads a range; `follow` reads from a sequence and keeps following live.
 - A message that does not decode goes to the dead-letter stream with the reason, and reading
   goes on.
+- With a signer (the writer's nkey; by default `security.signing.signer_from_env()`), every
+  append carries a `Gpusched-Sig` header: see `gpusched.security.signing` for what is signed.
+  Each chain is used by one append at a time (sign, publish, ack), so a chain is in stream order;
+  concurrent appends (admission's pipelined submits) each take a chain of their own from a pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +34,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from gpusched import telemetry
 from gpusched.core.events import Event, decode_event, encode_event
+from gpusched.security import signing
 
 from . import subjects
 
@@ -68,17 +74,39 @@ class Record:
     headers: dict[str, str] | None
 
 
+@dataclass(frozen=True)
+class RawMessage:
+    """A stored message as it is, for audits and exports: `time` is the server's store time."""
+
+    seq: int
+    subject: str
+    headers: dict[str, str] | None
+    data: bytes
+    time: float
+
+
+FROM_ENV = object()  # EventLog.open's default signer: whatever `signer_from_env()` finds
+
+
 class EventLog:
-    def __init__(self, nc: NATS, replicas: int | None = None):
+    def __init__(self, nc: NATS, replicas: int | None = None, signer: signing.Signer | None = None):
         self.nc = nc
+        #: This writer's key, or None: appends go unsigned.
+        self.signer = signer
+        self._idle_chains: list[signing.Chain] = []  # a sequential writer keeps reusing one
         self.js: JetStreamContext = nc.jetstream()
         # R3 in a NATS cluster: every service must agree, so it comes from one variable
         self.replicas = replicas if replicas is not None else int(os.environ.get("GPUSCHED_STREAM_REPLICAS", "1"))
         self.dead_letters = 0
 
     @classmethod
-    async def open(cls, url: str | None = None, name: str = "gpusched", replicas: int | None = None) -> EventLog:
-        log = cls(await connect(url, name=name), replicas)
+    async def open(cls, url: str | None = None, name: str = "gpusched", replicas: int | None = None,
+                   signer: signing.Signer | None | object = FROM_ENV) -> EventLog:
+        """Connect and ensure the streams. `signer`: the writer's key (None: unsigned; default:
+        `signing.signer_from_env()`, the one hook that gives a service its identity)."""
+        if signer is FROM_ENV:
+            signer = signing.signer_from_env()
+        log = cls(await connect(url, name=name), replicas, signer)  # type: ignore[arg-type]
         await log.ensure()
         return log
 
@@ -119,19 +147,50 @@ class EventLog:
         """Append one fact and return its sequence. With `expect_alloc_seq` the append is a
         compare-and-set over the alloc tree and raises `Conflict` when the writer is behind."""
         payload = encode_event(event)
+        subject = subjects.event_subject(event)
         hdrs = dict(headers or {})
         telemetry.append_headers(event, hdrs)  # traceparent: the job's trace crosses services here
         hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
         if expect_alloc_seq is not None:
             hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
             hdrs["Nats-Expected-Last-Subject-Sequence-Subject"] = subjects.ALLOC_TREE
+        if self.signer is None:
+            return await self._publish(subject, payload, hdrs, expect_alloc_seq)
+        chain = self._take_chain()
         try:
-            ack = await self.js.publish(subjects.event_subject(event), payload, headers=hdrs)
+            (hdrs[signing.SIG_HEADER],), end = chain.sign([(subject, payload)], expect_alloc_seq)
+            ack = await self._signed(chain, lambda: self._publish(subject, payload, hdrs, expect_alloc_seq, raw=True))
+            if not ack.duplicate:  # a duplicate stored nothing: the chain did not move
+                chain.advance(1, end)
+            return ack.seq
+        finally:
+            self._idle_chains.append(chain)
+
+    def _take_chain(self) -> signing.Chain:
+        """A chain no other append is using (the most recently used: one for a sequential writer)."""
+        return self._idle_chains.pop() if self._idle_chains else signing.Chain(self.signer)  # type: ignore[arg-type]
+
+    async def _publish(self, subject: str, payload: bytes, hdrs: dict[str, str], expect_alloc_seq: int | None,
+                       raw: bool = False):
+        try:
+            ack = await self.js.publish(subject, payload, headers=hdrs)
         except APIError as err:
             if err.err_code == WRONG_LAST_SEQUENCE and expect_alloc_seq is not None:
                 raise Conflict(expect_alloc_seq, err.description or "") from err
             raise
-        return ack.seq
+        return ack if raw else ack.seq
+
+    async def _signed(self, chain: signing.Chain, publish):
+        """Run a signed publish: a refusal (Conflict, APIError) stored nothing and leaves the
+        chain as it was; any other failure leaves it unknown whether the fact is stored, so the
+        writer starts a new chain rather than link to it or skip it."""
+        try:
+            return await publish()
+        except (Conflict, APIError):
+            raise
+        except BaseException:
+            chain.rotate()
+            raise
 
     async def append_batch(
         self,
@@ -151,30 +210,46 @@ class EventLog:
             return [await self.append(events[0], msg_id=msg_id, expect_alloc_seq=expect_alloc_seq, headers=headers)]
         if len(events) > MAX_BATCH:
             raise ValueError(f"an atomic batch holds at most {MAX_BATCH} events, got {len(events)}")
+        if self.signer is None:
+            return await self._publish_batch(events, msg_ids, expect_alloc_seq, headers, None)
+        chain = self._take_chain()
+        try:
+            return await self._signed(chain, lambda: self._publish_batch(events, msg_ids, expect_alloc_seq, headers, chain))
+        finally:
+            self._idle_chains.append(chain)
+
+    async def _publish_batch(self, events: Sequence[Event], msg_ids: Sequence[str | None] | None,
+                             expect_alloc_seq: int | None, headers: dict[str, str] | None,
+                             chain: signing.Chain | None) -> list[int]:
         batch_id = uuid.uuid4().hex
         last = len(events) - 1
+        facts = [(subjects.event_subject(e), encode_event(e)) for e in events]
+        sigs, end = chain.sign(facts, expect_alloc_seq) if chain is not None else ([], "")
         reply = None
-        for i, event in enumerate(events):
-            payload = encode_event(event)
+        for i, (event, (subject, payload)) in enumerate(zip(events, facts)):
             hdrs = dict(headers or {})
             telemetry.append_headers(event, hdrs)  # each fact continues its own job's trace
             hdrs["Nats-Batch-Id"], hdrs["Nats-Batch-Sequence"] = batch_id, str(i + 1)
             msg_id = msg_ids[i] if msg_ids else None
             hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
+            if sigs:
+                hdrs[signing.SIG_HEADER] = sigs[i]
             if i == 0 and expect_alloc_seq is not None:
                 hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
                 hdrs["Nats-Expected-Last-Subject-Sequence-Subject"] = subjects.ALLOC_TREE
             if i < last:
-                await self.nc.publish(subjects.event_subject(event), payload, headers=hdrs)
+                await self.nc.publish(subject, payload, headers=hdrs)
             else:
                 hdrs["Nats-Batch-Commit"] = "1"
-                reply = await self.nc.request(subjects.event_subject(event), payload, headers=hdrs, timeout=10)
+                reply = await self.nc.request(subject, payload, headers=hdrs, timeout=10)
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error:
             if error.get("err_code") in (WRONG_LAST_SEQUENCE, BATCH_DUPLICATE_MSG_ID) and expect_alloc_seq is not None:
                 raise Conflict(expect_alloc_seq or 0, error.get("description", ""))
             raise APIError(**error)
+        if chain is not None:
+            chain.advance(len(events), end)
         commit = answer["seq"]
         return list(range(commit - len(events) + 1, commit + 1))
 
@@ -191,6 +266,29 @@ class EventLog:
         """Decoded records from `start`; stops at `until` (default: the last sequence when the
         call began) unless `follow`. Undecodable messages are dead-lettered and skipped
         (`on_dead(seq, subject)` still hears of them: they occupy a sequence)."""
+        async with contextlib.aclosing(self._messages(start, until, follow, subject)) as messages:
+            async for msg, seq in messages:
+                try:
+                    event = decode_event(msg.data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                    await self.dead_letter(msg.subject, seq, msg.data, str(err))
+                    if on_dead is not None:
+                        on_dead(seq, msg.subject)
+                else:
+                    record = Record(seq, event, msg.subject, msg.headers)
+                    telemetry.observe(record)  # remember the job's trace context
+                    yield record
+
+    async def raw(self, start: int = 1, until: int | None = None) -> AsyncIterator[RawMessage]:
+        """Stored messages as they are (audit, export): nothing decoded, nothing dead-lettered.
+        A deleted message is simply absent: its sequence is skipped."""
+        async with contextlib.aclosing(self._messages(start, until, False, subjects.EVENTS)) as messages:
+            async for msg, seq in messages:
+                yield RawMessage(seq, msg.subject, msg.headers, msg.data, msg.metadata.timestamp.timestamp())
+
+    async def _messages(self, start: int, until: int | None, follow: bool, subject: str):
+        """(msg, stream seq) in stream order from `start`, through `until` or the last sequence
+        when the call began, or on forever when `follow`."""
         stop = None if follow else (until if until is not None else await self.last_seq())
         if stop is not None and stop < start:
             return
@@ -203,16 +301,7 @@ class EventLog:
             while True:
                 msg = await sub.next_msg(timeout=None)
                 seq = msg.metadata.sequence.stream
-                try:
-                    event = decode_event(msg.data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as err:
-                    await self.dead_letter(msg.subject, seq, msg.data, str(err))
-                    if on_dead is not None:
-                        on_dead(seq, msg.subject)
-                else:
-                    record = Record(seq, event, msg.subject, msg.headers)
-                    telemetry.observe(record)  # remember the job's trace context
-                    yield record
+                yield msg, seq
                 if stop is not None and seq >= stop:
                     return
         finally:

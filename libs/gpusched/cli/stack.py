@@ -78,6 +78,7 @@ class Child:
     restarts: int = 0
     died_at: float | None = None
     held: bool = False  # stopped on purpose (dashboard control): not restarted
+    env: dict[str, str] = field(default_factory=dict)  # secrets for this child only (not on argv)
 
 
 @dataclass
@@ -125,10 +126,16 @@ class Stack:
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
                           "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2"],
         }
+        env: dict[str, dict[str, str]] = {}
         if "dashboard" in wanted and registry.available("dashboard"):
+            from gpusched.services.dashboard.guard import new_token
+
             port = _preferred_port(a.dashboard_port)
             extra["dashboard"] = ["--port", str(port)]
-            self.dashboard_url = f"http://127.0.0.1:{port}"
+            token = os.environ.get("GPUSCHED_DASHBOARD_TOKEN") or new_token()  # the login, as Jupyter's
+            env["dashboard"] = {"GPUSCHED_DASHBOARD_TOKEN": token,  # admins may also sign in with their nkey
+                                "GPUSCHED_KEYS": str(self.data_dir / "keys.json")}
+            self.dashboard_url = f"http://127.0.0.1:{port}/?token={token}"
         for i, name in enumerate(wanted):
             if name not in registry.SERVICES:
                 raise SystemExit(f"gpusched up: unknown service {name!r}; known: {', '.join(registry.SERVICES)}")
@@ -138,13 +145,37 @@ class Stack:
             argv = extra.get(name, [])
             if a.metrics_port_base and name != "dashboard":  # the dashboard serves /metrics itself
                 argv = [*argv, "--metrics-port", str(a.metrics_port_base + i)]
-            self.children[name] = Child(name, argv)
+            self.children[name] = Child(name, argv, env=env.get(name, {}))
+        self.signing_keys()
+
+    def signing_keys(self) -> None:
+        """One signing key per service kind, its public half in `DATA/keys.json` (what
+        `replay --verify --keys` checks against). A stand-in until `up` creates NATS identities:
+        a service that already has a key (`GPUSCHED_SIGNING_SEED`, `GPUSCHED_CREDS`) keeps it."""
+        from gpusched.security import keyring, signing
+
+        path = self.data_dir / "keys.json"
+        ring = keyring.load(path) if path.exists() else keyring.KeyRing()
+        seeds_dir = self.data_dir / "keys"
+        seeds_dir.mkdir(mode=0o700, exist_ok=True)
+        for name, child in self.children.items():
+            if signing.signer_from_env({**os.environ, **child.env}) is not None:
+                continue
+            seed_file = seeds_dir / f"{name}.nk"
+            if not seed_file.exists():
+                seed_file.touch(mode=0o600)
+                seed_file.write_bytes(signing.new_seed())
+            role = "node" if name == "nodeagent" else name
+            ring.add(signing.Signer.from_seed(signing.seed_from_file(seed_file)).public_key,
+                     keyring.Principal(name=name, role=role, node="*" if role == "node" else None))
+            child.env["GPUSCHED_SIGNING_SEED_FILE"] = str(seed_file)
+        keyring.save(ring, path)
 
     def spawn(self, child: Child) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         child.proc = spawn_service(child.name, self.nats_url, self.redis_url, child.argv_extra,
-                                   log_path=logs / f"{child.name}.log")
+                                   log_path=logs / f"{child.name}.log", env=child.env)
         child.died_at = None
         self.write_state()
 
@@ -155,6 +186,7 @@ class Stack:
             "services": {n: c.proc.pid for n, c in self.children.items() if c.proc is not None},
         }
         tmp = self.data_dir / "stack.json.tmp"
+        tmp.touch(mode=0o600)  # it holds the dashboard's login URL
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.data_dir / "stack.json")
 
@@ -192,7 +224,7 @@ class Stack:
                     seq = s
                 nodes_ok = len(state.nodes) >= self.args.nodes
                 services_ok = all(self.ready_line_seen(n) for n in own)
-                dash_ok = self.dashboard_url is None or _http_ok(self.dashboard_url)
+                dash_ok = self.dashboard_url is None or _http_ok(self.dashboard_url.split("/?")[0] + "/healthz")
                 if nodes_ok and services_ok and dash_ok:
                     return
                 if time.monotonic() > deadline:

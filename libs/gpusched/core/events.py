@@ -243,6 +243,15 @@ class PlacementRecovered(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
+class SnapshotTaken(Event, frozen=True, kw_only=True):
+    """The projector wrote a snapshot of the fold as of `seq` (to Redis); `digest` is the
+    SHA-256 of its bytes. A restarting service uses a snapshot only if it matches the latest
+    seal in the log (`security.snapshots`). `at` is the fold's time at `seq`, not a clock's."""
+
+    seq: int
+    digest: str
+
+
 AnyEvent = Union[
     JobSubmitted,
     JobRejected,
@@ -268,6 +277,7 @@ AnyEvent = Union[
     TeamQuotaSet,
     PlacementDegraded,
     PlacementRecovered,
+    SnapshotTaken,
 ]
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

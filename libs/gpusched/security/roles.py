@@ -42,6 +42,7 @@ EVENT_WRITERS: dict[str, frozenset[str]] = {
     "GpuRestored": frozenset({"reconciler", "admission"}),
     "ZombieDetected": frozenset({"reconciler"}),
     "ZombieReclaimed": frozenset({"reconciler"}),
+    "SnapshotTaken": frozenset({"projector"}),
 }
 
 

@@ -243,9 +243,19 @@ function toast(text, error = false) {
   toastTimer = setTimeout(() => { t.className = ""; }, 4000);
 }
 
+// The session's CSRF token: every POST carries it in a header a foreign page cannot set
+// without a CORS preflight (which this server never grants), with the login cookie.
+let session = null;
+async function getSession() {
+  if (!session) session = await fetch("/api/session").then((r) => r.ok ? r.json() : {role: null, csrf: ""});
+  return session;
+}
+
 async function post(path, body) {
   try {
-    const r = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+    const s = await getSession();
+    const r = await fetch(path, {method: "POST", body: JSON.stringify(body),
+      headers: {"Content-Type": "application/json", "X-Gpusched-Csrf": s.csrf}});
     const data = await r.json().catch(() => ({ok: false, error: `HTTP ${r.status}`}));
     return data;
   } catch (err) {
@@ -285,6 +295,7 @@ function connect() {
   es.onerror = () => { conn.dataset.state = "lost"; conn.textContent = "reconnecting…"; };
 }
 fetch("/api/state").then((r) => r.json()).then((m) => { if (!model) render(m); }).catch(() => {});
+getSession().then((s) => { document.body.dataset.role = s.role || ""; }).catch(() => {});
 connect();
 // ages move with the wall clock even when the log is quiet
 setInterval(() => { if (model) { renderQueue(model); renderShares(model); } }, 1000);
