@@ -38,16 +38,32 @@ def service_command(name: str, nats_url: str, redis_url: str, *extra: str) -> li
             "--redis", redis_url, *extra]
 
 
+def service_creds(name: str, identity_dir: str | os.PathLike | None = None) -> str | None:
+    """The credentials a service runs with: its own role's identity from `identity_dir` (or
+    $GPUSCHED_IDENTITY_DIR, which `up` and the test fixtures set), else whatever the caller has."""
+    directory = identity_dir or os.environ.get("GPUSCHED_IDENTITY_DIR")
+    if directory:
+        path = Path(directory) / f"{name}.nk"
+        if path.exists():
+            return str(path)
+    return os.environ.get("GPUSCHED_CREDS")
+
+
 def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | tuple[str, ...] = (),
-                  log_path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+                  log_path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+                  creds: str | os.PathLike | None = None) -> subprocess.Popen:
     """Start one service as a subprocess in its own session (signals from a terminal reach
-    only `up`, which stops the services in order). Used by `up`, the e2e tests and the bench."""
+    only `up`, which stops the services in order), as its own identity (`service_creds`).
+    Used by `up`, the e2e tests and the bench."""
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
     # The project's interpreter comes first on PATH, so a job's `python` on the simulated nodes
     # is the one gpusched (and its job SDK) is installed in.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     full_env = {**os.environ, "PATH": path, "GPUSCHED_NATS_URL": nats_url, "GPUSCHED_REDIS_URL": redis_url,
                 **(env or {})}
+    creds = creds or service_creds(name)
+    if creds:
+        full_env["GPUSCHED_CREDS"] = str(creds)
     try:
         return subprocess.Popen(service_command(name, nats_url, redis_url, *extra), stdout=out,
                                 stderr=subprocess.STDOUT, env=full_env, start_new_session=True)

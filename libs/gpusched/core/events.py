@@ -36,6 +36,8 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
+    #: Who submitted it: the user of the command subject the server allowed (never the payload).
+    user: str = ""
 
 
 class JobRejected(Event, frozen=True, kw_only=True):
@@ -101,6 +103,8 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
     attempt: int
     path: str
     step: int
+    #: The node daemon that reports it (its subject carries the node, so permissions can say so).
+    node: str | None = None
 
 
 class GpusReleased(Event, frozen=True, kw_only=True):
@@ -119,6 +123,7 @@ class JobCompleted(Event, frozen=True, kw_only=True):
     job_id: JobId
     attempt: int
     exit_code: int = 0
+    node: str | None = None  # the reporting node daemon, when a node reports it
 
 
 class JobFailed(Event, frozen=True, kw_only=True):
@@ -127,6 +132,7 @@ class JobFailed(Event, frozen=True, kw_only=True):
     attempt: int
     reason: str
     exit_code: int | None = None
+    node: str | None = None  # the reporting node daemon, when a node reports it
 
 
 class JobCancelled(Event, frozen=True, kw_only=True):

@@ -63,6 +63,7 @@ class Job(Struct):
     pending_eta_s: float | None = None
     nodes_started: list[str] = []
     request_id: str = ""
+    user: str = ""
 
     @property
     def team(self) -> str:
@@ -133,7 +134,7 @@ class ClusterState(Struct):
         if e.job_id in self.jobs:
             self._violate("duplicate_job", f"job {e.job_id} submitted twice", [e.job_id])
             return
-        self.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id)
+        self.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user)
         self.pending[e.job_id] = None
         if e.request_id:
             self.requests[e.request_id] = e.job_id
