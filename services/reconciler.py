@@ -228,7 +228,7 @@ class Reconciler:
     async def _kill(self, node: str, gid: str, pids: list[int]) -> None:
         request = KillProcesses(pids=pids, gpu=gid, reason="zombie: a process on a GPU that nothing holds")
         try:
-            msg = await self.log.nc.request(subjects.node_control_subject(node), msgspec.json.encode(request),
+            msg = await self.log.nc.request(subjects.node_kill_subject(node), msgspec.json.encode(request),
                                             timeout=self.cfg.request_timeout_s)
             reply = decode_reply(msg.data)
             log.warning("zombie_kill_reply", node=node, gpu=gid, killed=reply.killed, missing=reply.missing,

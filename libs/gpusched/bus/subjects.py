@@ -71,7 +71,8 @@ def alloc_shard(key: str) -> str:
 
 
 #: Event kinds a node daemon reports about itself (their subject carries the node when they name one).
-NODE_KINDS = frozenset({"NodeRegistered", "JobStarted", "CheckpointSaved", "JobCompleted", "JobFailed"})
+NODE_KINDS = frozenset({"NodeRegistered", "JobStarted", "CheckpointSaved", "JobCompleted", "JobFailed",
+                        "GpusReleased"})
 
 
 def event_subject(event: ev.Event) -> str:

@@ -23,8 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpusched.bus.servers import Server, free_port, port_free, start_nats, start_redis
+from typing import Any
+
 from gpusched.bus.log import connect
+from gpusched.bus.servers import Server, free_port, port_free, start_nats, start_redis
+from gpusched.security import clientconfig
+from gpusched.security import trust as trust_mod
 from gpusched.services.dashboard import control
 
 
@@ -106,17 +110,57 @@ class Stack:
     servers: list[Server] = field(default_factory=list)
     children: dict[str, Child] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    trust: Any = None  # security.trust.TrustStore of the embedded NATS
+    ca: str | None = None
 
     # --- start ------------------------------------------------------------------------------
+
+    @property
+    def admin_creds(self) -> str | None:
+        """What `up` itself connects with: its own admin identity, or (external NATS) the caller's."""
+        return str(self.trust.creds("admin")) if self.trust is not None else None
+
+    def creds_for(self, service: str) -> str | None:
+        if self.trust is None:
+            return None  # external NATS: the services use the caller's credentials
+        return str(self.trust.creds(trust_mod.NODE_HOST if service == "nodeagent" else service))
+
+    def start_trust(self) -> None:
+        """The stack's identities (created on first start, kept in DATA/trust) and, when the
+        caller already holds admin credentials ($GPUSCHED_CREDS), those too."""
+        from gpusched.security import identity, keyring
+        from gpusched.services.nodeagent.main import sim_node_names
+
+        self.trust = trust_mod.TrustStore(self.data_dir / "trust")
+        self.trust.ensure_stack(sim_node_names(self.args.nodes))
+        caller = os.environ.get("GPUSCHED_CREDS")
+        if caller and Path(caller).exists():
+            ident = identity.load(caller)
+            ring = self.trust.ring()
+            if ident.role == "admin" and ident.public_key not in ring.keys:
+                ring.add(ident.public_key, keyring.Principal(name=f"caller-{ident.name}", role="admin"))
+                keyring.save(ring, self.trust.keys_file)
 
     def start_servers(self) -> None:
         a = self.args
         if a.nats:
             self.nats_url = a.nats
         else:
-            server = start_nats(_preferred_port(a.nats_port), store_dir=self.data_dir / "nats")
+            from gpusched.security.bootstrap import create_streams_sync
+
+            self.start_trust()
+            tls = None
+            if a.tls:
+                from gpusched.security import tlsgen
+
+                tls = tlsgen.ensure(self.data_dir / "tls")
+                self.ca = tls["ca_file"]
+                os.environ["GPUSCHED_CA"] = self.ca  # this process and its children verify the server
+            server = start_nats(_preferred_port(a.nats_port), store_dir=self.data_dir / "nats", trust=self.trust,
+                                tls=tls)
             self.servers.append(server)
             self.nats_url = server.url
+            create_streams_sync(self.nats_url, self.admin_creds)
         if a.redis:
             self.redis_url = a.redis
         else:
@@ -159,7 +203,7 @@ class Stack:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         child.proc = spawn_service(child.name, self.nats_url, self.redis_url, child.argv_extra,
-                                   log_path=logs / f"{child.name}.log")
+                                   log_path=logs / f"{child.name}.log", creds=self.creds_for(child.name))
         child.died_at = None
         self.write_state()
 
@@ -169,8 +213,11 @@ class Stack:
             "data_dir": str(self.data_dir), "pid": os.getpid(),
             "services": {n: c.proc.pid for n, c in self.children.items() if c.proc is not None},
         }
+        if self.trust is not None:
+            state["admin_creds"] = self.admin_creds
         tmp = self.data_dir / "stack.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
+        os.chmod(tmp, 0o600)  # it names the Redis password
         tmp.replace(self.data_dir / "stack.json")
 
     # --- readiness ----------------------------------------------------------------------------
@@ -191,7 +238,7 @@ class Stack:
 
         deadline = time.monotonic() + timeout
         own = [n for n in ("admission", "placement", "fallback", "preemptor", "quota_ledger") if n in self.children]
-        log = await EventLog.open(self.nats_url, name="gpusched-up")
+        log = await EventLog.open(self.nats_url, name="gpusched-up", creds=self.admin_creds)
         try:
             if "nodeagent" not in self.children:
                 await register_simulated_nodes(log, self.args.nodes, self.args.gpus_per_node,
@@ -240,6 +287,14 @@ class Stack:
         stop_processes([c.proc for c in self.children.values() if c.proc is not None])
         for server in reversed(self.servers):
             server.stop()
+
+
+def _without_password(url: str) -> str:
+    """A Redis URL fit to print (the password stays in stack.json and the client config, 0600)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return url if not parts.password else url.replace(f":{parts.password}@", ":***@", 1)
 
 
 def _http_ok(url: str) -> bool:
@@ -299,12 +354,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                 ready.cancel()
                 return 0
             ready.result()
-            controls = await connect(stack.nats_url, name="gpusched-up")
+            controls = await connect(stack.nats_url, name="gpusched-up", creds=stack.admin_creds)
+            if stack.trust is not None and not args.no_client_config:
+                written = clientconfig.write({"nats": stack.nats_url, "redis": stack.redis_url,
+                                              "creds": stack.admin_creds, "ca": stack.ca})
             await control.serve_controls(controls, control.stack_handlers(stack))  # dashboard stop/start
-            parts = [f"nats {stack.nats_url}", f"redis {stack.redis_url}"]
+            parts = [f"nats {stack.nats_url}", f"redis {_without_password(stack.redis_url)}"]
             if stack.dashboard_url:
                 parts.append(f"dashboard {stack.dashboard_url}")
             parts.append(f"{args.nodes} nodes x {args.gpus_per_node} GPUs, policy {args.policy}, data {data_dir}")
+            if stack.trust is not None:
+                parts.append(f"admin creds {stack.admin_creds}"
+                             + ("" if args.no_client_config else f" (client config {written})"))
             if stack.missing:
                 parts.append(f"not installed: {', '.join(stack.missing)}")
             print("gpusched up: ready - " + " | ".join(parts), flush=True)
@@ -379,6 +440,10 @@ def register(sub) -> None:
     up.add_argument("--restart-delay", type=float, default=5.0, help="seconds before a dead service is restarted")
     up.add_argument("--no-restart", action="store_true", help="leave dead services dead (chaos demos)")
     up.add_argument("--ready-timeout", type=float, default=60.0)
+    up.add_argument("--tls", action="store_true",
+                    help="NATS over TLS with a local CA generated under DATA/tls (clients verify it)")
+    up.add_argument("--no-client-config", action="store_true",
+                    help="do not write the client config ($GPUSCHED_CONFIG or ~/.config/gpusched/config.toml)")
     up.set_defaults(func=cmd_up)
 
     service = sub.add_parser("service", help="run one service (the form deploy files use)")

@@ -72,7 +72,9 @@ async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: b
 
 
 def _redis_configured(redis: str | None) -> bool:
-    return bool(redis or os.environ.get("GPUSCHED_REDIS_URL"))
+    from gpusched.security import clientconfig
+
+    return bool(clientconfig.resolve("redis", redis, "GPUSCHED_REDIS_URL"))
 
 
 def _redis_client(redis: str | None):

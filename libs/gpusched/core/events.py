@@ -116,6 +116,7 @@ class GpusReleased(Event, frozen=True, kw_only=True):
     reason: Literal["preempted", "no_process", "node_lost", "drained", "process_failed"]
     forced: bool = False
     lost_gpu_s: float = 0.0
+    node: str | None = None  # the reporting node daemon, when a node reports it (process_failed)
 
 
 class JobCompleted(Event, frozen=True, kw_only=True):
