@@ -19,17 +19,23 @@ from dataclasses import dataclass
 
 import msgspec
 import structlog
-from nats.aio.msg import Msg
-from opentelemetry.trace import SpanKind
-
 from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.core import events as ev
-from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
+from gpusched.core.commands import (
+    CancelJob,
+    Command,
+    CommandReply,
+    DrainNode,
+    SetTeamQuota,
+    SubmitJob,
+)
 from gpusched.core.model import LEVEL_RANK
 from gpusched.core.state import TERMINAL, ClusterState
 from gpusched.services.runtime import FoldedLog
 from gpusched.services.shell import common_arguments
+from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
 
 log = structlog.get_logger()
 

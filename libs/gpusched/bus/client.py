@@ -16,7 +16,14 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from gpusched import telemetry
-from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
+from gpusched.core.commands import (
+    CancelJob,
+    Command,
+    CommandReply,
+    DrainNode,
+    SetTeamQuota,
+    SubmitJob,
+)
 from gpusched.core.model import JobSpec, TeamQuota
 
 from . import subjects

@@ -22,9 +22,17 @@ from dataclasses import dataclass
 
 import msgspec
 import nats
+import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import APIError, NotFoundError
 
 from gpusched import telemetry
@@ -34,6 +42,8 @@ from gpusched.security.identity import Identity
 from gpusched.security.identity import load as load_identity
 
 from . import subjects
+
+_log = structlog.get_logger()
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
@@ -79,14 +89,31 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         kwargs.setdefault("inbox_prefix", ident.inbox_prefix)
     if url.startswith("tls://") and "tls" not in kwargs:
         kwargs["tls"] = tls_context(url)
+    kwargs.setdefault("max_reconnect_attempts", -1)
+    kwargs.setdefault("reconnect_time_wait", 0.5)
+    refused = asyncio.Event()
+    user_cb = kwargs.pop("error_cb", None)
+
+    async def on_error(err: Exception) -> None:
+        if "authorization violation" in str(err).lower():
+            refused.set()  # the server said no: retrying forever would only hide it
+        if user_cb is not None:
+            await user_cb(err)
+        else:
+            _log.warning("nats_error", error=str(err), connection=name)
+
+    attempt = asyncio.ensure_future(nats.connect(url, name=name, error_cb=on_error, **kwargs))
+    no = asyncio.ensure_future(refused.wait())
     try:
-        nc = await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **kwargs)
-    except Exception as err:
-        if "authorization" in str(err).lower():
-            who = f"credentials {path}" if path else ("an anonymous connection (give --creds FILE, "
-                                                      "$GPUSCHED_CREDS, or run `gpusched up`)")
-            raise PermissionError(f"NATS at {url} refused {who}: {err}") from err
-        raise
+        await asyncio.wait({attempt, no}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        no.cancel()
+    if refused.is_set() and (not attempt.done() or attempt.exception() is not None):
+        attempt.cancel()
+        who = f"credentials {path}" if path else ("an anonymous connection (give --creds FILE, "
+                                                  "$GPUSCHED_CREDS, or run `gpusched up`)")
+        raise PermissionError(f"NATS at {url} refused {who}: authorization violation")
+    nc = attempt.result()
     nc.gpusched_identity = ident  # type: ignore[attr-defined]
     return nc
 

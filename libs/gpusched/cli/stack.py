@@ -22,7 +22,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Any
 
 from gpusched.bus.log import connect
@@ -357,7 +356,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             controls = await connect(stack.nats_url, name="gpusched-up", creds=stack.admin_creds)
             if stack.trust is not None and not args.no_client_config:
                 written = clientconfig.write({"nats": stack.nats_url, "redis": stack.redis_url,
-                                              "creds": stack.admin_creds, "ca": stack.ca})
+                                              "creds": stack.admin_creds, "ca": stack.ca,
+                                              "trust": str(stack.trust.dir)})
             await control.serve_controls(controls, control.stack_handlers(stack))  # dashboard stop/start
             parts = [f"nats {stack.nats_url}", f"redis {_without_password(stack.redis_url)}"]
             if stack.dashboard_url:

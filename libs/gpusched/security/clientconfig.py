@@ -6,6 +6,7 @@
     redis = "redis://:PASSWORD@127.0.0.1:6379/0"
     creds = "/path/to/data/trust/identities/admin.nk"
     ca = "/path/to/data/tls/ca.pem"          # only with `up --tls`
+    trust = "/path/to/data/trust"             # where `gpusched user add|list|revoke` work
 
 Precedence everywhere: an explicit flag (`--nats`, `--creds`) > environment (`GPUSCHED_NATS_URL`,
 `GPUSCHED_REDIS_URL`, `GPUSCHED_CREDS`, `GPUSCHED_CA`) > this file > built-in defaults.
@@ -18,7 +19,7 @@ import os
 import tomllib
 from pathlib import Path
 
-KEYS = ("nats", "redis", "creds", "ca")
+KEYS = ("nats", "redis", "creds", "ca", "trust")
 
 
 def path() -> Path:
