@@ -307,28 +307,37 @@ async def test_tenants_act_only_for_their_team_and_jobs_carry_their_user(people,
     assert (state.jobs[mine.job_id].user, state.jobs[theirs.job_id].user) == ("alice", "bob")
 
 
-async def test_a_user_added_connects_and_a_revoked_one_is_cut_off_without_a_restart(trust, nats_server):
-    ident = trust.add("carol", "tenant", teams=["nlp"])
+async def test_a_user_added_connects_and_a_revoked_one_is_cut_off_without_a_restart(trust, nats_server, tmp_path):
+    """Through the CLI, as an operator does it: `user add` and `user revoke` rewrite the
+    server's config and reload it (SIGHUP); no restart."""
+    from gpusched.cli.main import main
+
+    creds = tmp_path / "carol.nk"
+    with pytest.raises(PermissionError):  # not known to the server: refused
+        await connect(nats_server.url, creds=str(people_seed(trust, "nobody", tmp_path)), max_reconnect_attempts=0)
+    assert main(["user", "add", "carol", "--team", "nlp", "--out", str(creds), "--trust", str(trust.dir)]) == 0
+    nc = await _connect_when_reloaded(nats_server.url, creds)
     try:
-        with pytest.raises(PermissionError):  # not in the server's config yet
-            await connect(nats_server.url, creds=ident.seed_file, max_reconnect_attempts=0)
-        nats_server.reload()
-        nc = await _connect_when_reloaded(nats_server.url, ident.seed_file)
-        assert nc.is_connected
-        kept = ident.seed_file.read_bytes()
-        trust.revoke("carol")
-        ident.seed_file.write_bytes(kept)  # the holder still has the file: it no longer works
-        nats_server.reload()
+        async with Client(nc) as carol:  # a tenant's own command subject works
+            with pytest.raises(Exception, match="no service answers|no reply"):
+                await carol.submit(JobSpec(team="nlp", gpus=1))
+        assert main(["user", "revoke", "carol", "--trust", str(trust.dir)]) == 0
         for _ in range(100):  # the server drops the revoked user's live connection on reload
             if not nc.is_connected:
                 break
             await asyncio.sleep(0.05)
         assert not nc.is_connected
-        await nc.close()
-        with pytest.raises(PermissionError):
-            await connect(nats_server.url, creds=ident.seed_file, max_reconnect_attempts=0)
     finally:
-        ident.seed_file.unlink(missing_ok=True)
+        await nc.close()
+    with pytest.raises(PermissionError):  # the holder still has the file: it no longer works
+        await connect(nats_server.url, creds=creds, max_reconnect_attempts=0)
+
+
+def people_seed(trust, name, tmp_path):
+    """A well-formed nkey seed the server has never heard of."""
+    from gpusched.security import identity
+
+    return identity.create(name, "tenant", tmp_path, teams=["nlp"]).seed_file
 
 
 async def _connect_when_reloaded(url, creds):

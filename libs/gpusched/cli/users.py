@@ -75,7 +75,70 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    """A trust store for a deployment (deploy/): admin, one identity per service kind, and
+    one per listed node."""
+    from gpusched.services.nodeagent.main import sim_node_names
+
+    store = TrustStore(args.trust)
+    store.ensure_stack(sim_node_names(args.sim_nodes) if args.sim_nodes else ())
+    for node in [n for n in (args.nodes or "").split(",") if n]:
+        if store.get(node) is None:
+            store.add(node, "node", node=node)
+    print(f"trust store {store.dir}: {len(store.ring().active())} identities; credentials in {store.ids}")
+    return 0
+
+
+def cmd_nats_auth(args: argparse.Namespace) -> int:
+    """The NATS `authorization` block of the trust store, for deploy/nats/*.conf to include."""
+    from gpusched.security import authz
+
+    text = authz.auth_include(_store(args).ring())
+    if args.out in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(args.out).write_text(text)
+    return 0
+
+
+def cmd_stream_create(args: argparse.Namespace) -> int:
+    """Admin: create (or update) the streams; services only check that they exist."""
+    import asyncio
+    import os
+
+    from gpusched.bus.log import EventLog, connect
+
+    async def run() -> None:
+        log = EventLog(await connect(args.nats, name="gpusched-stream-create"), args.replicas)
+        try:
+            await log.create_streams()
+        finally:
+            await log.close()
+
+    if args.replicas is None:
+        args.replicas = int(os.environ.get("GPUSCHED_STREAM_REPLICAS", "1"))
+    asyncio.run(run())
+    print(f"streams ready (replicas {args.replicas})")
+    return 0
+
+
+def cmd_tls(args: argparse.Namespace) -> int:
+    """A local CA and a NATS server certificate (what `up --tls` makes), for deploy/compose."""
+    from gpusched.security import tlsgen
+
+    files = tlsgen.ensure(args.dir, hosts=[h for h in args.hosts.split(",") if h])
+    print(" ".join(f"{k}={v}" for k, v in files.items()))
+    return 0
+
+
 def register(sub) -> None:
+    stream = sub.add_parser("stream", help="admin: create the streams (deploy/; `up` does it itself)")
+    ssub = stream.add_subparsers(dest="stream_command", required=True, metavar="ACTION")
+    p = ssub.add_parser("create", help="create or update the log's streams (admin credentials)")
+    p.add_argument("--nats", default=None)
+    p.add_argument("--replicas", type=int, default=None, help="default: $GPUSCHED_STREAM_REPLICAS or 1")
+    p.set_defaults(func=cmd_stream_create)
+
     user = sub.add_parser("user", help="add, list or revoke the identities that may use the stack")
     usub = user.add_subparsers(dest="user_command", required=True, metavar="ACTION")
     p = usub.add_parser("add", help="make an identity and write its credentials file")
@@ -92,6 +155,20 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--trust", default=None)
     p.set_defaults(func=cmd_list)
+    p = usub.add_parser("init", help="make a trust store for a deployment: admin, the services, nodes")
+    p.add_argument("--trust", required=True)
+    p.add_argument("--nodes", default=None, help="node daemons to make identities for, comma-separated")
+    p.add_argument("--sim-nodes", type=int, default=0,
+                   help="the simulated-node host identity (`nodeagent`) speaks for node00..node<N-1>")
+    p.set_defaults(func=cmd_init)
+    p = usub.add_parser("nats-auth", help="print the NATS authorization block (for deploy/nats/*.conf)")
+    p.add_argument("--trust", default=None)
+    p.add_argument("--out", default=None)
+    p.set_defaults(func=cmd_nats_auth)
+    p = usub.add_parser("tls", help="make a local CA and a NATS server certificate (deploy/compose)")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--hosts", default="", help="DNS names of the server, comma-separated (e.g. nats)")
+    p.set_defaults(func=cmd_tls)
     p = usub.add_parser("revoke", help="revoke an identity (cut off now, refused from now on)")
     p.add_argument("name")
     p.add_argument("--trust", default=None)

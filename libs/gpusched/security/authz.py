@@ -89,6 +89,11 @@ def users(ring: KeyRing) -> list[dict]:
     return [{"nkey": key, "permissions": permissions(key, p)} for key, p in ring.active().items()]
 
 
+def auth_include(ring: KeyRing) -> str:
+    """The `authorization` block alone, for `include`-ing into a hand-written config (deploy/)."""
+    return "authorization: " + json.dumps({"users": users(ring), "timeout": 5}, indent=2) + "\n"
+
+
 def server_config(ring: KeyRing, *, port: int, store_dir: str | os.PathLike, host: str = "127.0.0.1",
                   tls: dict[str, str] | None = None, name: str = "gpusched") -> str:
     """A complete nats-server config: JetStream, auth on for every connection, no monitoring

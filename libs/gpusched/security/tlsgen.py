@@ -31,9 +31,9 @@ def _key_pem(key) -> bytes:
                              serialization.NoEncryption())
 
 
-def ensure(directory: str | os.PathLike, days: int = 825) -> dict[str, str]:
-    """The CA and server certificate under `directory` (made when missing); returns the
-    nats-server `tls` block's files."""
+def ensure(directory: str | os.PathLike, days: int = 825, hosts: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
+    """The CA and server certificate under `directory` (made when missing; `hosts`: more DNS
+    names the server is reached by); returns the nats-server `tls` block's files."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     files = {"cert_file": d / "server.pem", "key_file": d / "server-key.pem", "ca_file": d / "ca.pem"}
@@ -51,8 +51,8 @@ def ensure(directory: str | os.PathLike, days: int = 825) -> dict[str, str]:
                                        crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName("localhost"), x509.DNSName(socket.gethostname()),
-             x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("::1"))]
+    names = [x509.DNSName(h) for h in dict.fromkeys(["localhost", socket.gethostname(), *hosts])] + [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("::1"))]
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusched nats")]))
             .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())

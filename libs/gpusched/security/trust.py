@@ -50,13 +50,8 @@ class TrustStore:
             raise IdentityError(f"identity {name!r} exists (role {live[1].role}); revoke it first")
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
-        ident = identity.create(name, role, self.ids, node=node, nodes=tuple(nodes), teams=tuple(teams))
-        if out is not None:  # the holder's copy; the store keeps its own (the admin's `up` can re-issue)
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(ident.seed_file.read_bytes())
-            identity.card_path(out).write_bytes(identity.card_path(ident.seed_file).read_bytes())
+        # with `out`, only the holder gets the seed: the store keeps the public key (keys.json)
+        ident = identity.create(name, role, self.ids, node=node, nodes=tuple(nodes), teams=tuple(teams), out=out)
         ring.add(ident.public_key, ident.principal())
         keyring.save(ring, self.keys_file)
         return ident
