@@ -192,6 +192,9 @@ class Reconciler:
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             log.warning("bad_heartbeat", subject=msg.subject, error=str(err))
             return
+        if msg.subject != subjects.heartbeat_subject(hb.node):  # permissions say who may publish
+            log.warning("heartbeat_for_another_node", subject=msg.subject, node=hb.node)  # the subject,
+            return  # so a node speaks only for itself: the payload must name the subject's node
         self.obs.observe(hb, time.time())
 
     async def _loop(self) -> None:

@@ -347,3 +347,29 @@ async def _connect_when_reloaded(url, creds):
         except PermissionError:
             await asyncio.sleep(0.05)
     raise AssertionError("the reloaded server never accepted the new user")
+
+
+async def test_a_spoofed_heartbeat_is_not_believed(people, nats_url):
+    """node01 may publish heartbeats only on its own subject (the matrix); one there that claims
+    to be node02 (to keep a dead node "alive", or to quarantine its GPUs) is dropped by the
+    reconciler, while node01's own is observed."""
+    from gpusched.core.heartbeat import Heartbeat
+    from gpusched.services.reconciler import Reconciler, ReconcilerConfig
+
+    rec = Reconciler(await EventLog.open(nats_url, name="test-reconciler", creds=people["reconciler"]),
+                     ReconcilerConfig(tick_s=60))
+    await rec.start()
+    node = await connect(nats_url, creds=people["gpu01"])
+    try:
+        for claimed in ("node02", NODE):
+            hb = Heartbeat(node=claimed, at=1.0, agent_id="a", seq=1, backend="sim", gpus=[])
+            await node.publish(subjects.heartbeat_subject(NODE), msgspec.json.encode(hb))
+        await node.flush()
+        for _ in range(200):
+            if NODE in rec.obs.heartbeats:
+                break
+            await asyncio.sleep(0.02)
+        assert set(rec.obs.heartbeats) == {NODE}  # published first, node02's was seen and dropped
+    finally:
+        await node.close()
+        await rec.stop()

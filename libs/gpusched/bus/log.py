@@ -328,8 +328,12 @@ class EventLog:
             yield rec.seq, rec.event
 
     async def dead_letter(self, subject: str, seq: int, data: bytes, reason: str) -> None:
-        """Keep the bad message, with why, where an operator can read it; once per sequence."""
+        """Keep the bad message, with why, where an operator can read it; once per sequence.
+        Readers without write permissions (auditors) only count it: the writers' readers file it."""
         self.dead_letters += 1
+        ident = self.identity
+        if ident is not None and ident.role in ("auditor", "tenant", "platform"):
+            return
         headers = {"Gpusched-Reason": reason[:1000], "Gpusched-Seq": str(seq), "Nats-Msg-Id": f"dead-{seq}"}
         await self.js.publish(subjects.dead_subject(subject), data, headers=headers)
 
