@@ -373,3 +373,30 @@ async def test_a_spoofed_heartbeat_is_not_believed(people, nats_url):
     finally:
         await node.close()
         await rec.stop()
+
+
+async def test_tls_from_the_stack_ca_is_verified(trust, tmp_path, monkeypatch):
+    """`up --tls`: NATS serves TLS from a generated CA; a client that trusts that CA connects
+    (and is still held to its role), one that does not is refused by its own TLS check."""
+    import ssl
+
+    from gpusched.bus.servers import start_nats
+    from gpusched.security import tlsgen
+    from gpusched.security.bootstrap import create_streams_sync
+
+    files = tlsgen.ensure(tmp_path / "tls")
+    server = start_nats(trust=trust, tls=files)
+    try:
+        assert server.url.startswith("tls://")
+        monkeypatch.setenv("GPUSCHED_CA", files["ca_file"])
+        create_streams_sync(server.url, trust.creds("admin"))
+        log = await EventLog.open(server.url, creds=trust.creds("placement"))
+        assert await log.append(ev.PlacementRecovered(at=1.0)) == 1
+        await log.close()
+        monkeypatch.delenv("GPUSCHED_CA")
+        with pytest.raises((ssl.SSLError, OSError, Exception)) as refused:
+            await asyncio.wait_for(connect(server.url, creds=trust.creds("admin"), max_reconnect_attempts=0,
+                                           allow_reconnect=False), 10)
+        assert "certificate" in str(refused.value).lower() or isinstance(refused.value, ssl.SSLError)
+    finally:
+        server.stop()
