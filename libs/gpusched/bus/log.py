@@ -95,8 +95,10 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
     user_cb = kwargs.pop("error_cb", None)
 
     async def on_error(err: Exception) -> None:
-        if "authorization violation" in str(err).lower():
+        if "authorization violation" in str(err).lower() and not refused.is_set():
             refused.set()  # the server said no: retrying forever would only hide it
+            if user_cb is None:
+                return  # the caller gets a PermissionError that says so
         if user_cb is not None:
             await user_cb(err)
         else:
