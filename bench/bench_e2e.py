@@ -179,7 +179,18 @@ async def main() -> None:
     backlog = args.backlog or (2000 if args.quick else 20000)
     gpus = nodes * 8
     work = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
-    nats, redis = start_nats(), start_redis()
+    # as deployed: authentication on, each service as its own identity, this process as admin
+    import os
+
+    from gpusched.security.bootstrap import create_streams_sync
+    from gpusched.security.trust import TrustStore
+
+    trust = TrustStore(tempfile.mkdtemp(prefix="bench-trust-"))
+    trust.ensure_stack()
+    os.environ["GPUSCHED_CREDS"] = str(trust.creds("admin"))
+    os.environ["GPUSCHED_IDENTITY_DIR"] = str(trust.ids)
+    nats, redis = start_nats(trust=trust), start_redis()
+    create_streams_sync(nats.url, trust.creds("admin"))
     procs = []
     try:
         log = await EventLog.open(nats.url, name="bench")
@@ -281,6 +292,9 @@ async def main() -> None:
         stop_processes(procs)
         redis.stop()
         nats.stop()
+        import shutil
+
+        shutil.rmtree(trust.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -355,6 +355,9 @@ class Reconciler:
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             log.warning("bad_heartbeat", subject=msg.subject, error=str(err))
             return
+        if msg.subject != subjects.heartbeat_subject(hb.node):  # permissions say who may publish
+            log.warning("heartbeat_for_another_node", subject=msg.subject, node=hb.node)  # the subject,
+            return  # so a node speaks only for itself: the payload must name the subject's node
         self.obs.observe(hb, time.time())
 
     async def _loop(self) -> None:
@@ -416,7 +419,7 @@ class Reconciler:
     async def _request(self, node: str, gid: str, request) -> None:
         what = type(request).__name__
         try:
-            msg = await self.log.nc.request(subjects.node_control_subject(node), msgspec.json.encode(request),
+            msg = await self.log.nc.request(subjects.node_kill_subject(node), msgspec.json.encode(request),
                                             timeout=self.cfg.request_timeout_s)
             reply = decode_reply(msg.data)
             log.warning("node_request_reply", request=what, node=node, gpu=gid, ok=reply.ok, killed=reply.killed,

@@ -27,6 +27,7 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "job_id": job.job_id,
         "name": spec.name,
         "team": spec.team,
+        "user": job.user,
         "state": job.state,
         "priority": spec.priority,
         "gpus_requested": spec.gpus,
@@ -159,7 +160,7 @@ def describe(event: ev.Event) -> str:
     k = type(event).__name__
     if k == "JobSubmitted":
         s = e.spec
-        return f"{e.job_id} submitted by {s.team}: {s.gpus} GPU(s), {s.priority}" + (" preemptible" if s.preemptible else "")
+        return f"{e.job_id} submitted by {s.team}{'/' + e.user if e.user else ''}: {s.gpus} GPU(s), {s.priority}" + (" preemptible" if s.preemptible else "")
     if k == "GpusGranted":
         return f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}{', backfill' if e.backfill else ''})"
     if k == "JobPending":

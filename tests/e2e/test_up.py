@@ -66,7 +66,7 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
             await asyncio.sleep(0.3)
         assert state.violations() == []
         # every fact so far was signed by the service (or node daemon) whose role decides it
-        audit = _cli("replay", "--verify", "--keys", str(data / "keys.json"), "--json", env=env)
+        audit = _cli("replay", "--verify", "--keys", str(data / "trust" / "keys.json"), "--json", env=env)
         assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr
         assert json.loads(audit.stdout)["trust"]["unsigned"] == 0
 

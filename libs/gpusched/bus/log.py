@@ -27,16 +27,29 @@ from dataclasses import dataclass
 
 import msgspec
 import nats
+import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import APIError, NotFoundError
 
 from gpusched import telemetry
 from gpusched.core.events import Event, decode_event, encode_event
 from gpusched.security import signing
+from gpusched.security import clientconfig
+from gpusched.security.identity import Identity
+from gpusched.security.identity import load as load_identity
 
 from . import subjects
+
+_log = structlog.get_logger()
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
@@ -45,14 +58,72 @@ MAX_BATCH = 1000  # JetStream's limit on one atomic batch
 
 
 def nats_url(url: str | None = None) -> str:
-    return url or os.environ.get("GPUSCHED_NATS_URL") or DEFAULT_NATS_URL
+    return clientconfig.resolve("nats", url, "GPUSCHED_NATS_URL") or DEFAULT_NATS_URL
 
 
-async def connect(url: str | None = None, name: str = "gpusched", **kwargs) -> NATS:
-    """The one way to connect to NATS (reconnects forever; services must outlive blips)."""
-    return await nats.connect(
-        nats_url(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **kwargs
-    )
+def creds_file(creds: str | os.PathLike | None = None) -> str | None:
+    """Which credentials: explicit > $GPUSCHED_CREDS > the client config's (None: anonymous,
+    which an authenticated server refuses)."""
+    return clientconfig.resolve("creds", str(creds) if creds else None, "GPUSCHED_CREDS")
+
+
+def tls_context(url: str, ca: str | None = None):
+    """A TLS context that verifies the server against the stack's CA ($GPUSCHED_CA or the
+    client config's `ca`), or the system's roots when none is named."""
+    import ssl
+
+    ca = clientconfig.resolve("ca", ca, "GPUSCHED_CA")
+    return ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+
+
+def identity_of(nc: NATS) -> Identity | None:
+    """The identity a connection authenticated as (None: anonymous)."""
+    return getattr(nc, "gpusched_identity", None)
+
+
+async def connect(url: str | None = None, name: str = "gpusched", creds: str | os.PathLike | None = None,
+                  **kwargs) -> NATS:
+    """The one way to connect to NATS (reconnects forever; services must outlive blips), as the
+    identity `creds_file(creds)` names: its nkey answers the server's challenge, and replies
+    come to its own inbox prefix (the only one its permissions let it read)."""
+    url = nats_url(url)
+    path = creds_file(creds)
+    ident = None
+    if path:
+        ident = load_identity(path)
+        kwargs.setdefault("nkeys_seed", str(path))
+        kwargs.setdefault("inbox_prefix", ident.inbox_prefix)
+    if url.startswith("tls://") and "tls" not in kwargs:
+        kwargs["tls"] = tls_context(url)
+    kwargs.setdefault("max_reconnect_attempts", -1)
+    kwargs.setdefault("reconnect_time_wait", 0.5)
+    refused = asyncio.Event()
+    user_cb = kwargs.pop("error_cb", None)
+
+    async def on_error(err: Exception) -> None:
+        if "authorization violation" in str(err).lower() and not refused.is_set():
+            refused.set()  # the server said no: retrying forever would only hide it
+            if user_cb is None:
+                return  # the caller gets a PermissionError that says so
+        if user_cb is not None:
+            await user_cb(err)
+        else:
+            _log.warning("nats_error", error=str(err), connection=name)
+
+    attempt = asyncio.ensure_future(nats.connect(url, name=name, error_cb=on_error, **kwargs))
+    no = asyncio.ensure_future(refused.wait())
+    try:
+        await asyncio.wait({attempt, no}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        no.cancel()
+    if refused.is_set() and (not attempt.done() or attempt.exception() is not None):
+        attempt.cancel()
+        who = f"credentials {path}" if path else ("an anonymous connection (give --creds FILE, "
+                                                  "$GPUSCHED_CREDS, or run `gpusched up`)")
+        raise PermissionError(f"NATS at {url} refused {who}: authorization violation")
+    nc = attempt.result()
+    nc.gpusched_identity = ident  # type: ignore[attr-defined]
+    return nc
 
 
 class Conflict(Exception):
@@ -101,32 +172,65 @@ class EventLog:
 
     @classmethod
     async def open(cls, url: str | None = None, name: str = "gpusched", replicas: int | None = None,
-                   signer: signing.Signer | None | object = FROM_ENV) -> EventLog:
-        """Connect and ensure the streams. `signer`: the writer's key (None: unsigned; default:
-        `signing.signer_from_env()`, the one hook that gives a service its identity)."""
+                   signer: signing.Signer | None | object = FROM_ENV,
+                   creds: str | os.PathLike | None = None) -> EventLog:
+        """Connect as `creds` and check the streams exist (an admin connection creates them when
+        missing: no other role may change the stream). `signer`: the writer's key (None: unsigned;
+        default: `signing.signer_from_env()`, else the seed of the credentials it connects with:
+        one identity both authenticates the connection and signs the facts)."""
         if signer is FROM_ENV:
-            signer = signing.signer_from_env()
-        log = cls(await connect(url, name=name), replicas, signer)  # type: ignore[arg-type]
-        await log.ensure()
+            signer = signing.signer_from_env({k: v for k, v in os.environ.items() if k != "GPUSCHED_CREDS"})
+            path = creds_file(creds)
+            if signer is None and path:
+                signer = signing.Signer.from_seed(signing.seed_from_file(path))
+        log = cls(await connect(url, name=name, creds=creds), replicas, signer)  # type: ignore[arg-type]
+        try:
+            await log.ensure()
+        except BaseException:
+            await log.nc.close()
+            raise
         return log
 
     async def close(self) -> None:
         await self.nc.drain()
 
-    async def ensure(self) -> None:
-        """Create or update the streams; safe to call from every service at every start."""
-        configs = [
+    @property
+    def identity(self) -> Identity | None:
+        return identity_of(self.nc)
+
+    def stream_configs(self) -> list[StreamConfig]:
+        """The streams: the log denies deleting and purging (nobody rewrites history through
+        the API, admin included); its limits and subjects change only by admin."""
+        return [
             StreamConfig(
                 name=subjects.STREAM, subjects=[subjects.EVENTS], storage=StorageType.FILE,
                 retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD, num_replicas=self.replicas,
                 duplicate_window=120.0, allow_atomic=True, description="gpusched: every fact, the source of truth",
+                deny_delete=True, deny_purge=True,
             ),
             StreamConfig(
                 name=subjects.DEAD_STREAM, subjects=[subjects.DEAD], storage=StorageType.FILE,
                 num_replicas=self.replicas, description="gpusched: messages that did not decode, with why",
+                deny_delete=True, deny_purge=True,
             ),
         ]
-        for config in configs:
+
+    async def ensure(self) -> None:
+        """Admin: create or update the streams (idempotent; `gpusched up` and the test fixtures
+        do it). Every other role only checks that they exist."""
+        ident = self.identity
+        if ident is not None and ident.role != "admin":
+            for config in self.stream_configs():
+                try:
+                    await self.js.stream_info(config.name)
+                except NotFoundError:
+                    raise RuntimeError(f"stream {config.name} does not exist: an admin creates it "
+                                       "(`gpusched up`, or `gpusched stream create` with admin credentials)") from None
+            return
+        await self.create_streams()
+
+    async def create_streams(self) -> None:
+        for config in self.stream_configs():
             try:
                 await self.js.add_stream(config)
             except APIError as err:
@@ -270,8 +374,11 @@ class EventLog:
             async for msg, seq in messages:
                 try:
                     event = decode_event(msg.data)
+                    problem = subjects.subject_problem(msg.subject, event)
                 except (msgspec.DecodeError, msgspec.ValidationError) as err:
-                    await self.dead_letter(msg.subject, seq, msg.data, str(err))
+                    problem = str(err)
+                if problem is not None:
+                    await self.dead_letter(msg.subject, seq, msg.data, problem)
                     if on_dead is not None:
                         on_dead(seq, msg.subject)
                 else:
@@ -315,8 +422,12 @@ class EventLog:
             yield rec.seq, rec.event
 
     async def dead_letter(self, subject: str, seq: int, data: bytes, reason: str) -> None:
-        """Keep the bad message, with why, where an operator can read it; once per sequence."""
+        """Keep the bad message, with why, where an operator can read it; once per sequence.
+        Readers without write permissions (auditors) only count it: the writers' readers file it."""
         self.dead_letters += 1
+        ident = self.identity
+        if ident is not None and ident.role in ("auditor", "tenant", "platform"):
+            return
         headers = {"Gpusched-Reason": reason[:1000], "Gpusched-Seq": str(seq), "Nats-Msg-Id": f"dead-{seq}"}
         await self.js.publish(subjects.dead_subject(subject), data, headers=headers)
 

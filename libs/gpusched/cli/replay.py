@@ -86,6 +86,11 @@ def default_keys_path() -> Path:
     `keys.json` in `$GPUSCHED_DATA_DIR`, else in `~/.config/gpusched/`."""
     if os.environ.get("GPUSCHED_KEYS"):
         return Path(os.environ["GPUSCHED_KEYS"])
+    from gpusched.security import clientconfig
+
+    trust = clientconfig.resolve("trust")
+    if trust and (Path(trust) / "keys.json").exists():
+        return Path(trust) / "keys.json"
     if os.environ.get("GPUSCHED_DATA_DIR"):
         return Path(os.environ["GPUSCHED_DATA_DIR"]) / "keys.json"
     return Path.home() / ".config" / "gpusched" / "keys.json"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -72,7 +71,9 @@ async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: b
 
 
 def _redis_configured(redis: str | None) -> bool:
-    return bool(redis or os.environ.get("GPUSCHED_REDIS_URL"))
+    from gpusched.security import clientconfig
+
+    return bool(clientconfig.resolve("redis", redis, "GPUSCHED_REDIS_URL"))
 
 
 def _redis_client(redis: str | None):
@@ -220,7 +221,7 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
 
     now = display_now(meta)
     table = Table(caption=_caption(meta), header_style="bold")
-    for col in ("JOB", "TEAM", "STATE", "PRIO", "GPUS", "HELD ON", "AGE", "USE", "DETAIL"):
+    for col in ("JOB", "TEAM/USER", "STATE", "PRIO", "GPUS", "HELD ON", "AGE", "USE", "DETAIL"):
         table.add_column(col, no_wrap=col != "DETAIL", overflow="fold" if col == "HELD ON" else "ellipsis",
                          min_width=20 if col == "DETAIL" else None)
     for d in docs:
@@ -241,7 +242,7 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         since = d["started_at"] if d["state"] in ("starting", "running") else d["submitted_at"]
         age = _dur(now - since) if d["state"] not in ("completed", "failed", "cancelled") else "-"
         style = STATE_STYLE.get(d["state"], "")
-        table.add_row(d["job_id"], d["team"], f"[{style}]{d['state']}[/]", d["priority"], gpus,
+        table.add_row(d["job_id"], d["team"] + (f"/{d['user']}" if d.get("user") else ""), f"[{style}]{d['state']}[/]", d["priority"], gpus,
                       compress_gpus(d["gpus"]), age, _use(d), detail)
     _console().print(table)
 
@@ -320,6 +321,8 @@ PRINTERS = {"jobs": print_jobs, "nodes": print_nodes, "teams": print_teams, "que
 def _filter(docs: list[dict[str, Any]], args) -> list[dict[str, Any]]:
     if getattr(args, "team", None):
         docs = [d for d in docs if d.get("team") == args.team]
+    if getattr(args, "user", None):
+        docs = [d for d in docs if d.get("user") == args.user]
     if getattr(args, "state", None):
         wanted = set(args.state.split(","))
         docs = [d for d in docs if d.get("state") in wanted]
@@ -386,6 +389,12 @@ async def job_history(event_log, job_id: str) -> list[Any]:
 
     own = [r for subject in subj.job_subjects(job_id) for r in await read_subject(event_log, subject)
            if getattr(r.event, "job_id", None) == job_id]
+    # what its nodes reported about it lives on their node subjects
+    nodes = sorted({g.rsplit("/", 1)[0] for r in own for g in [*getattr(r.event, "gpus", []),
+                                                                *getattr(r.event, "added", [])]})
+    seen = {r.seq for r in own}
+    own += [r for node in nodes for r in await read_subject(event_log, subj.node_subjects(node))
+            if getattr(r.event, "job_id", None) == job_id and r.seq not in seen]
     served = [r for r in await read_subject(event_log, "gpusched.evt.*.PreemptionRequested.*")
               if getattr(r.event, "for_job", None) == job_id and r.event.job_id != job_id]  # (idle: itself)
     return sorted(own + served, key=lambda r: r.seq)
@@ -442,7 +451,8 @@ def print_show(data: dict[str, Any]) -> None:
         return
     d = data["job"]
     now = data["now"]
-    head = (f"[bold]{d['job_id']}[/] {d['name']}  team [bold]{d['team']}[/]  {d['priority']}  "
+    head = (f"[bold]{d['job_id']}[/] {d['name']}  team [bold]{d['team']}[/]"
+            + (f" user [bold]{d['user']}[/]" if d.get("user") else "") + f"  {d['priority']}  "
             f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {d['gpus_requested']} GPU(s)"
             + (f" (min {d['min_gpus']})" if d["min_gpus"] != d["gpus_requested"] else "")
             + ("  preemptible" if d["preemptible"] else "")
@@ -572,6 +582,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         if what == "jobs":
             p.add_argument("--state", default=None, help="only these states (comma-separated)")
             p.add_argument("--active", action="store_true", help="only pending, starting and running jobs")
+            p.add_argument("--user", default=None, help="only jobs this user submitted")
         p.set_defaults(func=_listing(what))
     p = sub.add_parser("show", help="a job's history and why it is pending",
                        description="A job's history from the log; for a pending job, what blocks it, what "

@@ -36,6 +36,8 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
+    #: Who submitted it: the user of the command subject the server allowed (never the payload).
+    user: str = ""
 
 
 class JobRejected(Event, frozen=True, kw_only=True):
@@ -128,6 +130,8 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
     attempt: int
     path: str
     step: int
+    #: The node daemon that reports it (its subject carries the node, so permissions can say so).
+    node: str | None = None
 
 
 class GpusReleased(Event, frozen=True, kw_only=True):
@@ -139,6 +143,7 @@ class GpusReleased(Event, frozen=True, kw_only=True):
     reason: Literal["preempted", "no_process", "node_lost", "drained", "process_failed"]
     forced: bool = False
     lost_gpu_s: float = 0.0
+    node: str | None = None  # the reporting node daemon, when a node reports it (process_failed)
 
 
 class JobCompleted(Event, frozen=True, kw_only=True):
@@ -146,6 +151,7 @@ class JobCompleted(Event, frozen=True, kw_only=True):
     job_id: JobId
     attempt: int
     exit_code: int = 0
+    node: str | None = None  # the reporting node daemon, when a node reports it
 
 
 class JobFailed(Event, frozen=True, kw_only=True):
@@ -154,6 +160,7 @@ class JobFailed(Event, frozen=True, kw_only=True):
     attempt: int
     reason: str
     exit_code: int | None = None
+    node: str | None = None  # the reporting node daemon, when a node reports it
 
 
 class JobCancelled(Event, frozen=True, kw_only=True):

@@ -81,6 +81,7 @@ class Job(Struct):
     idle_at: float = 0.0
     idle_requeues: int = 0
     yielded_idle: bool = False  # requeued by an idle timeout: waits behind the queue until granted
+    user: str = ""
 
     @property
     def team(self) -> str:
@@ -165,7 +166,7 @@ class ClusterState(Struct):
         if e.job_id in self.jobs:
             self._violate("duplicate_job", f"job {e.job_id} submitted twice", [e.job_id])
             return
-        self.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id)
+        self.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user)
         self.pending[e.job_id] = None
         if e.request_id:
             self.requests[e.request_id] = e.job_id

@@ -29,7 +29,7 @@ EVENT_WRITERS: dict[str, frozenset[str]] = {
     "PlacementDegraded": frozenset({"fallback"}),
     "PlacementRecovered": frozenset({"placement"}),
     "PreemptionRequested": frozenset({"preemptor"}),
-    "GpusReleased": frozenset({"preemptor", "reconciler"}),
+    "GpusReleased": frozenset({"preemptor", "reconciler", NODE_ROLE}),  # node: a process failed, requeue
     "JobFailed": frozenset({"preemptor", "reconciler", NODE_ROLE}),
     "NodeRegistered": frozenset({NODE_ROLE}),
     "JobStarted": frozenset({NODE_ROLE}),
