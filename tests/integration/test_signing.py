@@ -154,15 +154,26 @@ async def _last_header(log: EventLog) -> str:
     return last
 
 
-async def test_a_message_deleted_from_the_middle_is_named_missing(nats_url, writers):
-    """The stream gap names the deleted sequence (trust-auth's stream denies delete: this log
-    is made without that, as a tampered store or export would be)."""
-    adm, plc, n0 = await honest_history(nats_url, writers)
-    await plc.js.delete_msg(subjects.STREAM, 7)  # j2's grant, in the middle of a batch
-    audit = await audited(nats_url, writers.ring)
-    assert [(f.seq, f.rule) for f in audit.findings][:2] == [(7, "missing"), (8, "missing")]
-    assert "sequence 7 missing" in audit.findings[0].detail
-    assert "facts 2..2 of writer chain" in audit.findings[1].detail  # placement's own chain skips one
+async def test_a_message_deleted_from_the_middle_is_named_missing(nats_url, writers, tmp_path):
+    """The stream gap names the deleted sequence. The live stream denies delete (only a store
+    tampered on disk could lose one), so the deletion is made where an attacker could: in the
+    export, keeping every other sequence number as the server stored it."""
+    await honest_history(nats_url, writers)
+    keys = tmp_path / "keys.json"
+    keyring.save(writers.ring, keys)
+    dump = run_cli("log", "export", "--nats", nats_url)
+    assert dump.returncode == 0, dump.stderr
+    lines = dump.stdout.splitlines()
+    kept = [line for line in lines if not line.startswith("{") or json.loads(line).get("seq") != 7]
+    assert len(kept) == len(lines) - 1  # j2's grant, in the middle of a batch
+    path = tmp_path / "deleted.jsonl"
+    path.write_text("\n".join(kept) + "\n")
+    result = run_replay_file(path, keys, {"GPUSCHED_NATS_URL": "nats://127.0.0.1:1"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    findings = json.loads(result.stdout)["trust"]["findings"]
+    assert [(f["seq"], f["rule"]) for f in findings][:2] == [(7, "missing"), (8, "missing")]
+    assert "sequence 7 missing" in findings[0]["detail"]
+    assert "facts 2..2 of writer chain" in findings[1]["detail"]  # placement's own chain skips one
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
