@@ -30,7 +30,7 @@ async def _stack(h, gpus: int, *reconciler: str) -> str:
     h.start("placement", *POLICY)
     h.start("preemptor", *POLICY)
     h.start("reconciler", *POLICY, "--tick-s", str(TICK_S), "--node-timeout-s", "15", *reconciler)
-    h.start("nodeagent", "--backend", "sim", "--count", "1", "--gpus", str(gpus), "--node", "idle",
+    h.start("nodeagent", "--backend", "sim", "--count", "1", "--gpus", str(gpus),
             "--heartbeat-s", str(HEARTBEAT_S), "--kill-grace-s", "1", "--work-dir", str(h.tmp / "work"))
     await h.ready("admission", "placement", "preemptor", "reconciler", "nodeagent")
     (node,) = await h.wait_for("node registered", lambda s: list(s.nodes))
