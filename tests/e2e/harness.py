@@ -13,6 +13,7 @@ Test modules import the fixture: `from .harness import harness  # noqa: F401`.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import time
@@ -26,8 +27,7 @@ from gpusched.bus.log import EventLog
 from gpusched.cli.stack import register_simulated_nodes, spawn_service, stop_processes
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
-from gpusched.security import signing
-from gpusched.security.keyring import KeyRing, Principal
+from gpusched.security import keyring
 
 #: Short leases and grace periods keep the chaos scenarios fast.
 LEASE_TTL_MS = 600
@@ -43,8 +43,6 @@ class Harness:
         self.client: Client | None = None
         self.state = ClusterState()
         self.records: list[tuple[int, ev.Event]] = []
-        self.keys = KeyRing()  # every service's public key, by role
-        self.seeds: dict[str, str] = {}
 
     async def open(self) -> None:
         self.log = await EventLog.open(self.nats_url, name="e2e")
@@ -65,21 +63,10 @@ class Harness:
         if name in ("placement", "preemptor") and not any(a.startswith("--policy-set") for a in extra):
             extra = (*extra, *FAST_POLICY)
         key = alias or name
-        proc = spawn_service(name, self.nats_url, self.redis_url, list(extra), log_path=self.tmp / f"{key}.log",
-                             env={"GPUSCHED_SIGNING_SEED": self.seed(name)})
+        proc = spawn_service(name, self.nats_url, self.redis_url, list(extra), log_path=self.tmp / f"{key}.log")
         self.procs[key] = proc
         self.kinds[key] = name
         return proc
-
-    def seed(self, service: str) -> str:
-        """The signing seed of a service kind (one identity per kind, as `gpusched up` makes)."""
-        if service not in self.seeds:
-            seed = signing.new_seed().decode()
-            self.seeds[service] = seed
-            role = "node" if service == "nodeagent" else service
-            self.keys.add(signing.Signer.from_seed(seed).public_key,
-                          Principal(name=service, role=role, node="*" if role == "node" else None))
-        return self.seeds[service]
 
     def kill9(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -189,6 +176,6 @@ async def harness(nats_url, redis_url, tmp_path):
     from gpusched.cli.replay import audit_stream
     from gpusched.security.audit import Audit
 
-    audit = Audit(h.keys, allow_unsigned=True)
+    audit = Audit(keyring.load(Path(os.environ["GPUSCHED_IDENTITY_DIR"]).parent / "keys.json"), allow_unsigned=True)
     await audit_stream(nats_url, audit)
     assert audit.findings == [], audit.findings[:5]
