@@ -185,7 +185,7 @@ async def main() -> None:
         for i in range(0, len(regs), 256):
             await asyncio.gather(*(log.append(e, msg_id=f"register-{e.node}") for e in regs[i:i + 256]))
 
-        adm = spawn_service("admission", nats.url, redis.url, [], log_path=work / "admission.log")
+        adm = spawn_service("admission", nats.url, redis.url, ["--placeholders", "any"], log_path=work / "admission.log")
         plc = spawn_service("placement", nats.url, redis.url, [], log_path=work / "placement.log")
         procs += [adm, plc]
         await wait_ready(work / "admission.log", "admission", adm)

@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanKind
 from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.core import events as ev
+from gpusched.core import limits as L
 from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
 from gpusched.core.model import LEVEL_RANK
 from gpusched.core.state import TERMINAL, ClusterState
@@ -49,6 +50,10 @@ class AdmissionConfig:
     #: Refuse jobs of teams that have no quota yet (otherwise a team starts with the default
     #: terms: nothing guaranteed, weight 1, no limit but the cluster).
     strict_teams: bool = False
+    #: Jobs without a command (simulated placeholders that hold GPUs without a process):
+    #: "refuse" (real clusters), "bounded" (only with a time limit or GPUSCHED_SIM_DURATION_S:
+    #: `gpusched up`), "any" (tests that play the node daemon).
+    placeholders: str = "refuse"
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,9 @@ _LEVEL_NAMES = {"nvlink": "NVLink domain", "node": "node", "rack": "rack", "bloc
 def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig, capacity: Capacity) -> str | None:
     """Why a well-formed submission cannot be admitted, or None."""
     spec = cmd.spec
+    problem = placeholder_problem(spec, config)
+    if problem:
+        return problem
     if spec.min_gpus is not None and spec.min_gpus > spec.gpus:
         return f"spec.min_gpus ({spec.min_gpus}) exceeds spec.gpus ({spec.gpus})"
     topo = spec.topology
@@ -133,6 +141,19 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
         if topo.required != "cluster" and need > largest[topo.required]:
             return (f"spec.topology.required is {topo.required}, but the largest {_LEVEL_NAMES[topo.required]} "
                     f"has {largest[topo.required]} GPUs; the job needs {need}")
+    return None
+
+
+def placeholder_problem(spec, config: AdmissionConfig) -> str | None:
+    """An empty command holds GPUs with no process: only on simulated clusters, and (unless
+    the config says "any") only when something ends it."""
+    if spec.command or config.placeholders == "any":
+        return None
+    if config.placeholders == "refuse":
+        return "spec.command is empty: a job needs a program to run"
+    if spec.time_limit_s is None and "GPUSCHED_SIM_DURATION_S" not in spec.env:
+        return ("spec.command is empty: a placeholder job needs spec.time_limit_s or "
+                "env GPUSCHED_SIM_DURATION_S, or it would hold its GPUs forever")
     return None
 
 
@@ -174,16 +195,27 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
 
 
 def decode(subject: str, data: bytes) -> Command | str:
-    """The command on `subject`, or a precise error naming the field (msgspec's own text)."""
+    """The command on `subject`, or a precise error naming the field (msgspec's own text, or
+    the bound of `limits` it breaks): out-of-bounds commands are malformed, nothing is appended."""
     decoder = _DECODERS.get(subject)
     if decoder is None:
-        return f"unknown command subject {subject!r}; expected one of {', '.join(sorted(_DECODERS))}"
+        return f"unknown command subject {subject[:200]!r}; expected one of {', '.join(sorted(_DECODERS))}"
+    if len(data) > L.MAX_COMMAND_MESSAGE_BYTES:
+        return f"command is {len(data)} bytes; at most {L.MAX_COMMAND_MESSAGE_BYTES} (see schemas/LIMITS.md)"
     try:
-        return decoder.decode(data)
+        cmd = decoder.decode(data)
     except msgspec.ValidationError as err:
-        return f"invalid {SUBJECT_COMMANDS[subject].__name__}: {err}"
+        return f"invalid {SUBJECT_COMMANDS[subject].__name__}: {L.explain(str(err))}"
     except msgspec.DecodeError as err:
         return f"malformed JSON: {err}"
+    if isinstance(cmd, SubmitJob):
+        size = len(msgspec.json.encode(cmd.spec))
+        if size > L.MAX_SPEC_BYTES:
+            return f"invalid SubmitJob: spec is {size} bytes as JSON; at most {L.MAX_SPEC_BYTES}"
+        problem = L.spec_problem(cmd.spec)
+        if problem:
+            return f"invalid SubmitJob: {problem}"
+    return cmd
 
 
 # --- the shell ----------------------------------------------------------------------------
@@ -273,11 +305,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser)
     parser.add_argument("--strict-teams", action="store_true",
                         help="refuse jobs of teams without a quota (default: new teams get default terms)")
+    parser.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="refuse",
+                        help="jobs without a command (simulated clusters only): refuse (default), bounded "
+                             "(need a time limit or GPUSCHED_SIM_DURATION_S), any")
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     folded = await FoldedLog.open(args.nats, name="gpusched-admission")
-    admission = Admission(folded, AdmissionConfig(strict_teams=getattr(args, "strict_teams", False)))
+    admission = Admission(folded, AdmissionConfig(strict_teams=getattr(args, "strict_teams", False),
+                                                      placeholders=getattr(args, "placeholders", "refuse")))
     sub = await folded.log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
                                        pending_msgs_limit=1_000_000, pending_bytes_limit=-1)
     await folded.log.nc.flush()  # "ready" means the server routes commands here

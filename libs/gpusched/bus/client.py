@@ -19,7 +19,7 @@ from gpusched import telemetry
 from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
 from gpusched.core.model import JobSpec, TeamQuota
 
-from . import subjects
+from . import connection, subjects
 from .log import connect
 
 #: Which subject answers which command.
@@ -55,6 +55,7 @@ class Client:
 
     async def close(self) -> None:
         if self._owns:
+            connection.expect_close(self.nc)
             await self.nc.drain()
 
     async def __aenter__(self) -> Client:

@@ -71,8 +71,10 @@ def job_subjects(job_id: str) -> list[str]:
     return [f"gpusched.evt.info.*.{key}", f"gpusched.evt.alloc.*.{alloc_shard(key)}"]
 
 
-def dead_subject(original: str) -> str:
-    return "gpusched.dead." + original
+def dead_subject(original: str, seq: int) -> str:
+    """One subject per dead-lettered stream sequence: the dead-letter stream keeps one message
+    per subject, so each bad message is stored once whoever reads it first."""
+    return f"gpusched.dead.{seq}.{original}"
 
 
 def heartbeat_subject(node: str) -> str:

@@ -117,6 +117,7 @@ class Stack:
         ttl = ["--lease-ttl-ms", str(a.lease_ttl_ms)]
         policy = ["--policy", a.policy] + [f"--policy-set={kv}" for kv in a.policy_set]
         extra: dict[str, list[str]] = {
+            "admission": ["--placeholders", a.placeholders],
             "placement": [*policy, *ttl],
             "preemptor": policy,
             "fallback": ttl,
@@ -363,6 +364,9 @@ def register(sub) -> None:
     up.add_argument("--restart-delay", type=float, default=5.0, help="seconds before a dead service is restarted")
     up.add_argument("--no-restart", action="store_true", help="leave dead services dead (chaos demos)")
     up.add_argument("--ready-timeout", type=float, default=60.0)
+    up.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="bounded",
+                    help="jobs without a command on the simulated nodes: bounded (default: they need a time limit "
+                         "or GPUSCHED_SIM_DURATION_S), any, or refuse")
     up.set_defaults(func=cmd_up)
 
     service = sub.add_parser("service", help="run one service (the form deploy files use)")
