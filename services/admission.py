@@ -29,7 +29,7 @@ from gpusched.core import limits as L
 from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
 from gpusched.core.model import LEVEL_RANK
 from gpusched.core.state import TERMINAL, ClusterState
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import common_arguments
 
 log = structlog.get_logger()
@@ -318,6 +318,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
                                        pending_msgs_limit=1_000_000, pending_bytes_limit=-1)
     await folded.log.nc.flush()  # "ready" means the server routes commands here
     log.info("admission_ready", seq=folded.seen_seq)
+    notify_ready()
     await stop.wait()
     await sub.unsubscribe()
     await admission.drain()

@@ -34,7 +34,7 @@ from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.state import ClusterState, Job
 from gpusched.services.runtime import cancel_tasks
 from gpusched.core.heartbeat import Heartbeat, KillProcesses, decode_heartbeat, decode_reply
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.services.runtime import FoldedLog, append_cas, notify_ready
 
 log = structlog.get_logger()
 
@@ -185,6 +185,7 @@ class Reconciler:
         await self.log.nc.flush()
         self._task = asyncio.create_task(self._loop(), name="reconciler")
         log.info("reconciler_ready", seq=self.folded.seen_seq, config=self.cfg.__dict__)
+        notify_ready()
 
     async def _on_heartbeat(self, msg) -> None:
         try:

@@ -199,3 +199,23 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
     if appended:
         await folded.wait_seq(last)  # the next decision must see this writer's own appends
     return appended, False
+
+
+def notify_ready() -> None:
+    """Tell the supervisor this service is ready (it logs `<service>_ready` just before): the
+    systemd notify protocol (`READY=1` on the datagram socket `$NOTIFY_SOCKET`), which is what
+    `gpusched up` listens on too. Readiness does not depend on log format or level."""
+    import os
+    import socket
+
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(f"READY=1\nMAINPID={os.getpid()}".encode())
+    except OSError as err:
+        log.warning("notify_failed", socket=address.lstrip("\0"), error=str(err))

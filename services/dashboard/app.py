@@ -28,7 +28,7 @@ from gpusched import metrics, readmodel, telemetry
 from gpusched.bus.log import EventLog, Record
 from gpusched.core.model import JobSpec, TopologyConstraint
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
 
 from . import control
 
@@ -346,6 +346,7 @@ async def run(nats_url: str | None, redis_url: str | None, host: str = "127.0.0.
     await site.start()
     lease_task = asyncio.create_task(dash.watch_lease(stop))
     log.info("dashboard_ready", url=f"http://{host}:{port}", seq=dash.folded.state.last_seq)
+    notify_ready()
     if ready is not None:
         ready.set()
     try:

