@@ -261,7 +261,7 @@ class Admission:
     async def handle(self, subject: str, data: bytes) -> CommandReply:
         cmd = decode(subject, data)
         if isinstance(cmd, str):
-            log.info("command_malformed", subject=subject, error=cmd)
+            log.info("command_malformed", subject=subject[:200], error=cmd[:300])
             return CommandReply(ok=False, error=cmd)
         key = f"{type(cmd).__name__}:{cmd.request_id}"
         running = self._in_flight.get(key)

@@ -106,7 +106,7 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     for name, node in state.nodes.items():
         if node.lost:
             continue
-        silent = now - obs.received.get(name, obs.started_at)
+        silent = now - obs.received.get(name, max(obs.started_at, node.registered_at))
         if silent >= cfg.node_timeout_s:
             out.events.append(ev.NodeLost(at=now, node=name, reason=f"no heartbeat for {silent:.1f}s"))
             lost.add(name)
@@ -159,6 +159,8 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
                     out.kills.append((name, gid, list(s.pids)))
     for key in [k for k in obs.stray_since if k not in strays]:
         del obs.stray_since[key]
+    for gid in [g for g in obs.kill_sent if g not in state.gpus or state.gpus[g].zombie_pids is None]:
+        del obs.kill_sent[gid]  # per-GPU memory ends with the zombie
     return out
 
 
@@ -173,6 +175,8 @@ class Reconciler:
         self._sub = None
         self._task: asyncio.Task | None = None
         self._kills: set[asyncio.Task] = set()
+        self.ignored: dict[str, int] = {}  # heartbeats not remembered, by why
+        self._said: dict[str, float] = {}
 
     @classmethod
     async def open(cls, nats_url: str | None = None, config: ReconcilerConfig | None = None) -> Reconciler:
@@ -191,9 +195,21 @@ class Reconciler:
         try:
             hb = decode_heartbeat(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            log.warning("bad_heartbeat", subject=msg.subject, error=str(err))
+            self._quietly("bad_heartbeat", subject=msg.subject[:200], error=str(err)[:300])
+            return
+        if hb.node not in self.folded.state.nodes:  # only registered nodes are remembered
+            self._quietly("heartbeat_from_unregistered_node", node=hb.node)
             return
         self.obs.observe(hb, time.time())
+
+    def _quietly(self, event: str, **fields) -> None:
+        """At most one line per kind per minute, with how many were not logged (a flood of
+        bad heartbeats must not flood the log)."""
+        now = time.monotonic()
+        self.ignored[event] = self.ignored.get(event, 0) + 1
+        if now - self._said.get(event, -1e18) >= 60.0:
+            self._said[event] = now
+            log.warning(event, count=self.ignored[event], **fields)
 
     async def _loop(self) -> None:
         while True:

@@ -211,7 +211,7 @@ class NodeAgent:
             checkpoint_dir=Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else self.cfg.checkpoint_root / job_token,
             control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
             resume_from=ck.path if ck is not None else None, resume_step=ck.step if ck is not None else None,
-            cwd=self.cfg.cwd,
+            cwd=self.cfg.cwd, **launcher.resume_and_secrets(job),
         )
         proc = launcher.start(spec)
         run = RunningJob(job.job_id, job.attempt, mine, spec.node_rank, proc)
@@ -294,11 +294,12 @@ class NodeAgent:
             except (OSError, ValueError, KeyError, TypeError) as err:
                 log.warning("bad_checkpoint_ack", job=run.job_id, file=name, error=str(err))
                 continue
-            self._report_checkpoint(run, path, step, name)
+            self._report_checkpoint(run, path, step, name, launcher.ack_sha256(ack))
 
-    def _report_checkpoint(self, run: RunningJob, path: str, step: int, ack: str) -> None:
+    def _report_checkpoint(self, run: RunningJob, path: str, step: int, ack: str, sha256: str = "") -> None:
         log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=path, step=step)
-        event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=path, step=step)
+        event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=path, step=step,
+                                   sha256=sha256)
         self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack}", cas=False)
 
     # --- processes --------------------------------------------------------------------------
