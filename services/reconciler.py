@@ -159,9 +159,14 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
                     out.kills.append((name, gid, list(s.pids)))
     for key in [k for k in obs.stray_since if k not in strays]:
         del obs.stray_since[key]
-    for gid in [g for g in obs.kill_sent if g not in state.gpus or state.gpus[g].zombie_pids is None]:
-        del obs.kill_sent[gid]  # per-GPU memory ends with the zombie
+    _forget_reclaimed(state, obs)
     return out
+
+
+def _forget_reclaimed(state: ClusterState, obs: Observations) -> None:
+    """Per-GPU memory ends with the zombie (bounded by the GPUs that have one)."""
+    for gid in [g for g in obs.kill_sent if g not in state.gpus or state.gpus[g].zombie_pids is None]:
+        del obs.kill_sent[gid]
 
 
 class Reconciler:
