@@ -315,7 +315,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     admission = Admission(folded, AdmissionConfig(strict_teams=getattr(args, "strict_teams", False),
                                                       placeholders=getattr(args, "placeholders", "refuse")))
     sub = await folded.log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
-                                       pending_msgs_limit=1_000_000, pending_bytes_limit=-1)
+                                       pending_msgs_limit=100_000, pending_bytes_limit=64 * 2**20)  # bounded memory
     await folded.log.nc.flush()  # "ready" means the server routes commands here
     log.info("admission_ready", seq=folded.seen_seq)
     notify_ready()

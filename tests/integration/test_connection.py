@@ -62,3 +62,17 @@ async def test_dead_letters_are_stored_once_whoever_reads_them(event_log, nats_u
     finally:
         for reader in readers:
             await reader.close()
+
+
+async def test_an_outage_logs_one_line_per_period_not_a_traceback_per_retry(nats_server, capfd):
+    nc = await connect(nats_server.url, name="patient")
+    capfd.readouterr()
+    nats_server.proc.kill()
+    nats_server.proc.wait()
+    await asyncio.sleep(4.0)  # ~8 reconnect attempts at 0.5 s
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "patient" in line]
+    assert 1 <= len(lines) <= 3, lines  # disconnected, and at most one line per kind of error
+    connection.expect_close(nc)
+    await nc.close()
