@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpusched.bus.log import ServerUnsuitable
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
@@ -39,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except ServerUnsuitable as err:  # one line naming both versions, never a traceback
+        print(f"gpusched: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
