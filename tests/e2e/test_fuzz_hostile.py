@@ -52,7 +52,20 @@ spec = st.fixed_dictionaries(
         "colour": anything,
     })
 request_ids = st.text(min_size=1, max_size=24)
+# Near-valid specs: sane fields with, now and then, one hostile value: the admitted ones must be
+# valid jobs, the others precise rejections.
+args = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=30)
+near_valid_spec = st.fixed_dictionaries(
+    {"team": st.one_of(st.sampled_from(["a", "b", "team-1"]), names), "gpus": st.integers(1, 4),
+     "command": st.lists(args, min_size=1, max_size=4)},
+    optional={"env": st.dictionaries(st.from_regex(r"\A[A-Z_][A-Z0-9_]{0,8}\Z"), st.one_of(args, env_values),
+                                     max_size=3),
+              "time_limit_s": st.one_of(st.floats(1, 1e5), numbers), "max_restarts": st.integers(0, 1001),
+              "checkpoint_dir": st.one_of(st.just("/data/ck"), paths), "name": texts,
+              "priority": st.sampled_from(["high", "low"]), "preemptible": st.booleans()})
 commands = st.one_of(
+    st.tuples(st.just(subjects.CMD_SUBMIT),
+              st.fixed_dictionaries({"type": st.just("SubmitJob"), "request_id": request_ids, "spec": near_valid_spec})),
     st.tuples(st.just(subjects.CMD_SUBMIT),
               st.fixed_dictionaries({"type": st.just("SubmitJob"), "request_id": request_ids, "spec": spec})),
     st.tuples(st.just(subjects.CMD_QUOTA),
