@@ -163,7 +163,9 @@ def _check_command(live: Live, subject: str, body) -> None:
         assert len(reply.error) < 4096, "a rejection must be short"
         live.rejected += 1
         return
-    if subject == subjects.CMD_SUBMIT:  # admitted: a valid job, inside every bound
+    if subject == subjects.CMD_SUBMIT and reply.duplicate:  # a repeated request id names the job it made
+        assert reply.job_id
+    elif subject == subjects.CMD_SUBMIT:  # admitted: a valid job, inside every bound
         sent = msgspec.convert(body["spec"], JobSpec)
         assert reply.job_id and L.spec_problem(sent) is None and sent.command
         live.admitted += 1
