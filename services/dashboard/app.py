@@ -250,7 +250,7 @@ async def api_submit(request: web.Request) -> web.Response:
 
     body = await _body(request)
     try:
-        spec = _spec(body, team="web", gpus=1)
+        spec = _spec(body, team="web", gpus=1, time_limit_s=3600.0)  # a placeholder must end (admission)
     except (msgspec.ValidationError, ValueError, TypeError) as err:
         return web.json_response({"ok": False, "error": f"invalid job: {err}"}, status=400)
     with telemetry.span("dashboard.submit", team=spec.team, gpus=spec.gpus):
