@@ -31,7 +31,7 @@ import structlog
 
 from gpusched import telemetry
 from gpusched.bus import subjects
-from gpusched.bus.log import EventLog
+from gpusched.bus.log import EventLog, EventTooLarge
 from gpusched.core import events as ev
 from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.state import ClusterState, Job
@@ -39,7 +39,7 @@ from gpusched.job import env as E
 from gpusched.services.runtime import FoldedLog, append_cas
 
 from . import launcher
-from gpusched.services.runtime import cancel_tasks, notify_ready
+from gpusched.services.runtime import cancel_tasks, fatal, notify_ready
 from .backends import GpuBackend, SimBackend, process_alive
 from gpusched.core.heartbeat import (
     Heartbeat,
@@ -562,9 +562,14 @@ class NodeHost:
                     break
                 except asyncio.CancelledError:
                     raise
+                except EventTooLarge as err:  # permanent: retrying cannot help
+                    log.error("append_refused", msg_id=msg_id, error=str(err))
+                    break
                 except Exception:
                     log.exception("append_failed", msg_id=msg_id)
                     await asyncio.sleep(0.5)
+            else:  # retries exhausted: end, so that a restarted daemon converges from the log
+                fatal(f"append {msg_id} failed 50 times")
             self._queue.task_done()
 
     async def _monitor(self) -> None:

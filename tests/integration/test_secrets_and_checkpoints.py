@@ -72,3 +72,20 @@ async def test_checkpoint_checksum_is_recorded_in_the_log(nats_url, tmp_path):
         await c.refold()
         (saved,) = c.events(ev.CheckpointSaved)
         assert saved.sha256 == job.checkpoint.sha256
+
+
+async def test_a_one_megabyte_checkpoint_ack_hurts_nobody(nats_url, tmp_path):
+    """Issue 9: one 1 MB acknowledgement made the agent's event exceed the server's max payload;
+    the server closed its connection and all nodes were lost. Now the event is refused before
+    publishing and the agent goes on (the job still completes)."""
+    script = ("import os, json, time; d = os.environ['GPUSCHED_CONTROL_DIR']; "
+              "json.dump({'path': '/' + 'x' * 1_048_450, 'step': 1, 'request': None}, open(d + '/.t', 'w')); "
+              "os.replace(d + '/.t', d + '/ack-big.json'); time.sleep(1.0)")
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["m0"], gpus=1)
+        await c.submit("big", JobSpec(team="t", gpus=1, command=[PY, "-c", script]))
+        await c.grant("big", ["m0/0"])
+        await c.wait(lambda s: s.jobs["big"].state == "completed", "job completed despite the 1 MB ack")
+        assert c.log.nc.is_connected and all(h.nc.is_connected for h in c.hosts)
+        await c.refold()
+        assert c.events(ev.CheckpointSaved) == []
