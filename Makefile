@@ -31,6 +31,7 @@ bench: install
 	$(PY) bench/bench_sim.py
 	$(PY) bench/bench_e2e.py --quick
 	$(PY) bench/bench_sign.py --quick
+	$(PY) bench/bench_rss.py --quick
 
 schemas: install
 	$(VENV)/bin/gpusched schemas

@@ -24,7 +24,7 @@ import structlog
 from gpusched import metrics, telemetry
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.services.runtime import FoldedLog, append_cas, notify_ready
 
 from .lease import PLACEMENT_LEASE_KEY, Lease, connect_redis, owner_id
 from .projector import load_snapshot
@@ -344,6 +344,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     placement = Placement(folded, lease, decide, debounce_s=args.debounce_ms / 1000.0, tick_s=args.tick_ms / 1000.0,
                           max_reasons=args.max_reasons)
     log.info("placement_ready", seq=folded.seen_seq, policy=args.policy, lease=args.lease_key)
+    notify_ready()
     try:
         await placement.run(stop)
     finally:

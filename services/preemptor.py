@@ -18,7 +18,7 @@ import asyncio
 import structlog
 
 from gpusched.core import events as ev
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
 
 from .placement import decide_and_append, policy_arguments, policy_config
 from .projector import load_snapshot_from
@@ -69,6 +69,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     folded = await FoldedLog.open(args.nats, name="gpusched-preemptor", snapshot=await load_snapshot_from(args.redis))
     preemptor = Preemptor(folded, config, tick_s=args.tick_ms / 1000.0)
     log.info("preemptor_ready", seq=folded.seen_seq, policy=args.policy)
+    notify_ready()
     try:
         await preemptor.run(stop)
     finally:

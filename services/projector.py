@@ -39,7 +39,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import split_gpu_id
 from gpusched.core.state import ClusterState
 from gpusched.security import snapshots
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
 
 log = structlog.get_logger()
 
@@ -324,14 +324,24 @@ async def run(nats_url: str | None = None, redis_url: str | None = None, stop: a
         await folded.start()
         await _write_retrying(projector, folded.state, full=True, stop=stop)
         log.info("projector_ready", seq=folded.state.last_seq)
+        notify_ready()
         while not stop.is_set():
             await _wait(folded, stop, flush_s)
-            if projector.dirty and not stop.is_set():
-                await _write_retrying(projector, folded.state, full=False, stop=stop)
+            lost = await _views_lost(r)  # Redis restarted empty (it holds only derived data)
+            if (projector.dirty or lost) and not stop.is_set():
+                await _write_retrying(projector, folded.state, full=lost, stop=stop)
     finally:
         await folded.stop()
         await r.aclose()
         await event_log.close()
+
+
+async def _views_lost(r: aioredis.Redis) -> bool:
+    """True when the views are gone (a Redis restarted without its data): write them whole."""
+    try:
+        return not await r.exists(K["meta"])
+    except (aioredis.RedisError, OSError):
+        return False  # unreachable: the next write retries, and writes everything
 
 
 async def _wait(folded: FoldedLog, stop: asyncio.Event, flush_s: float) -> None:

@@ -44,7 +44,7 @@ from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.state import ClusterState, Job
 from gpusched.services.runtime import cancel_tasks
 from gpusched.core.heartbeat import Heartbeat, KillProcesses, ResetGpu, decode_heartbeat, decode_reply
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.services.runtime import FoldedLog, append_cas, notify_ready
 
 log = structlog.get_logger()
 
@@ -155,7 +155,7 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     for name, node in state.nodes.items():
         if node.lost:
             continue
-        silent = now - obs.received.get(name, obs.started_at)
+        silent = now - obs.received.get(name, max(obs.started_at, node.registered_at))
         if silent >= cfg.node_timeout_s:
             out.events.append(ev.NodeLost(at=now, node=name, reason=f"no heartbeat for {silent:.1f}s"))
             lost.add(name)
@@ -211,6 +211,7 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     out.events += decide_idle(state, obs, now, cfg, lost)
     decide_leaks(state, obs, now, cfg, lost, out)
     obs.peak.clear()
+    _forget_reclaimed(state, obs)
     return out
 
 
@@ -320,6 +321,12 @@ def usage_docs(state: ClusterState, obs: Observations, now: float) -> dict[str, 
     return docs
 
 
+def _forget_reclaimed(state: ClusterState, obs: Observations) -> None:
+    """Per-GPU memory ends with the zombie (bounded by the GPUs that have one)."""
+    for gid in [g for g in obs.kill_sent if g not in state.gpus or state.gpus[g].zombie_pids is None]:
+        del obs.kill_sent[gid]
+
+
 class Reconciler:
     def __init__(self, event_log: EventLog, config: ReconcilerConfig | None = None, own_log: bool = True,
                  redis_url: str | None = None):
@@ -335,6 +342,8 @@ class Reconciler:
         self._sub = None
         self._task: asyncio.Task | None = None
         self._kills: set[asyncio.Task] = set()
+        self.ignored: dict[str, int] = {}  # heartbeats not remembered, by why
+        self._said: dict[str, float] = {}
 
     @classmethod
     async def open(cls, nats_url: str | None = None, config: ReconcilerConfig | None = None,
@@ -348,17 +357,30 @@ class Reconciler:
         await self.log.nc.flush()
         self._task = asyncio.create_task(self._loop(), name="reconciler")
         log.info("reconciler_ready", seq=self.folded.seen_seq, config=self.cfg.__dict__)
+        notify_ready()
 
     async def _on_heartbeat(self, msg) -> None:
         try:
             hb = decode_heartbeat(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            log.warning("bad_heartbeat", subject=msg.subject, error=str(err))
+            self._quietly("bad_heartbeat", subject=msg.subject[:200], error=str(err)[:300])
+            return
+        if hb.node not in self.folded.state.nodes:  # only registered nodes are remembered
+            self._quietly("heartbeat_from_unregistered_node", node=hb.node)
             return
         if msg.subject != subjects.heartbeat_subject(hb.node):  # permissions say who may publish
             log.warning("heartbeat_for_another_node", subject=msg.subject, node=hb.node)  # the subject,
             return  # so a node speaks only for itself: the payload must name the subject's node
         self.obs.observe(hb, time.time())
+
+    def _quietly(self, event: str, **fields) -> None:
+        """At most one line per kind per minute, with how many were not logged (a flood of
+        bad heartbeats must not flood the log)."""
+        now = time.monotonic()
+        self.ignored[event] = self.ignored.get(event, 0) + 1
+        if now - self._said.get(event, -1e18) >= 60.0:
+            self._said[event] = now
+            log.warning(event, count=self.ignored[event], **fields)
 
     async def _loop(self) -> None:
         while True:

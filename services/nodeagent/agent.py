@@ -28,9 +28,10 @@ from pathlib import Path
 
 import msgspec
 import structlog
+
 from gpusched import telemetry
 from gpusched.bus import subjects
-from gpusched.bus.log import EventLog
+from gpusched.bus.log import EventLog, EventTooLarge
 from gpusched.core import events as ev
 from gpusched.core.heartbeat import (
     Heartbeat,
@@ -47,7 +48,7 @@ from gpusched.core.heartbeat import (
 from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.state import ClusterState, Job
 from gpusched.job import env as E
-from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks
+from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
 from . import launcher
 from .backends import GpuBackend, SimBackend, process_alive
@@ -211,7 +212,7 @@ class NodeAgent:
             checkpoint_dir=Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else self.cfg.checkpoint_root / job_token,
             control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
             resume_from=ck.path if ck is not None else None, resume_step=ck.step if ck is not None else None,
-            cwd=self.cfg.cwd,
+            cwd=self.cfg.cwd, **launcher.resume_and_secrets(job),
         )
         proc = launcher.start(spec)
         run = RunningJob(job.job_id, job.attempt, mine, spec.node_rank, proc)
@@ -294,12 +295,12 @@ class NodeAgent:
             except (OSError, ValueError, KeyError, TypeError) as err:
                 log.warning("bad_checkpoint_ack", job=run.job_id, file=name, error=str(err))
                 continue
-            self._report_checkpoint(run, path, step, name)
+            self._report_checkpoint(run, path, step, name, launcher.ack_sha256(ack))
 
-    def _report_checkpoint(self, run: RunningJob, path: str, step: int, ack: str) -> None:
+    def _report_checkpoint(self, run: RunningJob, path: str, step: int, ack: str, sha256: str = "") -> None:
         log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=path, step=step)
         event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=path, step=step,
-                                   node=self.node)
+                                   node=self.node, sha256=sha256)
         self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack}", cas=False)
 
     # --- processes --------------------------------------------------------------------------
@@ -522,6 +523,7 @@ class NodeHost:
             asyncio.create_task(self._heartbeats(), name="nodeagent-heartbeats"),
         ]
         log.info("nodeagent_ready", nodes=len(self.agents), seq=self.folded.seen_seq)
+        notify_ready()
 
     async def _register_all(self, state: ClusterState) -> None:
         todo = [a.registration() for a in self.agents.values() if a.needs_registration(state)]
@@ -575,9 +577,14 @@ class NodeHost:
                     break
                 except asyncio.CancelledError:
                     raise
+                except EventTooLarge as err:  # permanent: retrying cannot help
+                    log.error("append_refused", msg_id=msg_id, error=str(err))
+                    break
                 except Exception:
                     log.exception("append_failed", msg_id=msg_id)
                     await asyncio.sleep(0.5)
+            else:  # retries exhausted: end, so that a restarted daemon converges from the log
+                fatal(f"append {msg_id} failed 50 times")
             self._queue.task_done()
 
     async def _monitor(self) -> None:

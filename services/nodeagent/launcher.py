@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import subprocess
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpusched.job import env as E
 
+from . import secrets
 from .backends import VIRTUAL_PID_BASE
 
 #: Placeholder jobs read these from `spec.env`: run this long then exit with this code, and
@@ -57,6 +59,11 @@ class Launch:
     resume_from: str | None = None
     resume_step: int | None = None
     cwd: str | None = None
+    resume_sha256: str = ""
+    #: The checkpoint before `resume_from` (path, step, sha256): the SDK's fallback.
+    resume_previous: tuple[str, int, str] | None = None
+    #: Variable -> file on this node (`spec.secret_env`): read at launch, never logged.
+    secret_env: Mapping[str, str] = field(default_factory=dict)
 
 
 def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
@@ -87,7 +94,31 @@ def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
         out[E.RESUME_FROM] = launch.resume_from
         if launch.resume_step is not None:
             out[E.RESUME_STEP] = str(launch.resume_step)
+        out[E.RESUME_SHA256] = launch.resume_sha256
+        if launch.resume_previous is not None:
+            out[E.RESUME_PREVIOUS], step, out[E.RESUME_PREVIOUS_SHA256] = launch.resume_previous
+            out[E.RESUME_PREVIOUS_STEP] = str(step)
     return out
+
+
+def resume_and_secrets(job) -> dict:
+    """The Launch fields that come from the fold's job beyond the basics: the checkpoint's
+    checksum, the one before it (the SDK's fallback), and the secret files to read."""
+    ck, prev = job.checkpoint, job.previous_checkpoint
+    return {
+        "resume_sha256": ck.sha256 if ck is not None else "",
+        "resume_previous": (prev.path, prev.step, prev.sha256) if ck is not None and prev is not None else None,
+        "secret_env": dict(job.spec.secret_env),
+    }
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def ack_sha256(ack: object) -> str:
+    """The checksum a job's checkpoint acknowledgement carries, if well-formed ("" otherwise)."""
+    value = ack.get("sha256", "") if isinstance(ack, dict) else ""
+    return value if isinstance(value, str) and _SHA256.match(value) else ""
 
 
 class JobProcess:
@@ -106,8 +137,9 @@ class JobProcess:
                       f"rank {launch.node_rank}/{launch.num_nodes} gpus {list(launch.gpus)}\n".encode())
             out.flush()
             try:
+                env = {**job_env(launch, base_env), **secrets.read_secret_env(launch.secret_env)}
                 self.popen: subprocess.Popen | None = subprocess.Popen(
-                    list(launch.command), env=job_env(launch, base_env), stdin=subprocess.DEVNULL,
+                    list(launch.command), env=env, stdin=subprocess.DEVNULL,
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=launch.cwd,
                 )
             except OSError as err:

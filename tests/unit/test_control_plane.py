@@ -71,7 +71,7 @@ ADMIT_CASES = {
 @pytest.mark.parametrize("name", list(ADMIT_CASES))
 def test_admit(name):
     command, ok, error = ADMIT_CASES[name]
-    d = admit(_state_for_admission(), command, 10.0, AdmissionConfig(), Capacity())
+    d = admit(_state_for_admission(), command, 10.0, AdmissionConfig(placeholders="any"), Capacity())
     assert d.reply.ok is ok, d.reply.error
     assert error in d.reply.error
     if isinstance(command, SubmitJob) and not ok:
@@ -84,7 +84,7 @@ def test_admit(name):
 
 def test_strict_teams_refuse_unknown_teams():
     d = admit(_state_for_admission(), SubmitJob(request_id="r", spec=JobSpec(team="ghost", gpus=1)), 1.0,
-              AdmissionConfig(strict_teams=True), Capacity())
+              AdmissionConfig(strict_teams=True, placeholders="any"), Capacity())
     assert not d.reply.ok and "unknown team 'ghost'" in d.reply.error
 
 

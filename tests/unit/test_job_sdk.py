@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -45,7 +46,7 @@ def test_checkpoint_is_durable_and_acknowledged(tmp_path):
     assert (ctx.managed, ctx.job_id, ctx.attempt, ctx.rank, ctx.world_size) == (True, "j1", 2, 1, 2)
     state = {"step": 7, "w": np.arange(4.0)}
     path = ctx.checkpoint(state, step=7)
-    assert path == str(tmp_path / "ckpt" / "ckpt-000000007.pkl")
+    assert path == str(tmp_path / "ckpt" / "ckpt-000000007.msgpack")
     got = load_checkpoint(path)
     assert got["step"] == 7 and np.array_equal(got["w"], state["w"])
     assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(".")]  # no temp files left
@@ -56,6 +57,7 @@ def test_checkpoint_is_durable_and_acknowledged(tmp_path):
     assert ctx.checkpoint(own, step=9) == str(own)
     assert [(a["path"], a["step"]) for a in acks(tmp_path)] == [(path, 7), (raw, 8), (str(own), 9)]
     assert all(a["request"] is None for a in acks(tmp_path))
+    assert [a["sha256"] for a in acks(tmp_path)][2] == hashlib.sha256(b"weights").hexdigest()
 
 
 def test_resume_from_the_last_checkpoint(tmp_path):

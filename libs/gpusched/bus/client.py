@@ -27,7 +27,7 @@ from gpusched.core.commands import (
 )
 from gpusched.core.model import JobSpec, TeamQuota
 
-from . import subjects
+from . import connection, subjects
 from .log import connect, identity_of
 
 #: Which subject answers which command (admin's form; `Client.subject` adds team and user).
@@ -89,6 +89,7 @@ class Client:
 
     async def close(self) -> None:
         if self._owns:
+            connection.expect_close(self.nc)
             await self.nc.drain()
 
     async def __aenter__(self) -> Client:

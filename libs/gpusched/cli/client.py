@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 import msgspec
 
+from gpusched.core import limits
 from gpusched.core.commands import CommandReply
 from gpusched.core.model import JobSpec, TeamQuota, TopologyConstraint
 
@@ -69,11 +71,28 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "topology": msgspec.to_builtins(TopologyConstraint(required=TOPOLOGY[args.topology],  # type: ignore[arg-type]
                                                            preferred=args.prefer or "nvlink")),
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
+        "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
     }
     try:
-        return msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
+        spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
     except msgspec.ValidationError as err:
-        raise SystemExit(f"gpusched submit: invalid job: {err}") from None
+        raise SystemExit(f"gpusched submit: invalid job: {limits.explain(str(err))}") from None
+    problem = limits.spec_problem(spec)
+    if problem:
+        raise SystemExit(f"gpusched submit: invalid job: {problem}")
+    return spec
+
+
+def secret_env_from_args(items: list[str] | None) -> dict[str, str]:
+    """`--secret-env NAME=@FILE`: the job gets FILE's content (read on the node at launch) in
+    NAME; only the absolute path is sent and stored, never the value."""
+    out = {}
+    for item in items or []:
+        name, sep, ref = item.partition("=")
+        if not sep or not ref.startswith("@") or len(ref) < 2:
+            raise SystemExit(f"gpusched submit: --secret-env {item!r} is not NAME=@FILE")
+        out[name] = os.path.abspath(os.path.expanduser(ref[1:]))
+    return out
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -126,7 +145,11 @@ def register(sub) -> None:
                    help="the level placement aims for (default: nvlink)")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--name", default=None)
-    p.add_argument("--env", action="append", metavar="KEY=VALUE")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE",
+                   help="environment variable for the job (stored in plaintext in the log: no secrets)")
+    p.add_argument("--secret-env", action="append", metavar="NAME=@FILE",
+                   help="pass FILE's content (a file on the nodes, owned by the job's user, not group/world "
+                        "writable) as NAME; only the path is stored")
     p.add_argument("--on-failure", choices=["requeue", "fail"], default="requeue")
     p.add_argument("--max-restarts", type=int, default=3)
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")

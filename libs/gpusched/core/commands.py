@@ -8,9 +8,11 @@ from typing import Annotated, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from . import limits as L
 from .model import SCHEMA_VERSION, JobId, JobSpec, Team, TeamQuota
 
-RequestId = Annotated[str, Meta(min_length=1, max_length=128)]
+RequestId = Annotated[str, Meta(min_length=1, max_length=L.MAX_REQUEST_ID_CHARS, pattern=L.NO_NUL_PATTERN)]
+JobRef = Annotated[str, Meta(min_length=1, max_length=L.NAME_MAX + 2, pattern=L.NO_NUL_PATTERN)]
 
 
 class Command(Struct, frozen=True, kw_only=True, tag_field="type", tag=True, forbid_unknown_fields=True):
@@ -23,8 +25,8 @@ class SubmitJob(Command, frozen=True, kw_only=True):
 
 
 class CancelJob(Command, frozen=True, kw_only=True):
-    job_id: JobId
-    reason: str = "cancelled by user"
+    job_id: JobRef
+    reason: L.Reason = "cancelled by user"
 
 
 class SetTeamQuota(Command, frozen=True, kw_only=True):
@@ -33,9 +35,9 @@ class SetTeamQuota(Command, frozen=True, kw_only=True):
 
 
 class DrainNode(Command, frozen=True, kw_only=True):
-    node: str
+    node: L.NodeName
     drain: bool = True
-    reason: str = ""
+    reason: L.Reason = ""
 
 
 class RestoreGpu(Command, frozen=True, kw_only=True):

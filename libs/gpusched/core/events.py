@@ -8,10 +8,10 @@ held; they live under one subject tree so that grants can compare-and-set over i
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from .model import SCHEMA_VERSION, GpuId, GpuInfo, JobId, JobSpec, Level, NvlinkLayout, TeamQuota
 
@@ -126,12 +126,16 @@ class JobBusy(Event, frozen=True, kw_only=True):
 
 
 class CheckpointSaved(Event, frozen=True, kw_only=True):
+    """A job saved a checkpoint durably. `sha256`: the file's (or tree's) checksum as the job's
+    SDK computed it; a resume verifies it and falls back to the checkpoint before."""
+
     job_id: JobId
     attempt: int
     path: str
     step: int
     #: The node daemon that reports it (its subject carries the node, so permissions can say so).
     node: str | None = None
+    sha256: Annotated[str, Meta(pattern="^([0-9a-f]{64})?$")] = ""
 
 
 class GpusReleased(Event, frozen=True, kw_only=True):

@@ -28,6 +28,7 @@ class Checkpoint(Struct):
     step: int
     at: float
     attempt: int
+    sha256: str = ""  # as the job's SDK recorded it: a resume verifies the file against it
 
 
 class Preemption(Struct):
@@ -66,6 +67,7 @@ class Job(Struct):
     held_since: float = 0.0  # last change of `gpus`, for service accounting
     service_gpu_s: float = 0.0  # attained service, all attempts (least-attained-service order)
     checkpoint: Checkpoint | None = None
+    previous_checkpoint: Checkpoint | None = None  # the fallback when `checkpoint` fails its checksum
     preemption: Preemption | None = None
     preemptions: int = 0
     restarts: int = 0
@@ -266,7 +268,9 @@ class ClusterState(Struct):
     def _on_checkpoint(self, e: ev.CheckpointSaved) -> None:
         job = self.jobs.get(e.job_id)
         if job is not None:
-            job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt)
+            if job.checkpoint is not None and job.checkpoint.path != e.path:
+                job.previous_checkpoint = job.checkpoint
+            job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt, e.sha256)
 
     def _on_idle(self, e: ev.JobIdle) -> None:
         job = self.jobs.get(e.job_id)
