@@ -356,9 +356,19 @@ async def test_a_spoofed_heartbeat_is_not_believed(people, nats_url):
     from gpusched.core.heartbeat import Heartbeat
     from gpusched.services.reconciler import Reconciler, ReconcilerConfig
 
+    from gpusched.core.model import GpuInfo
+
+    admin = await EventLog.open(nats_url, name="test-admin")  # heartbeats count only from registered nodes
+    for name in (NODE, "node02"):
+        await admin.append(ev.NodeRegistered(at=0.5, node=name, rack="r0", gpus=[GpuInfo(index=0, uuid=f"u-{name}")]))
+    await admin.close()
     rec = Reconciler(await EventLog.open(nats_url, name="test-reconciler", creds=people["reconciler"]),
                      ReconcilerConfig(tick_s=60))
     await rec.start()
+    for _ in range(200):
+        if {NODE, "node02"} <= set(rec.folded.state.nodes):
+            break
+        await asyncio.sleep(0.02)
     node = await connect(nats_url, creds=people["gpu01"])
     try:
         for claimed in ("node02", NODE):
