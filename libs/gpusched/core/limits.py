@@ -73,7 +73,7 @@ FORBIDDEN_PATH_ROOTS = ("/proc", "/sys", "/dev")
 #: The simulated placeholder job reads these from `spec.env`; any other GPUSCHED_ key is the
 #: scheduler's to set and refused in a spec.
 SIM_ENV = {"GPUSCHED_SIM_DURATION_S": "seconds", "GPUSCHED_SIM_EXIT_CODE": "exit code",
-           "GPUSCHED_SIM_CHECKPOINT_S": "seconds or never"}
+           "GPUSCHED_SIM_CHECKPOINT_S": "seconds or never", "GPUSCHED_SIM_UTIL": "a GPU utilization percentage"}
 RESERVED_ENV_PREFIX = "GPUSCHED_"
 
 # --- the annotated types the Structs use -------------------------------------------------------
@@ -119,6 +119,9 @@ def _sim_env_problem(key: str, value: str) -> str | None:
         return None if ok else f"spec.env[{key}] must be an integer exit code, got {value[:40]!r}"
     if key == "GPUSCHED_SIM_CHECKPOINT_S" and value == "never":
         return None
+    if key == "GPUSCHED_SIM_UTIL":
+        ok = value.strip().replace(".", "", 1).isdigit() and 0 <= float(value) <= 100
+        return None if ok else f"spec.env[{key}] must be a percentage between 0 and 100, got {value[:40]!r}"
     try:
         seconds = float(value)
     except ValueError:
