@@ -30,11 +30,10 @@ import structlog
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
+from gpusched.core.heartbeat import Heartbeat, KillProcesses, decode_heartbeat, decode_reply
 from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.state import ClusterState, Job
-from gpusched.services.runtime import cancel_tasks
-from gpusched.core.heartbeat import Heartbeat, KillProcesses, decode_heartbeat, decode_reply
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks
 
 log = structlog.get_logger()
 
@@ -287,7 +286,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpusched.services.shell import common_arguments, run as run_service
+    from gpusched.services.shell import common_arguments
+    from gpusched.services.shell import run as run_service
 
     parser = argparse.ArgumentParser(prog="gpusched-reconciler", description="gpusched reconciler")
     common_arguments(parser)

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from gpusched import metrics
-
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
 from gpusched.core.state import ClusterState

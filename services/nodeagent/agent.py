@@ -33,14 +33,6 @@ from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
-from gpusched.core.model import gpu_id, split_gpu_id
-from gpusched.core.state import ClusterState, Job
-from gpusched.job import env as E
-from gpusched.services.runtime import FoldedLog, append_cas
-
-from . import launcher
-from gpusched.services.runtime import cancel_tasks
-from .backends import GpuBackend, SimBackend, process_alive
 from gpusched.core.heartbeat import (
     Heartbeat,
     InjectHealth,
@@ -51,6 +43,13 @@ from gpusched.core.heartbeat import (
     SimulateCrash,
     decode_request,
 )
+from gpusched.core.model import gpu_id, split_gpu_id
+from gpusched.core.state import ClusterState, Job
+from gpusched.job import env as E
+from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks
+
+from . import launcher
+from .backends import GpuBackend, SimBackend, process_alive
 
 log = structlog.get_logger()
 

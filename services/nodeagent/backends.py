@@ -15,9 +15,8 @@ from typing import Protocol
 
 import structlog
 
-from gpusched.core.model import GpuInfo, nvlink_domains
-
 from gpusched.core.heartbeat import GpuSample
+from gpusched.core.model import GpuInfo, nvlink_domains
 
 log = structlog.get_logger()
 

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpusched.bus.servers import Server, free_port, port_free, start_nats, start_redis
 from gpusched.bus.log import connect
+from gpusched.bus.servers import Server, free_port, port_free, start_nats, start_redis
 from gpusched.services.dashboard import control
 
 

@@ -84,7 +84,6 @@ def queue_order(state: ClusterState, now: float | None = None) -> list[str]:
 def estimate_start(state: ClusterState, job: Job, now: float) -> float | None:
     """When enough GPUs should be free in some allowed domain, and the team under its limit, if
     running jobs end on time (their time limit, or a preemption deadline). None when unknown."""
-    need = job.spec.gang_min
     room_at = _limit_room_at(state, job, now)
     if room_at is None:
         return None

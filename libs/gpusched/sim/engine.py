@@ -17,9 +17,9 @@ broken invariant aborts the run naming the event that broke it.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
