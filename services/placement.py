@@ -23,6 +23,7 @@ import structlog
 
 from gpusched import metrics, telemetry
 from gpusched.core import events as ev
+from gpusched.core import rules
 from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog, append_cas
 
@@ -103,95 +104,28 @@ class Tracker:
 
 
 def own_decisions(state: ClusterState, events: Iterable[ev.Event], kinds: tuple[type, ...]) -> list[ev.Event]:
-    """The events of `kinds` this writer may append, each checked against the fold plus the
-    batch's own earlier decisions. The compare-and-set checks freshness, not content: it is this
-    check that keeps an illegal decision out of the log.
+    """The events of `kinds` this writer may append, each re-checked by the core's rules
+    (`rules.BatchCheck`) against the fold plus the batch's own earlier decisions.
 
-    Two kinds of events are dropped. Expected: a cycle's events are valid in order, and a grant
-    may use GPUs that an earlier event frees on behalf of another writer (a forced release is the
-    preemptor's); appended before that release is in the log, the grant would double-book, so it
-    waits for the next cycle. Not expected (logged as an error): a decision that is illegal on
-    its own (a GPU granted twice in one batch, a shrink of GPUs the job does not hold, ...)."""
-    changed: dict[str, str | None] = {}  # GPU -> holder after this batch's own decisions
-    job_gpus: dict[str, list[str]] = {}  # job -> its GPUs after this batch's own decisions
-    team_delta: dict[str, int] = {}
-    granted: set[str] = set()
-    foreign_freed: set[str] = set()
+    Expected drops: a grant may use GPUs an earlier event frees on behalf of another writer (a
+    forced release is the preemptor's); appended before that release is in the log, it would
+    double-book, so it waits for the next cycle. Anything else is a bug, logged as an error."""
+    events = list(events)
+    check = rules.BatchCheck(state)
+    foreign_freed = rules.freed_by(state, [e for e in events if not isinstance(e, kinds)])
     out: list[ev.Event] = []
-
-    def placeable(g: str) -> bool:
-        rec = state.gpus.get(g)
-        if rec is None or (changed[g] if g in changed else rec.holder) is not None:
-            return False
-        return state.nodes[rec.node].usable and rec.quarantined is None and rec.zombie_pids is None
-
-    def gpus_of(job_id: str) -> list[str]:
-        return job_gpus[job_id] if job_id in job_gpus else list(state.jobs[job_id].gpus)
-
-    def over_limit(team: str, add: int) -> bool:
-        t = state.teams.get(team)
-        return (t is not None and t.quota.limit is not None and add > 0
-                and t.held + team_delta.get(team, 0) + add > t.quota.limit)
-
     for e in events:
         if not isinstance(e, kinds):
-            if isinstance(e, (ev.GpusReleased, ev.JobFailed)) and e.job_id in state.jobs:
-                foreign_freed.update(state.jobs[e.job_id].gpus)
-            elif isinstance(e, ev.JobResized):
-                foreign_freed.update(e.removed)
             continue
-        problem = None
-        job = state.jobs.get(getattr(e, "job_id", ""))
-        if isinstance(e, ev.GpusGranted):
-            if job is None or job.state != "pending" or e.job_id in granted:
-                problem = f"grant to a job that is not pending ({job.state if job else 'unknown'})"
-            elif len(set(e.gpus)) != len(e.gpus) or not all(placeable(g) for g in e.gpus):
-                problem = "grant of GPUs that are not free"
-            elif not job.spec.gang_min <= len(e.gpus) <= job.spec.gpus:
-                problem = f"grant of {len(e.gpus)} GPUs, gang needs {job.spec.gang_min}..{job.spec.gpus}"
-            elif over_limit(job.team, len(e.gpus)):
-                problem = f"grant beyond team {job.team}'s limit"
-            else:
-                for g in e.gpus:
-                    changed[g] = e.job_id
-                job_gpus[e.job_id] = list(e.gpus)
-                team_delta[job.team] = team_delta.get(job.team, 0) + len(e.gpus)
-                granted.add(e.job_id)
-        elif isinstance(e, ev.JobResized):
-            current = gpus_of(e.job_id) if job is not None and (job.holding or e.job_id in granted) else None
-            if current is None:
-                problem = "resize of a job that holds nothing"
-            elif not set(e.removed) <= set(current):
-                problem = "shrink of GPUs the job does not hold"
-            elif len(set(e.added)) != len(e.added) or not all(placeable(g) for g in e.added):
-                problem = "grow into GPUs that are not free"
-            elif not job.spec.gang_min <= len(current) - len(e.removed) + len(e.added) <= job.spec.gpus:
-                problem = "resize outside the gang's range"
-            elif over_limit(job.team, len(e.added) - len(e.removed)):
-                problem = f"grow beyond team {job.team}'s limit"
-            else:
-                for g in e.removed:
-                    changed[g] = None
-                for g in e.added:
-                    changed[g] = e.job_id
-                job_gpus[e.job_id] = [g for g in current if g not in e.removed] + list(e.added)
-                team_delta[job.team] = team_delta.get(job.team, 0) + len(e.added) - len(e.removed)
-        elif isinstance(e, (ev.GpusReleased, ev.JobFailed)):
-            if job is None or not job.holding:
-                problem = "release of a job that holds nothing"
-            else:
-                for g in gpus_of(e.job_id):
-                    changed[g] = None
-                team_delta[job.team] = team_delta.get(job.team, 0) - len(gpus_of(e.job_id))
-                job_gpus[e.job_id] = []
-        if problem is not None:
-            uses = getattr(e, "gpus", None) or getattr(e, "added", None) or []
-            expected = any(g in foreign_freed for g in uses)
-            (log.debug if expected else log.error)(
-                "decision_dropped", kind=e.kind, job_id=getattr(e, "job_id", None), problem=problem,
-                waits_for_other_writer=expected)
+        problem = check.problem(e)
+        if problem is None:
+            out.append(e)
             continue
-        out.append(e)
+        uses = getattr(e, "gpus", None) or getattr(e, "added", None) or []
+        expected = any(g in foreign_freed for g in uses)
+        (log.debug if expected else log.error)(
+            "decision_dropped", kind=e.kind, job_id=getattr(e, "job_id", None), problem=problem,
+            waits_for_other_writer=expected)
     return out
 
 

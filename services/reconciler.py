@@ -32,6 +32,7 @@ from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
 from gpusched.core.heartbeat import Heartbeat, KillProcesses, decode_heartbeat, decode_reply
 from gpusched.core.model import gpu_id, split_gpu_id
+from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks
 
@@ -90,11 +91,8 @@ def _alive(hb: Heartbeat, job: Job, node: str) -> bool:
 
 def _no_process_outcome(job: Job, node: str, now: float) -> ev.Event:
     if job.spec.on_failure == "requeue" and job.restarts < job.spec.max_restarts:
-        since = job.started_at or now
-        if job.checkpoint is not None and job.checkpoint.attempt == job.attempt:
-            since = max(since, job.checkpoint.at)
         return ev.GpusReleased(at=now, job_id=job.job_id, reason="no_process",
-                               lost_gpu_s=round(len(job.gpus) * max(0.0, now - since), 3))
+                               lost_gpu_s=round(work_since_checkpoint(job, now), 3))
     return ev.JobFailed(at=now, job_id=job.job_id, attempt=job.attempt,
                         reason=f"no process on its GPUs of node {node} (restarts {job.restarts}/{job.spec.max_restarts})")
 

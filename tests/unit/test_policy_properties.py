@@ -203,7 +203,8 @@ def _check_once(state: ClusterState, out) -> None:
             for g in e.removed:
                 assert g not in removed, f"{g} taken back twice"
                 removed[g] = e.job_id
-            assert e.job_id not in touched, f"{e.job_id}: {touched[e.job_id]}, then resized"
+            # an elastic job may give back GPUs for several blocked jobs (one JobResized each)
+            assert touched.get(e.job_id) in (None, "resized"), f"{e.job_id}: {touched[e.job_id]}, then resized"
             touched[e.job_id] = "resized"
         elif isinstance(e, ev.PreemptionRequested):
             assert e.job_id not in touched, f"{e.job_id}: {touched[e.job_id]}, then preempted"

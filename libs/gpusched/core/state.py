@@ -14,7 +14,9 @@ import msgspec
 from msgspec import Struct
 
 from . import events as ev
+from . import rules
 from .model import GpuId, JobSpec, TeamQuota, gpu_id
+from .reasons import Reason
 from .topology import Gpu, Node, span_level
 
 JobStatus = Literal["pending", "starting", "running", "completed", "failed", "cancelled"]
@@ -61,6 +63,7 @@ class Job(Struct):
     pending_reason: str = ""
     pending_blockers: list[str] = []
     pending_eta_s: float | None = None
+    pending_why: Reason | None = None  # the typed reason of the policy's last JobPending
     nodes_started: list[str] = []
     request_id: str = ""
 
@@ -143,6 +146,7 @@ class ClusterState(Struct):
         job = self.jobs.get(e.job_id)
         if job is not None:
             job.pending_reason, job.pending_blockers, job.pending_eta_s = e.reason, list(e.blockers), e.eta_s
+            job.pending_why = e.why
 
     def _on_granted(self, e: ev.GpusGranted) -> None:
         job = self.jobs.get(e.job_id)
@@ -151,7 +155,7 @@ class ClusterState(Struct):
             self._violate("grant_to_non_pending", f"grant to {state} job {e.job_id}", [e.job_id], e.gpus)
             return
         spec = job.spec
-        if not spec.gang_min <= len(e.gpus) <= spec.gpus:
+        if not rules.gang_size_ok(spec, len(e.gpus)):
             self._violate(
                 "gang_size",
                 f"job {e.job_id} granted {len(e.gpus)} GPUs, gang needs {spec.gang_min}..{spec.gpus}",
@@ -167,6 +171,7 @@ class ClusterState(Struct):
         if job.first_started_at is None:
             job.first_started_at = e.at
         job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
+        job.pending_why = None
         self._team_held(spec.team, len(granted), e.at)
         self._check_limit(spec.team, e.job_id, granted)
 
@@ -211,7 +216,8 @@ class ClusterState(Struct):
             self._violate("preemption_without_beneficiary", f"preemption of {e.job_id} serves no known job", [e.job_id])
         elif job.team != beneficiary.team:
             victim_t, for_t = self.team(job.team), self.team(beneficiary.team)
-            if victim_t.held <= victim_t.quota.guaranteed and for_t.held >= for_t.quota.guaranteed:
+            if not rules.fair_preemption(job.team, victim_t.quota, victim_t.held,
+                                         beneficiary.team, for_t.quota, for_t.held):
                 self._violate(
                     "unfair_preemption",
                     f"team {job.team} (holds {victim_t.held} <= guaranteed {victim_t.quota.guaranteed}) "
@@ -285,7 +291,7 @@ class ClusterState(Struct):
             self._refresh(g)
         for job_id in victims:
             job = self.jobs[job_id]
-            job.lost_gpu_s += self._work_since_checkpoint(job, e.at)
+            job.lost_gpu_s += rules.work_since_checkpoint(job, e.at)
             self._requeue(job, e.at, f"requeued: node {e.node} lost")
 
     def _on_node_drained(self, e: ev.NodeDrained) -> None:
@@ -370,22 +376,17 @@ class ClusterState(Struct):
         self.pending[job.job_id] = None
         job.state, job.preemption, job.started_at = "pending", None, None
         job.pending_reason, job.pending_blockers, job.pending_eta_s = reason, [], None
+        job.pending_why = None
 
     def _account(self, job: Job, at: float) -> None:
         job.service_gpu_s += len(job.gpus) * max(0.0, at - job.held_since)
         job.held_since = at
 
-    def _work_since_checkpoint(self, job: Job, at: float) -> float:
-        since = job.started_at or at
-        if job.checkpoint is not None and job.checkpoint.attempt == job.attempt:
-            since = max(since, job.checkpoint.at)
-        return len(job.gpus) * max(0.0, at - since)
-
     def _refresh(self, g: GpuId) -> None:
         """Keep the node's free set and the free count in step with one GPU's record."""
         rec = self.gpus[g]
         node = self.nodes[rec.node]
-        placeable = rec.holder is None and rec.quarantined is None and rec.zombie_pids is None and node.usable
+        placeable = rules.gpu_placeable(self, g)
         if placeable and g not in node.free:
             node.free[g] = None
             self.free_count += 1
@@ -408,7 +409,7 @@ class ClusterState(Struct):
 
     def _check_limit(self, team: str, job_id: str, gpus: list[GpuId]) -> None:
         t = self.teams[team]
-        if t.quota.limit is not None and t.held > t.quota.limit:
+        if rules.over_limit(t.quota, t.held):
             self._violate("over_limit", f"team {team} holds {t.held} GPUs, limit {t.quota.limit}", [job_id], gpus)
 
     # --- queries (pure, used by policies, CLI and the simulator) ------------------------

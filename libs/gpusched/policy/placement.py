@@ -18,6 +18,7 @@ from __future__ import annotations
 from msgspec import Struct
 
 from ..core.model import LEVEL_RANK, GpuId
+from ..core.reasons import Topology as Topology_
 from ..core.state import ClusterState
 
 #: NVLink domain size of the standard layouts (None: the whole node; 0: read the GPU records).
@@ -423,27 +424,31 @@ def first_free(pool: Pool, n: int, required: str = "cluster") -> Placement | Non
     return None
 
 
+def no_fit(pool: Pool, n: int, required: str, holders: list[str] | None = None,
+           reserved: bool = False) -> Topology_:
+    """Why `n` GPUs do not fit now (for the head job): the free counts of the best three
+    domains at the required level, the jobs whose end would let it start, and whether the GPUs
+    are reserved for it."""
+    domains: list[tuple[str, int]] = []
+    if required != "cluster":
+        level = "node" if required in ("nvlink", "node") else required
+        per: dict[str, int] = {}
+        nodes = pool.state.nodes
+        for name, k in pool.counts().items():
+            if k <= 0:
+                continue
+            node = nodes[name]
+            key = name if level == "node" else node.rack if level == "rack" else (node.block or node.rack)
+            per[key] = per.get(key, 0) + k
+        domains = sorted(per.items(), key=lambda kv: -kv[1])[:3]
+    return Topology_(need=n, required=required, free=pool.count, domains=domains, holders=list(holders or []),
+                     reserved=reserved)
+
+
 def explain_no_fit(pool: Pool, n: int, required: str) -> str:
     """Why `n` GPUs do not fit now, with the free counts that matter (for the head job), e.g.
     "waiting for 16 GPUs within one rack; 9 free in rack r0, 6 in r1"."""
-    if required == "cluster":
-        return f"waiting for {n} GPUs; {pool.count} free"
-    level = "node" if required in ("nvlink", "node") else required
-    per: dict[str, int] = {}
-    nodes = pool.state.nodes
-    for name, k in pool.counts().items():
-        if k <= 0:
-            continue
-        node = nodes[name]
-        key = name if level == "node" else node.rack if level == "rack" else (node.block or node.rack)
-        per[key] = per.get(key, 0) + k
-    top = sorted(per.items(), key=lambda kv: -kv[1])[:3]
-    scope = "one NVLink domain" if required == "nvlink" else f"one {required}"
-    if not top:
-        return f"waiting for {n} GPUs within {scope}; none free"
-    first, rest = top[0], top[1:]
-    detail = f"{first[1]} free in {level} {first[0]}" + "".join(f", {k} in {name}" for name, k in rest)
-    return f"waiting for {n} GPUs within {scope}; {detail}"
+    return no_fit(pool, n, required).text
 
 
-__all__ = ["Placement", "Pool", "Topology", "explain_no_fit", "first_free", "place", "topology"]
+__all__ = ["Placement", "Pool", "Topology", "explain_no_fit", "no_fit", "first_free", "place", "topology"]

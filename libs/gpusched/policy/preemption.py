@@ -43,20 +43,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..core import rules
 from ..core.model import PRIORITY_RANK, GpuId
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .fairshare import may_preempt, over_share, team_rank
 from .placement import Pool
 
-
-def work_since_checkpoint(job: Job, now: float) -> float:
-    """GPU-seconds a job loses if it stops now: since its last checkpoint of this attempt, or start."""
-    since = job.started_at if job.started_at is not None else now
-    ck = job.checkpoint
-    if ck is not None and ck.attempt == job.attempt:
-        since = max(since, ck.at)
-    return len(job.gpus) * max(0.0, now - since)
+# The one definition of the work a job loses, re-exported for the policies that import it here.
+work_since_checkpoint = rules.work_since_checkpoint
 
 
 def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
