@@ -29,7 +29,7 @@ from gpusched.services.runtime import FoldedLog, append_cas
 
 from .lease import PLACEMENT_LEASE_KEY, Lease, connect_redis, owner_id
 from .projector import load_snapshot
-from .shell import common_arguments, wait_wake
+from .shell import common_arguments, policy_arguments, policy_of, wait_wake
 
 log = structlog.get_logger()
 
@@ -39,34 +39,7 @@ Decide = Callable[[ClusterState, float], list[ev.Event]]
 
 def policy_config(name: str, overrides: list[str] | None = None):
     """A policy preset, with `key=value` overrides of its fields (`min_runtime_s=0`)."""
-    import msgspec
-
-    from gpusched.policy.config import PRESETS, PolicyConfig
-
-    try:
-        config = PRESETS[name]
-    except KeyError:
-        raise SystemExit(f"unknown policy {name!r}; expected one of {', '.join(PRESETS)}") from None
-    changes = {}
-    for item in overrides or []:
-        key, sep, text = item.partition("=")
-        if not sep or key not in PolicyConfig.__struct_fields__:
-            raise SystemExit(f"--policy-set {item!r}: expected KEY=VALUE with KEY one of "
-                             f"{', '.join(PolicyConfig.__struct_fields__)}")
-        try:
-            changes[key] = msgspec.json.decode(text)
-        except msgspec.DecodeError:
-            changes[key] = text
-    try:
-        return msgspec.convert({**msgspec.to_builtins(config), **changes}, PolicyConfig)
-    except msgspec.ValidationError as err:
-        raise SystemExit(f"--policy-set: {err}") from None
-
-
-def policy_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", default="full", help="policy preset (default: full)")
-    parser.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one field of the preset, e.g. checkpoint_grace_s=30 (repeatable)")
+    return policy_of(argparse.Namespace(policy=name, policy_set=overrides or []))
 
 
 def msg_ids(state: ClusterState) -> Callable[[ev.Event], str | None]:
@@ -270,10 +243,12 @@ def topo_decider(policy: str, overrides: list[str] | None = None) -> Decide:
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    config = policy_config(args.policy, args.policy_set)
     decide = topo_decider(args.policy, args.policy_set)
     redis = connect_redis(args.redis)
     # snapshot + tail: a restarted (or standby) placement is ready in the time of the tail
-    folded = await FoldedLog.open(args.nats, name="gpusched-placement", snapshot=await load_snapshot(redis))
+    folded = await FoldedLog.open(args.nats, name="gpusched-placement", half_life_s=config.half_life_s,
+                                  snapshot=await load_snapshot(redis, config.half_life_s))
     lease = Lease(redis, args.lease_key, owner_id("placement"), args.lease_ttl_ms)
     placement = Placement(folded, lease, decide, debounce_s=args.debounce_ms / 1000.0, tick_s=args.tick_ms / 1000.0,
                           max_reasons=args.max_reasons)

@@ -39,6 +39,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import split_gpu_id
 from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog
+from gpusched.services.shell import policy_arguments, policy_of
 
 log = structlog.get_logger()
 
@@ -99,8 +100,9 @@ class ShareSeries:
 class Projector:
     """Collects what changed from fold records; `flush` writes it to Redis in one transaction."""
 
-    def __init__(self, r: aioredis.Redis, snapshot_every: int = 5000):
+    def __init__(self, r: aioredis.Redis, snapshot_every: int = 5000, config=None):
         self.r = r
+        self.config = config  # the running PolicyConfig: the queue in its order
         self.snapshot_every = snapshot_every
         self.dirty_jobs: set[str] = set()
         self.dirty_nodes: set[str] = set()
@@ -190,7 +192,7 @@ class Projector:
             if docs:
                 pipe.hset(K[key], mapping=docs)
         if full or self.queue_dirty:
-            queue = readmodel.queue_docs(state)
+            queue = readmodel.queue_docs(state, self.config)
             pipe.delete(K["queue"], K["queue:docs"])
             if queue:
                 pipe.zadd(K["queue"], {q["job_id"]: q["position"] for q in queue})
@@ -253,20 +255,22 @@ async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = 7 * 24 * 
     return state
 
 
-async def load_snapshot_from(redis_url: str | None) -> ClusterState | None:
+async def load_snapshot_from(redis_url: str | None,
+                             half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState | None:
     """The latest snapshot from the Redis at `redis_url`, or None (no Redis, no snapshot)."""
     from .lease import connect_redis
 
     r = connect_redis(redis_url)
     try:
-        return await load_snapshot(r)
+        return await load_snapshot(r, half_life_s)
     finally:
         await r.aclose()
 
 
-async def fold_log(event_log: EventLog, state: ClusterState | None = None, until: int | None = None) -> ClusterState:
+async def fold_log(event_log: EventLog, state: ClusterState | None = None, until: int | None = None,
+                   half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
     """Fold the log (from a snapshot's sequence when given one) up to `until` (default: now)."""
-    state = state or ClusterState()
+    state = state or ClusterState(half_life_s=half_life_s)
     last = await event_log.last_seq() if until is None else until
     if last > state.last_seq:
         async for rec in event_log.records(state.last_seq + 1, last):
@@ -303,14 +307,18 @@ async def rebuild_views(nats_url: str | None, redis_url: str | None) -> dict[str
 
 
 async def run(nats_url: str | None = None, redis_url: str | None = None, stop: asyncio.Event | None = None,
-              flush_s: float = 0.1, snapshot_every: int = 5000) -> None:
-    """Follow the log and keep the read models until `stop` is set."""
+              flush_s: float = 0.1, snapshot_every: int = 5000, config=None) -> None:
+    """Follow the log and keep the read models until `stop` is set. `config`: the running
+    PolicyConfig (its usage half-life folds, its order lists the queue; default: `full`)."""
+    from gpusched.policy.config import DEFAULT
+
+    config = config or DEFAULT
     telemetry.set_service("projector")
     stop = stop or asyncio.Event()
     event_log = await EventLog.open(nats_url, name="projector")
     r = _redis(redis_url)
-    projector = Projector(r, snapshot_every=snapshot_every)
-    folded = FoldedLog(event_log)
+    projector = Projector(r, snapshot_every=snapshot_every, config=config)
+    folded = FoldedLog(event_log, half_life_s=config.half_life_s)
     folded.listeners.append(projector.listener)
     metrics.attach(folded)
     try:
@@ -360,12 +368,14 @@ async def _write_retrying(projector: Projector, state: ClusterState, full: bool,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flush-s", type=float, default=0.1, help="how often changed views are written")
     parser.add_argument("--snapshot-every", type=int, default=5000, help="events between state snapshots")
+    policy_arguments(parser)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     """The service-shell entry point (`gpusched service run projector`)."""
     await run(getattr(args, "nats", None), getattr(args, "redis", None), stop,
-              flush_s=getattr(args, "flush_s", 0.1), snapshot_every=getattr(args, "snapshot_every", 5000))
+              flush_s=getattr(args, "flush_s", 0.1), snapshot_every=getattr(args, "snapshot_every", 5000),
+              config=policy_of(args))
 
 
 # --- reading the views back (CLI, dashboard) --------------------------------------------------

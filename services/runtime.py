@@ -39,10 +39,12 @@ class FoldedLog:
         self.alloc_seq = 0
 
     @classmethod
-    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None) -> FoldedLog:
+    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None,
+                   half_life_s: float | None = 7 * 24 * 3600.0) -> FoldedLog:
         """Connect, replay what exists (from `snapshot` on, when one is given) and keep
-        following: what every service starts with."""
-        folded = cls(await EventLog.open(url, name=name))
+        following: what every service starts with. `half_life_s`: the usage half-life of the
+        fold (a policy's `PolicyConfig.half_life_s`, the same as the simulator folds with)."""
+        folded = cls(await EventLog.open(url, name=name), half_life_s)
         await folded.start(snapshot)
         return folded
 

@@ -32,6 +32,24 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
 
 
+def policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--policy` and `--policy-set`: the running policy, for every service that decides or
+    explains with it (placement, preemptor, projector) and the CLI views."""
+    parser.add_argument("--policy", default="full", help="policy preset (default: full)")
+    parser.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one field of the preset, e.g. checkpoint_grace_s=30 (repeatable)")
+
+
+def policy_of(args: argparse.Namespace):
+    """The PolicyConfig the arguments name (exits with the parser's message on bad input)."""
+    from gpusched.policy.config import parse_policy
+
+    try:
+        return parse_policy(getattr(args, "policy", "full"), getattr(args, "policy_set", None) or [])
+    except ValueError as err:
+        raise SystemExit(f"--policy-set: {err}") from None
+
+
 def run(serve: Serve, args: argparse.Namespace, service: str) -> int:
     """Run one service until SIGINT/SIGTERM."""
     os.environ.setdefault("GPUSCHED_LOG_LEVEL", getattr(args, "log_level", "info"))

@@ -107,18 +107,21 @@ def team_doc(state: ClusterState, name: str) -> dict[str, Any]:
     }
 
 
-def queue_docs(state: ClusterState) -> list[dict[str, Any]]:
-    """Pending jobs in the order the policy considers them, with their reason."""
+def queue_docs(state: ClusterState, config=None) -> list[dict[str, Any]]:
+    """Pending jobs in the order the running policy (`config`, a PolicyConfig; default: the
+    default preset) considers them, with the reason it recorded."""
+    from .policy.config import DEFAULT
     from .policy.explain import queue_order
 
     out = []
-    for pos, job_id in enumerate(queue_order(state), 1):
+    for pos, job_id in enumerate(queue_order(state, None, config or DEFAULT), 1):
         job = state.jobs[job_id]
         out.append({
             "position": pos, "job_id": job_id, "team": job.spec.team, "priority": job.spec.priority,
             "gpus": job.spec.gang_min, "submitted_at": job.submitted_at,
             "waiting_s": round(max(0.0, state.now - job.submitted_at), 3),
             "reason": job.pending_reason, "blockers": list(job.pending_blockers), "eta_s": job.pending_eta_s,
+            "why": None if job.pending_why is None else msgspec.to_builtins(job.pending_why),
             "preemptions": job.preemptions,
         })
     return out

@@ -119,6 +119,7 @@ class Stack:
         extra: dict[str, list[str]] = {
             "placement": [*policy, *ttl],
             "preemptor": policy,
+            "projector": policy,  # its fold and queue order follow the running policy
             "fallback": ttl,
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,

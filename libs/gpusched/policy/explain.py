@@ -1,7 +1,8 @@
 """Why a job waits, in full: the policy's reason plus what the state says about it.
 
-The cycle writes a short reason with `JobPending` when it changes; this pure function looks at
-the same `ClusterState` and says more: how many GPUs are free where the job could run (per
+The cycle records a typed reason (`core/reasons.py`) with `JobPending` when it changes; this is
+what `policy` and `summary` report, as the running policy decided it (no second copy of the
+policy here). Around it, this pure function looks at the same `ClusterState` and says more: how many GPUs are free where the job could run (per
 rack and node, within its topology constraint), what its team holds against its guarantee and
 limit, which running jobs hold the GPUs (by team, preemptible or not), who is ahead in the
 queue, what would unblock it, and an estimated start. `gpusched show`, the dashboard and the
@@ -13,8 +14,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
+
 from ..core.model import LEVEL_RANK, PRIORITY_RANK
 from ..core.state import ClusterState, Job
+from .backfill import expected_end
+from .config import DEFAULT, PolicyConfig
+from .ordering import ordered
 
 #: How many holders / domains an explanation lists (the rest are summed up).
 TOP = 8
@@ -58,40 +64,23 @@ def _nvlink_free(state: ClusterState, node: str) -> int:
     return max(per.values(), default=0)
 
 
-def _expected_end(job: Job, now: float) -> float:
-    if job.preemption is not None:
-        return max(now, job.preemption.deadline)
-    if job.spec.time_limit_s is not None and job.started_at is not None:
-        return max(now, job.started_at + job.spec.time_limit_s)
-    return math.inf
-
-
-def queue_order(state: ClusterState, now: float | None = None) -> list[str]:
-    """Pending jobs in the order the default policy considers them (priority, then
-    submission, teams taking turns by fair share)."""
+def queue_order(state: ClusterState, now: float | None = None, config: PolicyConfig = DEFAULT) -> list[str]:
+    """Pending jobs in the order the policy `config` considers them (pass the running one)."""
     now = state.now if now is None else now
-    try:
-        from .config import DEFAULT
-        from .ordering import ordered
-
-        return [j.job_id for j in ordered(state, now, DEFAULT)]
-    except ImportError:  # the policies are optional to this module
-        jobs = [state.jobs[j] for j in state.pending]
-        jobs.sort(key=lambda j: (-PRIORITY_RANK[j.spec.priority], j.submitted_at))
-        return [j.job_id for j in jobs]
+    return [j.job_id for j in ordered(state, now, config)]
 
 
-def estimate_start(state: ClusterState, job: Job, now: float) -> float | None:
+def estimate_start(state: ClusterState, job: Job, now: float, config: PolicyConfig = DEFAULT) -> float | None:
     """When enough GPUs should be free in some allowed domain, and the team under its limit, if
     running jobs end on time (their time limit, or a preemption deadline). None when unknown."""
-    room_at = _limit_room_at(state, job, now)
+    room_at = _limit_room_at(state, job, now, config)
     if room_at is None:
         return None
-    fit_at = _fit_at(state, job, now)
+    fit_at = _fit_at(state, job, now, config)
     return None if fit_at is None else max(room_at, fit_at)
 
 
-def _limit_room_at(state: ClusterState, job: Job, now: float) -> float | None:
+def _limit_room_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
     """When the team's own running jobs will have freed enough of its limit for this job."""
     t = state.teams.get(job.spec.team)
     if t is None or t.quota.limit is None:
@@ -101,7 +90,7 @@ def _limit_room_at(state: ClusterState, job: Job, now: float) -> float | None:
         return now
     if job.spec.gang_min > t.quota.limit:
         return None
-    ends = sorted((_expected_end(state.jobs[j], now), len(state.jobs[j].gpus)) for j in state.running
+    ends = sorted((expected_end(state.jobs[j], now, config), len(state.jobs[j].gpus)) for j in state.running
                   if state.jobs[j].spec.team == job.spec.team)
     for at, count in ends:
         if not math.isfinite(at):
@@ -112,7 +101,7 @@ def _limit_room_at(state: ClusterState, job: Job, now: float) -> float | None:
     return None
 
 
-def _fit_at(state: ClusterState, job: Job, now: float) -> float | None:
+def _fit_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
     need = job.spec.gang_min
     level, domains = _domain_keys(state, job.spec.topology.required)
     best: float | None = None
@@ -126,7 +115,7 @@ def _fit_at(state: ClusterState, job: Job, now: float) -> float | None:
             continue
         ends: list[tuple[float, int]] = []
         for h, count in _held_on(state, usable).items():
-            ends.append((_expected_end(state.jobs[h], now), count))
+            ends.append((expected_end(state.jobs[h], now, config), count))
         ends.sort()
         for at, count in ends:
             if not math.isfinite(at):
@@ -138,8 +127,10 @@ def _fit_at(state: ClusterState, job: Job, now: float) -> float | None:
     return best
 
 
-def explain_pending(state: ClusterState, job_id: str, now: float | None = None) -> dict[str, Any]:
-    """A structured explanation of why `job_id` waits (see the module docstring)."""
+def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
+                    config: PolicyConfig = DEFAULT) -> dict[str, Any]:
+    """A structured explanation of why `job_id` waits (see the module docstring), under the
+    running policy `config`."""
     now = state.now if now is None else now
     job = state.jobs[job_id]
     spec = job.spec
@@ -155,7 +146,8 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
         "needs": {"gpus": spec.gpus, "min_gpus": need, "required": spec.topology.required,
                   "preferred": spec.topology.preferred},
         "policy": {"reason": job.pending_reason, "blockers": list(job.pending_blockers),
-                   "eta_s": job.pending_eta_s},
+                   "eta_s": job.pending_eta_s,
+                   "why": None if job.pending_why is None else msgspec.to_builtins(job.pending_why)},
         "waiting_s": round(max(0.0, now - job.submitted_at), 3),
     }
     if job.state != "pending":
@@ -209,7 +201,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
         holders.append({
             "job_id": jid, "team": h.spec.team, "gpus": len(h.gpus), "priority": h.spec.priority,
             "preemptible": h.spec.preemptible, "since": h.started_at,
-            "expected_end": None if not math.isfinite(_expected_end(h, now)) else _expected_end(h, now),
+            "expected_end": None if not math.isfinite(end := expected_end(h, now, config)) else end,
             "preempting": h.preemption is not None,
         })
     holders.sort(key=lambda h: (-h["gpus"], h["job_id"]))
@@ -225,7 +217,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
     out["reclaimable_gpus"] = sum(h["gpus"] for h in reclaimable)
 
     # --- who is ahead ----------------------------------------------------------------------
-    order = queue_order(state, now)
+    order = queue_order(state, now, config)
     pos = order.index(job_id) if job_id in order else len(order)
     ahead = [state.jobs[j] for j in order[:pos]]
     out["queue"] = {"position": pos + 1, "of": len(order), "ahead_jobs": len(ahead),
@@ -259,7 +251,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
 
     eta = job.pending_eta_s
     if eta is None:
-        start = estimate_start(state, job, now)
+        start = estimate_start(state, job, now, config)
         eta = None if start is None else max(0.0, start - now)
     out["eta_s"] = None if eta is None else round(eta, 3)
     out["unblock"] = unblock

@@ -14,35 +14,14 @@ from .traces import TraceJob, burst_jobs, load_trace, merge, parse_burst
 
 
 def policy_config(name: str, overrides: dict[str, str] | None = None):
-    """A preset, with `key=value` overrides of its PolicyConfig fields (typed from the defaults)."""
-    from ..policy.config import PRESETS
+    """A preset, with `key=value` overrides of its PolicyConfig fields (the one parser:
+    `policy.config.parse_policy`)."""
+    from ..policy.config import parse_policy
 
-    if name not in PRESETS:
-        raise ValueError(f"unknown policy {name!r}; presets are {', '.join(PRESETS)}")
-    config = PRESETS[name]
-    if not overrides:
-        return config
-    fields = msgspec.structs.asdict(config)
-    changes: dict[str, object] = {}
-    for key, raw in overrides.items():
-        if key not in fields:
-            raise ValueError(f"--set {key}: not a PolicyConfig field; fields are {', '.join(fields)}")
-        changes[key] = _typed(key, raw, fields[key])
-    return msgspec.structs.replace(config, **changes)
-
-
-def _typed(key: str, raw: str, current: object) -> object:
-    if raw.lower() in ("none", "null"):
-        return None
-    if isinstance(current, bool):
-        if raw.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-            raise ValueError(f"--set {key}={raw}: expected true or false")
-        return raw.lower() in ("true", "1", "yes", "on")
-    if isinstance(current, int):
-        return int(raw)
-    if isinstance(current, float) or current is None:
-        return float(raw)
-    return raw
+    try:
+        return parse_policy(name, overrides)
+    except ValueError as err:
+        raise ValueError(f"--set: {err}") from None
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, str]:
