@@ -163,6 +163,28 @@ class Projector:
 
     # --- to Redis ------------------------------------------------------------------------
 
+    def _write_jobs(self, pipe, state: ClusterState, jobs: list[str], seq: int) -> None:
+        docs, order = {}, {}
+        for j in jobs:
+            job = state.jobs.get(j)
+            if job is None:
+                continue
+            doc = readmodel.job_doc(state, job)
+            doc["seq"] = seq
+            docs[j] = _enc(doc)
+            order[j] = job.submitted_at
+        if docs:
+            pipe.hset(K["jobs"], mapping=docs)
+            pipe.zadd(K["jobs:order"], order)
+
+    def _write_queue(self, pipe, state: ClusterState, seq: int) -> None:
+        """The queue in the running policy's order, with the reasons it recorded."""
+        queue = readmodel.queue_docs(state, self.config)
+        pipe.delete(K["queue"], K["queue:docs"])
+        if queue:
+            pipe.zadd(K["queue"], {q["job_id"]: q["position"] for q in queue})
+            pipe.hset(K["queue:docs"], mapping={q["job_id"]: _enc({**q, "seq": seq}) for q in queue})
+
     async def flush(self, state: ClusterState, full: bool = False) -> int:
         """Write what changed (everything when `full`) in one MULTI/EXEC; returns the seq covered."""
         seq = state.last_seq
@@ -173,30 +195,14 @@ class Projector:
         pipe = self.r.pipeline(transaction=True)
         if full:
             self._delete_views(pipe)
-        if jobs:
-            docs, order = {}, {}
-            for j in jobs:
-                job = state.jobs.get(j)
-                if job is None:
-                    continue
-                doc = readmodel.job_doc(state, job)
-                doc["seq"] = seq
-                docs[j] = _enc(doc)
-                order[j] = job.submitted_at
-            if docs:
-                pipe.hset(K["jobs"], mapping=docs)
-                pipe.zadd(K["jobs:order"], order)
+        self._write_jobs(pipe, state, jobs, seq)
         for key, names, known, make in (("nodes", nodes, state.nodes, readmodel.node_doc),
                                          ("teams", teams, state.teams, readmodel.team_doc)):
             docs = {name: _enc({**make(state, name), "seq": seq}) for name in names if name in known}
             if docs:
                 pipe.hset(K[key], mapping=docs)
         if full or self.queue_dirty:
-            queue = readmodel.queue_docs(state, self.config)
-            pipe.delete(K["queue"], K["queue:docs"])
-            if queue:
-                pipe.zadd(K["queue"], {q["job_id"]: q["position"] for q in queue})
-                pipe.hset(K["queue:docs"], mapping={q["job_id"]: _enc({**q, "seq": seq}) for q in queue})
+            self._write_queue(pipe, state, seq)
         if full or self.health_dirty or jobs:
             health = readmodel.health_doc(state)
             pipe.hset(K["health"], mapping={"doc": _enc(health), "seq": seq,

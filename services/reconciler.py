@@ -98,7 +98,16 @@ def _no_process_outcome(job: Job, node: str, now: float) -> ev.Event:
 
 
 def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig) -> Decision:
+    """What the observations mean against the fold: silent nodes are lost, jobs without a
+    process are requeued or fail, unhealthy GPUs are quarantined, stray processes are zombies."""
     out = Decision()
+    lost = _lost_nodes(state, obs, now, cfg, out)
+    _missing_processes(state, obs, now, cfg, out, lost)
+    _gpus(state, obs, now, cfg, out, lost)
+    return out
+
+
+def _lost_nodes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision) -> set[str]:
     lost: set[str] = set()
     for name, node in state.nodes.items():
         if node.lost:
@@ -107,7 +116,11 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
         if silent >= cfg.node_timeout_s:
             out.events.append(ev.NodeLost(at=now, node=name, reason=f"no heartbeat for {silent:.1f}s"))
             lost.add(name)
+    return lost
 
+
+def _missing_processes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision,
+                       lost: set[str]) -> None:
     missing_keys: set[tuple[str, int, str]] = set()
     for job_id in state.running:
         job = state.jobs[job_id]
@@ -129,6 +142,9 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     for key in [k for k in obs.missing_since if k not in missing_keys]:
         del obs.missing_since[key]
 
+
+def _gpus(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision,
+          lost: set[str]) -> None:
     strays: set[tuple[str, int]] = set()
     for name, hb in obs.heartbeats.items():
         node = state.nodes.get(name)
@@ -156,7 +172,6 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
                     out.kills.append((name, gid, list(s.pids)))
     for key in [k for k in obs.stray_since if k not in strays]:
         del obs.stray_since[key]
-    return out
 
 
 class Reconciler:

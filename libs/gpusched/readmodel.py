@@ -133,55 +133,39 @@ def health_doc(state: ClusterState) -> dict[str, Any]:
             "jobs": s["jobs"], "gpus": s["gpus"], "nodes": s["nodes"], "violations": len(state.broken)}
 
 
+#: One human line per event kind (the event tail).
+_LINES: dict[str, Any] = {
+    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
+    "GpusGranted": lambda e: f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}{', backfill' if e.backfill else ''})",
+    "JobPending": lambda e: f"{e.job_id} pending: {e.reason}",
+    "JobStarted": lambda e: f"{e.job_id} started on {e.node} (attempt {e.attempt})",
+    "PreemptionRequested": lambda e: f"{e.job_id} preempted for {e.for_job}: {e.reason}",
+    "CheckpointSaved": lambda e: f"{e.job_id} checkpoint step {e.step}",
+    "GpusReleased": lambda e: f"{e.job_id} released GPUs ({e.reason}{', forced' if e.forced else ''}, lost {e.lost_gpu_s:.0f} GPU-s)",
+    "JobResized": lambda e: f"{e.job_id} resized +{len(e.added)} -{len(e.removed)} {e.reason}".rstrip(),
+    "JobCompleted": lambda e: f"{e.job_id} completed (exit {e.exit_code})",
+    "JobFailed": lambda e: f"{e.job_id} failed: {e.reason}",
+    "JobCancelled": lambda e: f"{e.job_id} cancelled: {e.reason}",
+    "JobRejected": lambda e: f"submission of {e.team} rejected: {e.reason}",
+    "NodeRegistered": lambda e: f"node {e.node} registered in {e.rack} with {len(e.gpus)} GPU(s)",
+    "NodeLost": lambda e: f"node {e.node} lost: {e.reason}",
+    "NodeDrained": lambda e: f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}".rstrip(),
+    "ZombieDetected": lambda e: f"zombie on {e.gpu}: pids {e.pids}",
+    "ZombieReclaimed": lambda e: f"zombie on {e.gpu} reclaimed",
+    "TeamQuotaSet": lambda e: (f"team {e.team} quota: guaranteed {e.quota.guaranteed}, weight {e.quota.weight}, "
+                                f"limit {e.quota.limit}"),
+    "PlacementDegraded": lambda e: f"placement DEGRADED: {e.reason}",
+    "PlacementRecovered": lambda e: f"placement recovered {e.reason}".rstrip(),
+    "GpuQuarantined": lambda e: f"GPU {e.gpu} quarantined: {e.reason}",
+    "GpuRestored": lambda e: f"GPU {e.gpu} restored: {e.reason}",
+}
+
+
 def describe(event: ev.Event) -> str:
     """One human line per event (the event tail)."""
-    e: Any = event
     k = type(event).__name__
-    if k == "JobSubmitted":
-        s = e.spec
-        return f"{e.job_id} submitted by {s.team}: {s.gpus} GPU(s), {s.priority}" + (" preemptible" if s.preemptible else "")
-    if k == "GpusGranted":
-        return f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}{', backfill' if e.backfill else ''})"
-    if k == "JobPending":
-        return f"{e.job_id} pending: {e.reason}"
-    if k == "JobStarted":
-        return f"{e.job_id} started on {e.node} (attempt {e.attempt})"
-    if k == "PreemptionRequested":
-        return f"{e.job_id} preempted for {e.for_job}: {e.reason}"
-    if k == "CheckpointSaved":
-        return f"{e.job_id} checkpoint step {e.step}"
-    if k == "GpusReleased":
-        return f"{e.job_id} released GPUs ({e.reason}{', forced' if e.forced else ''}, lost {e.lost_gpu_s:.0f} GPU-s)"
-    if k == "JobResized":
-        return f"{e.job_id} resized +{len(e.added)} -{len(e.removed)} {e.reason}".rstrip()
-    if k == "JobCompleted":
-        return f"{e.job_id} completed (exit {e.exit_code})"
-    if k == "JobFailed":
-        return f"{e.job_id} failed: {e.reason}"
-    if k == "JobCancelled":
-        return f"{e.job_id} cancelled: {e.reason}"
-    if k == "JobRejected":
-        return f"submission of {e.team} rejected: {e.reason}"
-    if k == "NodeRegistered":
-        return f"node {e.node} registered in {e.rack} with {len(e.gpus)} GPU(s)"
-    if k == "NodeLost":
-        return f"node {e.node} lost: {e.reason}"
-    if k == "NodeDrained":
-        return f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}".rstrip()
-    if k in ("GpuQuarantined", "GpuRestored"):
-        return f"GPU {e.gpu} {'quarantined' if k == 'GpuQuarantined' else 'restored'}: {e.reason}"
-    if k == "ZombieDetected":
-        return f"zombie on {e.gpu}: pids {e.pids}"
-    if k == "ZombieReclaimed":
-        return f"zombie on {e.gpu} reclaimed"
-    if k == "TeamQuotaSet":
-        q = e.quota
-        return f"team {e.team} quota: guaranteed {q.guaranteed}, weight {q.weight}, limit {q.limit}"
-    if k == "PlacementDegraded":
-        return f"placement DEGRADED: {e.reason}"
-    if k == "PlacementRecovered":
-        return f"placement recovered {e.reason}".rstrip()
-    return k
+    line = _LINES.get(k)
+    return k if line is None else line(event)
 
 
 def event_line(seq: int, event: ev.Event) -> dict[str, Any]:

@@ -397,6 +397,47 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
     return data
 
 
+def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
+    """The lines of the "why is it pending?" panel: the reason the running policy recorded
+    first, then what the state says around it."""
+    waited = display_now({"at": now}) - d["submitted_at"]
+    w = [f"[bold yellow]why pending:[/] {why['summary']}  (waiting {_dur(waited)}, "
+         f"queue position {why['queue']['position']} of {why['queue']['of']})"]
+    if why["policy"].get("why"):
+        typed = why["policy"]["why"]
+        w.append(f"reason recorded by the policy: {typed['kind']} "
+                 + " ".join(f"{k}={v}" for k, v in typed.items() if k != "kind"))
+    if why["policy"]["blockers"]:
+        w.append(f"blockers (policy): {', '.join(why['policy']['blockers'])}")
+    tq = why["team_quota"]
+    lim = "none" if tq["limit"] is None else tq["limit"]
+    w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
+             + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
+             + ("  (under its guarantee: may reclaim from over-share teams)" if tq["under_guarantee"] else ""))
+    topo = why["topology"]
+    w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
+             f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"
+             + (f"; fits now in {', '.join(topo['fits_now_in'])}" if topo["fits_now_in"] else ""))
+    if topo.get("impossible"):
+        w.append(f"[red]{topo['impossible']}[/]")
+    if topo["level"] != "cluster":
+        doms = "  ".join(f"{x['domain']}: {x['free']}/{x['total']} free" for x in topo["domains"][:6])
+        w.append(f"  {doms}")
+    if why["holders"]:
+        w.append("held by: " + ", ".join(
+            f"{h['job_id']} ({h['team']}, {h['gpus']} GPUs, {h['priority']}{', preemptible' if h['preemptible'] else ''})"
+            for h in why["holders"][:5]))
+    if why["held_by_team"]:
+        w.append("GPUs held per team: " + ", ".join(f"{t} {n}" for t, n in why["held_by_team"].items()))
+    if why["queue"]["ahead"]:
+        w.append(f"ahead in the queue: {', '.join(why['queue']['ahead'])}"
+                 + (" …" if why["queue"]["ahead_jobs"] > len(why["queue"]["ahead"]) else ""))
+    for u in why["unblock"]:
+        w.append(f"[green]would unblock:[/] {u}")
+    w.append(f"estimated start: {'unknown (running jobs have no time limit)' if why['eta_s'] is None else 'in ' + _dur(why['eta_s'])}")
+    return w
+
+
 def print_show(data: dict[str, Any]) -> None:
     from rich.panel import Panel
     from rich.table import Table
@@ -426,37 +467,7 @@ def print_show(data: dict[str, Any]) -> None:
 
     why = data.get("why_pending")
     if why:
-        waited = display_now({"at": now}) - d["submitted_at"]
-        w = [f"[bold yellow]why pending:[/] {why['summary']}  (waiting {_dur(waited)}, "
-             f"queue position {why['queue']['position']} of {why['queue']['of']})"]
-        if why["policy"]["blockers"]:
-            w.append(f"blockers (policy): {', '.join(why['policy']['blockers'])}")
-        tq = why["team_quota"]
-        lim = "none" if tq["limit"] is None else tq["limit"]
-        w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
-                 + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
-                 + ("  (under its guarantee: may reclaim from over-share teams)" if tq["under_guarantee"] else ""))
-        topo = why["topology"]
-        w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
-                 f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"
-                 + (f"; fits now in {', '.join(topo['fits_now_in'])}" if topo["fits_now_in"] else ""))
-        if topo.get("impossible"):
-            w.append(f"[red]{topo['impossible']}[/]")
-        if topo["level"] != "cluster":
-            doms = "  ".join(f"{x['domain']}: {x['free']}/{x['total']} free" for x in topo["domains"][:6])
-            w.append(f"  {doms}")
-        if why["holders"]:
-            w.append("held by: " + ", ".join(
-                f"{h['job_id']} ({h['team']}, {h['gpus']} GPUs, {h['priority']}{', preemptible' if h['preemptible'] else ''})"
-                for h in why["holders"][:5]))
-        if why["held_by_team"]:
-            w.append("GPUs held per team: " + ", ".join(f"{t} {n}" for t, n in why["held_by_team"].items()))
-        if why["queue"]["ahead"]:
-            w.append(f"ahead in the queue: {', '.join(why['queue']['ahead'])}"
-                     + (" …" if why["queue"]["ahead_jobs"] > len(why["queue"]["ahead"]) else ""))
-        for u in why["unblock"]:
-            w.append(f"[green]would unblock:[/] {u}")
-        w.append(f"estimated start: {'unknown (running jobs have no time limit)' if why['eta_s'] is None else 'in ' + _dur(why['eta_s'])}")
+        w = _why_lines(why, d, now)
         console.print(Panel("\n".join(w), title="why is it pending?", border_style="yellow"))
 
     for p in data["preemptions"]:

@@ -9,7 +9,7 @@ deciding, verifying and auditing cannot disagree.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import events as ev
 from .model import GpuId, JobSpec, TeamQuota
@@ -151,7 +151,7 @@ class BatchCheck:
         self.team_delta[team] = self.team_delta.get(team, 0) + len(added) - len(removed)
 
 
-_CHECKS = {ev.GpusGranted: BatchCheck._grant, ev.JobResized: BatchCheck._resize,
+_CHECKS: dict[type, Any] = {ev.GpusGranted: BatchCheck._grant, ev.JobResized: BatchCheck._resize,
            ev.GpusReleased: BatchCheck._release, ev.JobFailed: BatchCheck._release}
 
 

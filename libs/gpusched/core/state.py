@@ -8,7 +8,7 @@ invariant is recorded in `violations` so that an audit replay names it instead o
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from msgspec import Struct
@@ -257,7 +257,7 @@ class ClusterState(Struct):
             del self.running[job.job_id]
         else:
             del self.pending[job.job_id]
-        job.state = {ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobCancelled: "cancelled"}[type(e)]
+        job.state = _END_STATE[type(e)]
         job.finished_at = e.at
         job.preemption = None
         job.end_reason = getattr(e, "reason", "") or f"exit code {getattr(e, 'exit_code', 0)}"
@@ -482,7 +482,10 @@ class ClusterState(Struct):
         return msgspec.msgpack.decode(data, type=cls)
 
 
-_HANDLERS = {
+_END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed: "failed",
+                                     ev.JobCancelled: "cancelled"}
+
+_HANDLERS: dict[type, Any] = {
     ev.JobSubmitted: ClusterState._on_submitted,
     ev.JobPending: ClusterState._on_pending,
     ev.GpusGranted: ClusterState._on_granted,

@@ -157,7 +157,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     # --- the team's standing ---------------------------------------------------------------
     guaranteed = quota.guaranteed if quota else 0
     limit = quota.limit if quota else None
-    team_info = {"held": held, "guaranteed": guaranteed, "limit": limit, "weight": quota.weight if quota else 1.0,
+    team_info: dict[str, Any] = {"held": held, "guaranteed": guaranteed, "limit": limit, "weight": quota.weight if quota else 1.0,
                  "under_guarantee": held < guaranteed,
                  "pending_jobs": sum(1 for j in state.pending if state.jobs[j].spec.team == spec.team)}
     limit_blocks = limit is not None and held + need > limit
@@ -166,7 +166,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
 
     # --- where it could fit ----------------------------------------------------------------
     level, domains = _domain_keys(state, spec.topology.required)
-    considered = []
+    considered: list[dict[str, Any]] = []
     for name, nodes in domains.items():
         usable = [n for n in nodes if state.nodes[n].usable]
         free = sum(len(state.nodes[n].free) for n in usable)
@@ -191,7 +191,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         )
 
     # --- who holds the GPUs ----------------------------------------------------------------
-    holders = []
+    holders: list[dict[str, Any]] = []
     by_team: dict[str, int] = {}
     for jid in state.running:
         h = state.jobs[jid]
@@ -226,7 +226,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
 
     # --- what would unblock it, and when ---------------------------------------------------
     unblock: list[str] = []
-    if limit_blocks:
+    if limit_blocks and limit is not None:
         unblock.append(f"team {spec.team} holds {held} of its limit {limit}: {held + need - limit} of its GPUs "
                        f"must free up, or the limit be raised to {held + need}")
     if "impossible" in out["topology"]:

@@ -92,7 +92,7 @@ class QueueIndex:
         heap = []
         usage = {}
         for t, q in self.queues.items():
-            if q:
+            if q and t is not None:  # with fair share every queue is a team's
                 usage[t] = st.team_usage(t, now)
                 heap.append((team_rank(st, t, held(t), usage[t], self.config), t, 0))
         heapq.heapify(heap)
