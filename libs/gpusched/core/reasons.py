@@ -14,7 +14,7 @@ from typing import Union
 from msgspec import Struct
 
 
-class _Reason(Struct, frozen=True, tag_field="kind"):
+class _Reason(Struct, frozen=True, tag_field="kind", gc=False):  # no cycles: never GC-tracked
     @property
     def blockers(self) -> list[str]:
         return []

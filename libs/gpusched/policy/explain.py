@@ -135,9 +135,6 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     job = state.jobs[job_id]
     spec = job.spec
     need = spec.gang_min
-    team = state.teams.get(spec.team)
-    quota = team.quota if team is not None else None
-    held = team.held if team is not None else 0
     out: dict[str, Any] = {
         "job_id": job_id,
         "state": job.state,
@@ -154,7 +151,25 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         out["summary"] = f"job is {job.state}, not pending"
         return out
 
-    # --- the team's standing ---------------------------------------------------------------
+    out["team_quota"] = _team_standing(state, job)
+    out["topology"] = _where(state, job)
+    out.update(_holders(state, job, now, config, out["team_quota"]["under_guarantee"]))
+    out["queue"] = _ahead(state, job_id, now, config)
+    out["unblock"] = _unblock(state, job, out)
+    eta = job.pending_eta_s
+    if eta is None:
+        start = estimate_start(state, job, now, config)
+        eta = None if start is None else max(0.0, start - now)
+    out["eta_s"] = None if eta is None else round(eta, 3)
+    out["summary"] = _summary(out)
+    return out
+
+
+def _team_standing(state: ClusterState, job: Job) -> dict[str, Any]:
+    spec, need = job.spec, job.spec.gang_min
+    team = state.teams.get(spec.team)
+    quota = team.quota if team is not None else None
+    held = team.held if team is not None else 0
     guaranteed = quota.guaranteed if quota else 0
     limit = quota.limit if quota else None
     team_info: dict[str, Any] = {"held": held, "guaranteed": guaranteed, "limit": limit, "weight": quota.weight if quota else 1.0,
@@ -162,9 +177,12 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
                  "pending_jobs": sum(1 for j in state.pending if state.jobs[j].spec.team == spec.team)}
     limit_blocks = limit is not None and held + need > limit
     team_info["limit_blocks"] = limit_blocks
-    out["team_quota"] = team_info
+    return team_info
 
-    # --- where it could fit ----------------------------------------------------------------
+
+def _where(state: ClusterState, job: Job) -> dict[str, Any]:
+    """The domains at the job's required level: free and total GPUs, who holds them."""
+    spec, need = job.spec, job.spec.gang_min
     level, domains = _domain_keys(state, spec.topology.required)
     considered: list[dict[str, Any]] = []
     for name, nodes in domains.items():
@@ -179,18 +197,22 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     considered.sort(key=lambda d: (-d["free"], d["domain"]))
     fits_now = [d["domain"] for d in considered if d["fits"]]
     best = considered[0] if considered else None
-    out["topology"] = {
+    topology: dict[str, Any] = {
         "level": level, "domains_considered": len(considered), "fits_now_in": fits_now[:TOP],
         "best": best, "domains": considered[:TOP],
         "free_total": state.free_count, "gpus_total": state.total_gpus,
         "nvlink_best_free": max((_nvlink_free(state, n) for n in state.nodes if state.nodes[n].usable), default=0),
     }
     if not considered or max(d["total"] for d in considered) < need:
-        out["topology"]["impossible"] = (
+        topology["impossible"] = (
             f"no {level} has {need} GPUs at all" if considered else "no nodes registered"
         )
+    return topology
 
-    # --- who holds the GPUs ----------------------------------------------------------------
+
+def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig, under_guarantee: bool) -> dict[str, Any]:
+    """Who holds GPUs (biggest first), per team, and how many the policy may reclaim for it."""
+    spec = job.spec
     holders: list[dict[str, Any]] = []
     by_team: dict[str, int] = {}
     for jid in state.running:
@@ -211,20 +233,28 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     # over its share, or any while its own team is under its guarantee (the fold's fairness rule).
     reclaimable = [h for h in holders if h["preemptible"] and not h["preempting"] and (
         PRIORITY_RANK[h["priority"]] < rank if h["team"] == spec.team
-        else (_over_share(state, h["team"]) or team_info["under_guarantee"]))]
-    out["holders"] = holders[:TOP]
-    out["held_by_team"] = dict(sorted(by_team.items(), key=lambda kv: (-kv[1], kv[0])))
-    out["reclaimable_gpus"] = sum(h["gpus"] for h in reclaimable)
+        else (_over_share(state, h["team"]) or under_guarantee))]
+    return {"holders": holders[:TOP], "held_by_team": dict(sorted(by_team.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "reclaimable_gpus": sum(h["gpus"] for h in reclaimable)}
 
-    # --- who is ahead ----------------------------------------------------------------------
+
+def _ahead(state: ClusterState, job_id: str, now: float, config: PolicyConfig) -> dict[str, Any]:
+    """Its place in the running policy's order, and what is ahead of it."""
     order = queue_order(state, now, config)
     pos = order.index(job_id) if job_id in order else len(order)
     ahead = [state.jobs[j] for j in order[:pos]]
-    out["queue"] = {"position": pos + 1, "of": len(order), "ahead_jobs": len(ahead),
+    return {"position": pos + 1, "of": len(order), "ahead_jobs": len(ahead),
                     "ahead_gpus": sum(j.spec.gang_min for j in ahead),
                     "ahead": [j.job_id for j in ahead[:TOP]]}
 
-    # --- what would unblock it, and when ---------------------------------------------------
+
+def _unblock(state: ClusterState, job: Job, out: dict[str, Any]) -> list[str]:
+    """What would let it start, from the sections already worked out."""
+    spec, need = job.spec, job.spec.gang_min
+    tq, topo = out["team_quota"], out["topology"]
+    held, limit, limit_blocks = tq["held"], tq["limit"], tq["limit_blocks"]
+    level, best, fits_now = topo["level"], topo["best"], topo["fits_now_in"]
+    ahead_jobs = out["queue"]["ahead_jobs"]
     unblock: list[str] = []
     if limit_blocks and limit is not None:
         unblock.append(f"team {spec.team} holds {held} of its limit {limit}: {held + need - limit} of its GPUs "
@@ -241,22 +271,14 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
             unblock.append(f"preempting {short} of {out['reclaimable_gpus']} reclaimable GPU(s) (preemptible "
                            f"jobs of over-share teams, or of its own team at lower priority)")
     elif fits_now and not limit_blocks:
-        if ahead:
-            unblock.append(f"{len(ahead)} job(s) ahead of it in the queue are placed first "
+        if ahead_jobs:
+            unblock.append(f"{ahead_jobs} job(s) ahead of it in the queue are placed first "
                            f"({out['queue']['ahead_gpus']} GPUs)")
         else:
             unblock.append("nothing: it fits now and should start on the next placement cycle")
     if state.placement_degraded:
         unblock.append("placement is degraded: the naive fallback places first-free GPUs")
-
-    eta = job.pending_eta_s
-    if eta is None:
-        start = estimate_start(state, job, now, config)
-        eta = None if start is None else max(0.0, start - now)
-    out["eta_s"] = None if eta is None else round(eta, 3)
-    out["unblock"] = unblock
-    out["summary"] = _summary(out)
-    return out
+    return unblock
 
 
 def _over_share(state: ClusterState, team: str) -> bool:
