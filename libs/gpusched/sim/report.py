@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 
+from ..core.model import TeamQuota
 from .engine import Cluster, Simulation
 from .runtime import RUNTIME_MODELS, RuntimeModel
 from .traces import TraceJob, burst_jobs, load_trace, merge, parse_burst
@@ -51,11 +52,14 @@ def load_jobs(trace: str | None, fmt: str | None, limit: int | None, burst: str 
 
 def simulate(jobs: list[TraceJob], cluster: Cluster, policy: str, runtime: RuntimeModel,
              overrides: dict[str, str] | None = None, burst: list[TraceJob] | None = None,
-             tick_s: float | None = None, topology: str = "pack") -> Simulation:
+             tick_s: float | None = None, topology: str = "pack",
+             quotas: dict[str, TeamQuota] | None = None) -> Simulation:
+    """Run one simulation. `quotas`: the teams' terms (default: shares of the trace's GPU-hours)."""
     from .engine import default_quotas
 
     config = policy_config(policy, overrides)
-    quotas = default_quotas([j for j in jobs if j.gpus <= cluster.total_gpus], cluster.total_gpus)
+    if quotas is None:
+        quotas = default_quotas([j for j in jobs if j.gpus <= cluster.total_gpus], cluster.total_gpus)
     all_jobs = merge(jobs, burst) if burst else jobs
     sim = Simulation(all_jobs, cluster, config, runtime, quotas=quotas, policy_name=policy, tick_s=tick_s,
                      topology=topology)
