@@ -19,10 +19,10 @@ import structlog
 
 from gpusched.core import events as ev
 from gpusched.services.runtime import FoldedLog
+from gpusched.store import load_snapshot_from
 
-from .placement import decide_and_append
-from .projector import load_snapshot_from
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
+from .writer import decide_and_append
 
 log = structlog.get_logger()
 

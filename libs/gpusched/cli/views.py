@@ -55,7 +55,7 @@ async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: b
                      half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
     """The cluster state now: a Redis snapshot plus the log's tail, or the whole log (folded
     with the running policy's usage half-life)."""
-    from gpusched.services.projector import fold_log, load_snapshot
+    from gpusched.store import fold_log, load_snapshot
 
     state = None
     if use_snapshot and _redis_configured(redis):
@@ -358,7 +358,7 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
     running policy `config` (default: the default preset)."""
     from gpusched.policy.config import DEFAULT
     from gpusched.policy.explain import explain_pending, explain_preemptions
-    from gpusched.services.projector import fold_log, load_snapshot
+    from gpusched.store import fold_log, load_snapshot
 
     config = config or DEFAULT
     state = None
