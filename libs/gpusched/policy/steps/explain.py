@@ -37,11 +37,15 @@ def _head(plan: CyclePlan, ctx: Context) -> None:
 
 def _emit(plan: CyclePlan, ctx: Context) -> None:
     st, now = ctx.state, ctx.now
+    words: dict[int, tuple[str, list[str]]] = {}  # reasons are shared by many jobs: word each once
     for jid, (why, eta) in plan.reasons.items():
         job = st.jobs[jid]
         if job.state != "pending":
             continue
-        text, blockers = why.text, why.blockers
+        said = words.get(id(why))
+        if said is None:
+            said = words[id(why)] = (why.text, why.blockers)
+        text, blockers = said
         if job.pending_reason != text or job.pending_blockers != blockers:
             plan.events.append(ev.JobPending(at=now, job_id=jid, reason=text, blockers=blockers, why=why,
                                              eta_s=None if eta is None or not math.isfinite(eta) else round(eta, 3)))

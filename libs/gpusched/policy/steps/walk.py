@@ -6,6 +6,8 @@ jobs are known for reclaim), the rest of the queue gets its stable tail reason.
 
 from __future__ import annotations
 
+import functools
+
 from ...core.reasons import BehindReservation, NoRoom, QueuedBehind, Reason, TeamLimit
 from ...core.state import Job
 from ..ordering import QueueIndex, queue_index
@@ -46,18 +48,26 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
             plan.grant(job, p, backfill=True)
             return False
         plan.blocked.append(job)
-        reason = BehindReservation() if plan.fits_pool(job, room) else NoRoom(lo, job.spec.topology.required)
-        plan.note(job, reason)
+        plan.note(job, _BEHIND if plan.fits_pool(job, room) else _no_room(lo, job.spec.topology.required))
         return False
     p = plan.fit(job, pool, room) if pool.count >= lo else None
     if p is None:
         plan.blocked.append(job)
-        plan.note(job, NoRoom(lo, job.spec.topology.required))
+        plan.note(job, _no_room(lo, job.spec.topology.required))
         if ctx.config.backfill and plan.head is None and not ctx.strict:
             plan.head = job
         return False
     plan.grant(job, p, backfill=False)
     return False
+
+
+_BEHIND = BehindReservation()
+
+
+@functools.lru_cache(maxsize=256)
+def _no_room(need: int, required: str) -> NoRoom:
+    """One reason object per shape (a long queue records thousands: they share it)."""
+    return NoRoom(need, required)
 
 
 def _limit(ctx: Context, job: Job, lo: int) -> TeamLimit:
@@ -129,6 +139,6 @@ def _tail_reason(plan: CyclePlan, ctx: Context, job: Job,
     hit = cache.get(key)
     if hit is None:
         r: Reason = (QueuedBehind() if key[0] == "fifo" else _limit(ctx, job, lo) if key[0] == "limit"
-                     else NoRoom(lo, spec.topology.required))
+                     else _no_room(lo, spec.topology.required))
         hit = cache[key] = (r, r.text, r.blockers)
     return hit
