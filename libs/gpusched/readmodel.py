@@ -27,6 +27,7 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "job_id": job.job_id,
         "name": spec.name,
         "team": spec.team,
+        "user": job.user,
         "state": job.state,
         "priority": spec.priority,
         "gpus_requested": spec.gpus,
@@ -52,8 +53,29 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "pending_eta_s": job.pending_eta_s,
         "checkpoint": msgspec.to_builtins(job.checkpoint) if job.checkpoint else None,
         "preemption": msgspec.to_builtins(job.preemption) if job.preemption else None,
+        "idle": msgspec.to_builtins(job.idle) if job.idle else None,
+        "idle_requeues": job.idle_requeues,
+        "yielded_idle": job.yielded_idle,
+        "gpu_s": _gpu_s(*job.gpu_seconds(state.now), state.now, len(job.gpus),
+                        len(job.gpus) if job.idle is not None else 0),
     }
     return doc
+
+
+def _gpu_s(held: float, busy: float, at: float, gpus: int, idle_gpus: int) -> dict[str, Any]:
+    """Held and busy GPU-seconds as of `at`, and what accrues after it (`accounting` extrapolates)."""
+    return {"held": round(held, 3), "busy": round(busy, 3), "at": at, "gpus": gpus, "idle_gpus": idle_gpus}
+
+
+def accounting(doc: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """GPU-hours held and busy (seff-like efficiency) of a job or team document, as of `now`: a
+    stored document is extended by what its GPUs held since it was written."""
+    g = doc["gpu_s"]
+    dt = 0.0 if now is None else max(0.0, now - g["at"])
+    held = g["held"] + g["gpus"] * dt
+    busy = g["busy"] + (g["gpus"] - g["idle_gpus"]) * dt
+    return {"gpu_hours_held": round(held / 3600, 4), "gpu_hours_busy": round(busy / 3600, 4),
+            "efficiency": round(busy / held, 4) if held > 0 else None}
 
 
 def gpu_status(state: ClusterState, g: str) -> str:
@@ -84,6 +106,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
             "job_id": rec.holder, "team": holder.spec.team if holder else None,
             "priority": holder.spec.priority if holder else None,
             "quarantined": rec.quarantined, "zombie_pids": rec.zombie_pids,
+            "idle": holder is not None and holder.idle is not None,
         })
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
@@ -103,7 +126,8 @@ def team_doc(state: ClusterState, name: str) -> dict[str, Any]:
         "share": round(t.held / total, 4), "entitled_share": round(t.quota.guaranteed / total, 4),
         "under_guarantee": t.held < t.quota.guaranteed,
         "pending_jobs": len(pending), "pending_gpus": sum(j.spec.gang_min for j in pending),
-        "running_jobs": len(running),
+        "running_jobs": len(running), "idle_gpus": t.idle_gpus,
+        "gpu_s": _gpu_s(*state.team_gpu_seconds(name), state.now, t.held, t.idle_gpus),
     }
 
 
@@ -135,7 +159,7 @@ def health_doc(state: ClusterState) -> dict[str, Any]:
 
 #: One human line per event kind (the event tail).
 _LINES: dict[str, Any] = {
-    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
+    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}{'/' + e.user if e.user else ''}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
     "GpusGranted": lambda e: f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}{', backfill' if e.backfill else ''})",
     "JobPending": lambda e: f"{e.job_id} pending: {e.reason}",
     "JobStarted": lambda e: f"{e.job_id} started on {e.node} (attempt {e.attempt})",
@@ -158,14 +182,26 @@ _LINES: dict[str, Any] = {
     "PlacementRecovered": lambda e: f"placement recovered {e.reason}".rstrip(),
     "GpuQuarantined": lambda e: f"GPU {e.gpu} quarantined: {e.reason}",
     "GpuRestored": lambda e: f"GPU {e.gpu} restored: {e.reason}",
+    "SnapshotTaken": lambda e: f"snapshot of the state at seq {e.seq} sealed",
 }
 
 
 def describe(event: ev.Event) -> str:
     """One human line per event (the event tail)."""
     k = type(event).__name__
+    if k in ("JobIdle", "JobBusy") or getattr(event, "cause", "") == "idle":
+        return _describe_idle(event)
     line = _LINES.get(k)
     return k if line is None else line(event)
+
+
+def _describe_idle(e: Any) -> str:
+    if isinstance(e, ev.JobIdle):
+        return (f"{e.job_id} idle: GPUs under {e.threshold_pct:g}% for {e.window_s:.0f} s "
+                f"(mean {e.util_pct:.1f}%, max {e.util_pct_max:.1f}%, {e.memory_mb:.0f} MB per GPU)")
+    if isinstance(e, ev.JobBusy):
+        return f"{e.job_id} busy again ({e.gpu} at {e.util_pct:.0f}%)"
+    return f"{e.job_id} asked to checkpoint and yield: {e.reason}"
 
 
 def event_line(seq: int, event: ev.Event) -> dict[str, Any]:
@@ -173,4 +209,4 @@ def event_line(seq: int, event: ev.Event) -> dict[str, Any]:
             "text": describe(event)}
 
 
-__all__ = ["job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]
+__all__ = ["accounting", "job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]

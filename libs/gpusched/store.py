@@ -1,6 +1,11 @@
 """The fold's persistence outside the log: the snapshot store in Redis (the whole fold, tagged
 with the sequence it covers) and folding the log from a snapshot. The projector writes
-snapshots; every service, the CLI and the dashboard start from one and replay the tail."""
+snapshots; every service, the CLI and the dashboard start from one and replay the tail.
+
+A snapshot is sealed: after writing it the projector appends its digest to the log
+(`SnapshotTaken`, see `security.snapshots`), and a service adopts one only if the log's latest
+seal vouches for it (`untrusted`): anyone who can write Redis could otherwise hand a restarting
+service a state in which held GPUs look free."""
 
 from __future__ import annotations
 
@@ -8,14 +13,23 @@ import redis.asyncio as aioredis
 
 from gpusched.bus.log import EventLog
 from gpusched.core.state import ClusterState
+from gpusched.security import snapshots
 
 SNAPSHOT_KEY = "gpusched:snapshot"
 
 
-async def save_snapshot(r: aioredis.Redis, state: ClusterState) -> None:
-    """The whole fold, tagged with the log sequence it covers."""
+async def save_snapshot(r: aioredis.Redis, state: ClusterState, seal_log: EventLog | None = None) -> None:
+    """The whole fold, tagged with the log sequence it covers; with `seal_log`, its seal is
+    appended there (an unsealed snapshot is never adopted by a service)."""
     await r.hset(SNAPSHOT_KEY, mapping={"seq": state.last_seq, "half_life_s": str(state.half_life_s),
                                          "data": state.snapshot()})
+    if seal_log is not None:
+        await snapshots.append_seal(seal_log, state)
+
+
+async def untrusted(event_log: EventLog, state: ClusterState) -> str | None:
+    """Why the snapshot `state` must not be adopted (None: the log's latest seal records it)."""
+    return await snapshots.untrusted(event_log, state)
 
 
 async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState | None:
@@ -56,4 +70,4 @@ async def fold_log(event_log: EventLog, state: ClusterState | None = None, until
     return state
 
 
-__all__ = ["SNAPSHOT_KEY", "fold_log", "load_snapshot", "load_snapshot_from", "save_snapshot"]
+__all__ = ["SNAPSHOT_KEY", "fold_log", "load_snapshot", "load_snapshot_from", "save_snapshot", "untrusted"]

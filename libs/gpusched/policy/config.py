@@ -8,8 +8,12 @@ step buys against the baseline measured in the same run:
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
-from msgspec import Struct, structs
+from msgspec import Struct, field, structs
+
+from ..core.model import Priority
 
 
 class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +62,17 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: Backfill: treat a running job without a time limit as ending after this long (None: never).
     unknown_runtime_s: float | None = None
 
+    #: Idle: a job whose GPUs all stay under this utilization (percent) ...
+    idle_util_pct: float = 5.0
+    #: ... for this long is idle (the reconciler appends `JobIdle`; it reads these two knobs).
+    idle_after_s: float = 600.0
+    #: Idle timeout per priority class: a job idle this long (from the start of its idle
+    #: evidence) is reclaimed; a class not listed has none (batch classes by default).
+    idle_timeout_s: dict[Priority, float] = field(default_factory=lambda: {"interactive": 1800.0})
+    #: What the idle timeout does, per class: "requeue" (checkpoint, then back to the queue,
+    #: behind the jobs waiting: the default) or "end" (the job fails with the idle reason).
+    idle_action: dict[Priority, Literal["requeue", "end"]] = {}
+
     def replace(self, **changes) -> PolicyConfig:
         return structs.replace(self, **changes)
 
@@ -95,9 +110,20 @@ DEFAULT = PRESETS["full"]
 _WORDS = {"yes": "true", "on": "true", "no": "false", "off": "false", "none": "null"}
 
 
+def _value(key: str, raw: str) -> object:
+    """A `--policy-set` value: JSON for a mapping (`idle_timeout_s={"interactive": 1800}`), else
+    the text (yes/no/none words normalized), typed from the field when converted."""
+    if raw.startswith(("{", "[")):
+        try:
+            return msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            raise ValueError(f"{key}={raw}: expected a JSON object") from None
+    return _WORDS.get(raw.lower(), raw)
+
+
 def parse_policy(name: str, overrides: list[str] | dict[str, str] | None = None) -> PolicyConfig:
     """A preset with `KEY=VALUE` overrides of its fields, typed from the field (`las=true`,
-    `min_runtime_s=0`, `unknown_runtime_s=none`): the one parser of the services' `--policy-set`
+    `min_runtime_s=0`, `unknown_runtime_s=none`, `idle_timeout_s={"interactive": 1800}`): the one parser of the services' `--policy-set`
     and the simulator's `--set`. A bad name, field or value raises ValueError naming it."""
     if name not in PRESETS:
         raise ValueError(f"unknown policy {name!r}; presets are {', '.join(PRESETS)}")
@@ -115,7 +141,7 @@ def parse_policy(name: str, overrides: list[str] | dict[str, str] | None = None)
     for key, raw in items:
         if key not in fields:
             raise ValueError(f"{key}: not a PolicyConfig field; fields are {', '.join(fields)}")
-        changes[key] = _WORDS.get(raw.lower(), raw)
+        changes[key] = _value(key, raw)
     try:
         return msgspec.convert({**msgspec.to_builtins(PRESETS[name]), **changes}, PolicyConfig, strict=False)
     except msgspec.ValidationError as err:

@@ -1,7 +1,7 @@
 """One scheduling cycle: a short list of steps over one plan, each delegating a question to a
 policy (as Volcano's actions over a session).
 
-    expire -> settle -> walk -> reclaim -> grow -> explain
+    expire -> settle -> walk -> reclaim -> grow -> explain -> idle
 
 `cycle(state, now, config)` returns the events the cycle decides, valid to apply in order to
 `state`. It never mutates the state: every step changes the cycle's tentative world, the
@@ -24,7 +24,7 @@ from ..core.state import ClusterState
 from .config import PRESETS, PolicyConfig
 from .plan import Context, CyclePlan, Placer
 from .running import RunningIndex
-from .steps import expire, explain, grow, reclaim, settle, walk
+from .steps import expire, explain, grow, idle, reclaim, settle, walk
 
 #: The fallback keeps the cheap ordering decisions (priority classes, fair-share order, limits)
 #: and loses the expensive ones (topology, preemption, backfill): otherwise a flood of
@@ -46,6 +46,7 @@ STEPS: list[tuple[Callable[[PolicyConfig], bool], Step]] = [
     (lambda c: c.preemption or c.elastic, reclaim.run),  # blocked jobs: claim, shrink, preempt
     (lambda c: c.elastic, grow.run),  # nothing waits: elastic jobs grow
     (_always, explain.run),  # JobPending for every reason that changed
+    (_always, idle.run),  # jobs idle past their timeout yield their GPUs (or end)
 ]
 
 

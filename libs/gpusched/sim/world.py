@@ -102,3 +102,4 @@ class _Run:
     preemptions: int = 0
     forced_releases: int = 0
     timed_out: bool = False  # ended by its time limit before its work was done
+    idle_ended: bool = False  # ended by its class's idle timeout (action "end")
