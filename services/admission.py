@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import msgspec
 import structlog
+from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
+
 from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.core import events as ev
@@ -35,8 +38,6 @@ from gpusched.core.model import LEVEL_RANK, TeamQuota
 from gpusched.core.state import TERMINAL, ClusterState
 from gpusched.services.runtime import FoldedLog
 from gpusched.services.shell import common_arguments
-from nats.aio.msg import Msg
-from opentelemetry.trace import SpanKind
 
 log = structlog.get_logger()
 

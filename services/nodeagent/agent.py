@@ -28,6 +28,7 @@ from pathlib import Path
 
 import msgspec
 import structlog
+
 from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog

@@ -13,8 +13,7 @@ import shutil
 import signal
 import subprocess
 import uuid
-from collections.abc import Mapping
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import structlog

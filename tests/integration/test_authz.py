@@ -16,13 +16,14 @@ import json
 
 import msgspec
 import pytest
+from nats.js.errors import APIError
+
 from gpusched.bus import subjects
 from gpusched.bus.client import Client, NotPermitted
 from gpusched.bus.log import EventLog, connect
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.security.roles import EVENT_WRITERS, SERVICE_ROLES
-from nats.js.errors import APIError
 
 from ..e2e.harness import harness  # noqa: F401
 

@@ -224,7 +224,7 @@ class ClusterState(Struct):
         job.gpus = [g for g in job.gpus if g not in removed] + added
         self._team_held(job.team, len(added) - len(removed), e.at)
         if job.idle is not None:
-            self._team_idle(job.team, len(added) - len(removed), e.at)
+            _team_idle(self, job.team, len(added) - len(removed), e.at)
         if len(job.gpus) < job.spec.gang_min:
             self._violate(
                 "below_gang_min",
@@ -273,29 +273,6 @@ class ClusterState(Struct):
         job = self.jobs.get(e.job_id)
         if job is not None:
             job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt)
-
-    def _on_idle(self, e: ev.JobIdle) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding or job.attempt != e.attempt:
-            return  # a late report about an attempt that already ended
-        status = IdleStatus(e.since, e.at, e.window_s, e.threshold_pct, e.util_pct, e.util_pct_max, e.memory_mb)
-        if job.idle is None:
-            # the GPUs were idle since `since` (the evidence window): that time was not busy
-            since = min(e.at, max(e.since, job.started_at if job.started_at is not None else e.since))
-            back = len(job.gpus) * max(0.0, e.at - since)
-            job.idle_gpu_s += back
-            self._team_idle(job.team, len(job.gpus), e.at, back)
-            job.idle_at = e.at
-        job.idle = status
-        self.idle_jobs[job.job_id] = None
-
-    def _on_busy(self, e: ev.JobBusy) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding or job.attempt != e.attempt or job.idle is None:
-            return
-        self._end_idle(job, e.at)
-        if job.preemption is None or job.preemption.cause != "idle":
-            self.idle_jobs.pop(job.job_id, None)
 
     def _on_released(self, e: ev.GpusReleased) -> None:
         job = self.jobs.get(e.job_id)
@@ -434,7 +411,7 @@ class ClusterState(Struct):
     def _release_all(self, job: Job, at: float) -> None:
         self._account(job, at)
         if job.idle is not None:
-            self._end_idle(job, at)
+            _end_idle(self, job, at)
         self.idle_jobs.pop(job.job_id, None)
         self._give_back(job.gpus)
         self._team_held(job.team, -len(job.gpus), at)
@@ -454,17 +431,6 @@ class ClusterState(Struct):
         if job.idle is not None:
             job.idle_gpu_s += len(job.gpus) * max(0.0, at - job.idle_at)
             job.idle_at = max(job.idle_at, at)
-
-    def _end_idle(self, job: Job, at: float) -> None:
-        self._account(job, at)
-        self._team_idle(job.team, -len(job.gpus), at)
-        job.idle = None
-
-    def _team_idle(self, name: str, delta: int, at: float, back: float = 0.0) -> None:
-        t = self.team(name)
-        t.idle_gpu_s += t.idle_gpus * max(0.0, at - t.idle_at) + back
-        t.idle_at = max(t.idle_at, at)
-        t.idle_gpus += delta
 
     def _refresh(self, g: GpuId) -> None:
         """Keep the node's free set and the free count in step with one GPU's record."""
@@ -549,24 +515,7 @@ class ClusterState(Struct):
 
     def summary(self) -> dict:
         """What `gpusched replay --json` prints."""
-        held = self.held_gpus
-        return {
-            "last_seq": self.last_seq,
-            "events": self.events,
-            "time": self.now,
-            "jobs": self.job_counts(),
-            "gpus": {"total": self.total_gpus, "held": held, "free": self.free_count,
-                     "unavailable": self.total_gpus - held - self.free_count},
-            "nodes": {"total": len(self.nodes), "lost": sum(n.lost for n in self.nodes.values()),
-                      "drained": sum(n.drained for n in self.nodes.values())},
-            "teams": {name: {"held": t.held, "guaranteed": t.quota.guaranteed, "limit": t.quota.limit,
-                             "usage_gpu_s": round(self.team_usage(name), 3),
-                             **dict(zip(("held_gpu_s", "busy_gpu_s"),
-                                        (round(x, 3) for x in self.team_gpu_seconds(name))))}
-                      for name, t in sorted(self.teams.items())},
-            "placement_degraded": self.placement_degraded,
-            "violations": [msgspec.to_builtins(v) for v in self.broken],
-        }
+        return _summary(self)
 
     def snapshot(self) -> bytes:
         """A compact encoding of the whole state (Redis snapshots: snapshot + tail)."""
@@ -575,6 +524,67 @@ class ClusterState(Struct):
     @classmethod
     def restore(cls, data: bytes) -> ClusterState:
         return msgspec.msgpack.decode(data, type=cls)
+
+
+# --- idle GPUs (JobIdle/JobBusy): held-but-unused accounting, outside the class for its size ---
+
+def _on_idle(st: ClusterState, e: ev.JobIdle) -> None:
+    job = st.jobs.get(e.job_id)
+    if job is None or not job.holding or job.attempt != e.attempt:
+        return  # a late report about an attempt that already ended
+    status = IdleStatus(e.since, e.at, e.window_s, e.threshold_pct, e.util_pct, e.util_pct_max, e.memory_mb)
+    if job.idle is None:
+        # the GPUs were idle since `since` (the evidence window): that time was not busy
+        since = min(e.at, max(e.since, job.started_at if job.started_at is not None else e.since))
+        back = len(job.gpus) * max(0.0, e.at - since)
+        job.idle_gpu_s += back
+        _team_idle(st, job.team, len(job.gpus), e.at, back)
+        job.idle_at = e.at
+    job.idle = status
+    st.idle_jobs[job.job_id] = None
+
+
+def _on_busy(st: ClusterState, e: ev.JobBusy) -> None:
+    job = st.jobs.get(e.job_id)
+    if job is None or not job.holding or job.attempt != e.attempt or job.idle is None:
+        return
+    _end_idle(st, job, e.at)
+    if job.preemption is None or job.preemption.cause != "idle":
+        st.idle_jobs.pop(job.job_id, None)
+
+
+def _end_idle(st: ClusterState, job: Job, at: float) -> None:
+    st._account(job, at)
+    _team_idle(st, job.team, -len(job.gpus), at)
+    job.idle = None
+
+
+def _team_idle(st: ClusterState, name: str, delta: int, at: float, back: float = 0.0) -> None:
+    t = st.team(name)
+    t.idle_gpu_s += t.idle_gpus * max(0.0, at - t.idle_at) + back
+    t.idle_at = max(t.idle_at, at)
+    t.idle_gpus += delta
+
+
+def _summary(st: ClusterState) -> dict:
+    held = st.held_gpus
+    return {
+        "last_seq": st.last_seq,
+        "events": st.events,
+        "time": st.now,
+        "jobs": st.job_counts(),
+        "gpus": {"total": st.total_gpus, "held": held, "free": st.free_count,
+                 "unavailable": st.total_gpus - held - st.free_count},
+        "nodes": {"total": len(st.nodes), "lost": sum(n.lost for n in st.nodes.values()),
+                  "drained": sum(n.drained for n in st.nodes.values())},
+        "teams": {name: {"held": t.held, "guaranteed": t.quota.guaranteed, "limit": t.quota.limit,
+                         "usage_gpu_s": round(st.team_usage(name), 3),
+                         **dict(zip(("held_gpu_s", "busy_gpu_s"),
+                                    (round(x, 3) for x in st.team_gpu_seconds(name))))}
+                  for name, t in sorted(st.teams.items())},
+        "placement_degraded": st.placement_degraded,
+        "violations": [msgspec.to_builtins(v) for v in st.broken],
+    }
 
 
 _END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed: "failed",
@@ -587,8 +597,8 @@ _HANDLERS: dict[type, Any] = {
     ev.JobResized: ClusterState._on_resized,
     ev.JobStarted: ClusterState._on_started,
     ev.PreemptionRequested: ClusterState._on_preemption,
-    ev.JobIdle: ClusterState._on_idle,
-    ev.JobBusy: ClusterState._on_busy,
+    ev.JobIdle: _on_idle,
+    ev.JobBusy: _on_busy,
     ev.CheckpointSaved: ClusterState._on_checkpoint,
     ev.GpusReleased: ClusterState._on_released,
     ev.JobCompleted: ClusterState._on_terminal,
