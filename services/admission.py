@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import msgspec
 import structlog
+from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
+
 from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.core import events as ev
@@ -32,12 +35,10 @@ from gpusched.core.commands import (
     SetTeamQuota,
     SubmitJob,
 )
-from gpusched.core.model import LEVEL_RANK
+from gpusched.core.model import LEVEL_RANK, TeamQuota
 from gpusched.core.state import TERMINAL, ClusterState
 from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import common_arguments
-from nats.aio.msg import Msg
-from opentelemetry.trace import SpanKind
 
 log = structlog.get_logger()
 
@@ -210,6 +211,28 @@ def placeholder_problem(spec, config: AdmissionConfig) -> str | None:
     return None
 
 
+def merged_quota(state: ClusterState, cmd: SetTeamQuota) -> TeamQuota:
+    """The quota a command leaves the team with: only the fields it names change."""
+    if not cmd.only:
+        return cmd.quota
+    team = state.teams.get(cmd.team)
+    current = team.quota if team is not None else TeamQuota()
+    return msgspec.structs.replace(current, **{f: getattr(cmd.quota, f) for f in cmd.only})
+
+
+def _set_quota(state: ClusterState, cmd: SetTeamQuota, now: float) -> Decision:
+    q = merged_quota(state, cmd)
+    if q.limit is not None and q.guaranteed > q.limit:
+        return Decision(CommandReply(ok=False, error=f"quota.guaranteed ({q.guaranteed}) exceeds quota.limit ({q.limit})"))
+    promised = q.guaranteed + sum(t.quota.guaranteed for name, t in state.teams.items() if name != cmd.team)
+    warning = ""
+    if state.gpus and promised > state.total_gpus:
+        warning = (f"guaranteed shares add up to {promised} GPUs, more than the cluster's {state.total_gpus}: "
+                   f"not every team can get its guarantee at once")
+    return Decision(CommandReply(ok=True, warning=warning), ev.TeamQuotaSet(at=now, team=cmd.team, quota=q),
+                    f"quota-{cmd.request_id}")
+
+
 def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig, capacity: Capacity,
           taken: set[str] | frozenset[str] = frozenset(), caller: Caller = ADMIN) -> Decision:
     """Decide one well-formed command from `caller` against the fold."""
@@ -241,10 +264,7 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
         event = ev.JobCancelled(at=now, job_id=job.job_id, reason=cmd.reason)
         return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"cancel-{rid}")
     if isinstance(cmd, SetTeamQuota):
-        q = cmd.quota
-        if q.limit is not None and q.guaranteed > q.limit:
-            return Decision(CommandReply(ok=False, error=f"quota.guaranteed ({q.guaranteed}) exceeds quota.limit ({q.limit})"))
-        return Decision(CommandReply(ok=True), ev.TeamQuotaSet(at=now, team=cmd.team, quota=q), f"quota-{rid}")
+        return _set_quota(state, cmd, now)
     if isinstance(cmd, DrainNode):
         if cmd.node not in state.nodes:
             return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))

@@ -26,11 +26,11 @@ import structlog
 
 from gpusched.core import events as ev
 from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.store import load_snapshot
 
 from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, connect_redis, lease_holder, owner_id
-from .placement import Tracker, decide_and_append
-from .projector import load_snapshot
 from .shell import common_arguments, wait_wake
+from .writer import Tracker, decide_and_append
 
 log = structlog.get_logger()
 

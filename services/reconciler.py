@@ -40,11 +40,11 @@ import structlog
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
-from gpusched.core.model import gpu_id, split_gpu_id
-from gpusched.core.state import ClusterState, Job
-from gpusched.services.runtime import cancel_tasks
 from gpusched.core.heartbeat import Heartbeat, KillProcesses, ResetGpu, decode_heartbeat, decode_reply
-from gpusched.services.runtime import FoldedLog, append_cas, notify_ready
+from gpusched.core.model import gpu_id, split_gpu_id
+from gpusched.core.rules import work_since_checkpoint
+from gpusched.core.state import ClusterState, Job
+from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, notify_ready
 
 log = structlog.get_logger()
 
@@ -140,17 +140,28 @@ def _alive(hb: Heartbeat, job: Job, node: str) -> bool:
 
 def _no_process_outcome(job: Job, node: str, now: float) -> ev.Event:
     if job.spec.on_failure == "requeue" and job.restarts < job.spec.max_restarts:
-        since = job.started_at or now
-        if job.checkpoint is not None and job.checkpoint.attempt == job.attempt:
-            since = max(since, job.checkpoint.at)
         return ev.GpusReleased(at=now, job_id=job.job_id, reason="no_process",
-                               lost_gpu_s=round(len(job.gpus) * max(0.0, now - since), 3))
+                               lost_gpu_s=round(work_since_checkpoint(job, now), 3))
     return ev.JobFailed(at=now, job_id=job.job_id, attempt=job.attempt,
                         reason=f"no process on its GPUs of node {node} (restarts {job.restarts}/{job.spec.max_restarts})")
 
 
 def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig) -> Decision:
+    """What the observations mean against the fold: silent nodes are lost, jobs without a
+    process are requeued or fail, unhealthy GPUs are quarantined, stray processes are zombies,
+    idle jobs are reported, leaked GPU memory is quarantined."""
     out = Decision()
+    lost = _lost_nodes(state, obs, now, cfg, out)
+    _missing_processes(state, obs, now, cfg, out, lost)
+    _gpus(state, obs, now, cfg, out, lost)
+    out.events += decide_idle(state, obs, now, cfg, lost)
+    decide_leaks(state, obs, now, cfg, lost, out)
+    obs.peak.clear()
+    _forget_reclaimed(state, obs)
+    return out
+
+
+def _lost_nodes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision) -> set[str]:
     lost: set[str] = set()
     for name, node in state.nodes.items():
         if node.lost:
@@ -159,7 +170,11 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
         if silent >= cfg.node_timeout_s:
             out.events.append(ev.NodeLost(at=now, node=name, reason=f"no heartbeat for {silent:.1f}s"))
             lost.add(name)
+    return lost
 
+
+def _missing_processes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision,
+                       lost: set[str]) -> None:
     missing_keys: set[tuple[str, int, str]] = set()
     for job_id in state.running:
         job = state.jobs[job_id]
@@ -181,6 +196,9 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     for key in [k for k in obs.missing_since if k not in missing_keys]:
         del obs.missing_since[key]
 
+
+def _gpus(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision,
+          lost: set[str]) -> None:
     strays: set[tuple[str, int]] = set()
     for name, hb in obs.heartbeats.items():
         node = state.nodes.get(name)
@@ -208,11 +226,6 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
                     out.kills.append((name, gid, list(s.pids)))
     for key in [k for k in obs.stray_since if k not in strays]:
         del obs.stray_since[key]
-    out.events += decide_idle(state, obs, now, cfg, lost)
-    decide_leaks(state, obs, now, cfg, lost, out)
-    obs.peak.clear()
-    _forget_reclaimed(state, obs)
-    return out
 
 
 def _job_sample(state: ClusterState, obs: Observations, job: Job) -> tuple[list[float], list[float], str] | None:
@@ -525,7 +538,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpusched.services.shell import common_arguments, run as run_service
+    from gpusched.services.shell import common_arguments
+    from gpusched.services.shell import run as run_service
 
     parser = argparse.ArgumentParser(prog="gpusched-reconciler", description="gpusched reconciler")
     common_arguments(parser)

@@ -13,12 +13,11 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from gpusched import metrics
+from gpusched import metrics, store
 from gpusched.bus import subjects
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
 from gpusched.core.state import ClusterState
-from gpusched.security import snapshots
 
 log = structlog.get_logger()
 
@@ -54,10 +53,12 @@ class FoldedLog:
         self.alloc_seq = 0
 
     @classmethod
-    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None) -> FoldedLog:
+    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None,
+                   half_life_s: float | None = 7 * 24 * 3600.0) -> FoldedLog:
         """Connect, replay what exists (from `snapshot` on, when one is given) and keep
-        following: what every service starts with."""
-        folded = cls(await EventLog.open(url, name=name))
+        following: what every service starts with. `half_life_s`: the usage half-life of the
+        fold (a policy's `PolicyConfig.half_life_s`, the same as the simulator folds with)."""
+        folded = cls(await EventLog.open(url, name=name), half_life_s)
         await folded.start(snapshot)
         return folded
 
@@ -84,8 +85,8 @@ class FoldedLog:
 
     async def _adopt(self, snapshot: ClusterState) -> None:
         """Start from the snapshot only if the log's latest seal vouches for it: a poisoned one
-        could show held GPUs as free (see `security.snapshots`)."""
-        why = await snapshots.untrusted(self.log, snapshot)
+        could show held GPUs as free (see `gpusched.store`)."""
+        why = await store.untrusted(self.log, snapshot)
         if why is not None:
             log.warning("snapshot_rejected", seq=snapshot.last_seq, reason=why, hint="replaying the log from the start")
             return

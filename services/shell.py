@@ -45,6 +45,24 @@ EXIT_FAILED, EXIT_UNSUITABLE_SERVER, EXIT_DEAF = 1, 2, 3
 STOP_GRACE_S = 8.0
 
 
+def policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--policy` and `--policy-set`: the running policy, for every service that decides or
+    explains with it (placement, preemptor, projector) and the CLI views."""
+    parser.add_argument("--policy", default="full", help="policy preset (default: full)")
+    parser.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one field of the preset, e.g. checkpoint_grace_s=30 (repeatable)")
+
+
+def policy_of(args: argparse.Namespace):
+    """The PolicyConfig the arguments name (exits with the parser's message on bad input)."""
+    from gpusched.policy.config import parse_policy
+
+    try:
+        return parse_policy(getattr(args, "policy", "full"), getattr(args, "policy_set", None) or [])
+    except ValueError as err:
+        raise SystemExit(f"--policy-set: {err}") from None
+
+
 def run(serve: Serve, args: argparse.Namespace, service: str) -> int:
     """Run one service until SIGINT/SIGTERM; exit non-zero when it can no longer work."""
     os.environ.setdefault("GPUSCHED_LOG_LEVEL", getattr(args, "log_level", "info"))

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from gpusched.bus.servers import start_nats, start_redis
 
 TRUST = None  # the session's security.trust.TrustStore

@@ -46,6 +46,7 @@ from gpusched.core.heartbeat import (
     decode_request,
 )
 from gpusched.core.model import gpu_id, split_gpu_id
+from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job
 from gpusched.job import env as E
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
@@ -426,11 +427,8 @@ def exit_event(state: ClusterState, job_id: str, attempt: int, node: str, rc: in
     if rc == 0:
         return ev.JobCompleted(at=now, job_id=job_id, attempt=attempt, exit_code=0, node=node)
     if job.spec.on_failure == "requeue" and job.restarts < job.spec.max_restarts:
-        since = job.started_at or now
-        if job.checkpoint is not None and job.checkpoint.attempt == attempt:
-            since = max(since, job.checkpoint.at)
         return ev.GpusReleased(at=now, job_id=job_id, reason="process_failed",
-                               lost_gpu_s=round(len(job.gpus) * max(0.0, now - since), 3), node=node)
+                               lost_gpu_s=round(work_since_checkpoint(job, now), 3), node=node)
     return ev.JobFailed(at=now, job_id=job_id, attempt=attempt, reason=f"exit code {rc} on node {node}", exit_code=rc,
                         node=node)
 

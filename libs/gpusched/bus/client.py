@@ -119,8 +119,11 @@ class Client:
     async def cancel(self, job_id: str, reason: str = "cancelled by user", request_id: str | None = None) -> CommandReply:
         return await self.send(CancelJob(request_id=request_id or new_request_id(), job_id=job_id, reason=reason))
 
-    async def set_quota(self, team: str, quota: TeamQuota, request_id: str | None = None) -> CommandReply:
-        return await self.send(SetTeamQuota(request_id=request_id or new_request_id(), team=team, quota=quota))
+    async def set_quota(self, team: str, quota: TeamQuota, request_id: str | None = None,
+                        only: list[str] | None = None) -> CommandReply:
+        """Set a team's quota; with `only`, change just those fields (the rest stay as they are)."""
+        return await self.send(SetTeamQuota(request_id=request_id or new_request_id(), team=team, quota=quota,
+                                            only=only or []))  # type: ignore[arg-type]
 
     async def drain(self, node: str, drain: bool = True, reason: str = "", request_id: str | None = None) -> CommandReply:
         return await self.send(DrainNode(request_id=request_id or new_request_id(), node=node, drain=drain,

@@ -43,8 +43,7 @@ from nats.js.errors import APIError, NotFoundError
 from gpusched import telemetry
 from gpusched.core import limits
 from gpusched.core.events import Event, decode_event, encode_event
-from gpusched.security import signing
-from gpusched.security import clientconfig
+from gpusched.security import clientconfig, signing
 from gpusched.security.identity import Identity
 from gpusched.security.identity import load as load_identity
 

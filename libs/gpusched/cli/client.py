@@ -106,13 +106,25 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_quota(args: argparse.Namespace) -> int:
+    """Change only the fields given (`--weight 2` keeps the guarantee and the limit)."""
+    given = {"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit}
+    only = [f for f, v in given.items() if v is not None]
+    if args.no_limit:
+        if args.limit is not None:
+            raise SystemExit("gpusched quota: --limit and --no-limit exclude each other")
+        only.append("limit")
+    if not only:
+        raise SystemExit("gpusched quota: nothing to change (give --guaranteed, --weight, --limit or --no-limit)")
     try:
-        quota = msgspec.convert({"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit}, TeamQuota)
+        quota = msgspec.convert({k: v for k, v in given.items() if v is not None}, TeamQuota)
     except msgspec.ValidationError as err:
         raise SystemExit(f"gpusched quota: invalid quota: {err}") from None
-    limit = "no limit" if quota.limit is None else f"limit {quota.limit}"
-    return _run(args, lambda c: c.set_quota(args.team, quota),
-                lambda r: f"team {args.team}: guaranteed {quota.guaranteed}, weight {quota.weight:g}, {limit}")
+    changed = ", ".join(f"{f} {'none' if getattr(quota, f) is None else getattr(quota, f)}" for f in only)
+
+    def done(reply) -> str:
+        return f"team {args.team}: {changed}" + (f"\nwarning: {reply.warning}" if reply.warning else "")
+
+    return _run(args, lambda c: c.set_quota(args.team, quota, only=only), done)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
@@ -165,11 +177,12 @@ def register(sub) -> None:
     _common(p)
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("quota", help="set a team's guaranteed share, weight and hard limit")
+    p = sub.add_parser("quota", help="change a team's guaranteed share, weight or hard limit (only those given)")
     p.add_argument("team")
-    p.add_argument("--guaranteed", type=int, default=0)
-    p.add_argument("--weight", type=float, default=1.0)
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--guaranteed", type=int, default=None, help="GPUs it can always reclaim")
+    p.add_argument("--weight", type=float, default=None, help="its weight in sharing what is left")
+    p.add_argument("--limit", type=int, default=None, help="a hard limit it never exceeds")
+    p.add_argument("--no-limit", action="store_true", help="remove its hard limit")
     _common(p)
     p.set_defaults(func=cmd_quota)
 

@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpusched.cli.startup import (LogPump, RotatingLog, StartupNotify, choose_port, claim_data_dir,
-                                  default_data_dir)
 from gpusched.bus.log import connect
 from gpusched.bus.servers import Server, die_with_parent, start_nats, start_redis
+from gpusched.cli.startup import LogPump, RotatingLog, StartupNotify, choose_port, claim_data_dir, default_data_dir
 from gpusched.security import clientconfig
 from gpusched.security import trust as trust_mod
 from gpusched.services.dashboard import control
@@ -188,6 +187,7 @@ class Stack:
             "admission": ["--placeholders", a.placeholders],
             "placement": [*policy, *ttl],
             "preemptor": policy,
+            "projector": policy,  # its fold and queue order follow the running policy
             "reconciler": policy,  # idle_util_pct, idle_after_s
             "fallback": ttl,
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),

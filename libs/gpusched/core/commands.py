@@ -3,7 +3,7 @@ admission answers with a `CommandReply`. Only services append events."""
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated, Literal, Union
 
 import msgspec
 from msgspec import Meta, Struct
@@ -30,8 +30,13 @@ class CancelJob(Command, frozen=True, kw_only=True):
 
 
 class SetTeamQuota(Command, frozen=True, kw_only=True):
+    """Set a team's terms. `only` (non-empty): change just these fields of its current quota,
+    taking their values from `quota` (admission merges against the fold, so two partial
+    updates never undo each other); empty: replace the whole quota."""
+
     team: Team
     quota: TeamQuota
+    only: list[Literal["guaranteed", "weight", "limit"]] = []
 
 
 class DrainNode(Command, frozen=True, kw_only=True):
@@ -61,6 +66,8 @@ class CommandReply(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     job_id: JobId | None = None
     seq: int | None = None
     duplicate: bool = False
+    #: Accepted, but worth a look (e.g. guarantees that add up to more than the cluster).
+    warning: str = ""
 
 
 _decoder = msgspec.json.Decoder(AnyCommand)

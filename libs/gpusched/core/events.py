@@ -14,6 +14,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from .model import SCHEMA_VERSION, GpuId, GpuInfo, JobId, JobSpec, Level, NvlinkLayout, TeamQuota
+from .reasons import Reason
 
 
 class Event(Struct, frozen=True, kw_only=True, tag_field="type", tag=True, forbid_unknown_fields=True):
@@ -55,6 +56,8 @@ class JobPending(Event, frozen=True, kw_only=True):
     reason: str
     blockers: list[str] = []
     eta_s: float | None = None
+    #: The typed reason the deciding step recorded (`core/reasons.py`); `reason` is its text.
+    why: Reason | None = None
 
 
 class GpusGranted(Event, frozen=True, kw_only=True):

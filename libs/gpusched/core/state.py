@@ -8,13 +8,15 @@ invariant is recorded in `violations` so that an audit replay names it instead o
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from msgspec import Struct
 
 from . import events as ev
+from . import rules
 from .model import GpuId, JobSpec, TeamQuota, gpu_id
+from .reasons import Reason
 from .topology import Gpu, Node, span_level
 
 JobStatus = Literal["pending", "starting", "running", "completed", "failed", "cancelled"]
@@ -76,6 +78,7 @@ class Job(Struct):
     pending_reason: str = ""
     pending_blockers: list[str] = []
     pending_eta_s: float | None = None
+    pending_why: Reason | None = None  # the typed reason of the policy's last JobPending
     nodes_started: list[str] = []
     request_id: str = ""
     idle: IdleStatus | None = None  # the current attempt's GPUs are idle (reconciler's JobIdle)
@@ -178,6 +181,7 @@ class ClusterState(Struct):
         job = self.jobs.get(e.job_id)
         if job is not None:
             job.pending_reason, job.pending_blockers, job.pending_eta_s = e.reason, list(e.blockers), e.eta_s
+            job.pending_why = e.why
 
     def _on_granted(self, e: ev.GpusGranted) -> None:
         job = self.jobs.get(e.job_id)
@@ -186,7 +190,7 @@ class ClusterState(Struct):
             self._violate("grant_to_non_pending", f"grant to {state} job {e.job_id}", [e.job_id], e.gpus)
             return
         spec = job.spec
-        if not spec.gang_min <= len(e.gpus) <= spec.gpus:
+        if not rules.gang_size_ok(spec, len(e.gpus)):
             self._violate(
                 "gang_size",
                 f"job {e.job_id} granted {len(e.gpus)} GPUs, gang needs {spec.gang_min}..{spec.gpus}",
@@ -203,6 +207,7 @@ class ClusterState(Struct):
         if job.first_started_at is None:
             job.first_started_at = e.at
         job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
+        job.pending_why = None
         self._team_held(spec.team, len(granted), e.at)
         self._check_limit(spec.team, e.job_id, granted)
 
@@ -221,7 +226,7 @@ class ClusterState(Struct):
         job.gpus = [g for g in job.gpus if g not in removed] + added
         self._team_held(job.team, len(added) - len(removed), e.at)
         if job.idle is not None:
-            self._team_idle(job.team, len(added) - len(removed), e.at)
+            _team_idle(self, job.team, len(added) - len(removed), e.at)
         if len(job.gpus) < job.spec.gang_min:
             self._violate(
                 "below_gang_min",
@@ -253,7 +258,8 @@ class ClusterState(Struct):
             self._violate("preemption_without_beneficiary", f"preemption of {e.job_id} serves no known job", [e.job_id])
         elif job.team != beneficiary.team:
             victim_t, for_t = self.team(job.team), self.team(beneficiary.team)
-            if victim_t.held <= victim_t.quota.guaranteed and for_t.held >= for_t.quota.guaranteed:
+            if not rules.fair_preemption(job.team, victim_t.quota, victim_t.held,
+                                         beneficiary.team, for_t.quota, for_t.held):
                 self._violate(
                     "unfair_preemption",
                     f"team {job.team} (holds {victim_t.held} <= guaranteed {victim_t.quota.guaranteed}) "
@@ -271,29 +277,6 @@ class ClusterState(Struct):
             if job.checkpoint is not None and job.checkpoint.path != e.path:
                 job.previous_checkpoint = job.checkpoint
             job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt, e.sha256)
-
-    def _on_idle(self, e: ev.JobIdle) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding or job.attempt != e.attempt:
-            return  # a late report about an attempt that already ended
-        status = IdleStatus(e.since, e.at, e.window_s, e.threshold_pct, e.util_pct, e.util_pct_max, e.memory_mb)
-        if job.idle is None:
-            # the GPUs were idle since `since` (the evidence window): that time was not busy
-            since = min(e.at, max(e.since, job.started_at if job.started_at is not None else e.since))
-            back = len(job.gpus) * max(0.0, e.at - since)
-            job.idle_gpu_s += back
-            self._team_idle(job.team, len(job.gpus), e.at, back)
-            job.idle_at = e.at
-        job.idle = status
-        self.idle_jobs[job.job_id] = None
-
-    def _on_busy(self, e: ev.JobBusy) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding or job.attempt != e.attempt or job.idle is None:
-            return
-        self._end_idle(job, e.at)
-        if job.preemption is None or job.preemption.cause != "idle":
-            self.idle_jobs.pop(job.job_id, None)
 
     def _on_released(self, e: ev.GpusReleased) -> None:
         job = self.jobs.get(e.job_id)
@@ -322,7 +305,7 @@ class ClusterState(Struct):
             del self.running[job.job_id]
         else:
             del self.pending[job.job_id]
-        job.state = {ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobCancelled: "cancelled"}[type(e)]
+        job.state = _END_STATE[type(e)]
         job.finished_at = e.at
         job.preemption = None
         job.end_reason = getattr(e, "reason", "") or f"exit code {getattr(e, 'exit_code', 0)}"
@@ -356,7 +339,7 @@ class ClusterState(Struct):
             self._refresh(g)
         for job_id in victims:
             job = self.jobs[job_id]
-            job.lost_gpu_s += self._work_since_checkpoint(job, e.at)
+            job.lost_gpu_s += rules.work_since_checkpoint(job, e.at)
             self._requeue(job, e.at, f"requeued: node {e.node} lost")
 
     def _on_node_drained(self, e: ev.NodeDrained) -> None:
@@ -432,7 +415,7 @@ class ClusterState(Struct):
     def _release_all(self, job: Job, at: float) -> None:
         self._account(job, at)
         if job.idle is not None:
-            self._end_idle(job, at)
+            _end_idle(self, job, at)
         self.idle_jobs.pop(job.job_id, None)
         self._give_back(job.gpus)
         self._team_held(job.team, -len(job.gpus), at)
@@ -444,6 +427,7 @@ class ClusterState(Struct):
         self.pending[job.job_id] = None
         job.state, job.preemption, job.started_at = "pending", None, None
         job.pending_reason, job.pending_blockers, job.pending_eta_s = reason, [], None
+        job.pending_why = None
 
     def _account(self, job: Job, at: float) -> None:
         job.service_gpu_s += len(job.gpus) * max(0.0, at - job.held_since)
@@ -452,28 +436,11 @@ class ClusterState(Struct):
             job.idle_gpu_s += len(job.gpus) * max(0.0, at - job.idle_at)
             job.idle_at = max(job.idle_at, at)
 
-    def _end_idle(self, job: Job, at: float) -> None:
-        self._account(job, at)
-        self._team_idle(job.team, -len(job.gpus), at)
-        job.idle = None
-
-    def _team_idle(self, name: str, delta: int, at: float, back: float = 0.0) -> None:
-        t = self.team(name)
-        t.idle_gpu_s += t.idle_gpus * max(0.0, at - t.idle_at) + back
-        t.idle_at = max(t.idle_at, at)
-        t.idle_gpus += delta
-
-    def _work_since_checkpoint(self, job: Job, at: float) -> float:
-        since = job.started_at or at
-        if job.checkpoint is not None and job.checkpoint.attempt == job.attempt:
-            since = max(since, job.checkpoint.at)
-        return len(job.gpus) * max(0.0, at - since)
-
     def _refresh(self, g: GpuId) -> None:
         """Keep the node's free set and the free count in step with one GPU's record."""
         rec = self.gpus[g]
         node = self.nodes[rec.node]
-        placeable = rec.holder is None and rec.quarantined is None and rec.zombie_pids is None and node.usable
+        placeable = rules.gpu_placeable(self, g)
         if placeable and g not in node.free:
             node.free[g] = None
             self.free_count += 1
@@ -497,7 +464,7 @@ class ClusterState(Struct):
 
     def _check_limit(self, team: str, job_id: str, gpus: list[GpuId]) -> None:
         t = self.teams[team]
-        if t.quota.limit is not None and t.held > t.quota.limit:
+        if rules.over_limit(t.quota, t.held):
             self._violate("over_limit", f"team {team} holds {t.held} GPUs, limit {t.quota.limit}", [job_id], gpus)
 
     # --- queries (pure, used by policies, CLI and the simulator) ------------------------
@@ -552,24 +519,7 @@ class ClusterState(Struct):
 
     def summary(self) -> dict:
         """What `gpusched replay --json` prints."""
-        held = self.held_gpus
-        return {
-            "last_seq": self.last_seq,
-            "events": self.events,
-            "time": self.now,
-            "jobs": self.job_counts(),
-            "gpus": {"total": self.total_gpus, "held": held, "free": self.free_count,
-                     "unavailable": self.total_gpus - held - self.free_count},
-            "nodes": {"total": len(self.nodes), "lost": sum(n.lost for n in self.nodes.values()),
-                      "drained": sum(n.drained for n in self.nodes.values())},
-            "teams": {name: {"held": t.held, "guaranteed": t.quota.guaranteed, "limit": t.quota.limit,
-                             "usage_gpu_s": round(self.team_usage(name), 3),
-                             **dict(zip(("held_gpu_s", "busy_gpu_s"),
-                                        (round(x, 3) for x in self.team_gpu_seconds(name))))}
-                      for name, t in sorted(self.teams.items())},
-            "placement_degraded": self.placement_degraded,
-            "violations": [msgspec.to_builtins(v) for v in self.broken],
-        }
+        return _summary(self)
 
     def snapshot(self) -> bytes:
         """A compact encoding of the whole state (Redis snapshots: snapshot + tail)."""
@@ -580,15 +530,79 @@ class ClusterState(Struct):
         return msgspec.msgpack.decode(data, type=cls)
 
 
-_HANDLERS = {
+# --- idle GPUs (JobIdle/JobBusy): held-but-unused accounting, outside the class for its size ---
+
+def _on_idle(st: ClusterState, e: ev.JobIdle) -> None:
+    job = st.jobs.get(e.job_id)
+    if job is None or not job.holding or job.attempt != e.attempt:
+        return  # a late report about an attempt that already ended
+    status = IdleStatus(e.since, e.at, e.window_s, e.threshold_pct, e.util_pct, e.util_pct_max, e.memory_mb)
+    if job.idle is None:
+        # the GPUs were idle since `since` (the evidence window): that time was not busy
+        since = min(e.at, max(e.since, job.started_at if job.started_at is not None else e.since))
+        back = len(job.gpus) * max(0.0, e.at - since)
+        job.idle_gpu_s += back
+        _team_idle(st, job.team, len(job.gpus), e.at, back)
+        job.idle_at = e.at
+    job.idle = status
+    st.idle_jobs[job.job_id] = None
+
+
+def _on_busy(st: ClusterState, e: ev.JobBusy) -> None:
+    job = st.jobs.get(e.job_id)
+    if job is None or not job.holding or job.attempt != e.attempt or job.idle is None:
+        return
+    _end_idle(st, job, e.at)
+    if job.preemption is None or job.preemption.cause != "idle":
+        st.idle_jobs.pop(job.job_id, None)
+
+
+def _end_idle(st: ClusterState, job: Job, at: float) -> None:
+    st._account(job, at)
+    _team_idle(st, job.team, -len(job.gpus), at)
+    job.idle = None
+
+
+def _team_idle(st: ClusterState, name: str, delta: int, at: float, back: float = 0.0) -> None:
+    t = st.team(name)
+    t.idle_gpu_s += t.idle_gpus * max(0.0, at - t.idle_at) + back
+    t.idle_at = max(t.idle_at, at)
+    t.idle_gpus += delta
+
+
+def _summary(st: ClusterState) -> dict:
+    held = st.held_gpus
+    return {
+        "last_seq": st.last_seq,
+        "events": st.events,
+        "time": st.now,
+        "jobs": st.job_counts(),
+        "gpus": {"total": st.total_gpus, "held": held, "free": st.free_count,
+                 "unavailable": st.total_gpus - held - st.free_count},
+        "nodes": {"total": len(st.nodes), "lost": sum(n.lost for n in st.nodes.values()),
+                  "drained": sum(n.drained for n in st.nodes.values())},
+        "teams": {name: {"held": t.held, "guaranteed": t.quota.guaranteed, "limit": t.quota.limit,
+                         "usage_gpu_s": round(st.team_usage(name), 3),
+                         **dict(zip(("held_gpu_s", "busy_gpu_s"),
+                                    (round(x, 3) for x in st.team_gpu_seconds(name))))}
+                  for name, t in sorted(st.teams.items())},
+        "placement_degraded": st.placement_degraded,
+        "violations": [msgspec.to_builtins(v) for v in st.broken],
+    }
+
+
+_END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed: "failed",
+                                     ev.JobCancelled: "cancelled"}
+
+_HANDLERS: dict[type, Any] = {
     ev.JobSubmitted: ClusterState._on_submitted,
     ev.JobPending: ClusterState._on_pending,
     ev.GpusGranted: ClusterState._on_granted,
     ev.JobResized: ClusterState._on_resized,
     ev.JobStarted: ClusterState._on_started,
     ev.PreemptionRequested: ClusterState._on_preemption,
-    ev.JobIdle: ClusterState._on_idle,
-    ev.JobBusy: ClusterState._on_busy,
+    ev.JobIdle: _on_idle,
+    ev.JobBusy: _on_busy,
     ev.CheckpointSaved: ClusterState._on_checkpoint,
     ev.GpusReleased: ClusterState._on_released,
     ev.JobCompleted: ClusterState._on_terminal,
