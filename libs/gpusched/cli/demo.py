@@ -1,4 +1,4 @@
-"""`gpusched demo`: the chaos scene of DESIGN.md step 8, on a live stack, with a verdict.
+"""`gpusched demo`: the chaos scene (the sharp edges of the README), on a live stack, with a verdict.
 
 1. Start the stack (`gpusched up` machinery: NATS, Redis, every service as its own process, the
    dashboard) and set team quotas.

@@ -84,14 +84,17 @@ def cmd_replay(args) -> int:
 
 
 def cmd_schemas(args) -> int:
+    from gpusched.bus import asyncapi
+
     directory = Path(args.dir)
     if args.check:
-        stale = schemas.drift(directory)
+        stale = schemas.drift(directory) + asyncapi.drift(directory)
         for name in stale:
             print(f"{directory / name} is out of date: run `gpusched schemas`", file=sys.stderr)
         return 1 if stale else 0
     for path in schemas.write(directory):
         print(path)
+    print(asyncapi.write(directory))
     return 0
 
 

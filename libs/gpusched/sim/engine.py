@@ -44,7 +44,7 @@ class SimStalled(RuntimeError):
 
 
 class SimViolation(RuntimeError):
-    """An event broke an invariant of DESIGN.md; the run stops there."""
+    """An event broke an invariant of the README (Invariants); the run stops there."""
 
     def __init__(self, event: ev.Event, violations: list[Violation]):
         self.event, self.violations = event, violations
