@@ -27,6 +27,7 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "job_id": job.job_id,
         "name": spec.name,
         "team": spec.team,
+        "user": getattr(spec, "user", None),  # the submitting user, once jobs carry one
         "state": job.state,
         "priority": spec.priority,
         "gpus_requested": spec.gpus,
@@ -115,7 +116,8 @@ def queue_docs(state: ClusterState) -> list[dict[str, Any]]:
     for pos, job_id in enumerate(queue_order(state), 1):
         job = state.jobs[job_id]
         out.append({
-            "position": pos, "job_id": job_id, "team": job.spec.team, "priority": job.spec.priority,
+            "position": pos, "job_id": job_id, "team": job.spec.team, "user": getattr(job.spec, "user", None),
+            "state": job.state, "priority": job.spec.priority,
             "gpus": job.spec.gang_min, "submitted_at": job.submitted_at,
             "waiting_s": round(max(0.0, state.now - job.submitted_at), 3),
             "reason": job.pending_reason, "blockers": list(job.pending_blockers), "eta_s": job.pending_eta_s,

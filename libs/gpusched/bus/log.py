@@ -19,10 +19,12 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import msgspec
 import nats
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError
@@ -42,11 +44,53 @@ def nats_url(url: str | None = None) -> str:
     return url or os.environ.get("GPUSCHED_NATS_URL") or DEFAULT_NATS_URL
 
 
+class Unreachable(ConnectionError):
+    """A client could not reach a server: says which, at what address, and what to do."""
+
+    def __init__(self, what: str, url: str, cause: BaseException | str, hint: str):
+        detail = cause if isinstance(cause, str) else (str(cause) or type(cause).__name__)
+        super().__init__(f"cannot reach {what} at {url} ({detail}); {hint}")
+
+
+NATS_HINT = "is `gpusched up` running? (or set --nats / GPUSCHED_NATS_URL)"
+#: Connection options of this process. Services keep the default (reconnect forever: they must
+#: outlive blips); a command-line client calls `fail_fast()` so an unreachable server is one
+#: clear error within seconds instead of a retry loop.
+_client_options: dict = {}
+
+
+def fail_fast(connect_timeout: float = 1.5) -> None:
+    """Make every later `connect` of this process try once, quietly, and raise `Unreachable`."""
+
+    async def remember(err: Exception) -> None:  # no log line: the caller says it once
+        _last_error[:] = [err]
+
+    # one try (nats-py counts the first as a reconnect: 1 is the smallest value that stops)
+    _client_options.update(allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.1,
+                           connect_timeout=connect_timeout, error_cb=remember)
+
+
+_last_error: list[Exception] = []
+
+
 async def connect(url: str | None = None, name: str = "gpusched", **kwargs) -> NATS:
     """The one way to connect to NATS (reconnects forever; services must outlive blips)."""
-    return await nats.connect(
-        nats_url(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **kwargs
-    )
+    options = {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.5, **_client_options, **kwargs}
+    if not _client_options:
+        return await nats.connect(nats_url(url), name=name, **options)
+    try:
+        return await asyncio.wait_for(nats.connect(nats_url(url), name=name, **options),
+                                      options["connect_timeout"] + 1)
+    except (OSError, TimeoutError, NatsError) as err:
+        cause = _last_error[0] if _last_error else err  # what the socket said, not "no servers"
+        raise Unreachable("NATS", nats_url(url), cause, NATS_HINT) from err
+
+
+def _stored_at(text: str) -> float:
+    """A JetStream RFC 3339 time (nanoseconds, `Z`) as epoch seconds."""
+    head, _, frac = text.rstrip("Z").partition(".")
+    base = datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp()
+    return base + (float("0." + frac) if frac else 0.0)
 
 
 class Conflict(Exception):
@@ -183,6 +227,25 @@ class EventLog:
     async def last_seq(self) -> int:
         info = await self.js.stream_info(subjects.STREAM)
         return info.state.last_seq
+
+    async def seq_at_time(self, when: float) -> int:
+        """The last sequence the server stored at or before `when` (epoch seconds): the log as it
+        stood then. The server's store timestamps, not the events' `at`: they grow with the
+        sequence (the writers' clocks do not), so the answer is a prefix of the log. One
+        round trip: JetStream's message get by start time (the first message stored at or after
+        `when`) answers in the same time at any log length."""
+        stamp = datetime.fromtimestamp(when, timezone.utc).isoformat().replace("+00:00", "Z")
+        reply = await self.nc.request(f"$JS.API.STREAM.MSG.GET.{subjects.STREAM}",
+                                      json.dumps({"start_time": stamp}).encode(), timeout=5)
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            if answer["error"].get("code") == 404:  # nothing stored at or after `when`
+                return await self.last_seq()
+            raise APIError(**answer["error"])
+        first_after = answer["message"]["seq"]
+        if _stored_at(answer["message"]["time"]) <= when:  # stored exactly at `when`: it belongs
+            return first_after
+        return first_after - 1
 
     async def records(
         self, start: int = 1, until: int | None = None, follow: bool = False, subject: str = subjects.EVENTS,

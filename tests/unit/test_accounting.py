@@ -1,0 +1,80 @@
+"""Accounting from the log: a table of small clusters, each job's bill computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.accounting import account, job_records, period_report
+from gpusched.core import events as ev
+from gpusched.core.model import GpuInfo, JobSpec
+
+DAY = 86400.0
+T0 = 20 * 365 * DAY  # a UTC midnight (a multiple of a day since the epoch)
+
+
+def node(name="n0", gpus=4):
+    return ev.NodeRegistered(at=T0, node=name, rack="r0", gpus=[GpuInfo(index=i, uuid=f"{name}-u{i}") for i in range(gpus)])
+
+
+def gpus(*idx, node="n0"):
+    return [f"{node}/{i}" for i in idx]
+
+
+CASES = {
+    "ran to completion": (
+        [node(), ev.JobSubmitted(at=T0 + 10, job_id="a", spec=JobSpec(team="t1", gpus=2)),
+         ev.GpusGranted(at=T0 + 40, job_id="a", attempt=1, gpus=gpus(0, 1)),
+         ev.JobStarted(at=T0 + 41, job_id="a", attempt=1, node="n0"),
+         ev.JobCompleted(at=T0 + 3640, job_id="a", attempt=1)],
+        {"a": dict(state="completed", wait_s=30, run_s=3600, gpu_s=7200, gpu_hours=2.0, attempts=1, lost_gpu_s=0)},
+    ),
+    "preempted, lost work, ran again": (
+        [node(), ev.JobSubmitted(at=T0, job_id="b", spec=JobSpec(team="t2", gpus=4, preemptible=True)),
+         ev.GpusGranted(at=T0 + 100, job_id="b", attempt=1, gpus=gpus(0, 1, 2, 3)),
+         ev.PreemptionRequested(at=T0 + 200, job_id="b", for_job="x", reason="priority", deadline=T0 + 300),
+         ev.GpusReleased(at=T0 + 300, job_id="b", reason="preempted", forced=True, lost_gpu_s=800.0),
+         ev.GpusGranted(at=T0 + 500, job_id="b", attempt=2, gpus=gpus(0, 1, 2, 3)),
+         ev.JobCompleted(at=T0 + 600, job_id="b", attempt=2)],
+        {"b": dict(state="completed", wait_s=100, run_s=300, gpu_s=1200, attempts=2, lost_gpu_s=800, preemptions=1)},
+    ),
+    "elastic shrink halves the rate": (
+        [node(), ev.JobSubmitted(at=T0, job_id="c", spec=JobSpec(team="t1", gpus=4, min_gpus=2)),
+         ev.GpusGranted(at=T0, job_id="c", attempt=1, gpus=gpus(0, 1, 2, 3)),
+         ev.JobResized(at=T0 + 100, job_id="c", removed=gpus(2, 3), reason="shrink"),
+         ev.JobCancelled(at=T0 + 200, job_id="c", reason="user")],
+        {"c": dict(state="cancelled", wait_s=0, run_s=200, gpu_s=600, attempts=1)},
+    ),
+    "never ran: waits until now": (
+        [node(gpus=1), ev.JobSubmitted(at=T0, job_id="d", spec=JobSpec(team="t1", gpus=8)),
+         ev.PlacementDegraded(at=T0 + 50, reason="x")],
+        {"d": dict(state="pending", wait_s=50, run_s=0, gpu_s=0, attempts=0)},
+    ),
+    "lost node: the bill stops there": (
+        [node(), ev.JobSubmitted(at=T0, job_id="e", spec=JobSpec(team="t1", gpus=2)),
+         ev.GpusGranted(at=T0 + 10, job_id="e", attempt=1, gpus=gpus(0, 1)),
+         ev.NodeLost(at=T0 + 70, node="n0", reason="silent")],
+        {"e": dict(state="pending", wait_s=10, run_s=60, gpu_s=120, attempts=1, lost_gpu_s=120)},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_job_bill(name):
+    events, want = CASES[name]
+    state, ledger = account(enumerate(events, 1))
+    got = {r["job_id"]: r for r in job_records(state, ledger)}
+    for job_id, fields in want.items():
+        for key, value in fields.items():
+            assert got[job_id][key] == pytest.approx(value), (name, job_id, key, got[job_id])
+
+
+def test_period_report_splits_usage_at_midnight():
+    events = [node(), ev.JobSubmitted(at=T0 + DAY - 3600, job_id="a", spec=JobSpec(team="t1", gpus=2)),
+              ev.GpusGranted(at=T0 + DAY - 3600, job_id="a", attempt=1, gpus=gpus(0, 1)),
+              ev.JobCompleted(at=T0 + DAY + 7200, job_id="a", attempt=1)]
+    state, ledger = account(enumerate(events, 1))
+    rows = period_report(state, ledger, "day")
+    assert [(r["team"], r["gpu_hours"], r["submitted"], r["ended"]) for r in rows] == [("t1", 2.0, 1, 0), ("t1", 4.0, 0, 1)]
+    weekly = period_report(state, ledger, "week")
+    assert sum(r["gpu_hours"] for r in weekly) == pytest.approx(6.0)
+    assert period_report(state, ledger, "day", jobs=[]) == []
