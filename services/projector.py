@@ -312,6 +312,7 @@ async def run(nats_url: str | None = None, redis_url: str | None = None, stop: a
     projector = Projector(r, snapshot_every=snapshot_every)
     folded = FoldedLog(event_log)
     folded.listeners.append(projector.listener)
+    metrics.export_cluster()  # the one process that serves the cluster-wide metrics
     metrics.attach(folded)
     try:
         await folded.start()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import msgspec
 import structlog
 
+from gpusched import metrics
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
@@ -167,6 +168,7 @@ class Reconciler:
         self.log = event_log
         self.cfg = config or ReconcilerConfig()
         self.folded = FoldedLog(event_log)
+        self.gpu_metrics = metrics.GpuMetrics()
         self.obs = Observations(started_at=time.time())
         self.own_log = own_log
         self.appended: list[ev.Event] = []
@@ -193,6 +195,8 @@ class Reconciler:
             log.warning("bad_heartbeat", subject=msg.subject, error=str(err))
             return
         self.obs.observe(hb, time.time())
+        if metrics.ENABLED:  # per-GPU metrics: this is the one process that reads heartbeats
+            self.gpu_metrics.observe(hb, self.folded.state)
 
     async def _loop(self) -> None:
         while True:

@@ -296,11 +296,13 @@ async def api_placement(request: web.Request) -> web.Response:
 
 
 async def prometheus(request: web.Request) -> web.Response:
-    """The cluster's metrics from the dashboard's fold (see `gpusched.metrics`)."""
+    """This process's metrics: the dashboard's own (the cluster's come from the projector, see
+    `gpusched.metrics`), and the cluster's too when this process exports them."""
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
     dash: Dashboard = request.app[DASH]
-    metrics.observe_state(dash.folded.state)
+    if metrics.exporting_cluster():
+        metrics.observe_state(dash.folded.state)
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -26,6 +26,7 @@ class GpuSample(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     memory_used_mb: int = 0
     memory_total_mb: int = 0
     utilization_pct: float = 0.0
+    temperature_c: float | None = None  # None: the backend cannot read it
     pids: list[int] = []
     healthy: bool = True
     health: str = ""
