@@ -78,3 +78,20 @@ def test_period_report_splits_usage_at_midnight():
     weekly = period_report(state, ledger, "week")
     assert sum(r["gpu_hours"] for r in weekly) == pytest.approx(6.0)
     assert period_report(state, ledger, "day", jobs=[]) == []
+
+
+def test_demo_verdict_names_a_team_left_waiting_under_its_guarantee():
+    """The demo's fairness verdict: a team under its guarantee with a job that fits in the rest
+    of it, waiting, fails; a team at its guarantee, or whose waiting job is too big, does not."""
+    from gpusched.cli.demo import waiting_under_guarantee
+    from gpusched.core.model import TeamQuota
+
+    events = [node(gpus=4), ev.JobSubmitted(at=T0, job_id="c1", spec=JobSpec(team="chat", gpus=1)),
+              ev.JobSubmitted(at=T0, job_id="c2", spec=JobSpec(team="chat", gpus=1)),
+              ev.GpusGranted(at=T0 + 1, job_id="c1", attempt=1, gpus=gpus(0)),
+              ev.JobSubmitted(at=T0, job_id="v1", spec=JobSpec(team="vision", gpus=4))]
+    state, _ = account(enumerate(events, 1))
+    quotas = {"chat": TeamQuota(guaranteed=2), "vision": TeamQuota(guaranteed=2), "nlp": TeamQuota(guaranteed=1)}
+    assert waiting_under_guarantee(state, quotas) == {"chat": {"held": 1, "guaranteed": 2, "waiting_jobs": 1}}
+    quotas["chat"] = TeamQuota(guaranteed=1)
+    assert waiting_under_guarantee(state, quotas) == {}
