@@ -78,6 +78,14 @@ class Ledger:
         return out
 
 
+def gpu_hours_by_team(ledger: Ledger, now: float) -> dict[str, float]:
+    """GPU-hours each team held, up to `now`."""
+    out: dict[str, float] = {}
+    for h in ledger.intervals():
+        out[h.team] = out.get(h.team, 0.0) + h.gpus * h.seconds(now) / 3600.0
+    return {team: round(v, 4) for team, v in sorted(out.items())}
+
+
 def account(records: Iterable[tuple[int, Event]], state: ClusterState | None = None) -> tuple[ClusterState, Ledger]:
     """Fold `(seq, event)` pairs and keep the ledger beside the fold."""
     state = state or ClusterState()
@@ -187,4 +195,4 @@ def period_report(state: ClusterState, ledger: Ledger, by: str = "day", now: flo
     return out
 
 
-__all__ = ["Held", "Ledger", "account", "job_record", "job_records", "period_report", "period_start"]
+__all__ = ["Held", "Ledger", "account", "gpu_hours_by_team", "job_record", "job_records", "period_report", "period_start"]

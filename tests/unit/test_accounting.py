@@ -95,3 +95,18 @@ def test_demo_verdict_names_a_team_left_waiting_under_its_guarantee():
     assert waiting_under_guarantee(state, quotas) == {"chat": {"held": 1, "guaranteed": 2, "waiting_jobs": 1}}
     quotas["chat"] = TeamQuota(guaranteed=1)
     assert waiting_under_guarantee(state, quotas) == {}
+
+
+def test_simulator_bills_with_the_same_ledger():
+    """The simulator keeps the ledger `gpusched history` uses: its GPU-hours per team are the sum
+    of the per-job bills of its own fold."""
+    from gpusched.sim.report import load_jobs, runtime_model, simulate
+    from gpusched.sim.engine import Cluster
+
+    jobs, burst = load_jobs(None, None, 40, None)
+    sim = simulate(jobs, Cluster.parse("1x4x8", "all"), "full", runtime_model("ideal"), {}, burst, None, "pack")
+    per_team = sim.summary()["gpu_hours_by_team"]
+    bills = job_records(sim.state, sim.ledger)
+    assert per_team and sum(per_team.values()) > 0
+    for team, hours in per_team.items():
+        assert hours == pytest.approx(sum(r["gpu_hours"] for r in bills if r["team"] == team), abs=1e-2)

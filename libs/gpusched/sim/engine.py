@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..accounting import Ledger, gpu_hours_by_team
 from ..core import events as ev
 from ..core.model import GpuInfo, JobSpec, TeamQuota, TopologyConstraint, nvlink_domains
 from ..core.state import ClusterState, Violation
@@ -188,6 +189,7 @@ class Simulation:
         self.checkpoint_on_request = bool(getattr(config, "checkpoint", True))
         teams = sorted({j.team for j in self.jobs} | set(self.quotas))
         self.rec = Recorder(cluster, teams, self.quotas)
+        self.ledger = Ledger()  # the same accounting as `gpusched history`
         self.runs: dict[str, _Run] = {}
         self._heap: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
@@ -204,6 +206,7 @@ class Simulation:
     def _apply(self, event: ev.Event) -> None:
         broken = len(self.state.broken)
         self.state.apply(event)
+        self.ledger.observe(self.state, event)
         if len(self.state.broken) > broken:
             raise SimViolation(event, self.state.broken[broken:])
 
@@ -438,6 +441,7 @@ class Simulation:
             "eta_error": eta_error(self.eta_errors),
             "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
             "sim_wall_s": round(self.wall_s, 3),
+            "gpu_hours_by_team": gpu_hours_by_team(self.ledger, self.state.now),
         })
         return out
 
