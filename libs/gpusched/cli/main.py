@@ -76,8 +76,7 @@ def _unreachable(err: BaseException) -> str | None:
     except ImportError:  # pragma: no cover
         return None
     if isinstance(err, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-        url = os.environ.get("GPUSCHED_REDIS_URL", "redis://127.0.0.1:6379/0")
-        return f"cannot reach Redis ({err}); is `gpusched up` running? (or set --redis / GPUSCHED_REDIS_URL, now {url})"
+        return f"cannot reach Redis ({err}); is `gpusched up` running? (or set --redis / GPUSCHED_REDIS_URL)"
     return None
 
 

@@ -111,9 +111,13 @@ async def _views(args) -> Any:
 
     views = Views.connect(args.redis)
     try:
-        meta = await asyncio.wait_for(views.meta(), 3)
-    except Exception:  # noqa: BLE001
+        await asyncio.wait_for(views.r.ping(), 1.5)
+        meta = await asyncio.wait_for(views.meta(), 2)
+    except Exception as err:  # noqa: BLE001 - the log answers instead; say so once
         meta = None
+        args.redis_failed = True
+        print(f"gpusched {args.command}: Redis read models unreachable ({type(err).__name__}: {err}); "
+              "folding the log instead", file=sys.stderr)
     if meta is None:
         await views.close()
         return None
@@ -136,7 +140,7 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"]}
         finally:
             await views.close()
-    state = await fold_state(args.nats, args.redis)
+    state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False))
     return docs_from_state(state, what), {"source": "log", "seq": state.last_seq, "at": state.now}
 
 
