@@ -7,6 +7,7 @@ log: both paths go through these functions, so the two can never disagree on a f
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -14,6 +15,14 @@ import msgspec
 from .core import events as ev
 from .core.model import split_gpu_id
 from .core.state import ClusterState, Job
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key that orders numbers inside names by value: rack2 < rack10 < rack100."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
 
 
 def gpu_ref(g: str) -> dict[str, Any]:
@@ -188,4 +197,4 @@ def event_line(seq: int, event: ev.Event) -> dict[str, Any]:
             "text": describe(event)}
 
 
-__all__ = ["job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]
+__all__ = ["natural_key", "job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]

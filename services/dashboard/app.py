@@ -86,7 +86,7 @@ class Dashboard:
         state = self.folded.state
         teams = sorted(state.teams)
         racks: dict[str, list[dict[str, Any]]] = {}
-        for name in sorted(state.nodes):
+        for name in sorted(state.nodes, key=readmodel.natural_key):
             doc = readmodel.node_doc(state, name)
             racks.setdefault(doc["rack"], []).append(doc)
         active = [readmodel.job_doc(state, state.jobs[j]) for j in list(state.running)]
@@ -101,7 +101,7 @@ class Dashboard:
             "served_at": time.time(),
             "health": health,
             "teams": [readmodel.team_doc(state, t) for t in teams],
-            "racks": [{"rack": r, "nodes": nodes} for r, nodes in sorted(racks.items())],
+            "racks": [{"rack": r, "nodes": racks[r]} for r in sorted(racks, key=readmodel.natural_key)],
             "running": active,
             "queue": queue[:QUEUE_SHOWN],
             "queue_len": len(queue),

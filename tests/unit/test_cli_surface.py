@@ -71,3 +71,10 @@ def test_library_imports_without_numpy_and_matplotlib(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "gpusched-cluster[sim-plots]" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()  # refused before the run, not after it
+
+
+def test_racks_and_nodes_sort_by_their_numbers():
+    from gpusched.readmodel import natural_key
+
+    assert sorted(["rack10", "rack2", "rack100", "rack1"], key=natural_key) == ["rack1", "rack2", "rack10", "rack100"]
+    assert sorted(["n10/3", "n2/11", "n2/3"], key=natural_key) == ["n2/3", "n2/11", "n10/3"]

@@ -149,7 +149,8 @@ def docs_from_state(state: ClusterState, what: str) -> list[dict[str, Any]]:
         jobs = sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id))
         return [{**readmodel.job_doc(state, j), "seq": state.last_seq} for j in jobs]
     if what == "nodes":
-        return [{**readmodel.node_doc(state, n), "seq": state.last_seq} for n in sorted(state.nodes)]
+        return [{**readmodel.node_doc(state, n), "seq": state.last_seq}
+                for n in sorted(state.nodes, key=readmodel.natural_key)]
     if what == "teams":
         return [{**readmodel.team_doc(state, t), "seq": state.last_seq} for t in sorted(state.teams)]
     if what == "queue":
@@ -398,6 +399,8 @@ def _listing(what: str):
     def run(args) -> int:
         columns(FIELDS[what], args)  # a bad --format is refused before any connection
         docs, meta = asyncio.run(load(args, what))
+        if what == "nodes":  # n2 before n10, whichever path answered
+            docs.sort(key=lambda d: readmodel.natural_key(d["node"]))
         if what == "nodes" and getattr(args, "team", None):  # nodes where the team holds GPUs
             teams = set(args.team.split(","))
             docs = [d for d in docs if any(g["team"] in teams for g in d["gpus"])]
