@@ -223,7 +223,8 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
 
     now = display_now(meta)
     table = Table(caption=_caption(meta), header_style="bold")
-    for col in ("JOB", "TEAM", "STATE", "PRIO", "GPUS", "HELD ON", "AGE", "DETAIL"):
+    users = any(d.get("user") for d in docs)
+    for col in ("JOB", "TEAM") + (("USER",) if users else ()) + ("STATE", "PRIO", "GPUS", "HELD ON", "AGE", "DETAIL"):
         table.add_column(col, no_wrap=col != "DETAIL", overflow="fold" if col == "HELD ON" else "ellipsis",
                          min_width=20 if col == "DETAIL" else None)
     for d in docs:
@@ -241,7 +242,8 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         since = d["started_at"] if d["state"] in ("starting", "running") else d["submitted_at"]
         age = _dur(now - since) if d["state"] not in ("completed", "failed", "cancelled") else "-"
         style = STATE_STYLE.get(d["state"], "")
-        table.add_row(d["job_id"], d["team"], f"[{style}]{d['state']}[/]", d["priority"], gpus,
+        table.add_row(d["job_id"], d["team"], *((d.get("user") or "-",) if users else ()),
+                      f"[{style}]{d['state']}[/]", d["priority"], gpus,
                       compress_gpus(d["gpus"]), age, detail)
     _console().print(table)
 
