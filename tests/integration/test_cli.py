@@ -14,7 +14,7 @@ import pytest
 
 from gpusched.bus.log import EventLog
 from gpusched.bus.servers import free_port
-from gpusched.cli.main import build_parser
+from gpusched.cli.main import build_parser, main
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec
 
@@ -124,17 +124,29 @@ COMMANDS = [["jobs"], ["nodes"], ["teams"], ["queue"], ["show", "j-1"], ["histor
             ["quota", "t", "--guaranteed", "1"], ["drain", "n0"], ["submit", "--team", "t", "--gpus", "1", "--", "true"]]
 
 
-def test_unreachable_nats_is_one_line_and_exit_2_for_every_command():
+@pytest.fixture
+def fail_fast_cli():
+    """`main()` switches this process's NATS connections to fail fast: undo it afterwards."""
+    from gpusched.bus import log
+
+    yield main
+    log._client_options.clear()
+
+
+def test_unreachable_nats_is_one_line_and_exit_2_for_every_command(fail_fast_cli, capsys):
     url = f"nats://127.0.0.1:{free_port()}"
-    procs = [(argv, subprocess.Popen([sys.executable, "-m", "gpusched.cli.main", *argv[:1], "--nats", url, *argv[1:]],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) for argv in COMMANDS]
-    for argv, proc in procs:
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 2, (argv, err)
+    for argv in COMMANDS:
+        code = fail_fast_cli([argv[0], "--nats", url, *argv[1:]])
+        err = capsys.readouterr().err
+        assert code == 2, (argv, err)
         assert err.count("\n") == 1 and "Traceback" not in err, (argv, err)
         assert url in err and "gpusched up" in err, (argv, err)
+    # the real process: one line on stderr, exit 2; --debug shows the traceback
+    real = subprocess.run([sys.executable, "-m", "gpusched.cli.main", "show", "j-1", "--nats", url],
+                          capture_output=True, text=True, timeout=120)
+    assert real.returncode == 2 and real.stderr.count("\n") == 1 and "Traceback" not in real.stderr
     debug = subprocess.run([sys.executable, "-m", "gpusched.cli.main", "--debug", "jobs", "--nats", url],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=120)
     assert "Traceback" in debug.stderr and debug.returncode != 0
 
 

@@ -101,13 +101,17 @@ def parse_time(text: str, now: float | None = None, option: str = "time") -> flo
     return when.timestamp()
 
 
-def parse_at(text: str | None) -> tuple[int | None, float | None]:
+def parse_at(text: str | None, option: str = "--at") -> tuple[int | None, float | None]:
     """`--at`/`--until` of the log: a sequence (digits only) or a time."""
     if text is None:
         return None, None
     if text.isdigit():
         return int(text), None
-    return None, parse_time(text, option="--at")
+    try:
+        return None, parse_time(text, option=option)
+    except UsageError:
+        raise UsageError(f"{option} {text!r} is neither a sequence number nor an ISO time "
+                         "(nor epoch seconds, nor an age like 2h)") from None
 
 
 def iso(t: float | None) -> str:

@@ -20,7 +20,7 @@ def parse_until(text: str | None) -> tuple[int | None, float | None]:
     """`--until` is a log sequence (digits) or a time (ISO-8601, UTC when no zone is given)."""
     from .output import parse_at
 
-    return parse_at(text)
+    return parse_at(text, option="--until")
 
 
 async def rebuild(nats_url: str | None, until_seq: int | None = None, until_time: float | None = None) -> ClusterState:
