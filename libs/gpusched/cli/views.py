@@ -607,8 +607,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         parents = [CONNECTION, output_parent(f.name for f in FIELDS[what])]
         if what in ("jobs", "queue"):
             parents.append(FILTERS)
-        if what != "queue":
-            parents.append(AT)
+        parents.append(AT)
         p = sub.add_parser(what, help=help_, description=help_, parents=parents)
         p.add_argument("--fold", action="store_true", help="fold the log even when Redis read models answer")
         if what in ("nodes", "teams"):
