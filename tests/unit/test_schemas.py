@@ -58,3 +58,19 @@ def test_asyncapi_documents_every_command_and_event_subject():
     for channel in doc["channels"].values():
         for ref in channel["messages"].values():
             assert ref["$ref"].split("/")[-1] in doc["components"]["messages"]
+
+
+def test_asyncapi_follows_the_command_subjects_the_code_has(monkeypatch):
+    """When command subjects carry the team and user (`command_subject(kind, team, user)`), the
+    document shows the tenant form with its parameters: it is generated, not written by hand."""
+    from gpusched.bus import asyncapi, subjects
+
+    def command_subject(kind, team=None, user=None):
+        if team is not None:
+            return f"gpusched.cmd.{kind}.{subjects.token(team)}.{subjects.token(user or '_')}"
+        return f"gpusched.cmd.{kind}"
+
+    monkeypatch.setattr(subjects, "command_subject", command_subject, raising=False)
+    channels = asyncapi.document()["channels"].values()
+    tenant = [c for c in channels if c["address"] == "gpusched.cmd.submit.{team}.{user}"]
+    assert tenant and set(tenant[0]["parameters"]) == {"team", "user"}
