@@ -28,29 +28,29 @@ from pathlib import Path
 
 import msgspec
 import structlog
-
 from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
-from gpusched.core.model import gpu_id, split_gpu_id
-from gpusched.core.state import ClusterState, Job
-from gpusched.job import env as E
-from gpusched.services.runtime import FoldedLog, append_cas
-
-from . import launcher
-from gpusched.services.runtime import cancel_tasks
-from .backends import GpuBackend, SimBackend, process_alive
 from gpusched.core.heartbeat import (
     Heartbeat,
     InjectHealth,
+    InjectLeak,
     InjectStray,
     JobReport,
     KillProcesses,
     NodeReply,
+    ResetGpu,
     SimulateCrash,
     decode_request,
 )
+from gpusched.core.model import gpu_id, split_gpu_id
+from gpusched.core.state import ClusterState, Job
+from gpusched.job import env as E
+from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks
+
+from . import launcher
+from .backends import GpuBackend, SimBackend, process_alive
 
 log = structlog.get_logger()
 
@@ -119,7 +119,7 @@ class NodeAgent:
         self.deferred: dict[tuple[str, int], None] = {}
         self.heartbeats = 0
         self.crashed = False  # a simulated crash: silent, deaf, its processes gone
-        self._sub = None
+        self._subs: list = []
 
     # --- registration ---------------------------------------------------------------------
 
@@ -220,7 +220,7 @@ class NodeAgent:
         if proc.spawn_error:
             log.error("job_spawn_failed", job=job.job_id, attempt=job.attempt, node=self.node, error=proc.spawn_error)
             return  # the next poll reports exit code 127
-        self.backend.attach(mine, proc.pid)
+        self.backend.attach(mine, proc.pid, env=spec.env)
         log.info("job_started", job=job.job_id, attempt=job.attempt, node=self.node, pid=proc.pid, gpus=list(mine),
                  rank=spec.node_rank, resume_from=spec.resume_from)
         started = ev.JobStarted(at=time.time(), job_id=job.job_id, attempt=job.attempt, node=self.node, pids=[proc.pid])
@@ -298,7 +298,8 @@ class NodeAgent:
 
     def _report_checkpoint(self, run: RunningJob, path: str, step: int, ack: str) -> None:
         log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=path, step=step)
-        event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=path, step=step)
+        event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=path, step=step,
+                                   node=self.node)
         self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack}", cas=False)
 
     # --- processes --------------------------------------------------------------------------
@@ -363,22 +364,32 @@ class NodeAgent:
         return Heartbeat(node=self.node, at=time.time(), agent_id=self.agent_id, seq=self.heartbeats,
                          backend=self.backend.name, gpus=self.backend.sample(), jobs=jobs)
 
-    def control(self, data: bytes) -> NodeReply:
+    def control(self, data: bytes, kill_only: bool = False) -> NodeReply:
+        """One node-control request. `kill_only`: it came on the kill subject (what the
+        reconciler may send), where every other request is refused."""
         try:
             req = decode_request(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             return NodeReply(ok=False, node=self.node, error=str(err))
+        if kill_only and not isinstance(req, KillProcesses):
+            return NodeReply(ok=False, node=self.node, error=f"{type(req).__name__} is not accepted on the kill subject")
         if self.crashed:
             return NodeReply(ok=False, node=self.node, error="node is down (simulated crash)")
         try:
             if isinstance(req, KillProcesses):
                 return self._kill(req)
+            if isinstance(req, ResetGpu):
+                error = self.backend.reset(req.index)
+                log.warning("gpu_reset", node=self.node, index=req.index, reason=req.reason, error=error)
+                return NodeReply(ok=not error, node=self.node, error=error)
             if not isinstance(self.backend, SimBackend):
                 return NodeReply(ok=False, node=self.node, error=f"{req.__class__.__name__} needs the simulated backend")
             if isinstance(req, InjectStray):
                 self.backend.inject_stray(req.index, req.pid)
             elif isinstance(req, InjectHealth):
                 self.backend.inject_health(req.index, req.healthy, req.xid, req.reason)
+            elif isinstance(req, InjectLeak):
+                self.backend.inject_leak(req.index, req.memory_mb)
             elif isinstance(req, SimulateCrash):
                 self.host.crash(self.node, req.revive_after_s)
         except ValueError as err:
@@ -412,14 +423,15 @@ def exit_event(state: ClusterState, job_id: str, attempt: int, node: str, rc: in
     if job is None or not job.holding or job.attempt != attempt:
         return None
     if rc == 0:
-        return ev.JobCompleted(at=now, job_id=job_id, attempt=attempt, exit_code=0)
+        return ev.JobCompleted(at=now, job_id=job_id, attempt=attempt, exit_code=0, node=node)
     if job.spec.on_failure == "requeue" and job.restarts < job.spec.max_restarts:
         since = job.started_at or now
         if job.checkpoint is not None and job.checkpoint.attempt == attempt:
             since = max(since, job.checkpoint.at)
         return ev.GpusReleased(at=now, job_id=job_id, reason="process_failed",
-                               lost_gpu_s=round(len(job.gpus) * max(0.0, now - since), 3))
-    return ev.JobFailed(at=now, job_id=job_id, attempt=attempt, reason=f"exit code {rc} on node {node}", exit_code=rc)
+                               lost_gpu_s=round(len(job.gpus) * max(0.0, now - since), 3), node=node)
+    return ev.JobFailed(at=now, job_id=job_id, attempt=attempt, reason=f"exit code {rc} on node {node}", exit_code=rc,
+                        node=node)
 
 
 def _write_json(path: Path, obj: object) -> None:
@@ -499,7 +511,10 @@ class NodeHost:
                     log.warning("job_not_adopted", job=job_id, node=node,
                                 hint="started by an earlier daemon; the reconciler requeues it if no process remains")
         for agent in self.agents.values():
-            agent._sub = await self.nc.subscribe(subjects.node_control_subject(agent.node), cb=self._control_cb(agent))
+            agent._subs = [
+                await self.nc.subscribe(subjects.node_control_subject(agent.node), cb=self._control_cb(agent)),
+                await self.nc.subscribe(subjects.node_kill_subject(agent.node), cb=self._control_cb(agent, kill_only=True)),
+            ]
         await self.nc.flush()
         self._tasks = [
             asyncio.create_task(self._writer(), name="nodeagent-writer"),
@@ -535,9 +550,9 @@ class NodeHost:
             for agent, launch in mine:
                 agent.on_event(e, state, rec.seq, launch)
 
-    def _control_cb(self, agent: NodeAgent):
+    def _control_cb(self, agent: NodeAgent, kill_only: bool = False):
         async def cb(msg) -> None:
-            reply = agent.control(msg.data)
+            reply = agent.control(msg.data, kill_only)
             if msg.reply:
                 await msg.respond(msgspec.json.encode(reply))
         return cb
@@ -621,9 +636,9 @@ class NodeHost:
                 await asyncio.sleep(0.05)
         await cancel_tasks(self._tasks)
         for agent in self.agents.values():
-            if agent._sub is not None:
+            for sub in agent._subs:
                 try:
-                    await agent._sub.unsubscribe()
+                    await sub.unsubscribe()
                 except Exception:
                     pass
         await self.folded.stop()

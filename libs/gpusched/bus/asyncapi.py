@@ -52,8 +52,9 @@ def _command_addresses() -> dict[str, list[str]]:
     for cmd_type, admin_subject in COMMAND_SUBJECTS.items():
         addresses = [admin_subject]
         subject_of = getattr(subjects, "command_subject", None)
-        if subject_of is not None:
-            kind = admin_subject.rsplit(".", 1)[-1]
+        kind = admin_subject.rsplit(".", 1)[-1]
+        # tenant form only for the kinds tenants may send (quotas, drains, restores: admin's form only)
+        if subject_of is not None and kind in getattr(subjects, "TENANT_COMMANDS", (kind,)):
             addresses = [subject_of(kind), _parametrize(subject_of(kind, _PLACEHOLDER["team"], _PLACEHOLDER["user"]))]
         out[cmd_type.__name__] = addresses
     return out
@@ -142,6 +143,16 @@ def _bus_channels(channels: dict[str, Any], operations: dict[str, Any], messages
                           "payload": {"type": "object"}}
     channels["heartbeat"] = _channel(hb, "Heartbeat", "heartbeats, not in the log")
     channels["node_control"] = _channel(ctl, "NodeRequest", "node-control requests (request/reply)")
+    kill_of = getattr(subjects, "node_kill_subject", None)
+    if kill_of is not None:
+        kill = _parametrize(kill_of(_PLACEHOLDER["node"]))
+        channels["node_kill"] = _channel(kill, "NodeRequest", "KillProcesses requests only (the reconciler's "
+                                                               "node-control subject; request/reply)")
+        operations["sendKillProcesses"] = {
+            "action": "send", "channel": {"$ref": "#/channels/node_kill"},
+            "messages": [{"$ref": "#/channels/node_kill/messages/NodeRequest"}],
+            "reply": {"channel": {"$ref": "#/channels/node_control_reply"},
+                      "messages": [{"$ref": "#/channels/node_control_reply/messages/NodeReply"}]}}
     channels["node_control_reply"] = {"address": None, "messages": {"NodeReply": {"$ref": "#/components/messages/NodeReply"}}}
     channels["shares"] = _channel(subjects.Q_SHARES, "Shares", "request (empty body) the quota ledger's standings")
     operations["readHeartbeat"] = {"action": "receive", "channel": {"$ref": "#/channels/heartbeat"},

@@ -22,7 +22,7 @@ async def _send(args: argparse.Namespace, call) -> CommandReply:
     from gpusched import telemetry
     from gpusched.bus.client import Client
 
-    client = await Client.connect(args.nats, timeout=args.timeout)
+    client = await Client.connect(args.nats, timeout=args.timeout, team=getattr(args, "as_team", None))
     try:
         # the CLI starts the trace of what it sends: admission, placement and the node daemon
         # continue it (the context travels in the request's headers, then in the log)
@@ -34,11 +34,17 @@ async def _send(args: argparse.Namespace, call) -> CommandReply:
 
 def _run(args: argparse.Namespace, call, ok_text) -> int:
     from gpusched import telemetry
-    from gpusched.bus.client import ControlPlaneUnavailable
+    from gpusched.bus.client import ControlPlaneUnavailable, NotPermitted
 
     telemetry.setup("cli", json_logs=True)
     try:
         reply = asyncio.run(_send(args, call))
+    except NotPermitted as err:
+        print(f"gpusched {args.command}: not permitted: {err}", file=sys.stderr)
+        return 1
+    except PermissionError as err:
+        print(f"gpusched {args.command}: {err}", file=sys.stderr)
+        return 2
     except ControlPlaneUnavailable as err:
         print(f"gpusched {args.command}: {err}", file=sys.stderr)
         return 2
@@ -104,6 +110,11 @@ def cmd_drain(args: argparse.Namespace) -> int:
                 lambda r: f"node {args.node} {'undrained' if args.undo else 'drained'}")
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    return _run(args, lambda c: c.restore_gpu(args.gpu, reason=args.reason),
+                lambda r: f"GPU {args.gpu} back in service")
+
+
 def _client_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for admission's reply")
@@ -139,8 +150,10 @@ def register(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job")
+    p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job (a tenant: its own team's only)")
     p.add_argument("job", help="the job id")
+    p.add_argument("--team", dest="as_team", default=None,
+                   help="a platform's credentials: the team whose job it cancels (default: its first)")
     p.add_argument("--reason", default="cancelled by user", help="why (kept in the log)")
     p.set_defaults(func=cmd_cancel)
 
@@ -156,3 +169,8 @@ def register(sub) -> None:
     p.add_argument("--undo", action="store_true", help="undrain: allow new work again")
     p.add_argument("--reason", default="", help="why (kept in the log)")
     p.set_defaults(func=cmd_drain)
+
+    p = sub.add_parser("restore", parents=common, help="put a quarantined GPU back into service (admin)")
+    p.add_argument("gpu", help="NODE/INDEX, as `gpusched nodes --json` names it")
+    p.add_argument("--reason", default="", help="why (kept in the log)")
+    p.set_defaults(func=cmd_restore)

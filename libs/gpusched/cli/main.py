@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "gpusched.cli.demo",  # demo (the chaos scene)
     "gpusched.cli.replay",  # replay (audit), schemas
     "gpusched.cli.sim",  # sim (trace simulation)
+    "gpusched.cli.users",  # user add|list|revoke
 )
 
 
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "completion zsh > ~/.zfunc/_gpusched` (with ~/.zfunc on $fpath).")
     p.add_argument("shell", choices=["bash", "zsh", "tcsh"], help="the shell to complete for")
     p.set_defaults(func=_completion)
+    for name, command in sub.choices.items():
+        if name not in ("service", "completion"):  # services take their credentials from $GPUSCHED_CREDS
+            _add_creds(command)
     return parser
 
 
@@ -80,6 +84,18 @@ def _unreachable(err: BaseException) -> str | None:
     return None
 
 
+def _add_creds(parser: argparse.ArgumentParser) -> None:
+    """`--creds FILE` on every command (and sub-action): the identity to connect as."""
+    sub = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if sub:
+        for child in sub[0].choices.values():
+            _add_creds(child)
+        return
+    if not any("--creds" in a.option_strings for a in parser._actions):
+        parser.add_argument("--creds", default=None, metavar="FILE",
+                            help="credentials (an nkey seed file; default: $GPUSCHED_CREDS, then the client config)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("GPUSCHED_DEBUG", "") not in ("", "0")
@@ -87,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         from gpusched.bus.log import fail_fast
 
         fail_fast()
+    if getattr(args, "creds", None):
+        os.environ["GPUSCHED_CREDS"] = args.creds  # explicit beats the environment and the config
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -107,7 +125,7 @@ def _report(command: str, err: Exception) -> int:
     if line is not None:
         print(f"gpusched {command}: {line}", file=sys.stderr)
         return 2
-    if isinstance(err, UsageError):
+    if isinstance(err, (UsageError, PermissionError)):  # a refusal is one line, not a traceback
         print(f"gpusched {command}: {err}", file=sys.stderr)
         return 2
     print(f"gpusched {command}: error: {type(err).__name__}: {err} (--debug shows the traceback)", file=sys.stderr)

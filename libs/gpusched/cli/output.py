@@ -1,7 +1,7 @@
 """What every client command shares: connection options, output formats, filters and times.
 
 Shared parent parsers keep each subcommand's definition short and the same everywhere:
-`CONNECTION` (--nats, --redis), `output_parent(...)` (--json, -o, --format, --no-header),
+`CONNECTION` (--nats, --redis, --creds), `output_parent(...)` (--json, -o, --format, --no-header),
 `FILTERS` (--team --user --state --since --until) and `AT` (--at TIME|SEQ).
 
 Output: on a terminal a listing is a coloured table; in a pipe (or with `-o wide`, `--format`,
@@ -30,6 +30,8 @@ def connection_parent() -> argparse.ArgumentParser:
     g = p.add_argument_group("connection")
     g.add_argument("--nats", default=None, help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
     g.add_argument("--redis", default=None, help="Redis URL of the read models (default: $GPUSCHED_REDIS_URL)")
+    g.add_argument("--creds", default=None, metavar="FILE",
+                   help="credentials (an nkey seed file; default: $GPUSCHED_CREDS, then the client config)")
     g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the traceback of an error (default: one line)")
     p.set_defaults(client=True)  # this command fails fast when a server is unreachable
