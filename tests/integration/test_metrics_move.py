@@ -53,6 +53,8 @@ def _scene(t: float) -> list:
         ev.JobCompleted(at=t + 6, job_id="mv-2", attempt=1),
         ev.GpusGranted(at=t + 7, job_id="mv-1", attempt=2, gpus=["mv0/0", "mv0/1"], level="nvlink"),
         ev.GpusGranted(at=t + 7, job_id="mv-2x", attempt=1, gpus=["mv0/0"], level="nvlink"),  # broken: held
+        ev.JobIdle(at=t + 7.5, job_id="mv-1", attempt=2, since=t + 7, window_s=0.5, threshold_pct=5),
+        ev.PreemptionRequested(at=t + 7.5, job_id="mv-1", for_job="mv-1", reason="idle", deadline=t + 9, cause="idle"),
         ev.NodeLost(at=t + 8, node="mv1", reason="silent"),
         ev.GpuQuarantined(at=t + 8, gpu="mv0/3", reason="XID 79"),
         ev.PlacementDegraded(at=t + 9, reason="lease lapsed"),

@@ -59,7 +59,7 @@ async def test_only_the_endpoint_set_exports_and_the_cli_starts_the_trace(nats_u
         seen.append(dict(msg.headers or {}))
         await msg.respond(msgspec.json.encode(CommandReply(ok=True, job_id="j-1")))
 
-    await nc.subscribe(subjects.CMD_SUBMIT, cb=admission_stand_in)
+    await nc.subscribe(subjects.CMD_ANY, cb=admission_stand_in)  # admin form gpusched.cmd.submit.<user>
     await nc.flush()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gpusched.cli.main", "submit", "--nats", nats_url, "--team", "a", "--gpus", "1",
