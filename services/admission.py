@@ -22,7 +22,7 @@ import structlog
 from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind
 
-from gpusched import telemetry
+from gpusched import metrics, telemetry
 from gpusched.bus import subjects
 from gpusched.core import events as ev
 from gpusched.core import limits as L
@@ -344,6 +344,7 @@ class Admission:
             log.exception("command_failed", subject=msg.subject)
             reply = CommandReply(ok=False, error=f"internal error: {type(err).__name__}: {err}")
         self.handled += 1
+        metrics.handled("admission", kind, "ok" if reply.ok else "refused")
         if msg.reply:
             await msg.respond(_encode_reply(reply))
 

@@ -287,6 +287,7 @@ async def run(nats_url: str | None = None, redis_url: str | None = None, stop: a
     projector = Projector(r, snapshot_every=snapshot_every, config=config, seal_log=event_log)
     folded = FoldedLog(event_log, half_life_s=config.half_life_s)
     folded.listeners.append(projector.listener)
+    metrics.export_cluster()  # the one process that serves the cluster-wide metrics
     metrics.attach(folded)
     try:
         await folded.start()

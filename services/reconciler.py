@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import msgspec
 import structlog
 
+from gpusched import metrics
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
@@ -346,6 +347,7 @@ class Reconciler:
         self.log = event_log
         self.cfg = config or ReconcilerConfig()
         self.folded = FoldedLog(event_log)
+        self.gpu_metrics = metrics.GpuMetrics()
         self.obs = Observations(started_at=time.time(), window_s=self.cfg.usage_window_s)
         self.redis_url = redis_url
         self._redis = None
@@ -385,6 +387,8 @@ class Reconciler:
             log.warning("heartbeat_for_another_node", subject=msg.subject, node=hb.node)  # the subject,
             return  # so a node speaks only for itself: the payload must name the subject's node
         self.obs.observe(hb, time.time())
+        if metrics.ENABLED:  # per-GPU metrics: this is the one process that reads heartbeats
+            self.gpu_metrics.observe(hb, self.folded.state)
 
     def _quietly(self, event: str, **fields) -> None:
         """At most one line per kind per minute, with how many were not logged (a flood of

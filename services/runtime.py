@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from gpusched import metrics, store
+from gpusched import metrics, store, telemetry
 from gpusched.bus import subjects
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
@@ -196,6 +196,7 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
             seqs = await folded.log.append_batch(chunk, msg_ids=[msg_id(e) for e in chunk],
                                                  expect_alloc_seq=cas, headers=headers)
         except Conflict as conflict:
+            metrics.CONFLICTS.labels(telemetry.current_service()).inc()
             if conflict.actual is None:
                 await folded.catch_up()
             else:  # the server named the change we missed: wait for it, no stream-info round trip

@@ -1,12 +1,17 @@
-"""Prometheus metrics, computed from the fold where possible.
+"""Prometheus metrics: cluster-wide ones from exactly one process, per-service ones from each.
 
-Gauges (queue length, GPUs held, degraded flag) are set from a `ClusterState` by `observe_state`;
-counters (grants, preemptions, lost work) move with the records a fold applies, via the
-`FoldMetrics` listener. Both work on any service's fold, so every service can expose the same
-cluster view next to its own decision-latency histogram:
+- Cluster metrics (queue length, GPUs held, grants, preemptions, lost work, ...) live in their
+  own registry, `CLUSTER`, computed from a fold: gauges from a `ClusterState` (`observe_state`),
+  counters from the records it applies (`FoldMetrics`). Only the process that calls
+  `export_cluster()` serves them (the projector): summing over scrape targets counts each once.
+- Per-service metrics (`gpusched_log_seq`, decision time, handled commands and events,
+  compare-and-set conflicts) carry a `service` label and come from every service.
+- Per-GPU metrics from node heartbeats, named as NVIDIA's DCGM exporter names them
+  (`DCGM_FI_DEV_GPU_UTIL`, ...), with node, GPU, job and team labels: served by the reconciler,
+  the one consumer of heartbeats (`GpuMetrics`).
 
     metrics.start_metrics_server(9101)            # once per process (idempotent per port)
-    metrics.attach(folded)                         # a FoldedLog: counters + gauges follow it
+    metrics.attach(folded)                         # per-service listener (+ cluster, if exported)
     with metrics.decision_timer("placement"):      # around one decide() cycle
         events = cycle(state, now, config)
 
@@ -25,17 +30,22 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from gpusched.core import events as ev
 from gpusched.core.model import PRIORITY_RANK
 
-_R = REGISTRY
+#: Cluster-wide metrics: served only by the process that calls `export_cluster()`.
+CLUSTER = CollectorRegistry(auto_describe=True)
+_R = CLUSTER
 
 QUEUE_LENGTH = Gauge("gpusched_queue_length", "Jobs waiting, by team and priority", ["team", "priority"], registry=_R)
 QUEUE_GPUS = Gauge("gpusched_queue_gpus", "GPUs asked for by waiting jobs, by team", ["team"], registry=_R)
+QUEUE_OLDEST = Gauge("gpusched_queue_oldest_submitted_timestamp_seconds",
+                     "Submission time of the oldest waiting job, by team (0: none waits); age = time() - this",
+                     ["team"], registry=_R)
 GPUS_HELD = Gauge("gpusched_gpus_held", "GPUs held by running jobs, by team", ["team"], registry=_R)
 TEAM_GUARANTEED = Gauge("gpusched_team_guaranteed_gpus", "Guaranteed GPUs of a team", ["team"], registry=_R)
 TEAM_LIMIT = Gauge("gpusched_team_limit_gpus", "Hard GPU limit of a team (-1: none)", ["team"], registry=_R)
 GPUS = Gauge("gpusched_gpus", "GPUs of the cluster by status", ["status"], registry=_R)
+NODES = Gauge("gpusched_nodes", "Nodes by status (ok, lost, drained)", ["status"], registry=_R)
 JOBS = Gauge("gpusched_jobs", "Jobs by state", ["state"], registry=_R)
 DEGRADED = Gauge("gpusched_placement_degraded", "1 while naive placement has taken over", registry=_R)
-LOG_SEQ = Gauge("gpusched_log_seq", "Last log sequence this process's fold applied", registry=_R)
 VIOLATIONS = Gauge("gpusched_invariant_violations", "Broken invariants seen in the log", registry=_R)
 GPUS_IDLE = Gauge("gpusched_gpus_idle", "GPUs held by jobs the reconciler reports idle, by team", ["team"], registry=_R)
 TEAM_HELD_S = Gauge("gpusched_team_gpu_seconds_held", "GPU-seconds a team held (undecayed)", ["team"], registry=_R)
@@ -51,19 +61,64 @@ PREEMPTIONS = Counter("gpusched_preemptions", "Preemptions requested, by victim 
 RELEASES = Counter("gpusched_releases", "GPUs released back to the queue, by reason", ["reason"], registry=_R)
 LOST_WORK = Counter("gpusched_lost_gpu_seconds", "GPU-seconds of work lost to preemption or failure", ["team"], registry=_R)
 FINISHED = Counter("gpusched_jobs_finished", "Jobs that reached a terminal state", ["state"], registry=_R)
+NODE_LOST = Counter("gpusched_nodes_lost", "Nodes declared lost (silent)", registry=_R)
+QUARANTINED = Counter("gpusched_gpus_quarantined", "GPUs quarantined as unhealthy", registry=_R)
+DEGRADATIONS = Counter("gpusched_placement_degradations", "Times the fallback took over placement (lease lapsed)",
+                       registry=_R)
 IDLE_TIMEOUTS = Counter("gpusched_idle_timeouts", "Idle jobs asked to yield by their idle timeout", ["team"],
                         registry=_R)
 
-DECISION_SECONDS = Histogram(
-    "gpusched_decision_seconds", "Time of one decision cycle of a service", ["service"], registry=_R,
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-)
-HANDLED = Counter("gpusched_handled", "Commands and events a service handled", ["service", "kind", "outcome"], registry=_R)
-CONFLICTS = Counter("gpusched_append_conflicts", "Compare-and-set appends that lost and were retried", ["service"], registry=_R)
 QUEUE_WAIT = Histogram(
     "gpusched_queue_wait_seconds", "From submission (or requeue) to grant, by priority", ["priority"], registry=_R,
     buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400),
 )
+
+# --- per service (every process, `service` label) ----------------------------------------------
+
+LOG_SEQ = Gauge("gpusched_log_seq", "Last log sequence this service's fold applied", ["service"], registry=REGISTRY)
+DECISION_SECONDS = Histogram(
+    "gpusched_decision_seconds", "Time of one decision cycle of a service", ["service"], registry=REGISTRY,
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+HANDLED = Counter("gpusched_handled", "Commands and events a service handled", ["service", "kind", "outcome"],
+                  registry=REGISTRY)
+CONFLICTS = Counter("gpusched_append_conflicts", "Compare-and-set appends that lost and were retried", ["service"],
+                    registry=REGISTRY)
+
+# --- per GPU, from heartbeats (the reconciler), DCGM exporter names ---------------------------------
+
+GPU_LABELS = ["node", "gpu", "UUID", "job", "team"]
+GPU_UTIL = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", GPU_LABELS, registry=REGISTRY)
+GPU_FB_USED = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)", GPU_LABELS, registry=REGISTRY)
+GPU_FB_FREE = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)", GPU_LABELS, registry=REGISTRY)
+GPU_TEMP = Gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", GPU_LABELS, registry=REGISTRY)
+GPU_XID = Gauge("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error seen (0: none)", GPU_LABELS, registry=REGISTRY)
+GPU_XID_COUNT = Counter("gpusched_gpu_xid_errors", "XID errors seen in heartbeats (a new XID value counts once)",
+                        ["node", "gpu", "UUID"], registry=REGISTRY)
+GPU_HEALTHY = Gauge("gpusched_gpu_healthy", "1 while the node daemon reports the GPU healthy", GPU_LABELS,
+                    registry=REGISTRY)
+
+_cluster_view: Any = None
+
+
+class _ClusterView:
+    """Puts the `CLUSTER` registry's metrics on this process's /metrics."""
+
+    def collect(self):
+        return CLUSTER.collect()
+
+
+def export_cluster() -> None:
+    """Serve the cluster-wide metrics from this process (exactly one process should: the projector)."""
+    global _cluster_view
+    if _cluster_view is None:
+        _cluster_view = _ClusterView()
+        REGISTRY.register(_cluster_view)
+
+
+def exporting_cluster() -> bool:
+    return _cluster_view is not None
+
 
 _servers: dict[int, Any] = {}
 
@@ -100,19 +155,22 @@ def handled(service: str, kind: str, outcome: str = "ok") -> None:
 
 
 def observe_state(state: Any) -> None:
-    """Set the gauges from a fold (`ClusterState`)."""
+    """Set the cluster gauges from a fold (`ClusterState`)."""
     queue: dict[tuple[str, str], int] = {}
     queue_gpus: dict[str, int] = {}
+    oldest: dict[str, float] = {}
     for job_id in state.pending:
         job = state.jobs[job_id]
         key = (job.spec.team, job.spec.priority)
         queue[key] = queue.get(key, 0) + 1
         queue_gpus[job.spec.team] = queue_gpus.get(job.spec.team, 0) + job.spec.gang_min
+        oldest[job.spec.team] = min(oldest.get(job.spec.team, job.submitted_at), job.submitted_at)
     teams = sorted(state.teams)
     for team in teams:
         for prio in PRIORITY_RANK:
             QUEUE_LENGTH.labels(team, prio).set(queue.get((team, prio), 0))
         QUEUE_GPUS.labels(team).set(queue_gpus.get(team, 0))
+        QUEUE_OLDEST.labels(team).set(oldest.get(team, 0.0))
         t = state.teams[team]
         GPUS_HELD.labels(team).set(t.held)
         TEAM_GUARANTEED.labels(team).set(t.quota.guaranteed)
@@ -123,8 +181,12 @@ def observe_state(state: Any) -> None:
     GPUS.labels("unavailable").set(state.total_gpus - held - state.free_count)
     for name, count in state.job_counts().items():
         JOBS.labels(name).set(count)
+    lost = sum(1 for n in state.nodes.values() if n.lost)
+    drained = sum(1 for n in state.nodes.values() if n.drained and not n.lost)
+    NODES.labels("lost").set(lost)
+    NODES.labels("drained").set(drained)
+    NODES.labels("ok").set(len(state.nodes) - lost - drained)
     DEGRADED.set(1 if state.placement_degraded else 0)
-    LOG_SEQ.set(state.last_seq)
     VIOLATIONS.set(len(state.broken))
     observe_efficiency(state)
 
@@ -185,6 +247,12 @@ class FoldMetrics:
                 self._queued_at[e.job_id] = e.at
                 if e.lost_gpu_s:
                     LOST_WORK.labels(job.spec.team).inc(e.lost_gpu_s)
+        elif isinstance(e, ev.NodeLost):
+            NODE_LOST.inc()
+        elif isinstance(e, ev.GpuQuarantined):
+            QUARANTINED.inc()
+        elif isinstance(e, ev.PlacementDegraded):
+            DEGRADATIONS.inc()
         elif isinstance(e, (ev.JobCompleted, ev.JobFailed, ev.JobCancelled)):
             FINISHED.labels({ev.JobCompleted: "completed", ev.JobFailed: "failed",
                              ev.JobCancelled: "cancelled"}[type(e)]).inc()
@@ -198,22 +266,78 @@ class FoldMetrics:
         observe_state(state)
 
 
+class ServiceFold:
+    """A `FoldedLog` listener for the per-service metrics: the sequence this service has
+    applied and the events it folded."""
+
+    def __init__(self, service: str):
+        self.service = service
+        self._seq = LOG_SEQ.labels(service)
+
+    def __call__(self, record: Any, state: Any) -> None:
+        self._seq.set(record.seq)
+        HANDLED.labels(self.service, type(record.event).__name__, "folded").inc()
+
+
+class GpuMetrics:
+    """Per-GPU gauges from heartbeats, labelled with the job and team holding the GPU in the fold.
+    A GPU's old series is removed when its job or team changes (no stale series)."""
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._xid: dict[tuple[str, int], int | None] = {}
+
+    def observe(self, hb: Any, state: Any) -> None:
+        for g in hb.gpus:
+            holder = state.gpus.get(f"{hb.node}/{g.index}") if state is not None else None
+            job_id = getattr(holder, "holder", None) or ""
+            job = state.jobs.get(job_id) if job_id else None
+            labels = (hb.node, str(g.index), g.uuid, job_id, job.spec.team if job else "")
+            key = (hb.node, g.index)
+            old = self._labels.get(key)
+            if old is not None and old != labels:
+                for gauge in _GPU_GAUGES:
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(*old)
+            self._labels[key] = labels
+            GPU_UTIL.labels(*labels).set(g.utilization_pct)
+            GPU_FB_USED.labels(*labels).set(g.memory_used_mb)
+            GPU_FB_FREE.labels(*labels).set(max(0, g.memory_total_mb - g.memory_used_mb))
+            temperature = getattr(g, "temperature_c", None)
+            if temperature is not None:
+                GPU_TEMP.labels(*labels).set(temperature)
+            GPU_XID.labels(*labels).set(g.xid or 0)
+            GPU_HEALTHY.labels(*labels).set(1 if g.healthy else 0)
+            if g.xid and self._xid.get(key) != g.xid:
+                GPU_XID_COUNT.labels(hb.node, str(g.index), g.uuid).inc()
+            self._xid[key] = g.xid
+
+
+_GPU_GAUGES = (GPU_UTIL, GPU_FB_USED, GPU_FB_FREE, GPU_TEMP, GPU_XID, GPU_HEALTHY)
+
 _attached: set[int] = set()
 #: Set by a service started with --metrics-port: `FoldedLog.start` then attaches itself.
 ENABLED = False
 
 
-def attach(folded: Any) -> FoldMetrics:
-    """Make a `FoldedLog` drive the cluster metrics of this process. Once per process: with
-    several services in one process the first fold attached counts, the others would double it."""
+def attach(folded: Any, service: str | None = None) -> FoldMetrics:
+    """Make a `FoldedLog` drive this process's metrics: its service's own (every time), and the
+    cluster's when this process exports them (`export_cluster`; once per process, or several
+    folds in one process would count every event twice)."""
+    from gpusched import telemetry
+
+    name = service or telemetry.current_service()
+    if not any(isinstance(x, ServiceFold) and x.service == name for x in folded.listeners):
+        folded.listeners.append(ServiceFold(name))
     listener = FoldMetrics()
-    if not _attached:
+    if exporting_cluster() and not _attached:
         _attached.add(id(folded))
         folded.listeners.append(listener)
     return listener
 
 
 __all__ = [
-    "start_metrics_server", "stop_metrics_servers", "decision_timer", "handled", "observe_state", "observe_efficiency",
-    "FoldMetrics", "attach", "DECISION_SECONDS", "CONFLICTS", "HANDLED", "QUEUE_WAIT",
+    "start_metrics_server", "stop_metrics_servers", "decision_timer", "handled", "observe_state",
+    "FoldMetrics", "ServiceFold", "GpuMetrics", "attach", "export_cluster", "exporting_cluster", "CLUSTER",
+    "DECISION_SECONDS", "CONFLICTS", "HANDLED", "QUEUE_WAIT", "LOG_SEQ", "observe_efficiency",
 ]

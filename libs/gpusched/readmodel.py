@@ -7,6 +7,7 @@ log: both paths go through these functions, so the two can never disagree on a f
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -14,6 +15,13 @@ import msgspec
 from .core import events as ev
 from .core.model import split_gpu_id
 from .core.state import ClusterState, Job
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key that orders numbers inside names by value: rack2 < rack10 < rack100."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
 
 
 def gpu_ref(g: str) -> dict[str, Any]:
@@ -141,7 +149,8 @@ def queue_docs(state: ClusterState, config=None) -> list[dict[str, Any]]:
     for pos, job_id in enumerate(queue_order(state, None, config or DEFAULT), 1):
         job = state.jobs[job_id]
         out.append({
-            "position": pos, "job_id": job_id, "team": job.spec.team, "priority": job.spec.priority,
+            "position": pos, "job_id": job_id, "team": job.spec.team, "user": getattr(job.spec, "user", None),
+            "state": job.state, "priority": job.spec.priority,
             "gpus": job.spec.gang_min, "submitted_at": job.submitted_at,
             "waiting_s": round(max(0.0, state.now - job.submitted_at), 3),
             "reason": job.pending_reason, "blockers": list(job.pending_blockers), "eta_s": job.pending_eta_s,
@@ -209,4 +218,4 @@ def event_line(seq: int, event: ev.Event) -> dict[str, Any]:
             "text": describe(event)}
 
 
-__all__ = ["accounting", "job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]
+__all__ = ["natural_key", "accounting", "job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]

@@ -18,9 +18,12 @@ Where the hooks are:
   `set_service("placement")` at the top of its main task (a contextvar: several services can
   share one process and still name their own spans).
 
-Exporters come from the standard variables: `OTEL_TRACES_EXPORTER` (`none` by default here,
-`console`, `otlp`, comma-separated), `OTEL_EXPORTER_OTLP_ENDPOINT` / `..._TRACES_ENDPOINT`,
-`OTEL_SDK_DISABLED=true` turns tracing off entirely. Tests pass an exporter to `setup`.
+Exporters come from the standard variables, as the SDK documents them: `OTEL_TRACES_EXPORTER`
+(`otlp`, `console`, `none`, comma-separated; unset: `otlp` when an OTLP endpoint is set, so
+setting only `OTEL_EXPORTER_OTLP_ENDPOINT` exports, else `none`), `OTEL_EXPORTER_OTLP_ENDPOINT` /
+`..._TRACES_ENDPOINT`, `..._PROTOCOL`, `..._HEADERS`, `OTEL_SERVICE_NAME` (prefix of each
+service's name), `OTEL_RESOURCE_ATTRIBUTES`; `OTEL_SDK_DISABLED=true` turns tracing off
+entirely. The OTLP/HTTP exporter is installed with gpusched. Tests pass an exporter to `setup`.
 """
 
 from __future__ import annotations
@@ -82,8 +85,19 @@ _getter = _HeaderGetter()
 # --- setup -------------------------------------------------------------------------------------
 
 
+def default_exporter() -> str:
+    """`OTEL_TRACES_EXPORTER` when set; else `otlp` (the SDK's documented default) as soon as an
+    OTLP endpoint is configured, and `none` when nothing is (no error spam from a collector that
+    was never asked for)."""
+    named = os.environ.get("OTEL_TRACES_EXPORTER")
+    if named is not None:
+        return named
+    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    return "otlp" if any(os.environ.get(v) for v in endpoints) else "none"
+
+
 def _exporters_from_env() -> list[SpanProcessor]:
-    names = [n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "none").split(",") if n.strip()]
+    names = [n.strip().lower() for n in default_exporter().split(",") if n.strip()]
     out: list[SpanProcessor] = []
     for name in names:
         if name in ("none", ""):
@@ -175,7 +189,8 @@ def tracer(service: str | None = None) -> trace.Tracer:
         return trace.NoOpTracer()
     name = service or _service.get()
     if name not in _providers:
-        provider = TracerProvider(resource=Resource.create({"service.name": f"gpusched-{name}",
+        base = os.environ.get("OTEL_SERVICE_NAME") or "gpusched"  # Resource.create also reads OTEL_RESOURCE_ATTRIBUTES
+        provider = TracerProvider(resource=Resource.create({"service.name": f"{base}-{name}",
                                                              "service.namespace": "gpusched"}))
         for proc in _processors:
             provider.add_span_processor(proc)

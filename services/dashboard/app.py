@@ -92,7 +92,7 @@ class Dashboard:
         state = self.folded.state
         teams = sorted(state.teams)
         racks: dict[str, list[dict[str, Any]]] = {}
-        for name in sorted(state.nodes):
+        for name in sorted(state.nodes, key=readmodel.natural_key):
             doc = readmodel.node_doc(state, name)
             racks.setdefault(doc["rack"], []).append(doc)
         active = [_accounted(readmodel.job_doc(state, state.jobs[j]), state.now) for j in list(state.running)]
@@ -107,7 +107,7 @@ class Dashboard:
             "served_at": time.time(),
             "health": health,
             "teams": [_accounted(readmodel.team_doc(state, t), state.now) for t in teams],
-            "racks": [{"rack": r, "nodes": nodes} for r, nodes in sorted(racks.items())],
+            "racks": [{"rack": r, "nodes": nodes} for r, nodes in sorted(racks.items(), key=lambda item: readmodel.natural_key(item[0]))],
             "running": active,
             "queue": queue[:QUEUE_SHOWN],
             "queue_len": len(queue),
@@ -302,11 +302,13 @@ async def api_placement(request: web.Request) -> web.Response:
 
 
 async def prometheus(request: web.Request) -> web.Response:
-    """The cluster's metrics from the dashboard's fold (see `gpusched.metrics`)."""
+    """This process's metrics: the dashboard's own (the cluster's come from the projector, see
+    `gpusched.metrics`), and the cluster's too when this process exports them."""
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
     dash: Dashboard = request.app[DASH]
-    metrics.observe_state(dash.folded.state)
+    if metrics.exporting_cluster():
+        metrics.observe_state(dash.folded.state)
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

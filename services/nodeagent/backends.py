@@ -180,7 +180,8 @@ class SimBackend:
             xid, reason = self._health.get(g.index, (None, ""))
             out.append(GpuSample(
                 index=g.index, uuid=g.uuid, memory_used_mb=used, memory_total_mb=g.memory_mb,
-                utilization_pct=max((self._util.get(p, SIM_BUSY_PCT) for p in jobs), default=0.0), pids=pids,
+                utilization_pct=max((self._util.get(p, SIM_BUSY_PCT) for p in jobs), default=0.0),
+                temperature_c=72.0 if jobs else 34.0, pids=pids,
                 healthy=g.index not in self._health, health=reason, xid=xid,
             ))
         return out
@@ -376,6 +377,7 @@ class NvmlBackend:
         for g, h in zip(self.gpus(), self.handles):
             mem = self._call(nv.nvmlDeviceGetMemoryInfo, h)
             util = self._call(nv.nvmlDeviceGetUtilizationRates, h)
+            temp = self._call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
             procs = self._call(nv.nvmlDeviceGetComputeRunningProcesses, h, default=[]) or []
             ecc = self._call(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                              nv.NVML_VOLATILE_ECC, default=0) or 0
@@ -392,6 +394,7 @@ class NvmlBackend:
                 memory_used_mb=int(mem.used // 2**20) if mem is not None else 0,
                 memory_total_mb=int(mem.total // 2**20) if mem is not None else g.memory_mb,
                 utilization_pct=float(util.gpu) if util is not None else 0.0,
+                temperature_c=float(temp) if temp is not None else None,
                 pids=sorted({int(p.pid) for p in procs}),
                 healthy=not reasons, health="; ".join(reasons), xid=xid, ecc_errors=int(ecc),
             ))

@@ -25,6 +25,9 @@ def test_quick_demo_verdicts(tmp_path):
     assert not failed, f"verdicts failed: {failed}\n{json.dumps(result, indent=2)}"
     assert result["double_booked_gpus"] == [] and result["jobs_lost"] == []
     assert result["locality"]["during_outage"]["placers"] == ["naive"]
-    assert result["interactive_wait_s"]["p50"] is not None
+    wait = result["interactive_wait_s"]
+    assert wait["p50"] is not None and wait["granted"] + wait["still_queued"] == wait["jobs"]  # over all of them
+    assert "no team within its guarantee left waiting" in result["checks"]
+    assert result["left_waiting_under_guarantee"] == {}
     assert result["recovery_s"] is not None
     assert proc.returncode == 0

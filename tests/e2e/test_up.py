@@ -70,11 +70,24 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
         assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr
         assert json.loads(audit.stdout)["trust"]["unsigned"] == 0
 
-        # Each service serves Prometheus metrics driven by its own fold of the log.
+        # Each service serves its own metrics; the cluster's come from the projector alone, the
+        # per-GPU ones (DCGM names) from the reconciler.
         services = list(stack["services"])
-        placement_port = metrics_base + services.index("placement")
-        text = urllib.request.urlopen(f"http://127.0.0.1:{placement_port}/metrics", timeout=5).read().decode()
-        assert 'gpusched_gpus{status="held"}' in text and "gpusched_grants_total" in text
+
+        def scrape(name: str) -> str:
+            port = metrics_base + services.index(name)
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+        placement = scrape("placement")
+        assert 'gpusched_log_seq{service="placement"}' in placement
+        assert "gpusched_grants_total" not in placement and 'gpusched_gpus{status="held"}' not in placement
+        projector = scrape("projector")
+        assert 'gpusched_gpus{status="held"}' in projector and "gpusched_grants_total" in projector
+        deadline = time.monotonic() + 10
+        while "DCGM_FI_DEV_GPU_UTIL{" not in (gpus := scrape("reconciler")):
+            assert time.monotonic() < deadline, "no per-GPU metrics from the reconciler"
+            await asyncio.sleep(0.5)
+        assert "DCGM_FI_DEV_GPU_TEMP{" in gpus
 
         # A service killed with SIGKILL is restarted by `up`.
         os.kill(stack["services"]["admission"], signal.SIGKILL)

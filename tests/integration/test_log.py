@@ -6,6 +6,8 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
+from datetime import datetime, timezone
 
 import pytest
 
@@ -160,6 +162,9 @@ async def test_replay_verify_names_an_injected_double_grant_and_over_limit_grant
     # inject what a buggy writer without compare-and-set could append
     await event_log.append(submit("j2"))
     double = await event_log.append(ev.GpusGranted(at=3, job_id="j2", attempt=1, gpus=["n0/3", "n0/4", "n0/5", "n0/6"]))
+    await asyncio.sleep(0.2)
+    stored_before_j3 = time.time()  # the server stores what follows after this instant
+    await asyncio.sleep(0.2)
     await event_log.append(submit("j3", team="b", gpus=3))
     over = await event_log.append(ev.GpusGranted(at=4, job_id="j3", attempt=1, gpus=["n1/0", "n1/1", "n1/2"]))
 
@@ -177,9 +182,12 @@ async def test_replay_verify_names_an_injected_double_grant_and_over_limit_grant
     assert text.returncode == 1 and "double_booking" in text.stdout and "over_limit" in text.stdout
     before = run_replay(nats_url, "--verify", "--allow-unsigned", "--json", "--until", str(double - 1))
     assert before.returncode == 0 and json.loads(before.stdout)["last_seq"] == double - 1
-    # by time: events decided after 00:00:03 (the over-limit grant, at=4) are not replayed
-    at_three = json.loads(run_replay(nats_url, "--json", "--until", "1970-01-01T00:00:03").stdout)
-    assert at_three["last_seq"] == over - 1 and [v["rule"] for v in at_three["violations"]] == ["double_booking"]
+    # by time: the log as the server had stored it then (its store timestamps, not the events' `at`)
+    when = datetime.fromtimestamp(stored_before_j3, timezone.utc).isoformat()
+    then = json.loads(run_replay(nats_url, "--json", "--until", when).stdout)
+    assert then["last_seq"] == double and [v["rule"] for v in then["violations"]] == ["double_booking"]
+    before_all = json.loads(run_replay(nats_url, "--json", "--until", "1970-01-01T00:00:03").stdout)
+    assert before_all["last_seq"] == 0 and before_all["events"] == 0
     bad = run_replay(nats_url, "--until", "yesterday")
     assert bad.returncode != 0 and "neither a sequence number nor an ISO time" in bad.stderr
 

@@ -14,7 +14,7 @@ from gpusched.core.state import ClusterState
 
 
 def _value(name, **labels):
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    return metrics.CLUSTER.get_sample_value(name, labels) or 0.0
 
 
 def test_fold_drives_gauges_and_counters():
@@ -53,6 +53,16 @@ def test_metrics_endpoint_serves_text():
     assert 'gpusched_decision_seconds_count{service="unit"}' in body
 
 
+def test_cluster_metrics_are_not_served_by_every_service():
+    """Only a process that exports the cluster's metrics serves them: summing over scrape
+    targets counts each once."""
+    names = {m.name for m in REGISTRY.collect()}
+    if not metrics.exporting_cluster():
+        assert "gpusched_gpus" not in names and "gpusched_grants" not in names
+    assert {"gpusched_log_seq", "gpusched_decision_seconds", "DCGM_FI_DEV_GPU_UTIL"} <= names
+    assert "gpusched_gpus" in {m.name for m in metrics.CLUSTER.collect()}
+
+
 def test_efficiency_gauges_per_team_and_running_job():
     state = ClusterState()
     listener = metrics.FoldMetrics(gauge_interval_s=0.0)
@@ -79,4 +89,4 @@ def test_efficiency_gauges_per_team_and_running_job():
     e = ev.GpusReleased(at=101, job_id="ej1", reason="preempted", forced=True)
     state.apply(e, 8)
     listener(Record(8, e, "s", None), state)
-    assert REGISTRY.get_sample_value("gpusched_job_gpu_efficiency", {"job": "ej1", "team": "e-a"}) is None
+    assert metrics.CLUSTER.get_sample_value("gpusched_job_gpu_efficiency", {"job": "ej1", "team": "e-a"}) is None

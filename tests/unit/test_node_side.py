@@ -250,6 +250,7 @@ class FakeNvml:
     NVML_P2P_CAPS_INDEX_NVLINK, NVML_P2P_STATUS_OK, NVML_NVLINK_MAX_LINKS = 2, 0, 4
     NVML_FEATURE_ENABLED, NVML_NVLINK_DEVICE_TYPE_SWITCH = 1, 2
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, nvmlEventTypeXidCriticalError = 1, 0, 8
+    NVML_TEMPERATURE_GPU = 0
 
     def __init__(self):
         from types import SimpleNamespace as NS
@@ -268,6 +269,7 @@ class FakeNvml:
     def nvmlDeviceGetName(self, h): return "NVIDIA H100 80GB HBM3"
     def nvmlDeviceGetMemoryInfo(self, h): return self.NS(total=80 * 2**30, used=h * 2**30)
     def nvmlDeviceGetUtilizationRates(self, h): return self.NS(gpu=50) if h != 3 else self._err()
+    def nvmlDeviceGetTemperature(self, h, sensor): return 40 + h if h != 3 else self._err()
     def nvmlDeviceGetComputeRunningProcesses(self, h): return [self.NS(pid=1000 + h)] if h == 0 else []
     def nvmlDeviceGetTotalEccErrors(self, h, kind, counter): return 2 if h == 2 else 0
     def nvmlDeviceGetP2PStatus(self, a, b, cap): return 0 if {a, b} in ({0, 1}, {2, 3}) else 1
@@ -293,5 +295,6 @@ def test_nvml_backend_over_a_fake_driver(monkeypatch):
     assert [g.pids for g in s] == [[1000], [], [], []]
     assert [g.utilization_pct for g in s] == [50.0, 50.0, 50.0, 0.0]  # unsupported query: empty, not fatal
     assert [g.healthy for g in s] == [True, False, False, True]
+    assert [g.temperature_c for g in s] == [40.0, 41.0, 42.0, None]
     assert (s[1].xid, s[1].health) == (79, "XID 79") and s[2].health == "2 uncorrected ECC errors"
     backend.close()

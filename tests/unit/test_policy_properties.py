@@ -2,7 +2,7 @@
 
 Each example builds a random cluster, teams and jobs, then runs a few cycles of a random preset
 with a random world in between (jobs finish, checkpoint, GPUs fail), applying every decision to
-the state and checking the invariants of DESIGN.md after each one.
+the state and checking the invariants of the README after each one.
 """
 
 from __future__ import annotations

@@ -24,11 +24,13 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import msgspec
 import nats
 import structlog
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import (
     ConsumerConfig,
@@ -65,6 +67,35 @@ DEAD_MAX_MSG_BYTES = 64 * 1024  # a dead letter keeps at most this much of the b
 
 def nats_url(url: str | None = None) -> str:
     return clientconfig.resolve("nats", url, "GPUSCHED_NATS_URL") or DEFAULT_NATS_URL
+
+
+class Unreachable(ConnectionError):
+    """A client could not reach a server: says which, at what address, and what to do."""
+
+    def __init__(self, what: str, url: str, cause: BaseException | str, hint: str):
+        detail = cause if isinstance(cause, str) else (str(cause) or type(cause).__name__)
+        super().__init__(f"cannot reach {what} at {url} ({detail}); {hint}")
+
+
+NATS_HINT = "is `gpusched up` running? (or set --nats / GPUSCHED_NATS_URL)"
+#: Connection options of this process. Services keep the default (reconnect forever: they must
+#: outlive blips); a command-line client calls `fail_fast()` so an unreachable server is one
+#: clear error within seconds instead of a retry loop.
+_client_options: dict = {}
+
+
+def fail_fast(connect_timeout: float = 1.5) -> None:
+    """Make every later `connect` of this process try once, quietly, and raise `Unreachable`."""
+
+    async def remember(err: Exception) -> None:  # no log line: the caller says it once
+        _last_error[:] = [err]
+
+    # one try (nats-py counts the first as a reconnect: 1 is the smallest value that stops)
+    _client_options.update(allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.1,
+                           connect_timeout=connect_timeout, error_cb=remember)
+
+
+_last_error: list[Exception] = []
 
 
 def creds_file(creds: str | os.PathLike | None = None) -> str | None:
@@ -105,6 +136,8 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         kwargs.setdefault("inbox_prefix", ident.inbox_prefix)
     if url.startswith("tls://") and "tls" not in kwargs:
         kwargs["tls"] = tls_context(url)
+    for key, value in _client_options.items():  # fail_fast(): one quiet try, then Unreachable
+        kwargs.setdefault(key, value)
     kwargs.setdefault("max_reconnect_attempts", -1)
     kwargs.setdefault("reconnect_time_wait", 0.5)
     quiet, holder = connection.callbacks(name)  # one line per outage period; exit when closed for good
@@ -126,8 +159,9 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
 
     attempt = asyncio.ensure_future(nats.connect(url, name=name, error_cb=on_error, **kwargs))
     no = asyncio.ensure_future(refused.wait())
+    limit = kwargs["connect_timeout"] + 1 if _client_options else None
     try:
-        await asyncio.wait({attempt, no}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({attempt, no}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
     finally:
         no.cancel()
     if refused.is_set() and (not attempt.done() or attempt.exception() is not None):
@@ -135,7 +169,16 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         who = f"credentials {path}" if path else ("an anonymous connection (give --creds FILE, "
                                                   "$GPUSCHED_CREDS, or run `gpusched up`)")
         raise PermissionError(f"NATS at {url} refused {who}: authorization violation")
-    nc = attempt.result()
+    if not attempt.done():  # fail-fast and still trying past its limit
+        attempt.cancel()
+        raise Unreachable("NATS", url, _last_error[0] if _last_error else "timed out", NATS_HINT)
+    try:
+        nc = attempt.result()
+    except (OSError, TimeoutError, NatsError) as err:
+        if not _client_options:
+            raise
+        cause = _last_error[0] if _last_error else err  # what the socket said, not "no servers"
+        raise Unreachable("NATS", url, cause, NATS_HINT) from err
     holder["nc"] = nc
     nc.gpusched_identity = ident  # type: ignore[attr-defined]
     problem = limits.server_problem(nc._server_info)  # nats-py keeps the server's INFO here
@@ -154,6 +197,13 @@ def check_size(event: Event, payload: bytes, headers: dict[str, str]) -> None:
     size = len(payload) + sum(len(k) + len(v) + 4 for k, v in headers.items())
     if size > limits.MAX_EVENT_BYTES:
         raise EventTooLarge(f"{event.kind} is {size} bytes with headers; at most {limits.MAX_EVENT_BYTES}")
+
+
+def _stored_at(text: str) -> float:
+    """A JetStream RFC 3339 time (nanoseconds, `Z`) as epoch seconds."""
+    head, _, frac = text.rstrip("Z").partition(".")
+    base = datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp()
+    return base + (float("0." + frac) if frac else 0.0)
 
 
 class Conflict(Exception):
@@ -401,6 +451,25 @@ class EventLog:
     async def last_seq(self) -> int:
         info = await self.js.stream_info(subjects.STREAM)
         return info.state.last_seq
+
+    async def seq_at_time(self, when: float) -> int:
+        """The last sequence the server stored at or before `when` (epoch seconds): the log as it
+        stood then. The server's store timestamps, not the events' `at`: they grow with the
+        sequence (the writers' clocks do not), so the answer is a prefix of the log. One
+        round trip: JetStream's message get by start time (the first message stored at or after
+        `when`) answers in the same time at any log length."""
+        stamp = datetime.fromtimestamp(when, timezone.utc).isoformat().replace("+00:00", "Z")
+        reply = await self.nc.request(f"$JS.API.STREAM.MSG.GET.{subjects.STREAM}",
+                                      json.dumps({"start_time": stamp}).encode(), timeout=5)
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            if answer["error"].get("code") == 404:  # nothing stored at or after `when`
+                return await self.last_seq()
+            raise APIError(**answer["error"])
+        first_after = answer["message"]["seq"]
+        if _stored_at(answer["message"]["time"]) <= when:  # stored exactly at `when`: it belongs
+            return first_after
+        return first_after - 1
 
     async def records(
         self, start: int = 1, until: int | None = None, follow: bool = False, subject: str = subjects.EVENTS,

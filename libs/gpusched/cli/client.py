@@ -11,6 +11,7 @@ import os
 import sys
 
 import msgspec
+from opentelemetry.trace import SpanKind
 
 from gpusched.core import limits
 from gpusched.core.commands import CommandReply
@@ -20,18 +21,24 @@ TOPOLOGY = {"nvlink": "nvlink", "node": "node", "rack": "rack", "block": "block"
 
 
 async def _send(args: argparse.Namespace, call) -> CommandReply:
+    from gpusched import telemetry
     from gpusched.bus.client import Client
 
     client = await Client.connect(args.nats, timeout=args.timeout, team=getattr(args, "as_team", None))
     try:
-        return await call(client)
+        # the CLI starts the trace of what it sends: admission, placement and the node daemon
+        # continue it (the context travels in the request's headers, then in the log)
+        with telemetry.span(f"gpusched {args.command}", kind=SpanKind.CLIENT, command=args.command):
+            return await call(client)
     finally:
         await client.close()
 
 
 def _run(args: argparse.Namespace, call, ok_text) -> int:
+    from gpusched import telemetry
     from gpusched.bus.client import ControlPlaneUnavailable, NotPermitted
 
+    telemetry.setup("cli", json_logs=True)
     try:
         reply = asyncio.run(_send(args, call))
     except NotPermitted as err:
@@ -43,6 +50,8 @@ def _run(args: argparse.Namespace, call, ok_text) -> int:
     except ControlPlaneUnavailable as err:
         print(f"gpusched {args.command}: {err}", file=sys.stderr)
         return 2
+    finally:
+        telemetry.shutdown()
     if getattr(args, "json", False):
         print(json.dumps(msgspec.to_builtins(reply)))
     elif reply.ok:
@@ -137,64 +146,66 @@ def cmd_restore(args: argparse.Namespace) -> int:
                 lambda r: f"GPU {args.gpu} back in service")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nats", default=None, help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
+def _client_parent() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for admission's reply")
     p.add_argument("--json", action="store_true", help="print admission's reply as JSON")
+    return p
 
 
 def register(sub) -> None:
-    p = sub.add_parser("submit", help="submit a job: gpusched submit --team T --gpus N -- COMMAND...")
-    p.add_argument("--team", required=True)
+    from .output import CONNECTION
+
+    common = [CONNECTION, _client_parent()]
+    p = sub.add_parser("submit", parents=common, help="submit a job: gpusched submit --team T --gpus N -- COMMAND...")
+    p.add_argument("--team", required=True, help="the team the job runs for (its quota and share)")
     p.add_argument("--gpus", type=int, required=True, help="gang size (the most an elastic job uses)")
     p.add_argument("--min-gpus", type=int, default=None, help="elastic: may run with this many")
-    p.add_argument("--priority", choices=["interactive", "high", "normal", "low"], default="normal")
-    p.add_argument("--preemptible", action="store_true")
-    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--priority", choices=["interactive", "high", "normal", "low"], default="normal",
+                   help="orders work within what the team is entitled to (default: normal)")
+    p.add_argument("--preemptible", action="store_true",
+                   help="may be preempted (asked to checkpoint, then released) for higher-priority work")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="end the job (as Slurm's TIMEOUT) after this many seconds of running")
     p.add_argument("--topology", choices=["nvlink", "node", "rack", "block", "any"], default="any",
                    help="the widest level the job may span (default: any)")
     p.add_argument("--prefer", choices=["nvlink", "node", "rack", "block", "cluster"], default=None,
                    help="the level placement aims for (default: nvlink)")
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--name", default=None)
-    p.add_argument("--env", action="append", metavar="KEY=VALUE",
-                   help="environment variable for the job (stored in plaintext in the log: no secrets)")
+    p.add_argument("--checkpoint-dir", default=None, help="where the job's checkpoints live (resumed from there)")
+    p.add_argument("--name", default=None, help="a name shown next to the job id")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE", help="an environment variable of the job (repeatable; stored in plaintext in the log: no secrets)")
     p.add_argument("--secret-env", action="append", metavar="NAME=@FILE",
                    help="pass FILE's content (a file on the nodes, owned by the job's user, not group/world "
                         "writable) as NAME; only the path is stored")
-    p.add_argument("--on-failure", choices=["requeue", "fail"], default="requeue")
-    p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument("--on-failure", choices=["requeue", "fail"], default="requeue",
+                   help="what a failed attempt does: requeue (up to --max-restarts) or fail the job")
+    p.add_argument("--max-restarts", type=int, default=3, help="attempts after a failure before the job fails")
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
-    _common(p)
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("cancel", help="cancel a pending or running job (a tenant: its own team's only)")
-    p.add_argument("job")
+    p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job (a tenant: its own team's only)")
+    p.add_argument("job", help="the job id")
     p.add_argument("--team", dest="as_team", default=None,
                    help="a platform's credentials: the team whose job it cancels (default: its first)")
-    p.add_argument("--reason", default="cancelled by user")
-    _common(p)
+    p.add_argument("--reason", default="cancelled by user", help="why (kept in the log)")
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("quota", help="change a team's guaranteed share, weight or hard limit (only those given)")
-    p.add_argument("team")
+    p = sub.add_parser("quota", parents=common, help="change a team's guaranteed share, weight or hard limit (only those given)")
+    p.add_argument("team", help="the team")
     p.add_argument("--guaranteed", type=int, default=None, help="GPUs it can always reclaim")
     p.add_argument("--weight", type=float, default=None, help="its weight in sharing what is left")
     p.add_argument("--limit", type=int, default=None, help="a hard limit it never exceeds")
     p.add_argument("--no-limit", action="store_true", help="remove its hard limit")
-    _common(p)
     p.set_defaults(func=cmd_quota)
 
-    p = sub.add_parser("drain", help="keep new work off a node (--undo: allow it again)")
-    p.add_argument("node")
-    p.add_argument("--undo", action="store_true")
-    p.add_argument("--reason", default="")
-    _common(p)
+    p = sub.add_parser("drain", parents=common, help="keep new work off a node (--undo: allow it again)")
+    p.add_argument("node", help="the node name")
+    p.add_argument("--undo", action="store_true", help="undrain: allow new work again")
+    p.add_argument("--reason", default="", help="why (kept in the log)")
     p.set_defaults(func=cmd_drain)
 
-    p = sub.add_parser("restore", help="put a quarantined GPU back into service (admin)")
+    p = sub.add_parser("restore", parents=common, help="put a quarantined GPU back into service (admin)")
     p.add_argument("gpu", help="NODE/INDEX, as `gpusched nodes --json` names it")
-    p.add_argument("--reason", default="")
-    _common(p)
+    p.add_argument("--reason", default="", help="why (kept in the log)")
     p.set_defaults(func=cmd_restore)

@@ -1,4 +1,4 @@
-"""`gpusched demo`: the chaos scene of DESIGN.md step 8, on a live stack, with a verdict.
+"""`gpusched demo`: the chaos scene (the sharp edges of the README), on a live stack, with a verdict.
 
 1. Start the stack (`gpusched up` machinery: NATS, Redis, every service as its own process, the
    dashboard) and set team quotas.
@@ -43,6 +43,7 @@ class Scene:
     samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     flood_window: bool = False
     grace_s: float = 3.0
+    flood_end_seq: int = 0  # the log as it stood when the flood had settled (before placement returns)
 
 
 def _teams(args) -> dict[str, TeamQuota]:
@@ -189,6 +190,7 @@ async def run_scene(args) -> dict[str, Any]:
         await asyncio.sleep(args.settle_s)  # let the flood settle: who else gets what
         scene.flood_window = False
         scene.marks["flood_end"] = time.time()
+        scene.flood_end_seq = folded.seen_seq
 
         # 5. restart placement
         _say(args, "demo: restarting placement")
@@ -230,7 +232,10 @@ async def verdict(log, scene: Scene, args) -> dict[str, Any]:
     state = ClusterState()
     grants: list[ev.GpusGranted] = []
     degraded_at = recovered_at = None
+    at_flood_end: dict[str, dict[str, int]] | None = None
     async for seq, e in log.replay():
+        if at_flood_end is None and scene.flood_end_seq and seq > scene.flood_end_seq:
+            at_flood_end = waiting_under_guarantee(state, _teams(args))
         state.apply(e, seq)
         if isinstance(e, ev.GpusGranted):
             grants.append(e)
@@ -257,8 +262,13 @@ async def verdict(log, scene: Scene, args) -> dict[str, Any]:
     for g in grants:
         if g.job_id in submitted and g.job_id not in first_grant:
             first_grant[g.job_id] = g.at
-    waits = [first_grant[j] - submitted[j] for j in first_grant]
+    granted_waits = [first_grant[j] - submitted[j] for j in first_grant]
     still_waiting = [j for j in submitted if j not in first_grant]
+    # every flood job counts: a job still queued counts with its wait so far
+    now = max(state.now, time.time())
+    waits = granted_waits + [now - submitted[j] for j in still_waiting]
+    # judged when the flood had settled, before placement returned (else at the end of the log)
+    left_waiting = at_flood_end if at_flood_end is not None else waiting_under_guarantee(state, _teams(args))
     restart = scene.marks.get("restart", math.inf)
     during_outage = [j for j, at in first_grant.items() if at < restart]
 
@@ -287,6 +297,7 @@ async def verdict(log, scene: Scene, args) -> dict[str, Any]:
         "placement degraded to naive": bool(degraded_at is not None and during),
         "interactive jobs got GPUs during the outage": bool(during_outage),
         "every team at or under its guarantee kept it": all(s["kept_guarantee"] for s in shares.values()),
+        "no team within its guarantee left waiting": not left_waiting,
         "flood bounded by its team's limit": all(s["within_limit"] for s in shares.values()),
         "no GPU double-booked": not double_booked,
         "no job lost": not missing and not inconsistent,
@@ -298,11 +309,13 @@ async def verdict(log, scene: Scene, args) -> dict[str, Any]:
         "checks": checks,
         "locality": {"before": locality(before), "during_outage": locality(during), "after_recovery": locality(after)},
         "degraded_after_kill_s": round(degraded_at - scene.marks["kill"], 3) if degraded_at and "kill" in scene.marks else None,
-        "interactive_wait_s": {"jobs": len(scene.flood_jobs), "granted": len(waits),
+        "interactive_wait_s": {"jobs": len(scene.flood_jobs), "granted": len(granted_waits),
+                               "over": "all flood jobs (queued ones with their wait so far)",
                                "granted_during_outage": len(during_outage), "still_queued": len(still_waiting),
                                "p50": None if not waits else round(_pct(waits, 0.5), 3),
                                "p99": None if not waits else round(_pct(waits, 0.99), 3)},
         "shares_during_flood": shares,
+        "left_waiting_under_guarantee": left_waiting,
         "double_booked_gpus": double_booked,
         "jobs_lost": missing + inconsistent,
         "violations": [f"{v.rule}: {v.detail}" for v in violations],
@@ -310,6 +323,19 @@ async def verdict(log, scene: Scene, args) -> dict[str, Any]:
         "log_seq": state.last_seq,
         "jobs": state.job_counts(),
     }
+
+
+def waiting_under_guarantee(state, quotas: dict[str, TeamQuota]) -> dict[str, dict[str, int]]:
+    """Teams that hold less than their guarantee while a job of theirs that fits in the rest of
+    it waits: fair share promised them those GPUs."""
+    out: dict[str, dict[str, int]] = {}
+    for team, quota in quotas.items():
+        held = state.teams[team].held if team in state.teams else 0
+        room = quota.guaranteed - held
+        waiting = [j for j in state.pending if state.jobs[j].spec.team == team and state.jobs[j].spec.gang_min <= room]
+        if room > 0 and waiting:
+            out[team] = {"held": held, "guaranteed": quota.guaranteed, "waiting_jobs": len(waiting)}
+    return out
 
 
 def _print(result: dict[str, Any], args) -> None:
@@ -339,9 +365,15 @@ def _print(result: dict[str, Any], args) -> None:
                   f"{pct(loc['before']['tight_fraction'])} before (topo), "
                   f"{pct(loc['during_outage']['tight_fraction'])} during the outage (naive, "
                   f"{loc['during_outage']['grants']} grants)", mark(c["placement degraded to naive"]))
-    table.add_row("interactive wait", f"p50 {sec(w['p50'])}, p99 {sec(w['p99'])}; {w['granted']}/{w['jobs']} granted "
+    table.add_row("interactive wait (all flood jobs; queued: wait so far)",
+                  f"p50 {sec(w['p50'])}, p99 {sec(w['p99'])}; {w['granted']}/{w['jobs']} granted "
                   f"({w['granted_during_outage']} during the outage), {w['still_queued']} still queued",
                   mark(c["interactive jobs got GPUs during the outage"]))
+    left = result["left_waiting_under_guarantee"]
+    table.add_row("teams within their guarantee left waiting",
+                  "none" if not left else "; ".join(f"{t}: holds {x['held']} of {x['guaranteed']} guaranteed, "
+                                                    f"{x['waiting_jobs']} job(s) waiting" for t, x in left.items()),
+                  mark(c["no team within its guarantee left waiting"]))
     for team, s in result["shares_during_flood"].items():
         table.add_row(f"share of {team} during the flood",
                       f"held {s['held_at_flood']} -> min {s['min_during_flood']} / max {s['max_during_flood']}; "
@@ -377,22 +409,22 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="the chaos scene: fill, kill placement, flood interactive jobs, restart; verdicts",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a small, fast scene (4 nodes x 8 GPUs, 12 interactive jobs)")
-    p.add_argument("--nodes", type=int, default=8)
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--nodes-per-rack", type=int, default=4)
+    p.add_argument("--nodes", type=int, default=8, help="simulated nodes (default 8)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--nodes-per-rack", type=int, default=4, help="nodes per rack (default 4)")
     p.add_argument("--flood", type=int, default=24, help="interactive jobs in the burst")
-    p.add_argument("--flood-team", default="chat")
-    p.add_argument("--policy", default="full")
+    p.add_argument("--flood-team", default="chat", help="the team that floods interactive jobs")
+    p.add_argument("--policy", default="full", help="scheduling policy preset (default: full)")
     p.add_argument("--checkpoint-grace-s", type=float, default=3.0, help="how long a preempted job may take to checkpoint")
     p.add_argument("--lease-ttl-ms", type=int, default=1500, help="placement lease TTL (how fast the fallback notices)")
     p.add_argument("--node-daemons", action=argparse.BooleanOptionalAction, default=True,
                    help="run simulated node daemons and the reconciler (default); without, jobs never start "
                         "and preemptions end at the checkpoint deadline")
     p.add_argument("--settle-s", type=float, default=5.0, help="how long the flood runs before placement returns")
-    p.add_argument("--step-timeout", type=float, default=60.0)
-    p.add_argument("--ready-timeout", type=float, default=90.0)
-    p.add_argument("--dashboard-port", type=int, default=8080)
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--step-timeout", type=float, default=60.0, help="seconds each step of the scene may take")
+    p.add_argument("--ready-timeout", type=float, default=90.0, help="seconds the stack may take to start")
+    p.add_argument("--dashboard-port", type=int, default=8080, help="port of the dashboard (0: any free one)")
+    p.add_argument("--data-dir", default=None, help="where the stack keeps its store and logs (default: a new temp dir)")
     p.add_argument("--keep", action="store_true", help="leave the stack running after the verdict")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.set_defaults(func=cmd_demo)

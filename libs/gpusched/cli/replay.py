@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
@@ -23,29 +22,23 @@ from gpusched.security.audit import Audit
 
 
 def parse_until(text: str | None) -> tuple[int | None, float | None]:
-    """`--until` is a log sequence (digits) or an ISO-8601 time (UTC when no zone is given)."""
-    if text is None:
-        return None, None
-    if text.isdigit():
-        return int(text), None
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise SystemExit(f"gpusched replay: --until {text!r} is neither a sequence number nor an ISO time")
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return None, when.timestamp()
+    """`--until` is a log sequence (digits) or a time (ISO-8601, UTC when no zone is given)."""
+    from .output import parse_at
+
+    return parse_at(text, option="--until")
 
 
 async def rebuild(nats_url: str | None, until_seq: int | None = None, until_time: float | None = None) -> ClusterState:
-    """Fold the stream from the start up to a sequence or a time (events decided after it)."""
+    """Fold the stream from the start up to a sequence, or up to what the server had stored at a
+    time (its store timestamps grow with the sequence; the events' own `at` need not)."""
     log = await EventLog.open(nats_url, name="gpusched-replay")
     state = ClusterState()
     try:
-        async for seq, event in log.replay(1, until_seq):
-            if until_time is not None and event.at > until_time:
-                break
-            state.apply(event, seq)
+        if until_time is not None:
+            until_seq = await log.seq_at_time(until_time)
+        if until_seq is None or until_seq > 0:
+            async for seq, event in log.replay(1, until_seq):
+                state.apply(event, seq)
     finally:
         await log.close()
     return state
@@ -55,6 +48,8 @@ async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None
     """Feed the stored messages, as they are, to the audit (up to a sequence or `audit.until_time`)."""
     log = await EventLog.open(nats_url, name="gpusched-replay", signer=None)
     try:
+        if until_seq is None and audit.until_time is not None:  # what the server had stored by then
+            until_seq = await log.seq_at_time(audit.until_time)
         last = await log.last_seq() if until_seq is None else until_seq
         if last >= 1:
             async for msg in log.raw(1, last):
@@ -193,20 +188,27 @@ def cmd_export(args) -> int:
 
 
 def cmd_schemas(args) -> int:
+    from gpusched.bus import asyncapi
+
     directory = Path(args.dir)
     if args.check:
-        stale = schemas.drift(directory)
+        stale = schemas.drift(directory) + asyncapi.drift(directory)
         for name in stale:
             print(f"{directory / name} is out of date: run `gpusched schemas`", file=sys.stderr)
         return 1 if stale else 0
     for path in schemas.write(directory):
         print(path)
+    print(asyncapi.write(directory))
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("replay", help="audit: rebuild the state from the log and verify the invariants")
-    p.add_argument("--until", metavar="SEQ|ISO-TIME", help="stop at this sequence or time")
+    from .output import CONNECTION
+
+    p = sub.add_parser("replay", help="audit: rebuild the state from the log and verify the invariants",
+                       parents=[CONNECTION])
+    p.add_argument("--until", metavar="SEQ|TIME",
+                   help="stop at this log sequence, or at what the server had stored at this time (ISO-8601)")
     p.add_argument("--verify", action="store_true",
                    help="also check every fact's signature, signer's role, node scope and place in the log; "
                         "exit 1 naming the first broken invariant or untrusted fact")
@@ -217,19 +219,16 @@ def register(sub) -> None:
                    help="count unsigned facts instead of naming them (logs written before signing)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--rebuild-views", action="store_true", help="also rebuild the Redis read models")
-    p.add_argument("--nats", help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
-    p.add_argument("--redis", help="Redis URL for --rebuild-views (default: $GPUSCHED_REDIS_URL)")
     p.set_defaults(func=cmd_replay)
 
     lg = sub.add_parser("log", help="the raw log: export it for an offline audit")
     lsub = lg.add_subparsers(dest="log_command", required=True, metavar="ACTION")
-    e = lsub.add_parser("export", help="write the stream as JSON lines to stdout (verify with "
+    e = lsub.add_parser("export", parents=[CONNECTION], help="write the stream as JSON lines to stdout (verify with "
                         "`replay --from-file FILE --verify`)")
     e.add_argument("--until", type=int, metavar="SEQ", help="stop at this sequence")
-    e.add_argument("--nats", help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
     e.set_defaults(func=cmd_export)
 
-    s = sub.add_parser("schemas", help="write (or --check) the JSON Schemas of commands and events")
-    s.add_argument("--dir", default="schemas")
+    s = sub.add_parser("schemas", help="write (or --check) the JSON Schemas and the AsyncAPI document of the bus")
+    s.add_argument("--dir", default="schemas", help="the directory to write (default: schemas)")
     s.add_argument("--check", action="store_true", help="exit 1 when schemas/ drifts from the code")
     s.set_defaults(func=cmd_schemas)

@@ -58,6 +58,12 @@ def run(args) -> int:
     from ..sim.report import load_jobs, parse_overrides, rich_table, runtime_model, simulate, write_out
     from ..sim.traces import TraceError, load_quotas
 
+    if args.out:  # fail before a long run, not after it
+        try:
+            from ..sim import plots  # noqa: F401
+        except ImportError as err:
+            print(f"gpusched sim --out: {err}", file=sys.stderr)
+            return 2
     try:
         cluster = Cluster.parse(args.cluster, args.nvlink)
         model = runtime_model(args.runtime_model, checkpoint_interval_s=args.checkpoint_interval,

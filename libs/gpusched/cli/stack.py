@@ -490,10 +490,11 @@ def cmd_service_list(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     up = sub.add_parser("up", help="start NATS, Redis, every service and simulated nodes on this machine")
-    up.add_argument("--nodes", type=int, default=4)
-    up.add_argument("--gpus-per-node", type=int, default=8)
-    up.add_argument("--nodes-per-rack", type=int, default=4)
-    up.add_argument("--nvlink", choices=["all", "pairs", "quads", "none"], default="all")
+    up.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
+    up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
+    up.add_argument("--nodes-per-rack", type=int, default=4, help="simulated nodes per rack (default 4)")
+    up.add_argument("--nvlink", choices=["all", "pairs", "quads", "none"], default="all",
+                    help="NVLink layout inside a simulated node (default: all)")
     up.add_argument("--nats", default=None, help="use this NATS server instead of starting one")
     up.add_argument("--redis", default=None, help="use this Redis instead of starting one")
     up.add_argument("--nats-port", type=int, default=None,
@@ -511,14 +512,15 @@ def register(sub) -> None:
     up.add_argument("--fresh", action="store_true", help="start an empty cluster: delete the data dir's store first")
     up.add_argument("--log-max-mb", type=float, default=10.0,
                     help="rotate each service log at this size (3 old files kept)")
-    up.add_argument("--policy", default="full")
+    up.add_argument("--policy", default="full", help="scheduling policy preset (default: full)")
     up.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
                     help="override one field of the policy preset (repeatable)")
     up.add_argument("--services", default=None, help="comma-separated subset of services to start")
-    up.add_argument("--lease-ttl-ms", type=int, default=3000)
+    up.add_argument("--lease-ttl-ms", type=int, default=3000,
+                    help="placement lease TTL: how soon the fallback takes over (default 3000)")
     up.add_argument("--restart-delay", type=float, default=5.0, help="seconds before a dead service is restarted")
     up.add_argument("--no-restart", action="store_true", help="leave dead services dead (chaos demos)")
-    up.add_argument("--ready-timeout", type=float, default=60.0)
+    up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for every service to be ready")
     up.add_argument("--tls", action="store_true",
                     help="NATS over TLS with a local CA generated under DATA/tls (clients verify it)")
     up.add_argument("--no-client-config", action="store_true",
@@ -531,8 +533,8 @@ def register(sub) -> None:
     service = sub.add_parser("service", help="run one service (the form deploy files use)")
     ssub = service.add_subparsers(dest="service_command", required=True, metavar="ACTION")
     run = ssub.add_parser("run", help="run one service in the foreground", add_help=False)
-    run.add_argument("name")
-    run.add_argument("rest", nargs=argparse.REMAINDER)
+    run.add_argument("name", help="the service (gpusched service list)")
+    run.add_argument("rest", nargs=argparse.REMAINDER, help="the service's own options (gpusched service run NAME --help)")
     run.set_defaults(func=cmd_service_run)
     lst = ssub.add_parser("list", help="list the services")
     lst.set_defaults(func=cmd_service_list)

@@ -19,6 +19,8 @@ from typing import Any
 from gpusched import readmodel
 from gpusched.core.state import ClusterState
 
+from .output import AT, CONNECTION, FILTERS, Field, columns, emit, filter_docs, iso, output_parent
+
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta",
           "bright_green", "bright_yellow", "bright_blue", "bright_red"]
 
@@ -41,19 +43,21 @@ class Snapshot:
 
 
 async def _open_log(nats: str | None):
-    from gpusched.bus.log import EventLog, nats_url
+    from gpusched.bus.log import NATS_HINT, EventLog, Unreachable, nats_url
 
     try:
         return await asyncio.wait_for(EventLog.open(nats, name="gpusched-cli"), 5)
-    except (TimeoutError, OSError, Exception) as err:  # noqa: BLE001 - any connect failure reads the same
-        raise SystemExit(f"error: cannot reach NATS at {nats_url(nats)} ({type(err).__name__}: {err}); "
-                         "is `gpusched up` running? (set --nats or GPUSCHED_NATS_URL)") from err
+    except Unreachable:
+        raise
+    except (TimeoutError, OSError) as err:
+        raise Unreachable("NATS", nats_url(nats), err, NATS_HINT) from err
 
 
 async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: bool = True,
-                     half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
-    """The cluster state now: a Redis snapshot plus the log's tail, or the whole log (folded
-    with the running policy's usage half-life)."""
+                     half_life_s: float | None = 7 * 24 * 3600.0, at: str | None = None) -> ClusterState:
+    """The cluster state now, or `at` a log sequence or time: a Redis snapshot (when it is not
+    past the cut) plus the log up to the cut, or the log from its start (folded with the running
+    policy's usage half-life)."""
     from gpusched.store import fold_log, load_snapshot
 
     state = None
@@ -67,9 +71,26 @@ async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: b
             await r.aclose()
     log = await _open_log(nats)
     try:
-        return await fold_log(log, state, half_life_s=half_life_s)
+        until = await cut_seq(log, at)
+        if state is not None and until is not None and state.last_seq > until:
+            state = None  # the snapshot is from after the cut
+        return await fold_log(log, state, until, half_life_s=half_life_s)
     finally:
         await log.close()
+
+
+async def cut_seq(log, at: str | None) -> int | None:
+    """The log sequence `--at` names: a sequence as given (at most the last one), or the last
+    one the server had stored at that time (`EventLog.seq_at_time`); None: now."""
+    from .output import parse_at
+
+    seq, when = parse_at(at)
+    if seq is None and when is None:
+        return None
+    last = await log.last_seq()
+    if seq is not None:
+        return min(seq, last)
+    return await log.seq_at_time(when)  # type: ignore[arg-type]
 
 
 def _redis_configured(redis: str | None) -> bool:
@@ -92,9 +113,13 @@ async def _views(args) -> Any:
 
     views = Views.connect(args.redis)
     try:
-        meta = await asyncio.wait_for(views.meta(), 3)
-    except Exception:  # noqa: BLE001
+        await asyncio.wait_for(views.r.ping(), 1.5)
+        meta = await asyncio.wait_for(views.meta(), 2)
+    except Exception as err:  # noqa: BLE001 - the log answers instead; say so once
         meta = None
+        args.redis_failed = True
+        print(f"gpusched {args.command}: Redis read models unreachable ({type(err).__name__}: {err}); "
+              "folding the log instead", file=sys.stderr)
     if meta is None:
         await views.close()
         return None
@@ -116,6 +141,11 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     `--policy`, the queue is folded from the log and ordered by that policy; without, the
     projector's order (the stack's running policy) or, folding, the default preset's."""
     config = _policy(args)
+    at = getattr(args, "at", None)
+    if at is not None:  # the past: always a fold of the log up to the cut
+        state = await fold_state(args.nats, args.redis, at=at)
+        return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now,
+                                                       "past": True}
     views = None if config is not None and what == "queue" else await _views(args)
     if views is not None:
         try:
@@ -125,7 +155,7 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         finally:
             await views.close()
     kw = {} if config is None else {"half_life_s": config.half_life_s}
-    state = await fold_state(args.nats, args.redis, **kw)
+    state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False), **kw)
     return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now}
 
 
@@ -165,7 +195,8 @@ def docs_from_state(state: ClusterState, what: str, config=None) -> list[dict[st
         jobs = sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id))
         return [{**readmodel.job_doc(state, j), "seq": state.last_seq} for j in jobs]
     if what == "nodes":
-        return [{**readmodel.node_doc(state, n), "seq": state.last_seq} for n in sorted(state.nodes)]
+        return [{**readmodel.node_doc(state, n), "seq": state.last_seq}
+                for n in sorted(state.nodes, key=readmodel.natural_key)]
     if what == "teams":
         return [{**readmodel.team_doc(state, t), "seq": state.last_seq} for t in sorted(state.teams)]
     if what == "queue":
@@ -217,8 +248,10 @@ def _console():
 
 def display_now(meta: dict[str, Any]) -> float:
     """Ages are shown against the wall clock on a live cluster, against the log's last event
-    time when the log is old (an audit of a past day)."""
+    time when the log is old (an audit of a past day) or the listing is of the past (`--at`)."""
     at = meta.get("at") or 0.0
+    if meta.get("past"):
+        return at
     wall = time.time()
     return max(at, wall) if abs(wall - at) < 86400 else at
 
@@ -333,30 +366,120 @@ def print_queue(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
 PRINTERS = {"jobs": print_jobs, "nodes": print_nodes, "teams": print_teams, "queue": print_queue}
 
 
-def _filter(docs: list[dict[str, Any]], args) -> list[dict[str, Any]]:
-    if getattr(args, "team", None):
-        docs = [d for d in docs if d.get("team") == args.team]
-    if getattr(args, "user", None):
-        docs = [d for d in docs if d.get("user") == args.user]
-    if getattr(args, "state", None):
-        wanted = set(args.state.split(","))
-        docs = [d for d in docs if d.get("state") in wanted]
-    if getattr(args, "active", False):
-        docs = [d for d in docs if d.get("state") in ("pending", "starting", "running")]
-    return docs
+# --- plain columns (pipes, -o wide, --format) -------------------------------------------------
+
+
+def _want(d: dict[str, Any]) -> str:
+    return str(d["gpus_requested"]) if d["min_gpus"] == d["gpus_requested"] else f"{d['min_gpus']}-{d['gpus_requested']}"
+
+
+def _job_gpus(d: dict[str, Any], _now: float) -> str:
+    return f"{len(d['gpus'])}/{_want(d)}" if d["state"] in ("starting", "running") else _want(d)
+
+
+def _job_age(d: dict[str, Any], now: float) -> str:
+    if d["state"] in ("completed", "failed", "cancelled"):
+        return "-"
+    return _dur(now - (d["started_at"] if d["state"] in ("starting", "running") else d["submitted_at"]))
+
+
+def _job_reason(d: dict[str, Any], _now: float) -> str:
+    if d["state"] == "pending":
+        return d["pending_reason"] or "waiting for the next placement cycle"
+    if d["state"] in ("starting", "running"):
+        text = f"{d['level']} via {d['placer']}" + (" (backfill)" if d["backfill"] else "")
+        return text + (f"; preempting for {d['preemption']['for_job']}" if d.get("preemption") else "")
+    return d["end_reason"] or "-"
+
+
+def _s(key: str, fmt=str) -> Any:
+    return lambda d, _now: "-" if d.get(key) in (None, "") else fmt(d[key])
+
+
+JOB_FIELDS = [
+    Field("job", "JOB", _s("job_id")), Field("team", "TEAM", _s("team")), Field("user", "USER", _s("user")),
+    Field("state", "STATE", _s("state")), Field("priority", "PRIO", _s("priority")),
+    Field("gpus", "GPUS", _job_gpus), Field("nodelist", "HELD ON", lambda d, _n: compress_gpus(d["gpus"]) or "-"),
+    Field("age", "AGE", _job_age, right=False), Field("reason", "REASON", _job_reason),
+    Field("name", "NAME", _s("name"), wide=True), Field("attempt", "ATTEMPT", _s("attempt"), wide=True),
+    Field("submitted", "SUBMITTED", _s("submitted_at", iso), wide=True),
+    Field("started", "STARTED", _s("started_at", iso), wide=True),
+    Field("finished", "FINISHED", _s("finished_at", iso), wide=True),
+    Field("preemptible", "PREEMPTIBLE", lambda d, _n: "yes" if d["preemptible"] else "no", wide=True),
+    Field("preemptions", "PREEMPTED", _s("preemptions"), wide=True),
+    Field("restarts", "RESTARTS", _s("restarts"), wide=True),
+    Field("lost_gpu_s", "LOST_GPU_S", _s("lost_gpu_s", lambda x: f"{x:.0f}"), wide=True),
+    Field("topology", "TOPOLOGY", _s("required"), wide=True),
+    Field("use", "USE", lambda d, _n: _use(d), wide=True),
+    Field("gpu_hours_held", "GPUH_HELD", _s("gpu_hours_held", lambda x: f"{x:.3f}"), wide=True),
+    Field("gpu_hours_busy", "GPUH_BUSY", _s("gpu_hours_busy", lambda x: f"{x:.3f}"), wide=True),
+]
+
+
+def _gpu_cells(d: dict[str, Any]) -> str:
+    return "".join((g["team"] or "?")[0] if g["status"] == "held" else "." if g["status"] == "free" else "x"
+                   for g in d["gpus"])
+
+
+def _holders(d: dict[str, Any]) -> str:
+    """`0-3:j-1 4:j-2`: which job holds which GPU index."""
+    per: dict[str, list[int]] = {}
+    for g in d["gpus"]:
+        if g["job_id"]:
+            per.setdefault(g["job_id"], []).append(g["index"])
+    return " ".join(compress_gpus([{"node": j, "index": i} for i in idx]).replace(f"{j}[", "[", 1) + f"={j}"
+                    for j, idx in per.items()) or "-"
+
+
+NODE_FIELDS = [
+    Field("node", "NODE", _s("node")), Field("rack", "RACK", _s("rack")),
+    Field("status", "STATUS", lambda d, _n: "lost" if d["lost"] else "drained" if d["drained"] else "ok"),
+    Field("free", "FREE", lambda d, _n: f"{d['free']}/{d['total']}"), Field("gpus", "GPUS", lambda d, _n: _gpu_cells(d)),
+    Field("jobs", "JOBS", lambda d, _n: " ".join(sorted({g["job_id"] for g in d["gpus"] if g["job_id"]})) or "-"),
+    Field("holders", "GPU=JOB", lambda d, _n: _holders(d), wide=True),
+    Field("block", "BLOCK", _s("block"), wide=True), Field("nvlink", "NVLINK", _s("nvlink"), wide=True),
+    Field("model", "MODEL", lambda d, _n: ",".join(sorted({g["model"] or "?" for g in d["gpus"]})) or "-", wide=True),
+]
+
+TEAM_FIELDS = [
+    Field("team", "TEAM", _s("team")), Field("held", "HELD", _s("held"), right=True),
+    Field("guaranteed", "GUAR", _s("guaranteed"), right=True), Field("limit", "LIMIT", _s("limit"), right=True),
+    Field("weight", "WEIGHT", _s("weight", lambda x: f"{x:g}"), right=True),
+    Field("share", "SHARE", lambda d, _n: f"{d['share']:.0%}/{d['entitled_share']:.0%}", right=True),
+    Field("running", "RUN", _s("running_jobs"), right=True),
+    Field("queued", "QUEUED", lambda d, _n: f"{d['pending_jobs']}j {d['pending_gpus']}g", right=True),
+    Field("usage", "USAGE", lambda d, _n: f"{d['usage_gpu_s'] / 3600:.1f}h", right=True),
+    Field("under_guarantee", "UNDER_GUAR", lambda d, _n: "yes" if d["under_guarantee"] else "no", wide=True),
+]
+
+QUEUE_FIELDS = [
+    Field("position", "#", _s("position"), right=True), Field("job", "JOB", _s("job_id")),
+    Field("team", "TEAM", _s("team")), Field("priority", "PRIO", _s("priority")), Field("gpus", "GPUS", _s("gpus")),
+    Field("waiting", "WAITING", lambda d, now: _dur(now - d["submitted_at"])),
+    Field("eta", "ETA", lambda d, _n: _dur(d["eta_s"])), Field("reason", "REASON", _s("reason")),
+    Field("blockers", "BLOCKERS", lambda d, _n: ",".join(d.get("blockers") or []) or "-", wide=True),
+    Field("preemptions", "PREEMPTED", _s("preemptions"), wide=True),
+]
+
+FIELDS = {"jobs": JOB_FIELDS, "nodes": NODE_FIELDS, "teams": TEAM_FIELDS, "queue": QUEUE_FIELDS}
 
 
 def _listing(what: str):
     def run(args) -> int:
+        columns(FIELDS[what], args)  # a bad --format is refused before any connection
         docs, meta = asyncio.run(load(args, what))
-        docs = _filter(docs, args)
+        if what == "nodes":  # n2 before n10, whichever path answered
+            docs.sort(key=lambda d: readmodel.natural_key(d["node"]))
+        if what == "nodes" and getattr(args, "team", None):  # nodes where the team holds GPUs
+            teams = set(args.team.split(","))
+            docs = [d for d in docs if any(g["team"] in teams for g in d["gpus"])]
+        else:
+            docs = filter_docs(docs, args)
+        if getattr(args, "active", False):
+            docs = [d for d in docs if d.get("state") in ("pending", "starting", "running")]
         used = asyncio.run(usage(args.redis)) if what == "jobs" else None
         docs = with_accounting(what, docs, display_now(meta), used)
-        if args.json:
-            json.dump(docs, sys.stdout, indent=None if args.compact else 2)
-            sys.stdout.write("\n")
-        else:
-            PRINTERS[what](docs, meta)
+        emit(docs, FIELDS[what], args, display_now(meta), lambda: PRINTERS[what](docs, meta))
         return 0
 
     return run
@@ -592,36 +715,29 @@ def _show(args) -> int:
 # --- registration -----------------------------------------------------------------------------
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nats", default=None, help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
-    p.add_argument("--redis", default=None, help="Redis URL of the read models (default: $GPUSCHED_REDIS_URL)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     for what, help_ in (("jobs", "list jobs with their state and the GPUs they hold"),
-                        ("nodes", "list nodes and their GPUs, coloured by team"),
+                        ("nodes", "list nodes and their GPUs, coloured by team (-o wide: which job holds which GPU)"),
                         ("teams", "list teams: GPUs held vs guaranteed share and limit"),
                         ("queue", "list pending jobs in the order the policy considers them, with why")):
-        p = sub.add_parser(what, help=help_, description=help_)
-        _common(p)
-        p.add_argument("--fold", action="store_true", help="fold the log even when Redis read models answer")
-        p.add_argument("--compact", action="store_true", help="one-line JSON")
+        parents = [CONNECTION, output_parent(f.name for f in FIELDS[what])]
         if what in ("jobs", "queue"):
-            p.add_argument("--team", default=None, help="only this team's jobs")
+            parents.append(FILTERS)
+        parents.append(AT)
+        p = sub.add_parser(what, help=help_, description=help_, parents=parents)
+        p.add_argument("--fold", action="store_true", help="fold the log even when Redis read models answer")
+        if what in ("nodes", "teams"):
+            p.add_argument("--team", default=None, help="only this team (comma-separated for several)")
         if what == "queue":
             _policy_flags(p)
         if what == "jobs":
-            p.add_argument("--state", default=None, help="only these states (comma-separated)")
             p.add_argument("--active", action="store_true", help="only pending, starting and running jobs")
-            p.add_argument("--user", default=None, help="only jobs this user submitted")
         p.set_defaults(func=_listing(what))
-    p = sub.add_parser("show", help="a job's history and why it is pending",
+    p = sub.add_parser("show", help="a job's history and why it is pending", parents=[CONNECTION, output_parent()],
                        description="A job's history from the log; for a pending job, what blocks it, what "
                                    "would unblock it and an estimated start; for a preempted one, which job it "
                                    "served, its checkpoint and the work lost.")
-    p.add_argument("job_id")
-    _common(p)
+    p.add_argument("job_id", help="the job id")
     _policy_flags(p)
     p.set_defaults(func=_show)
 

@@ -33,6 +33,7 @@ class GpuSample(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     memory_used_mb: Annotated[int, Meta(ge=0, le=2**40)] = 0
     memory_total_mb: Annotated[int, Meta(ge=0, le=2**40)] = 0
     utilization_pct: Annotated[float, Meta(ge=0, le=100)] = 0.0
+    temperature_c: Annotated[float, Meta(ge=-100, le=300)] | None = None  # None: the backend cannot read it
     pids: Pids = []
     healthy: bool = True
     health: Detail = ""

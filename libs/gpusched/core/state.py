@@ -470,7 +470,7 @@ class ClusterState(Struct):
     # --- queries (pure, used by policies, CLI and the simulator) ------------------------
 
     def violations(self) -> list[Violation]:
-        """Every broken invariant of DESIGN.md seen so far, each with its log sequence."""
+        """Every broken invariant of the README (Invariants) seen so far, each with its log sequence."""
         return list(self.broken)
 
     def team_usage(self, name: str, at: float | None = None) -> float:

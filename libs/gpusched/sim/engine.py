@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from ..accounting import Ledger, gpu_hours_by_team
 from ..core import events as ev
 from ..core.model import JobSpec, TeamQuota, TopologyConstraint
 from ..core.state import ClusterState, Violation
@@ -45,7 +46,7 @@ class SimStalled(RuntimeError):
 
 
 class SimViolation(RuntimeError):
-    """An event broke an invariant of DESIGN.md; the run stops there."""
+    """An event broke an invariant of the README (Invariants); the run stops there."""
 
     def __init__(self, event: ev.Event, violations: list[Violation]):
         self.event, self.violations = event, violations
@@ -96,6 +97,7 @@ class Simulation:
         self.checkpoint_on_request = bool(getattr(config, "checkpoint", True))
         teams = sorted({j.team for j in self.jobs} | set(self.quotas))
         self.rec = Recorder(cluster, teams, self.quotas)
+        self.ledger = Ledger()  # the same accounting as `gpusched history`
         self.runs: dict[str, _Run] = {}
         self._heap: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
@@ -113,6 +115,7 @@ class Simulation:
     def _apply(self, event: ev.Event) -> None:
         broken = len(self.state.broken)
         self.state.apply(event)
+        self.ledger.observe(self.state, event)
         if len(self.state.broken) > broken:
             raise SimViolation(event, self.state.broken[broken:])
 
@@ -385,6 +388,7 @@ class Simulation:
             "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
             **self._used_vs_held(),
             "sim_wall_s": round(self.wall_s, 3),
+            "gpu_hours_by_team": gpu_hours_by_team(self.ledger, self.state.now),
         })
         return out
 

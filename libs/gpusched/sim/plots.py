@@ -1,11 +1,20 @@
-"""PNG plots of a simulation (matplotlib, Agg backend: no display needed)."""
+"""PNG plots of a simulation (matplotlib, Agg backend: no display needed).
+
+matplotlib is an optional extra (`pip install 'gpusched-cluster[sim-plots]'`): importing this
+module without it raises ImportError with that advice; nothing else in the library needs it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import matplotlib
+MISSING = ("PNG plots need matplotlib, an optional extra: "
+           "pip install 'gpusched-cluster[sim-plots]' (or run without --out)")
+
+try:
+    import matplotlib
+except ImportError as err:  # pragma: no cover - depends on what is installed
+    raise ImportError(MISSING) from err
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
