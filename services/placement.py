@@ -135,7 +135,7 @@ def own_decisions(state: ClusterState, events: Iterable[ev.Event], kinds: tuple[
 
     for e in events:
         if not isinstance(e, kinds):
-            if isinstance(e, (ev.GpusReleased, ev.JobFailed)) and e.job_id in state.jobs:
+            if isinstance(e, (ev.GpusReleased, ev.JobFailed, ev.JobTimedOut)) and e.job_id in state.jobs:
                 foreign_freed.update(state.jobs[e.job_id].gpus)
             elif isinstance(e, ev.JobResized):
                 foreign_freed.update(e.removed)
@@ -176,7 +176,7 @@ def own_decisions(state: ClusterState, events: Iterable[ev.Event], kinds: tuple[
                     changed[g] = e.job_id
                 job_gpus[e.job_id] = [g for g in current if g not in e.removed] + list(e.added)
                 team_delta[job.team] = team_delta.get(job.team, 0) + len(e.added) - len(e.removed)
-        elif isinstance(e, (ev.GpusReleased, ev.JobFailed)):
+        elif isinstance(e, (ev.GpusReleased, ev.JobFailed, ev.JobTimedOut)):
             if job is None or not job.holding:
                 problem = "release of a job that holds nothing"
             else:

@@ -147,8 +147,8 @@ class FoldMetrics:
                 self._queued_at[e.job_id] = e.at
                 if e.lost_gpu_s:
                     LOST_WORK.labels(job.spec.team).inc(e.lost_gpu_s)
-        elif isinstance(e, (ev.JobCompleted, ev.JobFailed, ev.JobCancelled)):
-            FINISHED.labels({ev.JobCompleted: "completed", ev.JobFailed: "failed",
+        elif isinstance(e, (ev.JobCompleted, ev.JobFailed, ev.JobCancelled, ev.JobTimedOut)):
+            FINISHED.labels({ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobTimedOut: "timeout",
                              ev.JobCancelled: "cancelled"}[type(e)]).inc()
             self._queued_at.pop(e.job_id, None)
         now = time.monotonic()

@@ -146,7 +146,7 @@ def describe(event: ev.Event) -> str:
     if k == "PreemptionRequested":
         return f"{e.job_id} preempted for {e.for_job}: {e.reason}"
     if k == "CheckpointSaved":
-        return f"{e.job_id} checkpoint step {e.step}"
+        return f"{e.job_id} checkpoint step {e.step} (rank {e.rank})"
     if k == "GpusReleased":
         return f"{e.job_id} released GPUs ({e.reason}{', forced' if e.forced else ''}, lost {e.lost_gpu_s:.0f} GPU-s)"
     if k == "JobResized":
@@ -155,6 +155,12 @@ def describe(event: ev.Event) -> str:
         return f"{e.job_id} completed (exit {e.exit_code})"
     if k == "JobFailed":
         return f"{e.job_id} failed: {e.reason}"
+    if k == "JobTimedOut":
+        return f"{e.job_id} timed out: time limit of {e.limit_s:g} s"
+    if k == "ProcessesEnded":
+        return f"{e.job_id} processes ended on {e.node} (attempt {e.attempt}.{e.generation}){': ' + e.reason if e.reason else ''}"
+    if k == "JobOnUnhealthyGpu":
+        return f"{e.job_id} runs on unhealthy GPU(s) {', '.join(e.gpus)}: {e.reason}"
     if k == "JobCancelled":
         return f"{e.job_id} cancelled: {e.reason}"
     if k == "JobRejected":

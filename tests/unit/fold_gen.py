@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota, nvlink_domains
-from gpusched.core.state import ClusterState
+from gpusched.core.state import ClusterState, stale_live
 
 TEAMS = ("alpha", "beta", "gamma")
 #: Weighted: the job lifecycle dominates, node and GPU failures are rarer.
@@ -71,6 +71,8 @@ def legal_events(draw, max_steps: int = 60) -> list[ev.Event]:
         elif action == "start" and running:
             job = draw(st.sampled_from(running))
             node = state.gpus[job.gpus[0]].node
+            for x in stale_live(job):  # a daemon starts an attempt only once the earlier one is gone
+                emit(ev.ProcessesEnded(at=t, job_id=job.job_id, attempt=x.attempt, node=x.node, generation=x.generation))
             emit(ev.JobStarted(at=t, job_id=job.job_id, attempt=job.attempt, node=node, pids=[1000 + len(out)]))
         elif action == "checkpoint" and running:
             job = draw(st.sampled_from(running))

@@ -181,7 +181,7 @@ def _caption(meta: dict[str, Any]) -> str:
 
 
 STATE_STYLE = {"pending": "yellow", "starting": "cyan", "running": "green", "completed": "dim",
-               "failed": "red", "cancelled": "dim"}
+               "failed": "red", "cancelled": "dim", "timeout": "red"}
 
 
 def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -205,7 +205,7 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         else:
             detail = d["end_reason"]
         since = d["started_at"] if d["state"] in ("starting", "running") else d["submitted_at"]
-        age = _dur(now - since) if d["state"] not in ("completed", "failed", "cancelled") else "-"
+        age = _dur(now - since) if d["state"] not in ("completed", "failed", "cancelled", "timeout") else "-"
         style = STATE_STYLE.get(d["state"], "")
         table.add_row(d["job_id"], d["team"], f"[{style}]{d['state']}[/]", d["priority"], gpus,
                       compress_gpus(d["gpus"]), age, detail)

@@ -61,6 +61,10 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     command: list[str] = []
     env: dict[str, str] = {}
     checkpoint_dir: str | None = None
+    #: Which node ranks must save for a checkpoint to be complete: rank 0 alone, or every rank.
+    checkpoint: Literal["rank0", "all"] = "rank0"
+    #: Where the job runs (absolute; `submit` records its working directory, `--chdir` overrides).
+    workdir: str | None = None
     on_failure: Literal["requeue", "fail"] = "requeue"
     max_restarts: Annotated[int, Meta(ge=0)] = 3
     name: str = ""

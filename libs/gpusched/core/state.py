@@ -17,17 +17,42 @@ from . import events as ev
 from .model import GpuId, JobSpec, TeamQuota, gpu_id
 from .topology import Gpu, Node, span_level
 
-JobStatus = Literal["pending", "starting", "running", "completed", "failed", "cancelled"]
+JobStatus = Literal["pending", "starting", "running", "completed", "failed", "cancelled", "timeout"]
 HOLDING = ("starting", "running")
-TERMINAL = ("completed", "failed", "cancelled")
-JOB_STATES: tuple[str, ...] = ("pending", "starting", "running", "completed", "failed", "cancelled")
+TERMINAL = ("completed", "failed", "cancelled", "timeout")
+JOB_STATES: tuple[str, ...] = ("pending", "starting", "running", "completed", "failed", "cancelled", "timeout")
+#: Partial checkpoints kept per job (steps some but not all ranks saved), newest last.
+PARTIAL_CHECKPOINTS = 8
 
 
 class Checkpoint(Struct):
+    """A complete checkpoint: every rank that must save saved `step`. `path` is rank 0's,
+    `paths` every saving rank's, by rank."""
+
     path: str
     step: int
     at: float
     attempt: int
+    paths: list[str] = []
+
+
+class Live(Struct, array_like=True):
+    """Processes of one attempt (and generation) that may exist on `node`: from the grant (or
+    resize) until its daemon reports them ended or the node is declared lost."""
+
+    node: str
+    attempt: int
+    generation: int = 0
+
+
+class LogRef(Struct, array_like=True):
+    """Where one rank's stdout/stderr of one attempt is kept (on `node`, served over NATS)."""
+
+    attempt: int
+    generation: int
+    rank: int
+    node: str
+    path: str
 
 
 class Preemption(Struct):
@@ -63,6 +88,13 @@ class Job(Struct):
     pending_eta_s: float | None = None
     nodes_started: list[str] = []
     request_id: str = ""
+    generation: int = 0  # restarts of every rank within the attempt (elastic resizes)
+    resized_at: float | None = None
+    live: list[Live] = []  # the fence: attempts whose processes may still run
+    partial: dict[int, dict[int, str]] = {}  # step -> {rank: path}, this attempt and generation
+    unhealthy: list[GpuId] = []  # quarantined GPUs the job holds
+    unhealthy_reason: str = ""
+    logs: list[LogRef] = []
 
     @property
     def team(self) -> str:
@@ -108,6 +140,7 @@ class ClusterState(Struct):
     events: int = 0
     now: float = 0.0
     free_count: int = 0
+    node_live: dict[str, dict[str, None]] = {}  # node -> jobs with `Live` processes there
     broken: list[Violation] = []  # every invariant an event broke, in log order
 
     # --- the fold ------------------------------------------------------------------------
@@ -164,6 +197,8 @@ class ClusterState(Struct):
         job.state, job.attempt, job.gpus = "starting", e.attempt, granted
         job.placer, job.level, job.backfill = e.placer, e.level, e.backfill
         job.started_at, job.held_since, job.nodes_started = e.at, e.at, []
+        job.generation, job.resized_at, job.partial, job.unhealthy, job.unhealthy_reason = 0, None, {}, [], ""
+        self._may_run(job, e.gpus)
         if job.first_started_at is None:
             job.first_started_at = e.at
         job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
@@ -193,14 +228,42 @@ class ClusterState(Struct):
             )
         if added:
             self._check_limit(job.team, e.job_id, added)
+        # Every rank restarts with the new world size (checkpoint, stop all, start all).
+        job.generation += 1
+        job.resized_at, job.partial = e.at, {}
+        job.unhealthy = [g for g in job.unhealthy if g in job.gpus]
+        self._may_run(job, job.gpus)
 
     def _on_started(self, e: ev.JobStarted) -> None:
         job = self.jobs.get(e.job_id)
-        if job is None or not job.holding or job.attempt != e.attempt:
+        if job is None:
+            return
+        others = [x for x in job.live if (x.attempt, x.generation) != (e.attempt, e.generation)]
+        if others:
+            self._violate("two_live_attempts",
+                          f"job {e.job_id} attempt {e.attempt}.{e.generation} started on {e.node} while "
+                          + ", ".join(f"attempt {x.attempt}.{x.generation} may run on {x.node}" for x in others),
+                          [e.job_id])
+        if not any(x.node == e.node and (x.attempt, x.generation) == (e.attempt, e.generation) for x in job.live):
+            self._add_live(job, Live(e.node, e.attempt, e.generation))
+        if e.log and len(job.logs) < 256:
+            job.logs = [*job.logs, LogRef(e.attempt, e.generation, e.rank, e.node, e.log)]
+        if not job.holding or job.attempt != e.attempt:
             return  # a late report from an attempt that already ended
         job.state = "running"
         if e.node not in job.nodes_started:
             job.nodes_started = [*job.nodes_started, e.node]
+
+    def _on_processes_ended(self, e: ev.ProcessesEnded) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is not None:
+            self._end_live(job, lambda x: x.node == e.node and (x.attempt, x.generation) == (e.attempt, e.generation))
+
+    def _on_unhealthy(self, e: ev.JobOnUnhealthyGpu) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is not None and job.holding and job.attempt == e.attempt:
+            job.unhealthy = [g for g in dict.fromkeys([*job.unhealthy, *e.gpus]) if g in job.gpus]
+            job.unhealthy_reason = e.reason
 
     def _on_preemption(self, e: ev.PreemptionRequested) -> None:
         job = self.jobs.get(e.job_id)
@@ -224,9 +287,29 @@ class ClusterState(Struct):
         job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at)
 
     def _on_checkpoint(self, e: ev.CheckpointSaved) -> None:
+        """A rank's save completes a checkpoint once every rank that must save has saved that
+        step in this attempt and generation; earlier or partial saves never replace it."""
         job = self.jobs.get(e.job_id)
-        if job is not None:
-            job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt)
+        if job is None:
+            return
+        if not job.holding or job.attempt != e.attempt:
+            # A rank-0 save that lands after its attempt ended is complete in rank0 mode.
+            newer = job.checkpoint is None or e.step > job.checkpoint.step
+            if e.attempt == job.attempt and e.rank == 0 and job.spec.checkpoint == "rank0" and newer:
+                job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt, [e.path])
+            return
+        ranks = checkpoint_ranks(job)
+        if e.rank not in ranks:
+            return
+        saved = dict(job.partial.get(e.step, {}))
+        saved[e.rank] = e.path
+        if all(r in saved for r in ranks):
+            paths = [saved[r] for r in sorted(saved)]
+            job.checkpoint = Checkpoint(saved.get(0, paths[0]), e.step, e.at, e.attempt, paths)
+            job.partial = {s: p for s, p in job.partial.items() if s > e.step}
+        else:
+            partial = {**job.partial, e.step: saved}
+            job.partial = dict(sorted(partial.items())[-PARTIAL_CHECKPOINTS:])
 
     def _on_released(self, e: ev.GpusReleased) -> None:
         job = self.jobs.get(e.job_id)
@@ -239,7 +322,7 @@ class ClusterState(Struct):
         job.lost_gpu_s += e.lost_gpu_s
         self._requeue(job, e.at, f"requeued: {e.reason}")
 
-    def _on_terminal(self, e: ev.JobCompleted | ev.JobFailed | ev.JobCancelled) -> None:
+    def _on_terminal(self, e: ev.JobCompleted | ev.JobFailed | ev.JobCancelled | ev.JobTimedOut) -> None:
         job = self.jobs.get(e.job_id)
         if job is None or job.state in TERMINAL:
             return
@@ -251,10 +334,13 @@ class ClusterState(Struct):
             del self.running[job.job_id]
         else:
             del self.pending[job.job_id]
-        job.state = {ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobCancelled: "cancelled"}[type(e)]
+        job.state = _END_STATE[type(e)]
         job.finished_at = e.at
         job.preemption = None
-        job.end_reason = getattr(e, "reason", "") or f"exit code {getattr(e, 'exit_code', 0)}"
+        if isinstance(e, ev.JobTimedOut):
+            job.end_reason = f"time limit of {e.limit_s:g} s exceeded"
+        else:
+            job.end_reason = getattr(e, "reason", "") or f"exit code {getattr(e, 'exit_code', 0)}"
 
     # nodes and GPUs
 
@@ -277,6 +363,8 @@ class ClusterState(Struct):
         if node is None:
             return
         node.lost = True
+        for job_id in list(self.node_live.get(e.node, {})):  # fenced: the node kills them on return
+            self._end_live(self.jobs[job_id], lambda x: x.node == e.node)
         victims: dict[str, None] = {}
         for g in node.gpus:
             holder = self.gpus[g].holder
@@ -352,6 +440,28 @@ class ClusterState(Struct):
             self._refresh(g)
             taken.append(g)
         return taken
+
+    def _may_run(self, job: Job, gpus: list[GpuId]) -> None:
+        """From a grant or resize on, the job's current attempt may have processes on its nodes."""
+        for node in dict.fromkeys(g.rpartition("/")[0] for g in gpus):
+            self._add_live(job, Live(node, job.attempt, job.generation))
+
+    def _add_live(self, job: Job, live: Live) -> None:
+        if live not in job.live:
+            job.live = [*job.live, live]
+            self.node_live.setdefault(live.node, {})[job.job_id] = None
+
+    def _end_live(self, job: Job, ended) -> None:
+        gone = [x for x in job.live if ended(x)]
+        if not gone:
+            return
+        job.live = [x for x in job.live if not ended(x)]
+        for x in gone:
+            if not any(y.node == x.node for y in job.live):
+                jobs = self.node_live.get(x.node, {})
+                jobs.pop(job.job_id, None)
+                if not jobs:
+                    self.node_live.pop(x.node, None)
 
     def _give_back(self, gpus: list[GpuId]) -> None:
         for g in gpus:
@@ -487,6 +597,9 @@ _HANDLERS = {
     ev.GpusGranted: ClusterState._on_granted,
     ev.JobResized: ClusterState._on_resized,
     ev.JobStarted: ClusterState._on_started,
+    ev.ProcessesEnded: ClusterState._on_processes_ended,
+    ev.JobOnUnhealthyGpu: ClusterState._on_unhealthy,
+    ev.JobTimedOut: ClusterState._on_terminal,
     ev.PreemptionRequested: ClusterState._on_preemption,
     ev.CheckpointSaved: ClusterState._on_checkpoint,
     ev.GpusReleased: ClusterState._on_released,
@@ -504,6 +617,29 @@ _HANDLERS = {
     ev.PlacementDegraded: ClusterState._on_degraded,
     ev.PlacementRecovered: ClusterState._on_recovered,
 }
+
+
+_END_STATE = {ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobCancelled: "cancelled",
+              ev.JobTimedOut: "timeout"}
+
+
+def job_node_order(job: Job) -> list[str]:
+    """The job's nodes in grant order: a node's rank is its position here."""
+    return list(dict.fromkeys(g.rpartition("/")[0] for g in job.gpus))
+
+
+def checkpoint_ranks(job: Job) -> list[int]:
+    """The node ranks whose saves make a checkpoint of the job complete."""
+    if job.spec.checkpoint == "all":
+        return list(range(max(1, len(job_node_order(job)))))
+    return [0]
+
+
+def stale_live(job: Job) -> list[Live]:
+    """Fence entries that are not the current attempt and generation of a holding job."""
+    if not job.holding:
+        return list(job.live)
+    return [x for x in job.live if (x.attempt, x.generation) != (job.attempt, job.generation)]
 
 
 def fold(events, half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:

@@ -130,8 +130,7 @@ class _Cycle:
             job = st.jobs[jid]
             limit = job.spec.time_limit_s
             if limit is not None and job.started_at is not None and now >= job.started_at + limit:
-                self.out.append(ev.JobFailed(at=now, job_id=jid, attempt=job.attempt,
-                                             reason=f"time limit of {limit:g} s exceeded"))
+                self.out.append(ev.JobTimedOut(at=now, job_id=jid, attempt=job.attempt, limit_s=limit))
                 self._free(job)
 
     def _release(self, job: Job, forced: bool, lost: float) -> None:
