@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,8 +38,8 @@ async def control(c: Cluster, node: str, request) -> NodeReply:
 
 
 async def test_job_whose_process_vanished_is_requeued(nats_url, tmp_path):
-    """The daemon restarts (its job keeps running, not adopted), the job is killed -9 meanwhile:
-    only the heartbeats can tell, and the reconciler requeues the job."""
+    """The daemon restarts having lost its state files (so nothing can be adopted), the job is
+    killed -9 meanwhile: only the heartbeats can tell, and the reconciler requeues the job."""
     async with Cluster(nats_url, tmp_path) as c:
         rec = await start_reconciler(nats_url)
         try:
@@ -53,6 +54,8 @@ async def test_job_whose_process_vanished_is_requeued(nats_url, tmp_path):
             c.hosts.remove(host1)
             os.kill(run.proc.pid, signal.SIGKILL)
             run.proc.popen.wait()
+            run.proc.kill_stragglers()
+            shutil.rmtree(tmp_path / "work" / "runs")
             await c.start_nodes(["r0"], gpus=2)
             job = await c.wait(lambda s: s.jobs["j"].state == "pending" and s.jobs["j"], "requeued by the reconciler")
             assert job.restarts == 1 and job.pending_reason == "requeued: no_process"

@@ -225,7 +225,8 @@ def test_no_restarts_left_fails_the_job():
 def test_heartbeat_schema_is_exported():
     import msgspec
 
-    assert set(SCHEMAS) == {"heartbeat.schema.json", "node-control.schema.json", "node-control-reply.schema.json"}
+    assert set(SCHEMAS) == {"heartbeat.schema.json", "node-control.schema.json", "node-control-reply.schema.json",
+                            "node-logs.schema.json", "node-logs-reply.schema.json"}
     schema = msgspec.json.schema(SCHEMAS["heartbeat.schema.json"])
     assert "GpuSample" in schema["$defs"] and "JobReport" in schema["$defs"]
 

@@ -82,3 +82,8 @@ def heartbeat_subject(node: str) -> str:
 def node_control_subject(node: str) -> str:
     """Node daemons listen here for kill requests of zombies (request/reply)."""
     return f"gpusched.node.{token(node)}.ctl"
+
+
+def node_logs_subject(node: str) -> str:
+    """Request/reply: a node daemon serves its jobs' stdout/stderr (`LogRequest`)."""
+    return f"gpusched.node.{token(node)}.logs"

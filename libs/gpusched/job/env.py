@@ -15,6 +15,8 @@ RESUME_FROM = "GPUSCHED_RESUME_FROM"  # path of the last checkpoint; unset when 
 RESUME_STEP = "GPUSCHED_RESUME_STEP"
 CHECKPOINT_DIR = "GPUSCHED_CHECKPOINT_DIR"
 CONTROL_DIR = "GPUSCHED_CONTROL_DIR"
+CHECKPOINT_MODE = "GPUSCHED_CHECKPOINT_MODE"  # "rank0": only rank 0 saves; "all": every rank does
+GENERATION = "GPUSCHED_GENERATION"  # restarts of all ranks within the attempt (elastic resizes)
 
 #: Control directory files. The daemon writes REQUEST (JSON: id, reason, deadline, for_job)
 #: when the job should checkpoint and yield, and RESIZE when an elastic job's GPUs change.
