@@ -106,7 +106,9 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     for name, node in state.nodes.items():
         if node.lost:
             continue
-        silent = now - obs.received.get(name, obs.started_at)
+        # A (re-)registration counts as a sign of life: a node that just came back is not
+        # declared lost again for heartbeats it missed while it was away.
+        silent = now - max(obs.received.get(name, obs.started_at), node.registered_at)
         if silent >= cfg.node_timeout_s:
             out.events.append(ev.NodeLost(at=now, node=name, reason=f"no heartbeat for {silent:.1f}s"))
             lost.add(name)
@@ -125,8 +127,11 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
             if _alive(hb, job, node):
                 continue
             missing_keys.add(key)
-            since = obs.missing_since.setdefault(key, now)
-            if now - since >= cfg.no_process_grace_s:
+            # Only heartbeats count as evidence: a daemon that went silent (restarting) proves
+            # nothing, and its node's silence is the node timeout's business.
+            seen = obs.received[node]
+            since = obs.missing_since.setdefault(key, seen)
+            if seen - since >= cfg.no_process_grace_s:
                 out.events.append(_no_process_outcome(job, node, now))
                 break
     for key in [k for k in obs.missing_since if k not in missing_keys]:

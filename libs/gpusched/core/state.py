@@ -347,6 +347,7 @@ class ClusterState(Struct):
     def _on_node_registered(self, e: ev.NodeRegistered) -> None:
         old = self.nodes.get(e.node)
         if old is not None:
+            old.registered_at = max(old.registered_at, e.at)
             if old.lost:
                 old.lost = False
                 for g in old.gpus:
