@@ -102,10 +102,11 @@ class AckCoalescer:
     reported: dict[int, None] = field(default_factory=dict)
     answered: dict[str, None] = field(default_factory=dict)  # request ids already answered
     last_report: float = float("-inf")
+    high: int = -1  # the newest step reported
 
     def add(self, ack: Ack) -> None:
-        if ack.step in self.reported:
-            return
+        if ack.step in self.reported or ack.step <= self.high:
+            return  # already said, or older than what was said (directory order is arbitrary)
         self.recent[ack.step] = ack
         while len(self.recent) > self.limits.keep:
             del self.recent[min(self.recent)]
@@ -124,6 +125,9 @@ class AckCoalescer:
         for a in out:
             del self.recent[a.step]
             self.reported[a.step] = None
+            self.high = max(self.high, a.step)
+        for step in [st for st in self.recent if st <= self.high]:
+            del self.recent[step]
         while len(self.reported) > 4 * self.limits.keep:
             del self.reported[next(iter(self.reported))]
         if out:

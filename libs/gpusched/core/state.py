@@ -299,8 +299,9 @@ class ClusterState(Struct):
                 job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt, [e.path])
             return
         ranks = checkpoint_ranks(job)
-        if e.rank not in ranks:
-            return
+        ck = job.checkpoint
+        if e.rank not in ranks or (ck is not None and ck.attempt == e.attempt and e.step < ck.step):
+            return  # not a saving rank, or older than the attempt's complete checkpoint
         saved = dict(job.partial.get(e.step, {}))
         saved[e.rank] = e.path
         if all(r in saved for r in ranks):
