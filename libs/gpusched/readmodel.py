@@ -52,6 +52,13 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "pending_eta_s": job.pending_eta_s,
         "checkpoint": msgspec.to_builtins(job.checkpoint) if job.checkpoint else None,
         "preemption": msgspec.to_builtins(job.preemption) if job.preemption else None,
+        "checkpoint_mode": spec.checkpoint,
+        "workdir": spec.workdir,
+        "generation": job.generation,
+        "unhealthy_gpus": [gpu_ref(g) for g in job.unhealthy],
+        "unhealthy_reason": job.unhealthy_reason,
+        "logs": [{"attempt": r.attempt, "generation": r.generation, "rank": r.rank, "node": r.node, "path": r.path}
+                 for r in job.logs],
     }
     return doc
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 import msgspec
@@ -46,11 +47,26 @@ def _run(args: argparse.Namespace, call, ok_text) -> int:
     return 0
 
 
+def exported(names: str, environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The submitter's variables `--export` names (as sbatch: ALL, NONE or NAME,NAME...).
+    gpusched's own GPUSCHED_* variables are never exported."""
+    if names.upper() == "NONE":
+        return {}
+    if names.upper() == "ALL":
+        return {k: v for k, v in environ.items() if not k.startswith("GPUSCHED_")}
+    out = {}
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        if name not in environ:
+            raise SystemExit(f"gpusched submit: --export {name}: not set in your environment")
+        out[name] = environ[name]
+    return out
+
+
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
-    env = {}
+    env = exported(args.export, os.environ)  # --env wins over what is exported
     for item in args.env or []:
         key, sep, value = item.partition("=")
         if not sep:
@@ -63,6 +79,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "topology": msgspec.to_builtins(TopologyConstraint(required=TOPOLOGY[args.topology],  # type: ignore[arg-type]
                                                            preferred=args.prefer or "nvlink")),
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
+        "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
     }
     try:
         return msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
@@ -114,6 +131,15 @@ def register(sub) -> None:
     p.add_argument("--prefer", choices=["nvlink", "node", "rack", "block", "cluster"], default=None,
                    help="the level placement aims for (default: nvlink)")
     p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint", choices=["rank0", "all"], default="rank0",
+                   help="which node ranks save a checkpoint: rank 0 alone (default) or every rank; a "
+                        "checkpoint counts once all of them saved the same step")
+    p.add_argument("--chdir", default=None, metavar="DIR",
+                   help="the job's working directory (default: the directory you submit from)")
+    p.add_argument("--export", default="NONE", metavar="NAMES",
+                   help="your environment variables to pass to the job: NAME,NAME..., ALL or NONE "
+                        "(default NONE: the job gets a clean environment plus --env; exported values "
+                        "are stored in the log, so never export secrets)")
     p.add_argument("--name", default=None)
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--on-failure", choices=["requeue", "fail"], default="requeue")

@@ -11,6 +11,7 @@ COMMAND_MODULES = (
     "gpusched.cli.stack",  # up, service run
     "gpusched.cli.client",  # submit, cancel, quota, drain
     "gpusched.cli.views",  # jobs, show, nodes, teams, queue
+    "gpusched.cli.logs",  # logs
     "gpusched.cli.demo",  # demo (the chaos scene)
     "gpusched.cli.replay",  # replay (audit), schemas
     "gpusched.cli.sim",  # sim (trace simulation)

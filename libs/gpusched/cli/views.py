@@ -202,6 +202,8 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
             detail = f"{d['level']} via {d['placer']}" + (" (backfill)" if d["backfill"] else "")
             if d.get("preemption"):
                 detail += f"; preempting for {d['preemption']['for_job']}"
+            if d.get("unhealthy_gpus"):
+                detail += f"; [red]on unhealthy GPU {compress_gpus(d['unhealthy_gpus'])}[/]"
         else:
             detail = d["end_reason"]
         since = d["started_at"] if d["state"] in ("starting", "running") else d["submitted_at"]
@@ -403,6 +405,14 @@ def print_show(data: dict[str, Any]) -> None:
         lines.append(f"preempted {d['preemptions']}x, restarted {d['restarts']}x, lost work {d['lost_gpu_s']:.0f} GPU-s")
     if d["end_reason"]:
         lines.append(f"ended: {d['end_reason']}")
+    if d.get("unhealthy_gpus"):
+        lines.append(f"[red]runs on unhealthy GPU(s) {compress_gpus(d['unhealthy_gpus'])}: {d['unhealthy_reason']}[/]")
+    if d.get("workdir"):
+        lines.append(f"runs in {d['workdir']}; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
+    for ref in d.get("logs", [])[-8:]:
+        gen = f".{ref['generation']}" if ref["generation"] else ""
+        lines.append(f"log of attempt {ref['attempt']}{gen} rank {ref['rank']}: {ref['node']}:{ref['path']}  "
+                     f"(gpusched logs {d['job_id']} --attempt {ref['attempt']} --rank {ref['rank']})")
     console.print(Panel("\n".join(lines), title=f"job {d['job_id']}", subtitle=f"log seq {data['seq']}"))
 
     why = data.get("why_pending")
