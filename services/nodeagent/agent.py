@@ -429,7 +429,7 @@ class NodeAgent:
     def _report_checkpoint(self, run: RunningJob, ack: Ack) -> None:
         log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=ack.path, step=ack.step)
         event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=ack.path,
-                                   step=ack.step, rank=run.node_rank)
+                                   step=ack.step, rank=run.node_rank, generation=run.generation)
         self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack.step}", cas=False)
 
     # --- processes --------------------------------------------------------------------------

@@ -124,6 +124,7 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
     path: str
     step: int
     rank: int = 0
+    generation: int = 0
 
 
 class GpusReleased(Event, frozen=True, kw_only=True):

@@ -90,6 +90,7 @@ class Job(Struct):
     request_id: str = ""
     generation: int = 0  # restarts of every rank within the attempt (elastic resizes)
     resized_at: float | None = None
+    prev_nodes: int = 0  # nodes of the generation before the latest resize (its ranks still save)
     live: list[Live] = []  # the fence: attempts whose processes may still run
     partial: dict[int, dict[int, str]] = {}  # step -> {rank: path}, this attempt and generation
     unhealthy: list[GpuId] = []  # quarantined GPUs the job holds
@@ -211,6 +212,7 @@ class ClusterState(Struct):
             self._violate("resize_of_idle_job", f"resize of job {e.job_id} that holds nothing", [e.job_id])
             return
         self._account(job, e.at)
+        job.prev_nodes = len(job_node_order(job))
         not_held = [g for g in e.removed if g not in job.gpus]
         if not_held:
             self._violate("release_not_held", f"job {e.job_id} releases GPUs it does not hold", [e.job_id], not_held)
@@ -298,7 +300,12 @@ class ClusterState(Struct):
             if e.attempt == job.attempt and e.rank == 0 and job.spec.checkpoint == "rank0" and newer:
                 job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt, [e.path])
             return
-        ranks = checkpoint_ranks(job)
+        if e.generation == job.generation:
+            ranks = checkpoint_ranks(job)
+        elif e.generation == job.generation - 1:  # the ranks draining for a resize save for it
+            ranks = list(range(max(1, job.prev_nodes))) if job.spec.checkpoint == "all" else [0]
+        else:
+            return
         ck = job.checkpoint
         if e.rank not in ranks or (ck is not None and ck.attempt == e.attempt and e.step < ck.step):
             return  # not a saving rank, or older than the attempt's complete checkpoint
