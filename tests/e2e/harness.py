@@ -138,7 +138,8 @@ class Harness:
         for x in stale_live(job):  # the earlier attempt's processes are gone (the fence)
             await self.append(ev.ProcessesEnded(at=time.time(), job_id=job_id, attempt=x.attempt, node=x.node,
                                                 generation=x.generation))
-        await self.append(ev.JobStarted(at=time.time(), job_id=job_id, attempt=job.attempt, node=node))
+        await self.append(ev.JobStarted(at=time.time(), job_id=job_id, attempt=job.attempt, node=node,
+                                        generation=job.generation))
 
     async def checkpoint(self, job_id: str, step: int = 100) -> None:
         job = self.state.jobs[job_id]

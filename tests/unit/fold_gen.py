@@ -73,7 +73,8 @@ def legal_events(draw, max_steps: int = 60) -> list[ev.Event]:
             node = state.gpus[job.gpus[0]].node
             for x in stale_live(job):  # a daemon starts an attempt only once the earlier one is gone
                 emit(ev.ProcessesEnded(at=t, job_id=job.job_id, attempt=x.attempt, node=x.node, generation=x.generation))
-            emit(ev.JobStarted(at=t, job_id=job.job_id, attempt=job.attempt, node=node, pids=[1000 + len(out)]))
+            emit(ev.JobStarted(at=t, job_id=job.job_id, attempt=job.attempt, node=node, pids=[1000 + len(out)],
+                               generation=job.generation))
         elif action == "checkpoint" and running:
             job = draw(st.sampled_from(running))
             emit(ev.CheckpointSaved(at=t, job_id=job.job_id, attempt=job.attempt, path=f"/ckpt/{job.job_id}", step=len(out)))
