@@ -10,6 +10,7 @@ the alloc tree with deterministic message ids):
   node daemon (repeated every `kill_retry_s`), and `ZombieReclaimed` once a heartbeat shows the GPU clean
 - an unhealthy GPU (critical XID, uncorrected ECC)            -> `GpuQuarantined`; healthy again -> `GpuRestored`
   (only for quarantines it made: their reason starts with "health: ")
+- a running job holding a quarantined GPU                      -> `JobOnUnhealthyGpu` (the policy moves it)
 
 `decide` is the pure part (the state, what heartbeats showed, `now`); `Reconciler` is the shell.
 Grace periods must exceed a couple of heartbeat intervals, and `zombie_grace_s` the node
@@ -100,6 +101,21 @@ def _no_process_outcome(job: Job, node: str, now: float) -> ev.Event:
                         reason=f"no process on its GPUs of node {node} (restarts {job.restarts}/{job.spec.max_restarts})")
 
 
+def _tell_holder(state: ClusterState, gid: str, reason: str, now: float, out: Decision) -> None:
+    """A running job on a quarantined GPU gets the fact (once: the fold remembers it)."""
+    holder = state.gpus[gid].holder
+    job = state.jobs.get(holder) if holder is not None else None
+    if job is None or not job.holding or gid in job.unhealthy:
+        return
+    for i, e in enumerate(out.events):  # one fact per job and decision, naming all its GPUs
+        if isinstance(e, ev.JobOnUnhealthyGpu) and e.job_id == job.job_id:
+            out.events[i] = ev.JobOnUnhealthyGpu(at=now, job_id=job.job_id, attempt=job.attempt,
+                                                 gpus=[*e.gpus, gid], reason=e.reason)
+            return
+    out.events.append(ev.JobOnUnhealthyGpu(at=now, job_id=job.job_id, attempt=job.attempt, gpus=[gid],
+                                           reason=reason))
+
+
 def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig) -> Decision:
     out = Decision()
     lost: set[str] = set()
@@ -148,9 +164,13 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
             if g is None:
                 continue
             if not s.healthy and g.quarantined is None:
-                out.events.append(ev.GpuQuarantined(at=now, gpu=gid, reason=HEALTH_PREFIX + (s.health or "unhealthy")))
+                reason = HEALTH_PREFIX + (s.health or "unhealthy")
+                out.events.append(ev.GpuQuarantined(at=now, gpu=gid, reason=reason))
+                _tell_holder(state, gid, reason, now, out)
             elif s.healthy and cfg.restore_healthy and g.quarantined and g.quarantined.startswith(HEALTH_PREFIX):
                 out.events.append(ev.GpuRestored(at=now, gpu=gid, reason="healthy again"))
+            elif g.quarantined is not None:  # an operator's quarantine, or one the job was not told of
+                _tell_holder(state, gid, g.quarantined, now, out)
             if g.zombie_pids is not None:
                 if not s.pids:
                     out.events.append(ev.ZombieReclaimed(at=now, gpu=gid, pids=list(g.zombie_pids)))

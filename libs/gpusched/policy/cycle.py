@@ -24,6 +24,7 @@ from ..core import events as ev
 from ..core.model import PRIORITY_RANK, GpuId
 from ..core.state import ClusterState, Job
 from . import reasons as rs
+from . import unhealthy
 from .backfill import Reservation, expected_end, reserve
 from .config import PRESETS, PolicyConfig
 from .elastic import extras, grow_gpus, shrink_plan
@@ -96,6 +97,8 @@ class _Cycle:
         self.expire()
         if self.config.preemption:
             self.settle()
+        if self.config.move_off_unhealthy and self.config.preemption:  # off quarantined GPUs
+            self.out += unhealthy.moves(self.state, self.now, self.config.checkpoint_grace_s, self.released)
         self.walk()
         if self.blocked and (self.config.preemption or self.config.elastic):
             self.reclaim()
