@@ -118,6 +118,13 @@ def _tell_holder(state: ClusterState, gid: str, reason: str, now: float, out: De
 
 def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig) -> Decision:
     out = Decision()
+    lost = _lost_nodes(state, obs, now, cfg, out)
+    _missing_processes(state, obs, now, cfg, lost, out)
+    _gpu_facts(state, obs, now, cfg, lost, out)
+    return out
+
+
+def _lost_nodes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision) -> set[str]:
     lost: set[str] = set()
     for name, node in state.nodes.items():
         if node.lost:
@@ -128,7 +135,11 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
         if silent >= cfg.node_timeout_s:
             out.events.append(ev.NodeLost(at=now, node=name, reason=f"no heartbeat for {silent:.1f}s"))
             lost.add(name)
+    return lost
 
+
+def _missing_processes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, lost: set[str],
+                       out: Decision) -> None:
     missing_keys: set[tuple[str, int, str]] = set()
     for job_id in state.running:
         job = state.jobs[job_id]
@@ -153,6 +164,9 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     for key in [k for k in obs.missing_since if k not in missing_keys]:
         del obs.missing_since[key]
 
+
+def _gpu_facts(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, lost: set[str],
+               out: Decision) -> None:
     strays: set[tuple[str, int]] = set()
     for name, hb in obs.heartbeats.items():
         node = state.nodes.get(name)
@@ -163,14 +177,7 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
             g = state.gpus.get(gid)
             if g is None:
                 continue
-            if not s.healthy and g.quarantined is None:
-                reason = HEALTH_PREFIX + (s.health or "unhealthy")
-                out.events.append(ev.GpuQuarantined(at=now, gpu=gid, reason=reason))
-                _tell_holder(state, gid, reason, now, out)
-            elif s.healthy and cfg.restore_healthy and g.quarantined and g.quarantined.startswith(HEALTH_PREFIX):
-                out.events.append(ev.GpuRestored(at=now, gpu=gid, reason="healthy again"))
-            elif g.quarantined is not None:  # an operator's quarantine, or one the job was not told of
-                _tell_holder(state, gid, g.quarantined, now, out)
+            _health(state, s, gid, now, cfg, out)
             if g.zombie_pids is not None:
                 if not s.pids:
                     out.events.append(ev.ZombieReclaimed(at=now, gpu=gid, pids=list(g.zombie_pids)))
@@ -184,7 +191,18 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
                     out.kills.append((name, gid, list(s.pids)))
     for key in [k for k in obs.stray_since if k not in strays]:
         del obs.stray_since[key]
-    return out
+
+
+def _health(state: ClusterState, s, gid: str, now: float, cfg: ReconcilerConfig, out: Decision) -> None:
+    g = state.gpus[gid]
+    if not s.healthy and g.quarantined is None:
+        reason = HEALTH_PREFIX + (s.health or "unhealthy")
+        out.events.append(ev.GpuQuarantined(at=now, gpu=gid, reason=reason))
+        _tell_holder(state, gid, reason, now, out)
+    elif s.healthy and cfg.restore_healthy and g.quarantined and g.quarantined.startswith(HEALTH_PREFIX):
+        out.events.append(ev.GpuRestored(at=now, gpu=gid, reason="healthy again"))
+    elif g.quarantined is not None:  # an operator's quarantine, or one the job was not told of
+        _tell_holder(state, gid, g.quarantined, now, out)
 
 
 class Reconciler:

@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import msgspec
-
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
-from gpusched.core.model import JobSpec
 from gpusched.core.heartbeat import InjectHealth, InjectStray, NodeReply, SimulateCrash
+from gpusched.core.model import JobSpec
 from gpusched.services.reconciler import Reconciler, ReconcilerConfig
 
 from .node_helpers import Cluster, reference_weights, train_spec, wait_gone

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec
 from gpusched.core.state import fold
