@@ -293,7 +293,7 @@ class NodeAgent:
                  pid=proc.pid, gpus=list(mine), rank=spec.node_rank, resume_from=spec.resume_from)
         started = ev.JobStarted(at=time.time(), job_id=job.job_id, attempt=job.attempt, node=self.node,
                                 pids=[proc.pid], rank=spec.node_rank, generation=job.generation,
-                                log=str(spec.log_path))
+                                log="" if proc.virtual else str(spec.log_path))
         self.host.submit(started, msg_id=f"started:{job.job_id}:{job.attempt}.{job.generation}:{self.node}", cas=False)
         if job.preemption is not None:  # asked while the run was waiting for its fence
             self._request_checkpoint(run, f"pre-{job.attempt}", job.preemption.reason, job.preemption.deadline,

@@ -12,15 +12,15 @@ from gpusched.core.model import JobSpec
 
 from .node_helpers import PY, Cluster, reference_weights, train_spec, wait_gone
 
-STEPS = 80
+STEPS = 150
 
 
 async def preempt(c: Cluster, job_id: str, for_job: str) -> ev.CheckpointSaved:
     """Play the preemptor: ask for a checkpoint, wait for it, release the GPUs."""
     attempt = c.state.jobs[job_id].attempt
-    await c.append(ev.PreemptionRequested(at=time.time(), job_id=job_id, for_job=for_job, reason="test",
-                                          deadline=time.time() + 10))
-    asked = time.time()
+    asked = time.time()  # before the append: the job may answer before the append returns
+    await c.append(ev.PreemptionRequested(at=asked, job_id=job_id, for_job=for_job, reason="test",
+                                          deadline=asked + 10))
     ckpt = await c.wait(lambda s: (k := s.jobs[job_id].checkpoint) is not None and k.attempt == attempt
                         and k.at >= asked and k, "checkpoint after the request")
     await c.append(ev.GpusReleased(at=time.time(), job_id=job_id, reason="preempted"))
@@ -35,12 +35,16 @@ async def test_preempted_twice_resumes_to_identical_weights(nats_url, tmp_path: 
         await c.submit("urgent", JobSpec(team="t", gpus=1))  # the job the preemptions serve
         await c.grant("train", ["n0/0", "n0/1"])
         await c.wait(lambda s: s.jobs["train"].state == "running", "first attempt running")
+        await c.wait(lambda s: "starting at step" in (tmp_path / "work" / "logs" / "train" / "1-n0.log").read_text(),
+                     "its training loop started")
         await asyncio.sleep(1.0)  # let it train a while
         first = await preempt(c, "train", "urgent")
         assert first.path.startswith(str(ckdir)) and first.step > 0
         # second attempt on the other node: resumes from the first checkpoint
         await c.grant("train", ["n1/2", "n1/3"])
         await c.wait(lambda s: s.jobs["train"].state == "running", "second attempt running")
+        await c.wait(lambda s: "starting at step" in (tmp_path / "work" / "logs" / "train" / "2-n1.log").read_text(),
+                     "its training loop started")
         await asyncio.sleep(0.8)
         second = await preempt(c, "train", "urgent")
         assert second.step > first.step
@@ -113,7 +117,7 @@ async def test_collective_checkpoint_waits_for_every_rank(nats_url, tmp_path: Pa
         await c.append(ev.GpusReleased(at=time.time(), job_id="ranked", reason="preempted"))
         await c.grant("ranked", ["k1/1", "k0/1"])  # ranks swap nodes: rank 1 is now on k0
         job = await c.wait(lambda s: len(s.jobs["ranked"].logs) == 4 and s.jobs["ranked"], "second attempt")
-        await asyncio.sleep(0.5)
+        await c.wait(lambda s: all("resume" in Path(r.path).read_text() for r in job.logs), "both ranks resumed")
         for ref in [r for r in job.logs if r.attempt == 2]:
             assert f"resume 100 {ck.paths[ref.rank]}" in Path(ref.path).read_text()
         await c.append(ev.JobCancelled(at=time.time(), job_id="ranked"))
@@ -134,6 +138,9 @@ async def test_preempted_twice_and_resized_once_ends_identical(nats_url, tmp_pat
         for gpus in (["k0/0", "k1/0"], ["k1/1", "k0/1"], ["k0/0", "k1/0"]):
             await c.grant("train", gpus)
             await c.wait(lambda s: len(s.jobs["train"].nodes_started) == 2, "both ranks running")
+            await c.wait(lambda s: any("starting at step" in Path(r.path).read_text() for r in s.jobs["train"].logs
+                                       if r.attempt == s.jobs["train"].attempt and r.rank == 0),
+                         "rank 0 training")
             await asyncio.sleep(1.0)
             if c.state.jobs["train"].attempt < 3:
                 await preempt(c, "train", "urgent")
