@@ -33,14 +33,16 @@ def sim_node_names(count: int, prefix: str = "node") -> list[str]:
     return [f"{prefix}{i:0{width}d}" for i in range(count)]
 
 
-async def _serve_until(host: NodeHost, stop: asyncio.Event | None, ready: asyncio.Event | None) -> None:
-    """Serve a started host until `stop` is set, then stop it."""
+async def _serve_until(host: NodeHost, stop: asyncio.Event | None, ready: asyncio.Event | None,
+                       keep_jobs: bool = False) -> None:
+    """Serve a started host until `stop` is set, then stop it (and its jobs, unless
+    `keep_jobs`: then the next daemon on the same work dir adopts them)."""
     if ready is not None:
         ready.set()
     try:
         await (stop.wait() if stop is not None else asyncio.Event().wait())
     finally:
-        await host.stop()
+        await host.stop(kill_jobs=not keep_jobs)
 
 
 async def run_nodeagent(
@@ -49,7 +51,7 @@ async def run_nodeagent(
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     log_dir: str | os.PathLike | None = None, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
     stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, job_user: str | None = None,
-    team_users: dict[str, str] | None = None,
+    team_users: dict[str, str] | None = None, keep_jobs: bool = False,
 ) -> None:
     """One node daemon until `stop` is set. `backend="nvml"` reads this host's GPUs (`gpus` and
     `nvlink` only shape a `backend="sim"` node; "auto": NVML if a driver answers, else sim)."""
@@ -63,7 +65,7 @@ async def run_nodeagent(
                          checkpoint_root=checkpoint_root, log_dir=log_dir, **job_users(job_user, team_users)),
              gpu_backend)
     await host.start()
-    await _serve_until(host, stop, ready)
+    await _serve_until(host, stop, ready, keep_jobs)
 
 
 async def start_simulated_nodes(
@@ -92,11 +94,12 @@ async def start_simulated_nodes(
 
 async def run_simulated_nodes(
     nats_url: str | None = None, count: int = 4, gpus_per_node: int = 8, nodes_per_rack: int = 4,
-    nvlink: str = "all", *, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, **kwargs,
+    nvlink: str = "all", *, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
+    keep_jobs: bool = False, **kwargs,
 ) -> None:
     """`start_simulated_nodes` until `stop` is set (what `gpusched up` runs)."""
     host = await start_simulated_nodes(nats_url, count, gpus_per_node, nodes_per_rack, nvlink, **kwargs)
-    await _serve_until(host, stop, ready)
+    await _serve_until(host, stop, ready, keep_jobs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,6 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "running as root should always set it)")
     parser.add_argument("--team-user", action="append", default=[], metavar="TEAM=USER",
                         help="run this team's jobs as USER (over --job-user); repeatable")
+    parser.add_argument("--keep-jobs", action="store_true",
+                        help="on stop, leave job processes running for the next daemon on this work dir to adopt "
+                             "(a restart or upgrade that no job notices); default: stop them")
     parser.add_argument("--heartbeat-s", type=float, default=5.0)
     parser.add_argument("--kill-grace-s", type=float, default=10.0)
 
@@ -159,13 +165,14 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     if args.backend == "sim" and (args.count > 1 or args.node is None):
         await run_simulated_nodes(args.nats, args.count, args.gpus, args.nodes_per_rack, args.nvlink, stop=stop,
                                   prefix=args.node or "node", work_dir=args.work_dir, heartbeat_s=args.heartbeat_s,
-                                  checkpoint_root=args.checkpoint_root, **users,
+                                  checkpoint_root=args.checkpoint_root, **users, keep_jobs=args.keep_jobs,
                                   kill_grace_s=args.kill_grace_s, address=args.address or "127.0.0.1")
     else:
         await run_nodeagent(args.nats, node=args.node, backend=args.backend, rack=args.rack, block=args.block,
                             address=args.address, gpus=args.gpus, nvlink=args.nvlink, work_dir=args.work_dir,
                             checkpoint_root=args.checkpoint_root, log_dir=args.log_dir,
-                            heartbeat_s=args.heartbeat_s, kill_grace_s=args.kill_grace_s, stop=stop, **users)
+                            heartbeat_s=args.heartbeat_s, kill_grace_s=args.kill_grace_s, stop=stop, **users,
+                            keep_jobs=args.keep_jobs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,10 +60,10 @@ def kill_all(tag: str) -> None:
                     pass
 
 
-def spawn_agent(nats_url: str, redis_url: str, work: Path, log: Path):
+def spawn_agent(nats_url: str, redis_url: str, work: Path, log: Path, *extra: str):
     return spawn_service("nodeagent", nats_url, redis_url,
                          ["--backend", "sim", "--count", "2", "--node", "rs", "--gpus", "8", "--work-dir", str(work),
-                          "--heartbeat-s", "0.3", "--kill-grace-s", "1"], log_path=log)
+                          "--heartbeat-s", "0.3", "--kill-grace-s", "1", *extra], log_path=log)
 
 
 async def wait_ready(log: Path, count: int, timeout: float = 20.0) -> None:
@@ -99,15 +99,15 @@ async def test_kill9_and_full_restart_adopt_every_job(nats_url, redis_url, tmp_p
             agent.kill()
             agent.wait()
             await asyncio.sleep(0.5)
-            agent = spawn_agent(nats_url, redis_url, work, log)
+            agent = spawn_agent(nats_url, redis_url, work, log, "--keep-jobs")
             await wait_ready(log, 2)
             await asyncio.sleep(3.5)  # past the reconciler's no-process grace and a few heartbeats
             assert job_processes(tag) == {**dict.fromkeys(jobs[:-1], 1), "wide": 2}
             assert "job_adopted" in log.read_text()
 
-            # 2. a full restart of the node side and the reconciler
-            agent.kill()
-            agent.wait()
+            # 2. a full, orderly restart of the node side (SIGTERM, --keep-jobs) and the reconciler
+            agent.terminate()
+            assert agent.wait(timeout=20) == 0
             await rec.stop()
             rec = await start_reconciler(nats_url, RECONCILER)
             agent = spawn_agent(nats_url, redis_url, work, log)
