@@ -281,8 +281,12 @@ class NodeAgent:
 
     def _launch(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> None:
         spec = self._launch_spec(job, mine, state)
-        proc = launcher.start(spec)
         key = (job.job_id, job.attempt, job.generation)
+        try:
+            proc = launcher.start(spec)
+        except OSError as err:  # its directories or log cannot be made safe
+            self._launch_failed(key, spec, f"cannot prepare the job's directories: {err}")
+            return
         if proc.spawn_error:
             self._launch_failed(key, spec, proc.spawn_error)
             return
@@ -574,7 +578,7 @@ class NodeAgent:
         if not rec.get("virtual"):
             control = Path(rec["launch"]["control_dir"])
             try:
-                rc = int((control / launcher.EXIT_FILE).read_text().strip())
+                rc = launcher.read_exit_status(control)
             except (OSError, ValueError):
                 pass
             for rest in ("control_dir",):
@@ -662,8 +666,14 @@ def exit_event(state: ClusterState, job_id: str, attempt: int, node: str, rc: in
 
 
 def _write_json(path: Path, obj: object) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj))
+    """Atomically, and safely in a directory the job owns: a fresh temp file (never through a
+    name the job may have planted), readable by the job, renamed over the target."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, json.dumps(obj).encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 

@@ -189,9 +189,34 @@ def launch_error(launch: Launch, env: Mapping[str, str]) -> str | None:
     return None
 
 
+def read_exit_status(control: Path) -> int:
+    """The wrapper's exit status file: a job-writable directory, so a few bytes of a regular
+    file only, never through a symlink."""
+    fd = os.open(control / EXIT_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if (os.fstat(fd).st_mode & 0o170000) != 0o100000:
+            raise ValueError("not a regular file")
+        return int(os.read(fd, 32).strip())
+    finally:
+        os.close(fd)
+
+
+def _open_log(path: Path) -> int:
+    """The job's log, appended to by the daemon: never through a symlink or a hard link the
+    job's user may have planted in its log directory."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    st = os.fstat(fd)
+    if (st.st_mode & 0o170000) != 0o100000 or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(f"{path} is not a plain file")
+    return fd
+
+
 def own_dir(path: Path, ids: tuple[int, int] | None, create_only: bool = False) -> None:
     """Make `path` a 0700 directory of the job's user. A directory the job named itself
     (`create_only`) is created that way if missing, and otherwise left as it is."""
+    if path.is_symlink():
+        raise OSError(f"{path} is a symlink")
     existed = path.exists()
     path.mkdir(parents=True, exist_ok=True)
     if existed and create_only:
@@ -215,13 +240,13 @@ class JobProcess:
         self.spawn_error: str | None = None
         self.group: JobGroup | None = None
         env = job_env(launch, base_env)
-        with open(launch.log_path, "ab") as out:
+        with open(_open_log(launch.log_path), "ab") as out:
             out.write(f"--- gpusched: {launch.job_id} attempt {launch.attempt}.{launch.generation} on {launch.node} "
                       f"rank {launch.node_rank}/{launch.num_nodes} gpus {list(launch.gpus)}\n".encode())
             out.flush()
             if ids is not None:
-                os.chown(launch.log_path, *ids)
-            os.chmod(launch.log_path, 0o600)
+                os.fchown(out.fileno(), *ids)
+            os.fchmod(out.fileno(), 0o600)
             self.spawn_error = launch_error(launch, env)
             self.popen: subprocess.Popen | None = None
             if self.spawn_error is None:
@@ -282,7 +307,7 @@ class AdoptedProcess:
         if self.group.leader_alive():
             return None
         try:
-            return int((self.launch.control_dir / EXIT_FILE).read_text().strip())
+            return read_exit_status(self.launch.control_dir)
         except (OSError, ValueError):
             return UNKNOWN_EXIT
 
