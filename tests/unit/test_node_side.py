@@ -301,3 +301,37 @@ def test_nvml_backend_over_a_fake_driver(monkeypatch):
     assert [g.healthy for g in s] == [True, False, False, True]
     assert (s[1].xid, s[1].health) == (79, "XID 79") and s[2].health == "2 uncorrected ECC errors"
     backend.close()
+
+
+# --- what a job writes is read within bounds, never through links ---------------------------------
+
+
+def test_control_files_are_read_within_bounds_and_never_through_links(tmp_path):
+    import json as _json
+
+    from gpusched.services.nodeagent.acks import AckCoalescer, AckLimits, read_acks
+    from gpusched.services.nodeagent.launcher import EXIT_FILE, read_exit_status
+
+    secret = tmp_path / "secret"
+    secret.write_text('{"path": "/etc/shadow", "step": 1}')
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    (ctl / "ack-link.json").symlink_to(secret)
+    (ctl / "ack-big.json").write_text(_json.dumps({"path": "x" * 10000, "step": 2}))
+    (ctl / "ack-bad.json").write_text('{"path": "/c", "step": -1}')
+    (ctl / "ack-ok.json").write_text('{"path": "/c/3", "step": 3, "request": "9"}')
+    acks, problems = read_acks(ctl, AckLimits(max_bytes=4096))
+    assert [(a.step, a.path, a.request) for a in acks] == [(3, "/c/3", "9")] and len(problems) == 3
+    assert list(ctl.iterdir()) == []  # every ack is consumed, good or bad
+    (ctl / EXIT_FILE).symlink_to(secret)
+    with pytest.raises(OSError):
+        read_exit_status(ctl)
+    # coalescing: the answer to the current request at once, the rest at most once per interval
+    co = AckCoalescer(AckLimits(interval_s=5.0))
+    for step in range(10, 20):
+        co.add(type(acks[0])(step, f"/c/{step}", "r1" if step == 12 else None))
+    assert [a.step for a in co.due(100.0, "r1", set())] == [12, 19]
+    co.add(type(acks[0])(20, "/c/20", None))
+    assert co.due(101.0, "r1", set()) == [] and [a.step for a in co.due(105.0, None, set())] == [20]
+    co.add(type(acks[0])(15, "/c/15", None))  # older than what was said: dropped
+    assert co.due(200.0, None, set()) == []
