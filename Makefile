@@ -30,6 +30,7 @@ bench: install
 	$(PY) bench/bench_cycle.py
 	$(PY) bench/bench_sim.py
 	$(PY) bench/bench_e2e.py --quick
+	$(PY) bench/bench_sign.py --quick
 
 schemas: install
 	$(VENV)/bin/gpusched schemas

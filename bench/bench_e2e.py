@@ -168,25 +168,43 @@ async def main() -> None:
     ap.add_argument("--churn-rate", type=float, default=2500.0, help="completions/s offered in the churn phase")
     ap.add_argument("--placement-log-level", default="info", help="debug: one line per decision round")
     ap.add_argument("--raw", type=int, default=5000, help="messages for the raw publish-ack rates")
+    ap.add_argument("--signed", action="store_true",
+                    help="admission and placement sign their appends (compare a run without: bench_sign.py)")
     args = ap.parse_args()
+    from gpusched.security.signing import new_seed
+
+    env = {name: ({"GPUSCHED_SIGNING_SEED": new_seed().decode()} if args.signed else {})
+           for name in ("admission", "placement")}
     nodes = args.nodes or (100 if args.quick else 1000)
     backlog = args.backlog or (2000 if args.quick else 20000)
     gpus = nodes * 8
     work = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
-    nats, redis = start_nats(), start_redis()
+    # as deployed: authentication on, each service as its own identity, this process as admin
+    import os
+
+    from gpusched.security.bootstrap import create_streams_sync
+    from gpusched.security.trust import TrustStore
+
+    trust = TrustStore(tempfile.mkdtemp(prefix="bench-trust-"))
+    trust.ensure_stack()
+    os.environ["GPUSCHED_CREDS"] = str(trust.creds("admin"))
+    os.environ["GPUSCHED_IDENTITY_DIR"] = str(trust.ids)
+    nats, redis = start_nats(trust=trust), start_redis()
+    create_streams_sync(nats.url, trust.creds("admin"))
     procs = []
     try:
         log = await EventLog.open(nats.url, name="bench")
         seq_rate, pipe_rate = await raw_rates(log, args.raw)
-        print(f"cluster {nodes} nodes x 8 GPUs = {gpus} GPUs; backlog {backlog} jobs; policy full")
+        print(f"cluster {nodes} nodes x 8 GPUs = {gpus} GPUs; backlog {backlog} jobs; policy full; "
+              f"{'signed' if args.signed else 'unsigned'} appends")
         print(f"raw publish-ack: sequential {seq_rate:8.0f}/s   pipelined(256) {pipe_rate:8.0f}/s")
 
         regs = simulated_nodes(nodes, 8, 16, "all")
         for i in range(0, len(regs), 256):
             await asyncio.gather(*(log.append(e, msg_id=f"register-{e.node}") for e in regs[i:i + 256]))
 
-        adm = spawn_service("admission", nats.url, redis.url, [], log_path=work / "admission.log")
-        plc = spawn_service("placement", nats.url, redis.url, [], log_path=work / "placement.log")
+        adm = spawn_service("admission", nats.url, redis.url, [], log_path=work / "admission.log", env=env["admission"])
+        plc = spawn_service("placement", nats.url, redis.url, [], log_path=work / "placement.log", env=env["placement"])
         procs += [adm, plc]
         await wait_ready(work / "admission.log", "admission", adm)
         await wait_ready(work / "placement.log", "placement", plc)
@@ -233,7 +251,7 @@ async def main() -> None:
                 fits += 1
         t_start = time.perf_counter()
         plc = spawn_service("placement", nats.url, redis.url, ["--log-level", args.placement_log_level],
-                            log_path=work / "placement2.log")
+                            log_path=work / "placement2.log", env=env["placement"])
         procs.append(plc)
         await wait_ready(work / "placement2.log", "placement", plc)
         ready_s = time.perf_counter() - t_start
@@ -274,6 +292,9 @@ async def main() -> None:
         stop_processes(procs)
         redis.stop()
         nats.stop()
+        import shutil
+
+        shutil.rmtree(trust.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

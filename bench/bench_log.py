@@ -40,7 +40,7 @@ def synthetic_log(n_events: int, nodes: int = 1000, gpus_per_node: int = 8):
         for e in (ev.JobSubmitted(at=t, job_id=jid, spec=JobSpec(team=f"t{job % 7}", gpus=size)),
                   ev.GpusGranted(at=t, job_id=jid, attempt=1, gpus=gpus),
                   ev.JobStarted(at=t, job_id=jid, attempt=1, node=gpus[0].split("/")[0], pids=[job]),
-                  ev.JobCompleted(at=t + 1, job_id=jid, attempt=1)):
+                  ev.JobCompleted(at=t + 1, job_id=jid, attempt=1, node=gpus[0].split("/")[0])):
             yield e
             emitted += 1
         job, t = job + 1, t + 1
@@ -149,7 +149,18 @@ async def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.events, args.grants = 20_000, 1000
-    server = start_nats()
+    # as deployed: authentication on, the streams made by admin, the writers as admin
+    import os
+    import tempfile
+
+    from gpusched.security.bootstrap import create_streams_sync
+    from gpusched.security.trust import TrustStore
+
+    trust = TrustStore(tempfile.mkdtemp(prefix="bench-trust-"))
+    trust.ensure_stack()
+    os.environ["GPUSCHED_CREDS"] = str(trust.creds("admin"))
+    server = start_nats(trust=trust)
+    create_streams_sync(server.url, trust.creds("admin"))
     try:
         r = await bench_replay(server.url, args.events)
         print(f"replay  {r['events']:>8} events  raw fetch {r['raw_per_s']:>9,.0f}/s  "
@@ -161,6 +172,9 @@ async def main() -> None:
                   f"(4 writers, {per_cycle} grants per cycle)")
     finally:
         server.stop()
+        import shutil
+
+        shutil.rmtree(trust.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
     python scripts/nvml_check.py --agent    # also a real node daemon on a throwaway NATS
 
 1. list the GPUs (UUID, model, memory) and the NVLink topology (P2P pairs, links, domains);
-2. one heartbeat sample (memory, utilization, processes, health);
+2. one heartbeat sample (memory, utilization, processes, health), and the used-versus-held
+   fields the reconciler reads (utilization, memory used with or without a process: idle, leaked);
 3. start a process with CUDA_VISIBLE_DEVICES=<index> that opens a CUDA context (through
    libcuda with ctypes: no torch or cupy needed) and check that NVML lists it on that GPU;
 4. with --agent: a node daemon with the NVML backend registers, a grant starts the same CUDA
@@ -81,6 +82,7 @@ def check_backend(index: int):
     ok(f"sample in {(time.perf_counter() - t0) * 1000:.1f} ms")
     for s in samples:
         print(f"      {json.dumps({k: getattr(s, k) for k in s.__struct_fields__})}")
+    print_used(samples)
     if index >= len(gpus):
         fail(f"no GPU {index}")
 
@@ -95,7 +97,8 @@ def check_backend(index: int):
             others = {s.index: s.pids for s in backend.sample()}
             fail(f"pid {child.pid} not listed on GPU {index} (processes per GPU: {others}); "
                  "in a container NVML may list host pids")
-        ok(f"pid {child.pid} on GPU {index} (CUDA_VISIBLE_DEVICES={index}): memory used {sample.memory_used_mb} MiB")
+        ok(f"pid {child.pid} on GPU {index} (CUDA_VISIBLE_DEVICES={index}): memory used {sample.memory_used_mb} MiB, "
+           f"utilization {sample.utilization_pct:.0f}% (a context that computes nothing: idle)")
         wrong = [s.index for s in backend.sample() if child.pid in s.pids and s.index != index]
         if wrong:
             fail(f"pid also seen on GPUs {wrong}: CUDA and NVML disagree on the numbering")
@@ -107,6 +110,19 @@ def check_backend(index: int):
         fail(f"pid {child.pid} still listed after it exited")
     ok("gone from the process list after exit")
     backend.close()
+
+
+def print_used(samples) -> None:
+    """What the reconciler concludes from each GPU (defaults: idle under 5%, leaked from 1024 MB
+    with no process): nvmlDeviceGetUtilizationRates, nvmlDeviceGetMemoryInfo and
+    nvmlDeviceGetComputeRunningProcesses, as the heartbeat carries them."""
+    for s in samples:
+        state = "idle" if s.utilization_pct < 5.0 else "busy"
+        if not s.pids and s.memory_used_mb >= 1024:
+            state += ", memory in use with no process (would be quarantined as leaked if nothing holds it)"
+        print(f"      GPU {s.index}: utilization {s.utilization_pct:.0f}%, memory {s.memory_used_mb}/"
+              f"{s.memory_total_mb} MiB, processes {s.pids or '-'}: {state}")
+    ok("used-versus-held fields read")
 
 
 async def check_agent(index: int) -> None:

@@ -19,17 +19,24 @@ from dataclasses import dataclass
 
 import msgspec
 import structlog
-from nats.aio.msg import Msg
-from opentelemetry.trace import SpanKind
-
 from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.core import events as ev
-from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
+from gpusched.core.commands import (
+    CancelJob,
+    Command,
+    CommandReply,
+    DrainNode,
+    RestoreGpu,
+    SetTeamQuota,
+    SubmitJob,
+)
 from gpusched.core.model import LEVEL_RANK
 from gpusched.core.state import TERMINAL, ClusterState
 from gpusched.services.runtime import FoldedLog
 from gpusched.services.shell import common_arguments
+from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
 
 log = structlog.get_logger()
 
@@ -39,9 +46,55 @@ SUBJECT_COMMANDS: dict[str, type[Command]] = {
     subjects.CMD_CANCEL: CancelJob,
     subjects.CMD_QUOTA: SetTeamQuota,
     subjects.CMD_DRAIN: DrainNode,
+    subjects.CMD_RESTORE: RestoreGpu,
 }
 _DECODERS = {subject: msgspec.json.Decoder(cls) for subject, cls in SUBJECT_COMMANDS.items()}
 _encode_reply = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a command, as the subject the server allowed says: `team` None is admin's form
+    (`gpusched.cmd.<kind>[.<user>]`, which only admin and the dashboard may publish); a team is
+    a tenant's or platform's (`gpusched.cmd.<kind>.<team>.<user>`), held to that team."""
+
+    user: str = "admin"
+    team: str | None = None
+
+
+ADMIN = Caller()
+
+
+def split_subject(subject: str) -> tuple[str, Caller] | str:
+    """The command's base subject and its caller, or why the subject is not a command's."""
+    parts = subject.split(".")
+    if len(parts) < 3 or parts[:2] != ["gpusched", "cmd"]:
+        return f"unknown command subject {subject!r}"
+    base = ".".join(parts[:3])
+    if len(parts) == 3:
+        return base, ADMIN
+    if len(parts) == 4:
+        return base, Caller(user=parts[3])
+    if len(parts) == 5:
+        return base, Caller(user=parts[4], team=parts[3])
+    return f"unknown command subject {subject!r}"
+
+
+def caller_problem(state: ClusterState, cmd: Command, caller: Caller) -> str | None:
+    """Why this caller may not send this command (the team comes from the subject, never the
+    payload), or None."""
+    if caller.team is None:
+        return None
+    if isinstance(cmd, SubmitJob) and cmd.spec.team != caller.team:
+        return (f"spec.team {cmd.spec.team!r} is not the team these credentials submit for "
+                f"({caller.team!r} by the subject the server allowed)")
+    if isinstance(cmd, CancelJob):
+        job = state.jobs.get(cmd.job_id)
+        if job is not None and job.spec.team != caller.team:
+            return f"job {cmd.job_id} belongs to team {job.spec.team!r}; these credentials act for {caller.team!r}"
+    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu)):
+        return f"{type(cmd).__name__} needs the admin role"
+    return None
 
 
 @dataclass(frozen=True)
@@ -137,19 +190,25 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
 
 
 def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig, capacity: Capacity,
-          taken: set[str] | frozenset[str] = frozenset()) -> Decision:
-    """Decide one well-formed command against the fold."""
+          taken: set[str] | frozenset[str] = frozenset(), caller: Caller = ADMIN) -> Decision:
+    """Decide one well-formed command from `caller` against the fold."""
     rid = cmd.request_id
+    refused = caller_problem(state, cmd, caller)
+    if refused is not None:
+        return Decision(CommandReply(ok=False, error=refused))
     if isinstance(cmd, SubmitJob):
         known = state.requests.get(rid)
         if known is not None:
+            owner = state.jobs.get(known)
+            if caller.team is not None and owner is not None and owner.spec.team != caller.team:
+                return Decision(CommandReply(ok=False, error=f"request id {rid!r} is already used by another team"))
             return Decision(CommandReply(ok=True, job_id=known, duplicate=True))
         problem = submit_problem(state, cmd, config, capacity)
         if problem is not None:
             event = ev.JobRejected(at=now, request_id=rid, team=cmd.spec.team, reason=problem)
             return Decision(CommandReply(ok=False, error=problem), event, f"reject-{rid}")
         job_id = job_id_for(rid, state, taken)
-        event = ev.JobSubmitted(at=now, job_id=job_id, spec=cmd.spec, request_id=rid)
+        event = ev.JobSubmitted(at=now, job_id=job_id, spec=cmd.spec, request_id=rid, user=caller.user)
         return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{rid}")
     if isinstance(cmd, CancelJob):
         job = state.jobs.get(cmd.job_id)
@@ -170,11 +229,21 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
             return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
         event = ev.NodeDrained(at=now, node=cmd.node, drain=cmd.drain, reason=cmd.reason)
         return Decision(CommandReply(ok=True), event, f"drain-{rid}")
+    if isinstance(cmd, RestoreGpu):
+        g = state.gpus.get(cmd.gpu)
+        if g is None:
+            return Decision(CommandReply(ok=False, error=f"unknown GPU {cmd.gpu!r} (expected NODE/INDEX)"))
+        if g.quarantined is None:
+            return Decision(CommandReply(ok=False, error=f"GPU {cmd.gpu} is not quarantined"))
+        event = ev.GpuRestored(at=now, gpu=cmd.gpu, reason=f"restored by an operator: {cmd.reason or 'no reason given'}"
+                               f" (was: {g.quarantined})")
+        return Decision(CommandReply(ok=True), event, f"restore-{rid}")
     return Decision(CommandReply(ok=False, error=f"unsupported command {type(cmd).__name__}"))
 
 
 def decode(subject: str, data: bytes) -> Command | str:
-    """The command on `subject`, or a precise error naming the field (msgspec's own text)."""
+    """The command on `subject` (its base, `gpusched.cmd.<kind>`), or a precise error naming the
+    field (msgspec's own text)."""
     decoder = _DECODERS.get(subject)
     if decoder is None:
         return f"unknown command subject {subject!r}; expected one of {', '.join(sorted(_DECODERS))}"
@@ -211,7 +280,8 @@ class Admission:
         self._slots.release()
 
     async def _handle(self, msg: Msg) -> None:
-        kind = SUBJECT_COMMANDS.get(msg.subject, Command).__name__
+        split = split_subject(msg.subject)
+        kind = SUBJECT_COMMANDS.get(split[0] if isinstance(split, tuple) else "", Command).__name__
         try:
             with telemetry.consume_span(f"admission.{kind}", msg.headers, kind=SpanKind.SERVER) as span:
                 reply = await self.handle(msg.subject, msg.data)
@@ -227,11 +297,13 @@ class Admission:
             await msg.respond(_encode_reply(reply))
 
     async def handle(self, subject: str, data: bytes) -> CommandReply:
-        cmd = decode(subject, data)
+        split = split_subject(subject)
+        cmd = decode(split[0], data) if isinstance(split, tuple) else split
         if isinstance(cmd, str):
             log.info("command_malformed", subject=subject, error=cmd)
             return CommandReply(ok=False, error=cmd)
-        key = f"{type(cmd).__name__}:{cmd.request_id}"
+        caller = split[1] if isinstance(split, tuple) else ADMIN
+        key = f"{type(cmd).__name__}:{caller.team}:{cmd.request_id}"
         running = self._in_flight.get(key)
         if running is not None:  # the same request is being appended right now: same answer
             reply = await asyncio.shield(running)
@@ -239,7 +311,7 @@ class Admission:
         future: asyncio.Future[CommandReply] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
         try:
-            reply = await self._decide_and_append(cmd)
+            reply = await self._decide_and_append(cmd, caller)
             future.set_result(reply)
             return reply
         except BaseException as err:
@@ -249,9 +321,9 @@ class Admission:
         finally:
             del self._in_flight[key]
 
-    async def _decide_and_append(self, cmd: Command) -> CommandReply:
+    async def _decide_and_append(self, cmd: Command, caller: Caller = ADMIN) -> CommandReply:
         state = self.folded.state
-        decision = admit(state, cmd, time.time(), self.config, self.capacity, self._taken)
+        decision = admit(state, cmd, time.time(), self.config, self.capacity, self._taken, caller)
         if decision.event is None:
             return decision.reply
         job_id = decision.event.job_id if isinstance(decision.event, ev.JobSubmitted) else None

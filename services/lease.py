@@ -37,7 +37,10 @@ return 0
 
 
 def redis_url(url: str | None = None) -> str:
-    return url or os.environ.get("GPUSCHED_REDIS_URL") or DEFAULT_REDIS_URL
+    """Explicit > $GPUSCHED_REDIS_URL > the client config's (which carries the password)."""
+    from gpusched.security import clientconfig
+
+    return clientconfig.resolve("redis", url, "GPUSCHED_REDIS_URL") or DEFAULT_REDIS_URL
 
 
 def connect_redis(url: str | None = None) -> aioredis.Redis:

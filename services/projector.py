@@ -38,12 +38,16 @@ from gpusched.bus.log import EventLog, Record
 from gpusched.core import events as ev
 from gpusched.core.model import split_gpu_id
 from gpusched.core.state import ClusterState
+from gpusched.security import snapshots
 from gpusched.services.runtime import FoldedLog
 
 log = structlog.get_logger()
 
 PREFIX = "gpusched:v:"
 SNAPSHOT_KEY = "gpusched:snapshot"
+#: The used-versus-held read model: job id -> mean utilization and memory over the last window.
+#: Written by the reconciler (it holds the heartbeats), read by `jobs`, `show` and the dashboard.
+USAGE_KEY = "gpusched:usage"
 UPDATES_CHANNEL = "gpusched:v:updates"
 TAIL_LEN = 200
 SHARES_LEN = 900
@@ -99,8 +103,9 @@ class ShareSeries:
 class Projector:
     """Collects what changed from fold records; `flush` writes it to Redis in one transaction."""
 
-    def __init__(self, r: aioredis.Redis, snapshot_every: int = 5000):
+    def __init__(self, r: aioredis.Redis, snapshot_every: int = 5000, seal_log: EventLog | None = None):
         self.r = r
+        self.seal_log = seal_log  # where each snapshot's digest is recorded (unsealed: never adopted)
         self.snapshot_every = snapshot_every
         self.dirty_jobs: set[str] = set()
         self.dirty_nodes: set[str] = set()
@@ -225,6 +230,8 @@ class Projector:
         self.writes += 1
         if self.snapshot_every and seq - self.snapshot_seq >= self.snapshot_every:
             await save_snapshot(self.r, state)
+            if self.seal_log is not None:
+                await snapshots.append_seal(self.seal_log, state)
             self.snapshot_seq = seq
         return seq
 
@@ -309,7 +316,7 @@ async def run(nats_url: str | None = None, redis_url: str | None = None, stop: a
     stop = stop or asyncio.Event()
     event_log = await EventLog.open(nats_url, name="projector")
     r = _redis(redis_url)
-    projector = Projector(r, snapshot_every=snapshot_every)
+    projector = Projector(r, snapshot_every=snapshot_every, seal_log=event_log)
     folded = FoldedLog(event_log)
     folded.listeners.append(projector.listener)
     metrics.attach(folded)
@@ -432,6 +439,14 @@ class Views:
     async def shares(self) -> list[dict[str, Any]]:
         return [msgspec.json.decode(v) for v in await self.r.lrange(K["shares"], 0, -1)]
 
+    async def usage(self) -> dict[str, dict[str, Any]]:
+        """Running jobs' mean utilization and memory (empty without a reconciler writing it)."""
+        try:
+            raw = await self.r.hgetall(USAGE_KEY)
+        except (aioredis.RedisError, OSError):
+            return {}
+        return {k.decode(): msgspec.json.decode(v) for k, v in raw.items()}
+
 
 __all__ = ["Projector", "Views", "rebuild_views", "run", "serve", "add_arguments", "load_snapshot",
-           "save_snapshot", "fold_log", "PREFIX", "SNAPSHOT_KEY", "UPDATES_CHANNEL"]
+           "save_snapshot", "fold_log", "PREFIX", "SNAPSHOT_KEY", "UPDATES_CHANNEL", "USAGE_KEY"]

@@ -11,6 +11,15 @@ the alloc tree with deterministic message ids):
 - an unhealthy GPU (critical XID, uncorrected ECC)            -> `GpuQuarantined`; healthy again -> `GpuRestored`
   (only for quarantines it made: their reason starts with "health: ")
 - a running job holding a quarantined GPU                      -> `JobOnUnhealthyGpu` (the policy moves it)
+- a running job whose GPUs all stay under `idle_util_pct` for `idle_after_s` -> `JobIdle` (with its
+  evidence); a GPU of an idle job seen at or over it                           -> `JobBusy`
+- a GPU nothing holds whose memory stays in use (>= `leak_min_mb`) with no process on it for
+  `leak_grace_s` -> `GpuQuarantined("leaked memory: ...")`; freed -> `GpuRestored`. With
+  `reset_leaked` (an admin's choice, off by default) the node daemon is asked to reset it while
+  it is idle. After an admin restores such a GPU it is not quarantined again for the same leak.
+
+It also keeps each running job's mean utilization and memory over the last `usage_window_s`
+(the used-versus-held read model, written to Redis when it has one: `projector.USAGE_KEY`).
 
 `decide` is the pure part (the state, what heartbeats showed, `now`); `Reconciler` is the shell.
 Grace periods must exceed a couple of heartbeat intervals, and `zombie_grace_s` the node
@@ -23,6 +32,7 @@ import argparse
 import asyncio
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import msgspec
@@ -34,12 +44,13 @@ from gpusched.core import events as ev
 from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.state import ClusterState, Job
 from gpusched.services.runtime import cancel_tasks
-from gpusched.core.heartbeat import Heartbeat, KillProcesses, decode_heartbeat, decode_reply
+from gpusched.core.heartbeat import Heartbeat, KillProcesses, ResetGpu, decode_heartbeat, decode_reply
 from gpusched.services.runtime import FoldedLog, append_cas
 
 log = structlog.get_logger()
 
 HEALTH_PREFIX = "health: "
+LEAK_PREFIX = "leaked memory: "
 
 
 @dataclass
@@ -51,6 +62,13 @@ class ReconcilerConfig:
     tick_s: float = 1.0
     restore_healthy: bool = True
     request_timeout_s: float = 2.0
+    idle_util_pct: float = 5.0  # from the policy config (`--policy-set idle_util_pct=...`)
+    idle_after_s: float = 600.0  # likewise
+    usage_window_s: float = 60.0
+    leak_min_mb: int = 1024
+    leak_grace_s: float = 30.0
+    reset_leaked: bool = False
+    usage_every_s: float = 2.0
 
 
 @dataclass
@@ -64,16 +82,47 @@ class Observations:
     missing_since: dict[tuple[str, int, str], float] = field(default_factory=dict)
     stray_since: dict[tuple[str, int], float] = field(default_factory=dict)
     kill_sent: dict[str, float] = field(default_factory=dict)
+    window_s: float = 60.0
+    samples: dict[str, deque] = field(default_factory=dict)  # GPU -> (time, util %, memory MB)
+    peak: dict[str, float] = field(default_factory=dict)  # GPU -> highest util since the last decision
+    idle: dict[tuple[str, int], IdleTrack] = field(default_factory=dict)  # (job, attempt) -> evidence
+    leak_since: dict[str, float] = field(default_factory=dict)
+    leak_reported: set[str] = field(default_factory=set)  # quarantined for this leak: not again
 
     def observe(self, hb: Heartbeat, now: float) -> None:
         self.heartbeats[hb.node] = hb
         self.received[hb.node] = now
+        for s in hb.gpus:
+            gid = gpu_id(hb.node, s.index)
+            window = self.samples.setdefault(gid, deque())
+            window.append((now, s.utilization_pct, s.memory_used_mb))
+            while window and window[0][0] < now - self.window_s:
+                window.popleft()
+            self.peak[gid] = max(self.peak.get(gid, 0.0), s.utilization_pct)
+
+
+@dataclass
+class IdleTrack:
+    """Evidence that a job's GPUs are idle, since the first tick that saw them all idle."""
+
+    since: float
+    n: int = 0
+    util_sum: float = 0.0
+    util_max: float = 0.0
+    mem_sum: float = 0.0
+
+    def add(self, utils: list[float], mems: list[float]) -> None:
+        self.n += 1
+        self.util_sum += sum(utils) / len(utils)
+        self.util_max = max(self.util_max, *utils)
+        self.mem_sum += sum(mems) / len(mems)
 
 
 @dataclass
 class Decision:
     events: list[ev.Event] = field(default_factory=list)
     kills: list[tuple[str, str, list[int]]] = field(default_factory=list)  # (node, gpu, pids)
+    resets: list[tuple[str, str]] = field(default_factory=list)  # (node, gpu): leaked memory
 
 
 def _nodes_of(job: Job) -> list[str]:
@@ -121,6 +170,9 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     lost = _lost_nodes(state, obs, now, cfg, out)
     _missing_processes(state, obs, now, cfg, lost, out)
     _gpu_facts(state, obs, now, cfg, lost, out)
+    out.events += decide_idle(state, obs, now, cfg, lost)
+    decide_leaks(state, obs, now, cfg, lost, out)
+    obs.peak.clear()
     return out
 
 
@@ -205,12 +257,122 @@ def _health(state: ClusterState, s, gid: str, now: float, cfg: ReconcilerConfig,
         _tell_holder(state, gid, g.quarantined, now, out)
 
 
+def _job_sample(state: ClusterState, obs: Observations, job: Job) -> tuple[list[float], list[float], str] | None:
+    """(utilization, memory) of each of the job's GPUs as heartbeats since its start show them,
+    and its busiest GPU; None while some node of the job has not reported since."""
+    utils, mems, busiest, top = [], [], "", -1.0
+    for g in job.gpus:
+        node, index = split_gpu_id(g)
+        hb = obs.heartbeats.get(node)
+        if hb is None or obs.received[node] < (job.started_at or 0.0):
+            return None
+        sample = next((s for s in hb.gpus if s.index == index), None)
+        if sample is None:
+            return None
+        util = max(obs.peak.get(g, 0.0), sample.utilization_pct)
+        utils.append(util)
+        mems.append(float(sample.memory_used_mb))
+        if util > top:
+            busiest, top = g, util
+    return (utils, mems, busiest) if utils else None
+
+
+def decide_idle(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig,
+                lost: set[str] = frozenset()) -> list[ev.Event]:
+    """JobIdle when every GPU of a running job stayed under the threshold for `idle_after_s`;
+    JobBusy when a job the fold holds idle shows a GPU at or over it. Only on a change."""
+    out: list[ev.Event] = []
+    live: set[tuple[str, int]] = set()
+    for job_id in state.running:
+        job = state.jobs[job_id]
+        if job.state != "running" or any(n in lost for n in _nodes_of(job)):
+            continue
+        seen = _job_sample(state, obs, job)
+        if seen is None:
+            continue
+        utils, mems, busiest = seen
+        key = (job_id, job.attempt)
+        live.add(key)
+        if max(utils) >= cfg.idle_util_pct:
+            obs.idle.pop(key, None)
+            if job.idle is not None:
+                out.append(ev.JobBusy(at=now, job_id=job_id, attempt=job.attempt, util_pct=round(max(utils), 2),
+                                      gpu=busiest))
+            continue
+        track = obs.idle.setdefault(key, IdleTrack(since=now))
+        track.add(utils, mems)
+        if job.idle is None and now - track.since >= cfg.idle_after_s:
+            out.append(ev.JobIdle(at=now, job_id=job_id, attempt=job.attempt, since=track.since,
+                                  window_s=round(now - track.since, 3), threshold_pct=cfg.idle_util_pct,
+                                  util_pct=round(track.util_sum / track.n, 2), util_pct_max=round(track.util_max, 2),
+                                  memory_mb=round(track.mem_sum / track.n, 1)))
+    for key in [k for k in obs.idle if k not in live]:
+        del obs.idle[key]
+    return out
+
+
+def decide_leaks(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig,
+                 lost: set[str], out: Decision) -> None:
+    """GPU memory in use with no process on a GPU that nothing holds: quarantine after the
+    grace period, restore once freed; optionally ask the daemon to reset an idle leaked GPU."""
+    leaking: set[str] = set()
+    for name, hb in obs.heartbeats.items():
+        node = state.nodes.get(name)
+        if node is None or node.lost or name in lost:
+            continue
+        for s in hb.gpus:
+            gid = gpu_id(name, s.index)
+            g = state.gpus.get(gid)
+            if g is None:
+                continue
+            ours = g.quarantined is not None and g.quarantined.startswith(LEAK_PREFIX)
+            if s.memory_used_mb < cfg.leak_min_mb or s.pids or g.holder is not None or g.zombie_pids is not None:
+                if ours and s.memory_used_mb < cfg.leak_min_mb and not s.pids:
+                    out.events.append(ev.GpuRestored(at=now, gpu=gid, reason="leaked memory freed"))
+                continue
+            leaking.add(gid)
+            since = obs.leak_since.setdefault(gid, now)
+            if ours:
+                obs.leak_reported.add(gid)
+                if (cfg.reset_leaked and s.utilization_pct < cfg.idle_util_pct
+                        and now - obs.kill_sent.get(gid, -math.inf) >= cfg.kill_retry_s):
+                    out.resets.append((name, gid))
+            elif g.quarantined is None and gid not in obs.leak_reported and now - since >= cfg.leak_grace_s:
+                out.events.append(ev.GpuQuarantined(
+                    at=now, gpu=gid, reason=f"{LEAK_PREFIX}{s.memory_used_mb} MB in use with no process "
+                                            f"for {now - since:.0f} s"))
+                obs.leak_reported.add(gid)
+    for gid in [k for k in obs.leak_since if k not in leaking]:
+        del obs.leak_since[gid]
+        obs.leak_reported.discard(gid)
+
+
+def usage_docs(state: ClusterState, obs: Observations, now: float) -> dict[str, dict]:
+    """Each running job's mean utilization and memory per GPU over the last window (read model)."""
+    docs: dict[str, dict] = {}
+    for job_id in state.running:
+        job = state.jobs[job_id]
+        utils, mems, n = 0.0, 0.0, 0
+        for g in job.gpus:
+            for t, util, mem in obs.samples.get(g, ()):
+                if t >= (job.started_at or 0.0):
+                    utils, mems, n = utils + util, mems + mem, n + 1
+        if n:
+            docs[job_id] = {"job_id": job_id, "attempt": job.attempt, "util_pct": round(utils / n, 1),
+                            "memory_mb": round(mems / n, 1), "window_s": obs.window_s, "samples": n, "at": now}
+    return docs
+
+
 class Reconciler:
-    def __init__(self, event_log: EventLog, config: ReconcilerConfig | None = None, own_log: bool = True):
+    def __init__(self, event_log: EventLog, config: ReconcilerConfig | None = None, own_log: bool = True,
+                 redis_url: str | None = None):
         self.log = event_log
         self.cfg = config or ReconcilerConfig()
         self.folded = FoldedLog(event_log)
-        self.obs = Observations(started_at=time.time())
+        self.obs = Observations(started_at=time.time(), window_s=self.cfg.usage_window_s)
+        self.redis_url = redis_url
+        self._redis = None
+        self._usage_at = 0.0
         self.own_log = own_log
         self.appended: list[ev.Event] = []
         self._sub = None
@@ -218,8 +380,9 @@ class Reconciler:
         self._kills: set[asyncio.Task] = set()
 
     @classmethod
-    async def open(cls, nats_url: str | None = None, config: ReconcilerConfig | None = None) -> Reconciler:
-        return cls(await EventLog.open(nats_url, name="gpusched-reconciler"), config)
+    async def open(cls, nats_url: str | None = None, config: ReconcilerConfig | None = None,
+                   redis_url: str | None = None) -> Reconciler:
+        return cls(await EventLog.open(nats_url, name="gpusched-reconciler"), config, redis_url=redis_url)
 
     async def start(self) -> None:
         await self.folded.start()
@@ -235,6 +398,9 @@ class Reconciler:
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             log.warning("bad_heartbeat", subject=msg.subject, error=str(err))
             return
+        if msg.subject != subjects.heartbeat_subject(hb.node):  # permissions say who may publish
+            log.warning("heartbeat_for_another_node", subject=msg.subject, node=hb.node)  # the subject,
+            return  # so a node speaks only for itself: the payload must name the subject's node
         self.obs.observe(hb, time.time())
 
     async def _loop(self) -> None:
@@ -263,21 +429,46 @@ class Reconciler:
                 await self.folded.catch_up()
         for node, gid, pids in decision.kills:
             self.obs.kill_sent[gid] = now
-            task = asyncio.create_task(self._kill(node, gid, pids))
-            self._kills.add(task)
-            task.add_done_callback(self._kills.discard)
+            self._spawn(self._request(node, gid, KillProcesses(
+                pids=pids, gpu=gid, reason="zombie: a process on a GPU that nothing holds")))
+        for node, gid in decision.resets:
+            self.obs.kill_sent[gid] = now
+            self._spawn(self._request(node, gid, ResetGpu(index=split_gpu_id(gid)[1], reason="leaked memory")))
+        if self.redis_url and now - self._usage_at >= self.cfg.usage_every_s:
+            self._usage_at = now
+            await self._write_usage(usage_docs(self.folded.state, self.obs, now))
         return decision
 
-    async def _kill(self, node: str, gid: str, pids: list[int]) -> None:
-        request = KillProcesses(pids=pids, gpu=gid, reason="zombie: a process on a GPU that nothing holds")
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._kills.add(task)
+        task.add_done_callback(self._kills.discard)
+
+    async def _write_usage(self, docs: dict[str, dict]) -> None:
+        """Replace the used-versus-held read model (best effort: it is telemetry, not a fact)."""
+        from gpusched.services.projector import USAGE_KEY, _redis
+
         try:
-            msg = await self.log.nc.request(subjects.node_control_subject(node), msgspec.json.encode(request),
+            if self._redis is None:
+                self._redis = _redis(self.redis_url)
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.delete(USAGE_KEY)
+            if docs:
+                pipe.hset(USAGE_KEY, mapping={k: msgspec.json.encode(v) for k, v in docs.items()})
+            await pipe.execute()
+        except Exception as err:  # noqa: BLE001 - Redis down: the view goes stale, the reconciler goes on
+            log.warning("usage_view_failed", error=repr(err))
+
+    async def _request(self, node: str, gid: str, request) -> None:
+        what = type(request).__name__
+        try:
+            msg = await self.log.nc.request(subjects.node_kill_subject(node), msgspec.json.encode(request),
                                             timeout=self.cfg.request_timeout_s)
             reply = decode_reply(msg.data)
-            log.warning("zombie_kill_reply", node=node, gpu=gid, killed=reply.killed, missing=reply.missing,
-                        refused=reply.refused, error=reply.error)
+            log.warning("node_request_reply", request=what, node=node, gpu=gid, ok=reply.ok, killed=reply.killed,
+                        missing=reply.missing, refused=reply.refused, error=reply.error)
         except Exception as err:  # no responder, timeout: retried after kill_retry_s
-            log.warning("zombie_kill_failed", node=node, gpu=gid, pids=pids, error=repr(err))
+            log.warning("node_request_failed", request=what, node=node, gpu=gid, error=repr(err))
 
     async def stop(self) -> None:
         tasks = [t for t in [self._task, *self._kills] if t is not None]
@@ -288,6 +479,11 @@ class Reconciler:
             except Exception:
                 pass
         await self.folded.stop()
+        if self._redis is not None:
+            try:
+                await self._redis.aclose()
+            except Exception:
+                pass
         if self.own_log:
             try:
                 await self.log.close()
@@ -296,9 +492,10 @@ class Reconciler:
 
 
 async def run(nats_url: str | None = None, config: ReconcilerConfig | None = None,
-              stop: asyncio.Event | None = None, ready: asyncio.Event | None = None) -> None:
+              stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
+              redis_url: str | None = None) -> None:
     """The reconciler until `stop` is set."""
-    rec = await Reconciler.open(nats_url, config)
+    rec = await Reconciler.open(nats_url, config, redis_url)
     await rec.start()
     if ready is not None:
         ready.set()
@@ -317,16 +514,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kill-retry-s", type=float, default=d.kill_retry_s)
     parser.add_argument("--tick-s", type=float, default=d.tick_s)
     parser.add_argument("--no-restore", action="store_true", help="keep quarantined GPUs out even once healthy")
+    parser.add_argument("--usage-window-s", type=float, default=d.usage_window_s,
+                        help="window of the mean utilization and memory that `jobs` and `show` give")
+    parser.add_argument("--leak-min-mb", type=int, default=d.leak_min_mb,
+                        help="memory in use with no process that counts as leaked")
+    parser.add_argument("--leak-grace-s", type=float, default=d.leak_grace_s)
+    parser.add_argument("--reset-leaked", action="store_true",
+                        help="ask the node daemon to reset an idle GPU whose memory leaked (admin's choice)")
+    parser.add_argument("--policy", default="full", help="policy preset: its idle_util_pct and idle_after_s")
+    parser.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field of the preset (idle_util_pct, idle_after_s are read here)")
 
 
 def config_from_args(args: argparse.Namespace) -> ReconcilerConfig:
+    from gpusched.services.placement import policy_config
+
+    policy = policy_config(getattr(args, "policy", "full"), getattr(args, "policy_set", []))
     return ReconcilerConfig(node_timeout_s=args.node_timeout_s, no_process_grace_s=args.no_process_grace_s,
                             zombie_grace_s=args.zombie_grace_s, kill_retry_s=args.kill_retry_s, tick_s=args.tick_s,
-                            restore_healthy=not args.no_restore)
+                            restore_healthy=not args.no_restore, idle_util_pct=policy.idle_util_pct,
+                            idle_after_s=policy.idle_after_s, usage_window_s=args.usage_window_s,
+                            leak_min_mb=args.leak_min_mb, leak_grace_s=args.leak_grace_s,
+                            reset_leaked=args.reset_leaked)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    await run(args.nats, config_from_args(args), stop)
+    import os
+
+    redis_url = getattr(args, "redis", None) or os.environ.get("GPUSCHED_REDIS_URL") or None
+    await run(args.nats, config_from_args(args), stop, redis_url=redis_url)
 
 
 def main(argv: list[str] | None = None) -> int:

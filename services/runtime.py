@@ -18,6 +18,7 @@ from gpusched import metrics
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
 from gpusched.core.state import ClusterState
+from gpusched.security import snapshots
 
 log = structlog.get_logger()
 
@@ -60,12 +61,22 @@ class FoldedLog:
         target = await self.log.last_seq()
         if snapshot is not None and self.seen_seq == 0 and 0 < snapshot.last_seq <= target:
             if snapshot.half_life_s == self.state.half_life_s:
-                self.state = snapshot
-                self.seen_seq, self.alloc_seq = snapshot.last_seq, snapshot.last_alloc_seq
+                await self._adopt(snapshot)
         if self.seen_seq >= target:
             self._caught_up.set()
         self._task = asyncio.create_task(self._follow(target), name="fold-follow")
         await self._caught_up.wait()
+
+    async def _adopt(self, snapshot: ClusterState) -> None:
+        """Start from the snapshot only if the log's latest seal vouches for it: a poisoned one
+        could show held GPUs as free (see `security.snapshots`)."""
+        why = await snapshots.untrusted(self.log, snapshot)
+        if why is not None:
+            log.warning("snapshot_rejected", seq=snapshot.last_seq, reason=why, hint="replaying the log from the start")
+            return
+        self.state = snapshot
+        self.seen_seq, self.alloc_seq = snapshot.last_seq, snapshot.last_alloc_seq
+        log.info("snapshot_adopted", seq=snapshot.last_seq)
 
     def _saw(self, seq: int, subject: str, target: int) -> None:
         self.seen_seq = seq

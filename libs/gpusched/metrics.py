@@ -37,6 +37,13 @@ JOBS = Gauge("gpusched_jobs", "Jobs by state", ["state"], registry=_R)
 DEGRADED = Gauge("gpusched_placement_degraded", "1 while naive placement has taken over", registry=_R)
 LOG_SEQ = Gauge("gpusched_log_seq", "Last log sequence this process's fold applied", registry=_R)
 VIOLATIONS = Gauge("gpusched_invariant_violations", "Broken invariants seen in the log", registry=_R)
+GPUS_IDLE = Gauge("gpusched_gpus_idle", "GPUs held by jobs the reconciler reports idle, by team", ["team"], registry=_R)
+TEAM_HELD_S = Gauge("gpusched_team_gpu_seconds_held", "GPU-seconds a team held (undecayed)", ["team"], registry=_R)
+TEAM_BUSY_S = Gauge("gpusched_team_gpu_seconds_busy", "GPU-seconds a team held while not idle", ["team"], registry=_R)
+TEAM_EFFICIENCY = Gauge("gpusched_team_gpu_efficiency", "Busy / held GPU-seconds of a team (seff-like)", ["team"],
+                        registry=_R)
+JOB_EFFICIENCY = Gauge("gpusched_job_gpu_efficiency", "Busy / held GPU-seconds of a running job", ["job", "team"],
+                       registry=_R)
 
 GRANTS = Counter("gpusched_grants", "Gang grants appended to the log", ["placer", "level"], registry=_R)
 GRANTED_GPUS = Counter("gpusched_granted_gpus", "GPUs granted", ["team"], registry=_R)
@@ -44,6 +51,8 @@ PREEMPTIONS = Counter("gpusched_preemptions", "Preemptions requested, by victim 
 RELEASES = Counter("gpusched_releases", "GPUs released back to the queue, by reason", ["reason"], registry=_R)
 LOST_WORK = Counter("gpusched_lost_gpu_seconds", "GPU-seconds of work lost to preemption or failure", ["team"], registry=_R)
 FINISHED = Counter("gpusched_jobs_finished", "Jobs that reached a terminal state", ["state"], registry=_R)
+IDLE_TIMEOUTS = Counter("gpusched_idle_timeouts", "Idle jobs asked to yield by their idle timeout", ["team"],
+                        registry=_R)
 
 DECISION_SECONDS = Histogram(
     "gpusched_decision_seconds", "Time of one decision cycle of a service", ["service"], registry=_R,
@@ -117,6 +126,35 @@ def observe_state(state: Any) -> None:
     DEGRADED.set(1 if state.placement_degraded else 0)
     LOG_SEQ.set(state.last_seq)
     VIOLATIONS.set(len(state.broken))
+    observe_efficiency(state)
+
+
+_job_labels: set[tuple[str, str]] = set()
+
+
+def observe_efficiency(state: Any) -> None:
+    """Used versus held: per team and per running job, busy / held GPU-seconds as of the fold's
+    time (a job's labels go when it stops running, so the series stay bounded)."""
+    for team in sorted(state.teams):
+        held, busy = state.team_gpu_seconds(team)
+        TEAM_HELD_S.labels(team).set(held)
+        TEAM_BUSY_S.labels(team).set(busy)
+        TEAM_EFFICIENCY.labels(team).set(busy / held if held > 0 else 1.0)
+        GPUS_IDLE.labels(team).set(state.teams[team].idle_gpus)
+    live = set()
+    for job_id in state.running:
+        job = state.jobs[job_id]
+        held, busy = job.gpu_seconds(state.now)
+        key = (job_id, job.spec.team)
+        live.add(key)
+        JOB_EFFICIENCY.labels(*key).set(busy / held if held > 0 else 1.0)
+    for key in _job_labels - live:
+        try:
+            JOB_EFFICIENCY.remove(*key)
+        except KeyError:
+            pass
+    _job_labels.clear()
+    _job_labels.update(live)
 
 
 class FoldMetrics:
@@ -139,7 +177,7 @@ class FoldMetrics:
                 QUEUE_WAIT.labels(job.spec.priority).observe(max(0.0, e.at - since))
         elif isinstance(e, ev.PreemptionRequested):
             job = state.jobs.get(e.job_id)
-            PREEMPTIONS.labels(job.spec.team if job else "unknown").inc()
+            (IDLE_TIMEOUTS if e.cause == "idle" else PREEMPTIONS).labels(job.spec.team if job else "unknown").inc()
         elif isinstance(e, ev.GpusReleased):
             RELEASES.labels(e.reason).inc()
             job = state.jobs.get(e.job_id)
@@ -176,6 +214,6 @@ def attach(folded: Any) -> FoldMetrics:
 
 
 __all__ = [
-    "start_metrics_server", "stop_metrics_servers", "decision_timer", "handled", "observe_state",
+    "start_metrics_server", "stop_metrics_servers", "decision_timer", "handled", "observe_state", "observe_efficiency",
     "FoldMetrics", "attach", "DECISION_SECONDS", "CONFLICTS", "HANDLED", "QUEUE_WAIT",
 ]

@@ -27,6 +27,7 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "job_id": job.job_id,
         "name": spec.name,
         "team": spec.team,
+        "user": job.user,
         "state": job.state,
         "priority": spec.priority,
         "gpus_requested": spec.gpus,
@@ -59,8 +60,29 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "unhealthy_reason": job.unhealthy_reason,
         "logs": [{"attempt": r.attempt, "generation": r.generation, "rank": r.rank, "node": r.node, "path": r.path}
                  for r in job.logs],
+        "idle": msgspec.to_builtins(job.idle) if job.idle else None,
+        "idle_requeues": job.idle_requeues,
+        "yielded_idle": job.yielded_idle,
+        "gpu_s": _gpu_s(*job.gpu_seconds(state.now), state.now, len(job.gpus),
+                        len(job.gpus) if job.idle is not None else 0),
     }
     return doc
+
+
+def _gpu_s(held: float, busy: float, at: float, gpus: int, idle_gpus: int) -> dict[str, Any]:
+    """Held and busy GPU-seconds as of `at`, and what accrues after it (`accounting` extrapolates)."""
+    return {"held": round(held, 3), "busy": round(busy, 3), "at": at, "gpus": gpus, "idle_gpus": idle_gpus}
+
+
+def accounting(doc: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """GPU-hours held and busy (seff-like efficiency) of a job or team document, as of `now`: a
+    stored document is extended by what its GPUs held since it was written."""
+    g = doc["gpu_s"]
+    dt = 0.0 if now is None else max(0.0, now - g["at"])
+    held = g["held"] + g["gpus"] * dt
+    busy = g["busy"] + (g["gpus"] - g["idle_gpus"]) * dt
+    return {"gpu_hours_held": round(held / 3600, 4), "gpu_hours_busy": round(busy / 3600, 4),
+            "efficiency": round(busy / held, 4) if held > 0 else None}
 
 
 def gpu_status(state: ClusterState, g: str) -> str:
@@ -91,6 +113,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
             "job_id": rec.holder, "team": holder.spec.team if holder else None,
             "priority": holder.spec.priority if holder else None,
             "quarantined": rec.quarantined, "zombie_pids": rec.zombie_pids,
+            "idle": holder is not None and holder.idle is not None,
         })
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
@@ -110,7 +133,8 @@ def team_doc(state: ClusterState, name: str) -> dict[str, Any]:
         "share": round(t.held / total, 4), "entitled_share": round(t.quota.guaranteed / total, 4),
         "under_guarantee": t.held < t.quota.guaranteed,
         "pending_jobs": len(pending), "pending_gpus": sum(j.spec.gang_min for j in pending),
-        "running_jobs": len(running),
+        "running_jobs": len(running), "idle_gpus": t.idle_gpus,
+        "gpu_s": _gpu_s(*state.team_gpu_seconds(name), state.now, t.held, t.idle_gpus),
     }
 
 
@@ -143,13 +167,15 @@ def describe(event: ev.Event) -> str:
     k = type(event).__name__
     if k == "JobSubmitted":
         s = e.spec
-        return f"{e.job_id} submitted by {s.team}: {s.gpus} GPU(s), {s.priority}" + (" preemptible" if s.preemptible else "")
+        return f"{e.job_id} submitted by {s.team}{'/' + e.user if e.user else ''}: {s.gpus} GPU(s), {s.priority}" + (" preemptible" if s.preemptible else "")
     if k == "GpusGranted":
         return f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}{', backfill' if e.backfill else ''})"
     if k == "JobPending":
         return f"{e.job_id} pending: {e.reason}"
     if k == "JobStarted":
         return f"{e.job_id} started on {e.node} (attempt {e.attempt})"
+    if k in ("JobIdle", "JobBusy") or getattr(e, "cause", "") == "idle":
+        return _describe_idle(e)
     if k == "PreemptionRequested":
         return f"{e.job_id} preempted for {e.for_job}: {e.reason}"
     if k == "CheckpointSaved":
@@ -180,6 +206,8 @@ def describe(event: ev.Event) -> str:
         return f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}".rstrip()
     if k in ("GpuQuarantined", "GpuRestored"):
         return f"GPU {e.gpu} {'quarantined' if k == 'GpuQuarantined' else 'restored'}: {e.reason}"
+    if k == "SnapshotTaken":
+        return f"snapshot of the state at seq {e.seq} sealed"
     if k == "ZombieDetected":
         return f"zombie on {e.gpu}: pids {e.pids}"
     if k == "ZombieReclaimed":
@@ -194,9 +222,18 @@ def describe(event: ev.Event) -> str:
     return k
 
 
+def _describe_idle(e: Any) -> str:
+    if isinstance(e, ev.JobIdle):
+        return (f"{e.job_id} idle: GPUs under {e.threshold_pct:g}% for {e.window_s:.0f} s "
+                f"(mean {e.util_pct:.1f}%, max {e.util_pct_max:.1f}%, {e.memory_mb:.0f} MB per GPU)")
+    if isinstance(e, ev.JobBusy):
+        return f"{e.job_id} busy again ({e.gpu} at {e.util_pct:.0f}%)"
+    return f"{e.job_id} asked to checkpoint and yield: {e.reason}"
+
+
 def event_line(seq: int, event: ev.Event) -> dict[str, Any]:
     return {"seq": seq, "at": event.at, "type": type(event).__name__, "job_id": getattr(event, "job_id", None),
             "text": describe(event)}
 
 
-__all__ = ["job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]
+__all__ = ["accounting", "job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]

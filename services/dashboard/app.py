@@ -31,6 +31,7 @@ from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog
 
 from . import control
+from .guard import GUARD, Guard, api_session, guard_middleware
 
 log = structlog.get_logger()
 
@@ -39,6 +40,11 @@ FINISHED_SHOWN = 40
 QUEUE_SHOWN = 300
 PUSH_MIN_INTERVAL_S = 0.25  # at most 4 pushes a second per page
 
+
+
+def _accounted(doc: dict[str, Any], now: float) -> dict[str, Any]:
+    """A job or team document with its GPU-hours held and busy and its efficiency."""
+    return {**doc, **readmodel.accounting(doc, now)}
 
 class Series:
     """Team holdings over log time, one point per change (coalesced within `every_s`)."""
@@ -89,7 +95,7 @@ class Dashboard:
         for name in sorted(state.nodes):
             doc = readmodel.node_doc(state, name)
             racks.setdefault(doc["rack"], []).append(doc)
-        active = [readmodel.job_doc(state, state.jobs[j]) for j in list(state.running)]
+        active = [_accounted(readmodel.job_doc(state, state.jobs[j]), state.now) for j in list(state.running)]
         finished = [j for j in state.jobs.values() if j.state in ("completed", "failed", "cancelled", "timeout")]
         finished.sort(key=lambda j: (j.finished_at or 0.0), reverse=True)
         queue = readmodel.queue_docs(state)
@@ -100,7 +106,7 @@ class Dashboard:
             "now": state.now,
             "served_at": time.time(),
             "health": health,
-            "teams": [readmodel.team_doc(state, t) for t in teams],
+            "teams": [_accounted(readmodel.team_doc(state, t), state.now) for t in teams],
             "racks": [{"rack": r, "nodes": nodes} for r, nodes in sorted(racks.items())],
             "running": active,
             "queue": queue[:QUEUE_SHOWN],
@@ -205,7 +211,7 @@ async def api_job(request: web.Request) -> web.Response:
     job = state.jobs.get(job_id)
     if job is None:
         raise web.HTTPNotFound(text=json.dumps({"error": f"no job {job_id}"}), content_type="application/json")
-    out: dict[str, Any] = {"job": readmodel.job_doc(state, job)}
+    out: dict[str, Any] = {"job": _accounted(readmodel.job_doc(state, job), state.now)}
     if job.state == "pending":
         out["why_pending"] = explain_pending(state, job_id)
     return web.json_response(out)
@@ -313,11 +319,13 @@ DASH: web.AppKey[Dashboard] = web.AppKey("dash", Dashboard)
 STOP: web.AppKey[asyncio.Event] = web.AppKey("stop", asyncio.Event)
 
 
-def make_app(dash: Dashboard, stop: asyncio.Event) -> web.Application:
-    app = web.Application()
+def make_app(dash: Dashboard, stop: asyncio.Event, guard: Guard) -> web.Application:
+    app = web.Application(middlewares=[guard_middleware])
     app[DASH] = dash
     app[STOP] = stop
+    app[GUARD] = guard
     app.router.add_get("/", index)
+    app.router.add_get("/api/session", api_session)
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/api/state", api_state)
     app.router.add_get("/api/events", api_events)
@@ -331,21 +339,25 @@ def make_app(dash: Dashboard, stop: asyncio.Event) -> web.Application:
 
 
 async def run(nats_url: str | None, redis_url: str | None, host: str = "127.0.0.1", port: int = 8080,
-              stop: asyncio.Event | None = None, ready: asyncio.Event | None = None) -> None:
-    """Serve the dashboard until `stop` is set (the entry point `gpusched up` uses)."""
+              stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
+              guard: Guard | None = None) -> None:
+    """Serve the dashboard until `stop` is set (the entry point `gpusched up` uses). `guard`:
+    the login token and allowed hosts (default: `GPUSCHED_DASHBOARD_TOKEN` or a new token)."""
+    guard = guard or Guard.from_env(port, [] if host in ("127.0.0.1", "0.0.0.0", "::") else [host])
     telemetry.set_service("dashboard")
     stop = stop or asyncio.Event()
     event_log = await EventLog.open(nats_url, name="gpusched-dashboard")
     dash = Dashboard(event_log, redis_url)
     metrics.attach(dash.folded)
     await dash.folded.start()
-    app = make_app(dash, stop)
+    app = make_app(dash, stop, guard)
     runner = web.AppRunner(app, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     lease_task = asyncio.create_task(dash.watch_lease(stop))
-    log.info("dashboard_ready", url=f"http://{host}:{port}", seq=dash.folded.state.last_seq)
+    log.info("dashboard_ready", url=f"http://127.0.0.1:{port}/?token={guard.admin_token}", bound=host,
+             seq=dash.folded.state.last_seq)
     if ready is not None:
         ready.set()
     try:
@@ -361,9 +373,13 @@ async def run(nats_url: str | None, redis_url: str | None, host: str = "127.0.0.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1 only)")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME[:PORT]",
+                        help="another Host the dashboard is reached as (behind a proxy); repeatable")
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    await run(getattr(args, "nats", None), getattr(args, "redis", None), args.host, args.port, stop)
+    guard = Guard.from_env(args.port, [*getattr(args, "allow_host", []),
+                                       *([] if args.host in ("127.0.0.1", "0.0.0.0", "::") else [args.host])])
+    await run(getattr(args, "nats", None), getattr(args, "redis", None), args.host, args.port, stop, guard=guard)

@@ -35,11 +35,13 @@ from gpusched.core import events as ev
 from gpusched.core.heartbeat import (
     Heartbeat,
     InjectHealth,
+    InjectLeak,
     InjectStray,
     JobReport,
     KillProcesses,
     LogReply,
     NodeReply,
+    ResetGpu,
     SimulateCrash,
     decode_request,
 )
@@ -149,8 +151,7 @@ class NodeAgent:
         self.heartbeats = 0
         self.rejoin_at: int | None = None  # heartbeat count at which to register again
         self.crashed = False  # a simulated crash: silent, deaf, its processes gone
-        self._sub = None
-        self._logs_sub = None
+        self._subs: list = []
         self._swept = 0.0
 
     # --- registration ---------------------------------------------------------------------
@@ -314,7 +315,7 @@ class NodeAgent:
             if job is None or not job.holding or job.attempt != attempt:
                 return None
             return ev.JobFailed(at=time.time(), job_id=job_id, attempt=attempt,
-                                reason=f"launch error on node {self.node}: {error}")
+                                reason=f"launch error on node {self.node}: {error}", node=self.node)
 
         self.host.submit(failed, msg_id=f"launch-error:{job_id}:{attempt}")
         self._report_ended(key, None, "launch error")
@@ -323,7 +324,7 @@ class NodeAgent:
         self.jobs[run.id] = run
         self.host.track(run.job_id, self.node, True)
         if run.proc.pid:
-            self.backend.attach(run.gpus, run.proc.pid)
+            self.backend.attach(run.gpus, run.proc.pid, env=run.proc.launch.env)
         self._save_record(run)
 
     def _record_path(self, key: RunKey) -> Path:
@@ -433,7 +434,8 @@ class NodeAgent:
     def _report_checkpoint(self, run: RunningJob, ack: Ack) -> None:
         log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=ack.path, step=ack.step)
         event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=ack.path,
-                                   step=ack.step, rank=run.node_rank, generation=run.generation)
+                                   step=ack.step, rank=run.node_rank, generation=run.generation,
+                                   node=self.node)
         self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack.step}", cas=False)
 
     # --- processes --------------------------------------------------------------------------
@@ -602,22 +604,32 @@ class NodeAgent:
         return Heartbeat(node=self.node, at=time.time(), agent_id=self.agent_id, seq=self.heartbeats,
                          backend=self.backend.name, gpus=self.backend.sample(), jobs=jobs)
 
-    def control(self, data: bytes) -> NodeReply:
+    def control(self, data: bytes, kill_only: bool = False) -> NodeReply:
+        """One node-control request. `kill_only`: it came on the kill subject (what the
+        reconciler may send), where every other request is refused."""
         try:
             req = decode_request(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             return NodeReply(ok=False, node=self.node, error=str(err))
+        if kill_only and not isinstance(req, KillProcesses):
+            return NodeReply(ok=False, node=self.node, error=f"{type(req).__name__} is not accepted on the kill subject")
         if self.crashed:
             return NodeReply(ok=False, node=self.node, error="node is down (simulated crash)")
         try:
             if isinstance(req, KillProcesses):
                 return self._kill(req)
+            if isinstance(req, ResetGpu):
+                error = self.backend.reset(req.index)
+                log.warning("gpu_reset", node=self.node, index=req.index, reason=req.reason, error=error)
+                return NodeReply(ok=not error, node=self.node, error=error)
             if not isinstance(self.backend, SimBackend):
                 return NodeReply(ok=False, node=self.node, error=f"{req.__class__.__name__} needs the simulated backend")
             if isinstance(req, InjectStray):
                 self.backend.inject_stray(req.index, req.pid)
             elif isinstance(req, InjectHealth):
                 self.backend.inject_health(req.index, req.healthy, req.xid, req.reason)
+            elif isinstance(req, InjectLeak):
+                self.backend.inject_leak(req.index, req.memory_mb)
             elif isinstance(req, SimulateCrash):
                 self.host.crash(self.node, req.revive_after_s)
         except ValueError as err:
@@ -655,14 +667,15 @@ def exit_event(state: ClusterState, job_id: str, attempt: int, node: str, rc: in
     if job is None or not job.holding or job.attempt != attempt:
         return None
     if rc == 0:
-        return ev.JobCompleted(at=now, job_id=job_id, attempt=attempt, exit_code=0)
+        return ev.JobCompleted(at=now, job_id=job_id, attempt=attempt, exit_code=0, node=node)
     if job.spec.on_failure == "requeue" and job.restarts < job.spec.max_restarts:
         since = job.started_at or now
         if job.checkpoint is not None and job.checkpoint.attempt == attempt:
             since = max(since, job.checkpoint.at)
         return ev.GpusReleased(at=now, job_id=job_id, reason="process_failed",
-                               lost_gpu_s=round(len(job.gpus) * max(0.0, now - since), 3))
-    return ev.JobFailed(at=now, job_id=job_id, attempt=attempt, reason=f"exit code {rc} on node {node}", exit_code=rc)
+                               lost_gpu_s=round(len(job.gpus) * max(0.0, now - since), 3), node=node)
+    return ev.JobFailed(at=now, job_id=job_id, attempt=attempt, reason=f"exit code {rc} on node {node}", exit_code=rc,
+                        node=node)
 
 
 def _write_json(path: Path, obj: object) -> None:
@@ -754,8 +767,11 @@ class NodeHost:
                     log.warning("job_not_adopted", job=job_id, node=node,
                                 hint="no provable process: reported ended; the reconciler requeues it")
         for agent in self.agents.values():
-            agent._sub = await self.nc.subscribe(subjects.node_control_subject(agent.node), cb=self._control_cb(agent))
-            agent._logs_sub = await self.nc.subscribe(subjects.node_logs_subject(agent.node), cb=self._logs_cb(agent))
+            agent._subs = [
+                await self.nc.subscribe(subjects.node_control_subject(agent.node), cb=self._control_cb(agent)),
+                await self.nc.subscribe(subjects.node_kill_subject(agent.node), cb=self._control_cb(agent, kill_only=True)),
+                await self.nc.subscribe(subjects.node_logs_subject(agent.node), cb=self._logs_cb(agent)),
+            ]
         await self.nc.flush()
         self._tasks = [
             asyncio.create_task(self._writer(), name="nodeagent-writer"),
@@ -791,9 +807,9 @@ class NodeHost:
             for agent, launch in mine:
                 agent.on_event(e, state, rec.seq, launch)
 
-    def _control_cb(self, agent: NodeAgent):
+    def _control_cb(self, agent: NodeAgent, kill_only: bool = False):
         async def cb(msg) -> None:
-            reply = agent.control(msg.data)
+            reply = agent.control(msg.data, kill_only)
             if msg.reply:
                 await msg.respond(msgspec.json.encode(reply))
         return cb
@@ -890,12 +906,11 @@ class NodeHost:
                 log.warning("nodeagent_flush_incomplete", queued=self._queue.qsize())
         await cancel_tasks(self._tasks)
         for agent in self.agents.values():
-            for sub in (agent._sub, agent._logs_sub):
-                if sub is not None:
-                    try:
-                        await sub.unsubscribe()
-                    except Exception:
-                        pass
+            for sub in agent._subs:
+                try:
+                    await sub.unsubscribe()
+                except Exception:
+                    pass
         await self.folded.stop()
         for agent in self.agents.values():
             agent.backend.close()

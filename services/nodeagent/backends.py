@@ -2,14 +2,18 @@
 
 A backend answers two questions: which GPUs does this node have (UUID, model, memory, NVLink
 domain), and what is happening on them now (memory, utilization, processes, health). The
-simulated backend also lets tests and the chaos demo inject stray processes and XIDs.
+simulated backend also lets tests and the chaos demo inject stray processes, XIDs and leaked
+memory, and takes a job's utilization from its environment (`GPUSCHED_SIM_UTIL`, percent).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import uuid
+from collections.abc import Mapping
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -27,6 +31,18 @@ CRITICAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 121, 14
 
 #: Pids at or above this are placeholders of simulated jobs, never real (Linux pid_max <= 2**22).
 VIRTUAL_PID_BASE = 1 << 22
+#: A job's environment variable that sets its simulated GPU utilization (percent; default busy).
+SIM_UTIL_ENV = "GPUSCHED_SIM_UTIL"
+SIM_BUSY_PCT = 97.0
+
+
+def sim_util(env: Mapping[str, str] | None) -> float:
+    """The utilization a simulated job shows: `GPUSCHED_SIM_UTIL` clamped to 0..100, else busy."""
+    raw = (env or {}).get(SIM_UTIL_ENV)
+    try:
+        return min(100.0, max(0.0, float(raw))) if raw is not None else SIM_BUSY_PCT
+    except ValueError:
+        return SIM_BUSY_PCT
 
 
 class BackendUnavailable(RuntimeError):
@@ -40,13 +56,17 @@ class GpuBackend(Protocol):
 
     def sample(self) -> list[GpuSample]: ...
 
-    def attach(self, indices: Sequence[int], pid: int) -> None:
-        """The agent started `pid` on these GPUs (the simulated backend reports it there)."""
+    def attach(self, indices: Sequence[int], pid: int, env: Mapping[str, str] | None = None) -> None:
+        """The agent started `pid` on these GPUs (the simulated backend reports it there, busy
+        as its `GPUSCHED_SIM_UTIL` says; `env` None keeps what an earlier attach said)."""
 
     def detach(self, pid: int) -> None: ...
 
     def kill(self, pid: int) -> str:
         """SIGKILL a process seen on a GPU: "killed" or "missing"."""
+
+    def reset(self, index: int) -> str:
+        """Reset a GPU whose memory leaked: "" on success, else why not."""
 
     def close(self) -> None: ...
 
@@ -96,15 +116,34 @@ class SimBackend:
         self._jobs: dict[int, tuple[int, ...]] = {}  # pid -> GPU indices
         self._strays: dict[int, dict[int, bool]] = {}  # index -> {pid: is a real process}
         self._health: dict[int, tuple[int | None, str]] = {}  # index -> (xid, reason) while unhealthy
+        self._util: dict[int, float] = {}  # pid -> utilization it shows
+        self._leaks: dict[int, int] = {}  # index -> MB in use by no process
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
 
-    def attach(self, indices: Sequence[int], pid: int) -> None:
+    def attach(self, indices: Sequence[int], pid: int, env: Mapping[str, str] | None = None) -> None:
         self._jobs[pid] = tuple(indices)
+        if env is not None or pid not in self._util:
+            self._util[pid] = sim_util(env)
 
     def detach(self, pid: int) -> None:
-        self._jobs.pop(pid, None)
+        self._jobs.pop(pid, None)  # its utilization is forgotten at the next sample
+
+    def inject_leak(self, index: int, memory_mb: int) -> None:
+        self._check_index(index)
+        if memory_mb > 0:
+            self._leaks[index] = min(memory_mb, self._gpus[index].memory_mb)
+        else:
+            self._leaks.pop(index, None)
+
+    def reset(self, index: int) -> str:
+        """A GPU reset frees leaked memory; refused while a process is on the GPU."""
+        self._check_index(index)
+        if any(index in gpus for gpus in self._jobs.values()) or self._strays.get(index):
+            return "refused: processes on the GPU"
+        self._leaks.pop(index, None)
+        return ""
 
     def inject_stray(self, index: int, pid: int) -> None:
         self._check_index(index)
@@ -129,6 +168,8 @@ class SimBackend:
         for pid, indices in self._jobs.items():
             for i in indices:
                 on_gpu.setdefault(i, []).append(pid)
+        for pid in [p for p in self._util if p not in self._jobs]:
+            del self._util[pid]
         out = []
         for g in self._gpus:
             jobs = on_gpu.get(g.index, [])
@@ -136,11 +177,12 @@ class SimBackend:
             for pid in [p for p, real in strays.items() if real and not process_alive(p)]:
                 del strays[pid]
             pids = sorted(jobs + list(strays))
-            used = min(g.memory_mb, len(jobs) * (g.memory_mb * 3 // 4) + len(strays) * 512)
+            used = min(g.memory_mb, len(jobs) * (g.memory_mb * 3 // 4) + len(strays) * 512
+                       + self._leaks.get(g.index, 0))
             xid, reason = self._health.get(g.index, (None, ""))
             out.append(GpuSample(
                 index=g.index, uuid=g.uuid, memory_used_mb=used, memory_total_mb=g.memory_mb,
-                utilization_pct=97.0 if jobs else 0.0, pids=pids,
+                utilization_pct=max((self._util.get(p, SIM_BUSY_PCT) for p in jobs), default=0.0), pids=pids,
                 healthy=g.index not in self._health, health=reason, xid=xid,
             ))
         return out
@@ -357,8 +399,21 @@ class NvmlBackend:
             ))
         return out
 
-    def attach(self, indices: Sequence[int], pid: int) -> None:
+    def attach(self, indices: Sequence[int], pid: int, env: Mapping[str, str] | None = None) -> None:
         pass  # NVML sees real processes by itself
+
+    def reset(self, index: int) -> str:
+        """`nvidia-smi --gpu-reset` (NVML has no reset call); refused while NVML sees a process
+        on the GPU. Needs root and no other client on the GPU; the error says what failed."""
+        h = self.handles[index]
+        procs = self._call(self.nv.nvmlDeviceGetComputeRunningProcesses, h, default=[]) or []
+        if procs:
+            return f"refused: {len(procs)} process(es) on the GPU"
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            return "nvidia-smi not found"
+        done = subprocess.run([smi, "--gpu-reset", "-i", str(index)], capture_output=True, text=True, timeout=60)
+        return "" if done.returncode == 0 else (done.stderr or done.stdout).strip()[:300]
 
     def detach(self, pid: int) -> None:
         pass

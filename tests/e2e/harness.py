@@ -1,8 +1,11 @@
 """The control-plane e2e harness: real nats-server and redis-server (tests/conftest.py), real
 service processes (`gpusched service run NAME`, killable with SIGKILL), a client, and a local
 fold of the log to wait on. The test plays the node daemon where it needs one (appending
-`JobStarted`, `CheckpointSaved`, `JobCompleted`). After every test the whole log is folded again
-and must show no broken invariant, and fold the same twice.
+`JobStarted`, `CheckpointSaved`, `JobCompleted`). Each service signs with a key of its own role
+(`GPUSCHED_SIGNING_SEED`, the hook trust-auth's identities plug into). After every test the whole
+log is folded again and must show no broken invariant, fold the same twice, and pass the trust
+audit: every service's fact signed by a role that may write it, none missing, altered or moved
+(the harness's own appends, as the node daemon, are unsigned and only counted).
 
 Test modules import the fixture: `from .harness import harness  # noqa: F401`.
 """
@@ -10,6 +13,7 @@ Test modules import the fixture: `from .harness import harness  # noqa: F401`.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import time
@@ -23,6 +27,7 @@ from gpusched.bus.log import EventLog
 from gpusched.cli.stack import register_simulated_nodes, spawn_service, stop_processes
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState, stale_live
+from gpusched.security import keyring
 
 #: Short leases and grace periods keep the chaos scenarios fast.
 LEASE_TTL_MS = 600
@@ -166,8 +171,15 @@ async def harness(nats_url, redis_url, tmp_path):
     if state.violations():
         first = state.violations()[0].seq
         log = await EventLog.open(nats_url, name="e2e-audit")
-        around = [f"{rec.seq} {rec.subject} {rec.event}" async for rec in log.records(max(1, first - 8), first + 3)]
+        until = min(first + 3, await log.last_seq())  # records() waits for a sequence past the end
+        around = [f"{rec.seq} {rec.subject} {rec.event}" async for rec in log.records(max(1, first - 8), until)]
         await log.close()
         raise AssertionError(f"{state.violations()}\naround the first:\n" + "\n".join(around))
     again = await rebuild(nats_url)
     assert again.summary() == state.summary()
+    from gpusched.cli.replay import audit_stream
+    from gpusched.security.audit import Audit
+
+    audit = Audit(keyring.load(Path(os.environ["GPUSCHED_IDENTITY_DIR"]).parent / "keys.json"), allow_unsigned=True)
+    await audit_stream(nats_url, audit)
+    assert audit.findings == [], audit.findings[:5]

@@ -16,6 +16,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota
 from gpusched.services import dashboard
 from gpusched.services.dashboard import control
+from gpusched.services.dashboard.guard import Guard
 
 pytestmark = pytest.mark.browser
 
@@ -58,11 +59,13 @@ async def test_dashboard_live_and_controls(nats_url, browser, artifacts):
 
     port = free_port()
     ready = asyncio.Event()
-    dash = asyncio.create_task(dashboard.run(nats_url, None, "127.0.0.1", port, stop, ready))
+    guard = Guard("test-login-token", port)
+    dash = asyncio.create_task(dashboard.run(nats_url, None, "127.0.0.1", port, stop, ready, guard=guard))
     await asyncio.wait_for(ready.wait(), 15)
     page = await browser.new_page(viewport={"width": 1500, "height": 900})
     try:
-        await page.goto(f"http://127.0.0.1:{port}/")
+        await page.goto(f"http://127.0.0.1:{port}/?token=test-login-token")  # as `gpusched up` prints it
+        assert page.url == f"http://127.0.0.1:{port}/"  # the token leaves the address bar for a cookie
         await page.wait_for_selector('.gpu[data-gpu="node-000/0"][data-job="train-a"]', timeout=10_000)
         assert await page.locator(".gpu").count() == 32
         assert "waiting for 32 free GPUs" in await page.locator("#queue").inner_text()

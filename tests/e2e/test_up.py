@@ -65,6 +65,10 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
             assert time.monotonic() < deadline, {j: state.jobs[j].state for j in jobs if j in state.jobs}
             await asyncio.sleep(0.3)
         assert state.violations() == []
+        # every fact so far was signed by the service (or node daemon) whose role decides it
+        audit = _cli("replay", "--verify", "--keys", str(data / "trust" / "keys.json"), "--json", env=env)
+        assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr
+        assert json.loads(audit.stdout)["trust"]["unsigned"] == 0
 
         # Each service serves Prometheus metrics driven by its own fold of the log.
         services = list(stack["services"])

@@ -47,6 +47,7 @@ async def test_a_fold_restarts_from_a_snapshot_and_replays_only_the_tail(event_l
     import msgspec
 
     from gpusched.core.state import ClusterState
+    from gpusched.security import snapshots
 
     await event_log.append(ev.NodeRegistered(at=0, node="n0", rack="r0", gpus=[GpuInfo(index=i, uuid=f"u{i}") for i in range(8)]))
     for j in range(4):
@@ -55,12 +56,13 @@ async def test_a_fold_restarts_from_a_snapshot_and_replays_only_the_tail(event_l
     snapshot = ClusterState()
     async for seq, e in event_log.replay():
         snapshot.apply(e, seq)
+    await snapshots.append_seal(event_log, snapshot)  # as the projector does after writing one
     await event_log.append(ev.GpusGranted(at=3, job_id="j1", attempt=1, gpus=["n0/2", "n0/3"]))
     await event_log.append(ev.JobCompleted(at=4, job_id="j0", attempt=1))
 
     tail_only = await FoldedLog.open(nats_url, "restarted", snapshot=ClusterState.restore(snapshot.snapshot()))
     from_scratch = await FoldedLog.open(nats_url, "scratch")
-    assert tail_only.seen_seq == from_scratch.seen_seq == 8
+    assert tail_only.seen_seq == from_scratch.seen_seq == 9
     assert msgspec.msgpack.encode(tail_only.state) == msgspec.msgpack.encode(from_scratch.state)
     assert tail_only.alloc_seq == from_scratch.alloc_seq
     # it decides and appends like any writer
@@ -69,13 +71,17 @@ async def test_a_fold_restarts_from_a_snapshot_and_replays_only_the_tail(event_l
 
     marked = ClusterState.restore(snapshot.snapshot())
     marked.requests["marker"] = "from-the-snapshot"  # only a fold that started from it has this
-    resumed = await FoldedLog.open(nats_url, "marked", snapshot=marked)
-    assert resumed.state.requests.get("marker") == "from-the-snapshot" and resumed.seen_seq == 9
+    altered = await FoldedLog.open(nats_url, "altered", snapshot=marked)  # no seal vouches for it
+    assert "marker" not in altered.state.requests and altered.seen_seq == 10
+    await altered.close()
+    await snapshots.append_seal(event_log, marked)
+    resumed = await FoldedLog.open(nats_url, "marked", snapshot=ClusterState.restore(marked.snapshot()))
+    assert resumed.state.requests.get("marker") == "from-the-snapshot" and resumed.seen_seq == 11
     await resumed.close()
 
     future = ClusterState.restore(snapshot.snapshot())
     future.last_seq = 10_000  # a snapshot of another (longer) stream: ignored
     ignored = await FoldedLog.open(nats_url, "ignored", snapshot=future)
-    assert ignored.seen_seq == 9 and "j2" in ignored.state.running
+    assert ignored.seen_seq == 11 and "j2" in ignored.state.running
     for f in (tail_only, from_scratch, ignored):
         await f.close()

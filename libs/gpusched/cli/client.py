@@ -21,7 +21,7 @@ TOPOLOGY = {"nvlink": "nvlink", "node": "node", "rack": "rack", "block": "block"
 async def _send(args: argparse.Namespace, call) -> CommandReply:
     from gpusched.bus.client import Client
 
-    client = await Client.connect(args.nats, timeout=args.timeout)
+    client = await Client.connect(args.nats, timeout=args.timeout, team=getattr(args, "as_team", None))
     try:
         return await call(client)
     finally:
@@ -29,10 +29,16 @@ async def _send(args: argparse.Namespace, call) -> CommandReply:
 
 
 def _run(args: argparse.Namespace, call, ok_text) -> int:
-    from gpusched.bus.client import ControlPlaneUnavailable
+    from gpusched.bus.client import ControlPlaneUnavailable, NotPermitted
 
     try:
         reply = asyncio.run(_send(args, call))
+    except NotPermitted as err:
+        print(f"gpusched {args.command}: not permitted: {err}", file=sys.stderr)
+        return 1
+    except PermissionError as err:
+        print(f"gpusched {args.command}: {err}", file=sys.stderr)
+        return 2
     except ControlPlaneUnavailable as err:
         print(f"gpusched {args.command}: {err}", file=sys.stderr)
         return 2
@@ -112,6 +118,11 @@ def cmd_drain(args: argparse.Namespace) -> int:
                 lambda r: f"node {args.node} {'undrained' if args.undo else 'drained'}")
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    return _run(args, lambda c: c.restore_gpu(args.gpu, reason=args.reason),
+                lambda r: f"GPU {args.gpu} back in service")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats", default=None, help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for admission's reply")
@@ -149,8 +160,10 @@ def register(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("cancel", help="cancel a pending or running job")
+    p = sub.add_parser("cancel", help="cancel a pending or running job (a tenant: its own team's only)")
     p.add_argument("job")
+    p.add_argument("--team", dest="as_team", default=None,
+                   help="a platform's credentials: the team whose job it cancels (default: its first)")
     p.add_argument("--reason", default="cancelled by user")
     _common(p)
     p.set_defaults(func=cmd_cancel)
@@ -169,3 +182,9 @@ def register(sub) -> None:
     p.add_argument("--reason", default="")
     _common(p)
     p.set_defaults(func=cmd_drain)
+
+    p = sub.add_parser("restore", help="put a quarantined GPU back into service (admin)")
+    p.add_argument("gpu", help="NODE/INDEX, as `gpusched nodes --json` names it")
+    p.add_argument("--reason", default="")
+    _common(p)
+    p.set_defaults(func=cmd_restore)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: Modules that add subcommands, in the order `--help` lists them.
@@ -15,6 +16,7 @@ COMMAND_MODULES = (
     "gpusched.cli.demo",  # demo (the chaos scene)
     "gpusched.cli.replay",  # replay (audit), schemas
     "gpusched.cli.sim",  # sim (trace simulation)
+    "gpusched.cli.users",  # user add|list|revoke
 )
 
 
@@ -29,11 +31,28 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for name, command in sub.choices.items():
+        if name != "service":  # services take their credentials from $GPUSCHED_CREDS
+            _add_creds(command)
     return parser
+
+
+def _add_creds(parser: argparse.ArgumentParser) -> None:
+    """`--creds FILE` on every command (and sub-action): the identity to connect as."""
+    sub = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if sub:
+        for child in sub[0].choices.values():
+            _add_creds(child)
+        return
+    if not any("--creds" in a.option_strings for a in parser._actions):
+        parser.add_argument("--creds", default=None, metavar="FILE",
+                            help="credentials (an nkey seed file; default: $GPUSCHED_CREDS, then the client config)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "creds", None):
+        os.environ["GPUSCHED_CREDS"] = args.creds  # explicit beats the environment and the config
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -22,9 +22,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from gpusched.bus.servers import Server, free_port, port_free, start_nats, start_redis
 from gpusched.bus.log import connect
+from gpusched.bus.servers import Server, free_port, port_free, start_nats, start_redis
+from gpusched.security import clientconfig
+from gpusched.security import trust as trust_mod
 from gpusched.services.dashboard import control
 
 
@@ -38,16 +41,32 @@ def service_command(name: str, nats_url: str, redis_url: str, *extra: str) -> li
             "--redis", redis_url, *extra]
 
 
+def service_creds(name: str, identity_dir: str | os.PathLike | None = None) -> str | None:
+    """The credentials a service runs with: its own role's identity from `identity_dir` (or
+    $GPUSCHED_IDENTITY_DIR, which `up` and the test fixtures set), else whatever the caller has."""
+    directory = identity_dir or os.environ.get("GPUSCHED_IDENTITY_DIR")
+    if directory:
+        path = Path(directory) / f"{name}.nk"
+        if path.exists():
+            return str(path)
+    return os.environ.get("GPUSCHED_CREDS")
+
+
 def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | tuple[str, ...] = (),
-                  log_path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+                  log_path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+                  creds: str | os.PathLike | None = None) -> subprocess.Popen:
     """Start one service as a subprocess in its own session (signals from a terminal reach
-    only `up`, which stops the services in order). Used by `up`, the e2e tests and the bench."""
+    only `up`, which stops the services in order), as its own identity (`service_creds`).
+    Used by `up`, the e2e tests and the bench."""
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
     # The project's interpreter comes first on PATH, so a job's `python` on the simulated nodes
     # is the one gpusched (and its job SDK) is installed in.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     full_env = {**os.environ, "PATH": path, "GPUSCHED_NATS_URL": nats_url, "GPUSCHED_REDIS_URL": redis_url,
                 **(env or {})}
+    creds = creds or service_creds(name)
+    if creds:
+        full_env["GPUSCHED_CREDS"] = str(creds)
     try:
         return subprocess.Popen(service_command(name, nats_url, redis_url, *extra), stdout=out,
                                 stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
@@ -78,6 +97,7 @@ class Child:
     restarts: int = 0
     died_at: float | None = None
     held: bool = False  # stopped on purpose (dashboard control): not restarted
+    env: dict[str, str] = field(default_factory=dict)  # secrets for this child only (not on argv)
 
 
 @dataclass
@@ -90,17 +110,57 @@ class Stack:
     servers: list[Server] = field(default_factory=list)
     children: dict[str, Child] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    trust: Any = None  # security.trust.TrustStore of the embedded NATS
+    ca: str | None = None
 
     # --- start ------------------------------------------------------------------------------
+
+    @property
+    def admin_creds(self) -> str | None:
+        """What `up` itself connects with: its own admin identity, or (external NATS) the caller's."""
+        return str(self.trust.creds("admin")) if self.trust is not None else None
+
+    def creds_for(self, service: str) -> str | None:
+        if self.trust is None:
+            return None  # external NATS: the services use the caller's credentials
+        return str(self.trust.creds(trust_mod.NODE_HOST if service == "nodeagent" else service))
+
+    def start_trust(self) -> None:
+        """The stack's identities (created on first start, kept in DATA/trust) and, when the
+        caller already holds admin credentials ($GPUSCHED_CREDS), those too."""
+        from gpusched.security import identity, keyring
+        from gpusched.services.nodeagent.main import sim_node_names
+
+        self.trust = trust_mod.TrustStore(self.data_dir / "trust")
+        self.trust.ensure_stack(sim_node_names(self.args.nodes))
+        caller = os.environ.get("GPUSCHED_CREDS")
+        if caller and Path(caller).exists():
+            ident = identity.load(caller)
+            ring = self.trust.ring()
+            if ident.role == "admin" and ident.public_key not in ring.keys:
+                ring.add(ident.public_key, keyring.Principal(name=f"caller-{ident.name}", role="admin"))
+                keyring.save(ring, self.trust.keys_file)
 
     def start_servers(self) -> None:
         a = self.args
         if a.nats:
             self.nats_url = a.nats
         else:
-            server = start_nats(_preferred_port(a.nats_port), store_dir=self.data_dir / "nats")
+            from gpusched.security.bootstrap import create_streams_sync
+
+            self.start_trust()
+            tls = None
+            if a.tls:
+                from gpusched.security import tlsgen
+
+                tls = tlsgen.ensure(self.data_dir / "tls")
+                self.ca = tls["ca_file"]
+                os.environ["GPUSCHED_CA"] = self.ca  # this process and its children verify the server
+            server = start_nats(_preferred_port(a.nats_port), store_dir=self.data_dir / "nats", trust=self.trust,
+                                tls=tls)
             self.servers.append(server)
             self.nats_url = server.url
+            create_streams_sync(self.nats_url, self.admin_creds)
         if a.redis:
             self.redis_url = a.redis
         else:
@@ -119,15 +179,22 @@ class Stack:
         extra: dict[str, list[str]] = {
             "placement": [*policy, *ttl],
             "preemptor": policy,
+            "reconciler": policy,  # idle_util_pct, idle_after_s
             "fallback": ttl,
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
                           "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2"],
         }
+        env: dict[str, dict[str, str]] = {}
         if "dashboard" in wanted and registry.available("dashboard"):
+            from gpusched.services.dashboard.guard import new_token
+
             port = _preferred_port(a.dashboard_port)
             extra["dashboard"] = ["--port", str(port)]
-            self.dashboard_url = f"http://127.0.0.1:{port}"
+            token = os.environ.get("GPUSCHED_DASHBOARD_TOKEN") or new_token()  # the login, as Jupyter's
+            env["dashboard"] = {"GPUSCHED_DASHBOARD_TOKEN": token,  # admins may also sign in with their nkey
+                                "GPUSCHED_KEYS": str(self.data_dir / "trust" / "keys.json")}
+            self.dashboard_url = f"http://127.0.0.1:{port}/?token={token}"
         for i, name in enumerate(wanted):
             if name not in registry.SERVICES:
                 raise SystemExit(f"gpusched up: unknown service {name!r}; known: {', '.join(registry.SERVICES)}")
@@ -137,13 +204,13 @@ class Stack:
             argv = extra.get(name, [])
             if a.metrics_port_base and name != "dashboard":  # the dashboard serves /metrics itself
                 argv = [*argv, "--metrics-port", str(a.metrics_port_base + i)]
-            self.children[name] = Child(name, argv)
+            self.children[name] = Child(name, argv, env=env.get(name, {}))
 
     def spawn(self, child: Child) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         child.proc = spawn_service(child.name, self.nats_url, self.redis_url, child.argv_extra,
-                                   log_path=logs / f"{child.name}.log")
+                                   log_path=logs / f"{child.name}.log", creds=self.creds_for(child.name), env=child.env)
         child.died_at = None
         self.write_state()
 
@@ -153,8 +220,12 @@ class Stack:
             "data_dir": str(self.data_dir), "pid": os.getpid(),
             "services": {n: c.proc.pid for n, c in self.children.items() if c.proc is not None},
         }
+        if self.trust is not None:
+            state["admin_creds"] = self.admin_creds
         tmp = self.data_dir / "stack.json.tmp"
+        tmp.touch(mode=0o600)  # it holds the dashboard's login URL
         tmp.write_text(json.dumps(state, indent=2))
+        os.chmod(tmp, 0o600)  # it names the Redis password
         tmp.replace(self.data_dir / "stack.json")
 
     # --- readiness ----------------------------------------------------------------------------
@@ -175,7 +246,7 @@ class Stack:
 
         deadline = time.monotonic() + timeout
         own = [n for n in ("admission", "placement", "fallback", "preemptor", "quota_ledger") if n in self.children]
-        log = await EventLog.open(self.nats_url, name="gpusched-up")
+        log = await EventLog.open(self.nats_url, name="gpusched-up", creds=self.admin_creds)
         try:
             if "nodeagent" not in self.children:
                 await register_simulated_nodes(log, self.args.nodes, self.args.gpus_per_node,
@@ -191,7 +262,7 @@ class Stack:
                     seq = s
                 nodes_ok = len(state.nodes) >= self.args.nodes
                 services_ok = all(self.ready_line_seen(n) for n in own)
-                dash_ok = self.dashboard_url is None or _http_ok(self.dashboard_url)
+                dash_ok = self.dashboard_url is None or _http_ok(self.dashboard_url.split("/?")[0] + "/healthz")
                 if nodes_ok and services_ok and dash_ok:
                     return
                 if time.monotonic() > deadline:
@@ -224,6 +295,14 @@ class Stack:
         stop_processes([c.proc for c in self.children.values() if c.proc is not None])
         for server in reversed(self.servers):
             server.stop()
+
+
+def _without_password(url: str) -> str:
+    """A Redis URL fit to print (the password stays in stack.json and the client config, 0600)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return url if not parts.password else url.replace(f":{parts.password}@", ":***@", 1)
 
 
 def _http_ok(url: str) -> bool:
@@ -283,12 +362,19 @@ def cmd_up(args: argparse.Namespace) -> int:
                 ready.cancel()
                 return 0
             ready.result()
-            controls = await connect(stack.nats_url, name="gpusched-up")
+            controls = await connect(stack.nats_url, name="gpusched-up", creds=stack.admin_creds)
+            if stack.trust is not None and not args.no_client_config:
+                written = clientconfig.write({"nats": stack.nats_url, "redis": stack.redis_url,
+                                              "creds": stack.admin_creds, "ca": stack.ca,
+                                              "trust": str(stack.trust.dir)})
             await control.serve_controls(controls, control.stack_handlers(stack))  # dashboard stop/start
-            parts = [f"nats {stack.nats_url}", f"redis {stack.redis_url}"]
+            parts = [f"nats {stack.nats_url}", f"redis {_without_password(stack.redis_url)}"]
             if stack.dashboard_url:
                 parts.append(f"dashboard {stack.dashboard_url}")
             parts.append(f"{args.nodes} nodes x {args.gpus_per_node} GPUs, policy {args.policy}, data {data_dir}")
+            if stack.trust is not None:
+                parts.append(f"admin creds {stack.admin_creds}"
+                             + ("" if args.no_client_config else f" (client config {written})"))
             if stack.missing:
                 parts.append(f"not installed: {', '.join(stack.missing)}")
             print("gpusched up: ready - " + " | ".join(parts), flush=True)
@@ -363,6 +449,10 @@ def register(sub) -> None:
     up.add_argument("--restart-delay", type=float, default=5.0, help="seconds before a dead service is restarted")
     up.add_argument("--no-restart", action="store_true", help="leave dead services dead (chaos demos)")
     up.add_argument("--ready-timeout", type=float, default=60.0)
+    up.add_argument("--tls", action="store_true",
+                    help="NATS over TLS with a local CA generated under DATA/tls (clients verify it)")
+    up.add_argument("--no-client-config", action="store_true",
+                    help="do not write the client config ($GPUSCHED_CONFIG or ~/.config/gpusched/config.toml)")
     up.set_defaults(func=cmd_up)
 
     service = sub.add_parser("service", help="run one service (the form deploy files use)")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -72,7 +71,9 @@ async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: b
 
 
 def _redis_configured(redis: str | None) -> bool:
-    return bool(redis or os.environ.get("GPUSCHED_REDIS_URL"))
+    from gpusched.security import clientconfig
+
+    return bool(clientconfig.resolve("redis", redis, "GPUSCHED_REDIS_URL"))
 
 
 def _redis_client(redis: str | None):
@@ -111,6 +112,37 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             await views.close()
     state = await fold_state(args.nats, args.redis)
     return docs_from_state(state, what), {"source": "log", "seq": state.last_seq, "at": state.now}
+
+
+async def usage(redis: str | None) -> dict[str, dict[str, Any]]:
+    """The reconciler's used-versus-held read model (empty without Redis or a reconciler)."""
+    if not _redis_configured(redis):
+        return {}
+    from gpusched.services.projector import Views
+
+    views = Views.connect(redis)
+    try:
+        return await asyncio.wait_for(views.usage(), 3)
+    except Exception:  # noqa: BLE001 - telemetry is optional
+        return {}
+    finally:
+        await views.close()
+
+
+def with_accounting(what: str, docs: list[dict[str, Any]], now: float,
+                    used: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Jobs and teams with GPU-hours held and busy (and efficiency) as of `now`; running jobs
+    with their mean utilization and memory over the reconciler's last window (`usage`)."""
+    if what not in ("jobs", "teams"):
+        return docs
+    out = []
+    for d in docs:
+        d = {**d, **readmodel.accounting(d, now)}
+        if what == "jobs":
+            u = (used or {}).get(d["job_id"])
+            d["usage"] = u if u is not None and u.get("attempt") == d["attempt"] and d["gpus"] else None
+        out.append(d)
+    return out
 
 
 def docs_from_state(state: ClusterState, what: str) -> list[dict[str, Any]]:
@@ -189,7 +221,7 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
 
     now = display_now(meta)
     table = Table(caption=_caption(meta), header_style="bold")
-    for col in ("JOB", "TEAM", "STATE", "PRIO", "GPUS", "HELD ON", "AGE", "DETAIL"):
+    for col in ("JOB", "TEAM/USER", "STATE", "PRIO", "GPUS", "HELD ON", "AGE", "USE", "DETAIL"):
         table.add_column(col, no_wrap=col != "DETAIL", overflow="fold" if col == "HELD ON" else "ellipsis",
                          min_width=20 if col == "DETAIL" else None)
     for d in docs:
@@ -200,8 +232,11 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
             detail = d["pending_reason"] or "waiting for the next placement cycle"
         elif d["state"] in ("starting", "running"):
             detail = f"{d['level']} via {d['placer']}" + (" (backfill)" if d["backfill"] else "")
+            if d.get("idle"):
+                detail = f"[red]idle {_dur(now - d['idle']['since'])}[/] (< {d['idle']['threshold_pct']:g}%); " + detail
             if d.get("preemption"):
-                detail += f"; preempting for {d['preemption']['for_job']}"
+                p = d["preemption"]
+                detail += "; idle timeout: yielding" if p.get("cause") == "idle" else f"; preempting for {p['for_job']}"
             if d.get("unhealthy_gpus"):
                 detail += f"; [red]on unhealthy GPU {compress_gpus(d['unhealthy_gpus'])}[/]"
         else:
@@ -209,23 +244,37 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         since = d["started_at"] if d["state"] in ("starting", "running") else d["submitted_at"]
         age = _dur(now - since) if d["state"] not in ("completed", "failed", "cancelled", "timeout") else "-"
         style = STATE_STYLE.get(d["state"], "")
-        table.add_row(d["job_id"], d["team"], f"[{style}]{d['state']}[/]", d["priority"], gpus,
-                      compress_gpus(d["gpus"]), age, detail)
+        table.add_row(d["job_id"], d["team"] + (f"/{d['user']}" if d.get("user") else ""), f"[{style}]{d['state']}[/]", d["priority"], gpus,
+                      compress_gpus(d["gpus"]), age, _use(d), detail)
     _console().print(table)
+
+
+def _use(d: dict[str, Any]) -> str:
+    """Mean utilization and memory per GPU over the last window; GPU efficiency once it ran."""
+    u = d.get("usage")
+    eff = d.get("efficiency")
+    parts = []
+    if u:
+        parts.append(f"{u['util_pct']:.0f}% {u['memory_mb'] / 1024:.1f}G")
+    if eff is not None:
+        parts.append(f"eff {eff:.0%}")
+    return " ".join(parts) or "-"
 
 
 def print_nodes(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     from rich.table import Table
 
     teams = sorted({g["team"] for d in docs for g in d["gpus"] if g["team"]})
-    table = Table(caption=_caption(meta) + ("; GPUs: team initial, . free, x down" if docs else ""),
+    table = Table(caption=_caption(meta) + ("; GPUs: team initial (reversed: idle), . free, x down" if docs else ""),
                   header_style="bold")
     for col in ("NODE", "RACK", "STATUS", "FREE", "GPUS", "JOBS"):
         table.add_column(col, no_wrap=True)
     for d in docs:
         cells = []
         for g in d["gpus"]:
-            if g["status"] == "held":
+            if g["status"] == "held" and g.get("idle"):
+                cells.append(f"[reverse {_team_color(g['team'], teams)}]{(g['team'] or '?')[0]}[/]")
+            elif g["status"] == "held":
                 cells.append(f"[{_team_color(g['team'], teams)}]{(g['team'] or '?')[0]}[/]")
             elif g["status"] == "free":
                 cells.append("[grey50].[/]")
@@ -240,15 +289,18 @@ def print_nodes(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
 def print_teams(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     from rich.table import Table
 
-    table = Table(caption=_caption(meta) + "; SHARE: held / guaranteed share of the cluster", header_style="bold")
-    for col in ("TEAM", "HELD", "GUAR", "LIMIT", "WEIGHT", "SHARE", "RUN", "QUEUED", "USAGE"):
+    table = Table(caption=_caption(meta) + "; SHARE: held / guaranteed share of the cluster; GPU-h: held, busy "
+                  "(not idle), EFF = busy / held", header_style="bold")
+    for col in ("TEAM", "HELD", "GUAR", "LIMIT", "WEIGHT", "SHARE", "RUN", "QUEUED", "USAGE", "GPU-h", "EFF"):
         table.add_column(col, no_wrap=True, justify="left" if col == "TEAM" else "right",
                          min_width=max([4] + [len(d["team"]) for d in docs]) if col == "TEAM" else None)
     for d in docs:
         held = f"[{'yellow' if d['under_guarantee'] else 'green'}]{d['held']}[/]"
         table.add_row(d["team"], held, str(d["guaranteed"]), "-" if d["limit"] is None else str(d["limit"]),
                       f"{d['weight']:g}", f"{d['share']:.0%}/{d['entitled_share']:.0%}", str(d["running_jobs"]),
-                      f"{d['pending_jobs']}j {d['pending_gpus']}g", f"{d['usage_gpu_s'] / 3600:.1f}h")
+                      f"{d['pending_jobs']}j {d['pending_gpus']}g", f"{d['usage_gpu_s'] / 3600:.1f}h",
+                      f"{d['gpu_hours_held']:.2f}/{d['gpu_hours_busy']:.2f}",
+                      "-" if d["efficiency"] is None else f"{d['efficiency']:.0%}")
     _console().print(table)
 
 
@@ -271,6 +323,8 @@ PRINTERS = {"jobs": print_jobs, "nodes": print_nodes, "teams": print_teams, "que
 def _filter(docs: list[dict[str, Any]], args) -> list[dict[str, Any]]:
     if getattr(args, "team", None):
         docs = [d for d in docs if d.get("team") == args.team]
+    if getattr(args, "user", None):
+        docs = [d for d in docs if d.get("user") == args.user]
     if getattr(args, "state", None):
         wanted = set(args.state.split(","))
         docs = [d for d in docs if d.get("state") in wanted]
@@ -283,6 +337,8 @@ def _listing(what: str):
     def run(args) -> int:
         docs, meta = asyncio.run(load(args, what))
         docs = _filter(docs, args)
+        used = asyncio.run(usage(args.redis)) if what == "jobs" else None
+        docs = with_accounting(what, docs, display_now(meta), used)
         if args.json:
             json.dump(docs, sys.stdout, indent=None if args.compact else 2)
             sys.stdout.write("\n")
@@ -335,8 +391,14 @@ async def job_history(event_log, job_id: str) -> list[Any]:
 
     own = [r for subject in subj.job_subjects(job_id) for r in await read_subject(event_log, subject)
            if getattr(r.event, "job_id", None) == job_id]
+    # what its nodes reported about it lives on their node subjects
+    nodes = sorted({g.rsplit("/", 1)[0] for r in own for g in [*getattr(r.event, "gpus", []),
+                                                                *getattr(r.event, "added", [])]})
+    seen = {r.seq for r in own}
+    own += [r for node in nodes for r in await read_subject(event_log, subj.node_subjects(node))
+            if getattr(r.event, "job_id", None) == job_id and r.seq not in seen]
     served = [r for r in await read_subject(event_log, "gpusched.evt.*.PreemptionRequested.*")
-              if getattr(r.event, "for_job", None) == job_id]
+              if getattr(r.event, "for_job", None) == job_id and r.event.job_id != job_id]  # (idle: itself)
     return sorted(own + served, key=lambda r: r.seq)
 
 
@@ -363,8 +425,9 @@ async def show_data(nats: str | None, redis: str | None, job_id: str) -> dict[st
         await event_log.close()
     job = state.jobs[job_id]
     own = [(r.seq, r.event) for r in history if getattr(r.event, "job_id", None) == job_id]
+    used = await usage(redis) if job.holding else {}
     data: dict[str, Any] = {
-        "job": readmodel.job_doc(state, job),
+        "job": with_accounting("jobs", [readmodel.job_doc(state, job)], display_now({"at": state.now}), used)[0],
         "seq": state.last_seq,
         "now": state.now,
         "history": [{**readmodel.event_line(r.seq, r.event),
@@ -390,7 +453,8 @@ def print_show(data: dict[str, Any]) -> None:
         return
     d = data["job"]
     now = data["now"]
-    head = (f"[bold]{d['job_id']}[/] {d['name']}  team [bold]{d['team']}[/]  {d['priority']}  "
+    head = (f"[bold]{d['job_id']}[/] {d['name']}  team [bold]{d['team']}[/]"
+            + (f" user [bold]{d['user']}[/]" if d.get("user") else "") + f"  {d['priority']}  "
             f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {d['gpus_requested']} GPU(s)"
             + (f" (min {d['min_gpus']})" if d["min_gpus"] != d["gpus_requested"] else "")
             + ("  preemptible" if d["preemptible"] else "")
@@ -401,6 +465,7 @@ def print_show(data: dict[str, Any]) -> None:
     if d["checkpoint"]:
         c = d["checkpoint"]
         lines.append(f"last checkpoint: step {c['step']} at {c['path']} ({_dur(now - c['at'])} ago)")
+    lines += _used_lines(d, now)
     if d["preemptions"] or d["restarts"] or d["lost_gpu_s"]:
         lines.append(f"preempted {d['preemptions']}x, restarted {d['restarts']}x, lost work {d['lost_gpu_s']:.0f} GPU-s")
     if d["end_reason"]:
@@ -452,7 +517,8 @@ def print_show(data: dict[str, Any]) -> None:
 
     for p in data["preemptions"]:
         ck = p.get("checkpoint")
-        txt = (f"preempted at seq {p['seq']} for [bold]{p['for_job']}[/] ({p['reason']}); "
+        what = ("idle timeout" if p.get("cause") == "idle" else f"preempted for [bold]{p['for_job']}[/]")
+        txt = (f"{what} at seq {p['seq']} ({p['reason']}); "
                + (f"released {'forcibly' if p['forced'] else 'after checkpoint'}, lost {p['lost_gpu_s']:.0f} GPU-s"
                   if p["released_at"] is not None else f"checkpoint due in {_dur(p['deadline'] - now)}")
                + (f"; resumes from step {ck['step']} ({ck['path']})" if ck else "; no checkpoint: restarts from scratch"))
@@ -469,6 +535,28 @@ def print_show(data: dict[str, Any]) -> None:
     for h in data["history"]:
         table.add_row(str(h["seq"]), _dur(h["at"] - t0), h["type"], h["text"])
     console.print(table)
+
+
+def _used_lines(d: dict[str, Any], now: float) -> list[str]:
+    """Used versus held: the last window's utilization, the idle conclusion, GPU-hours."""
+    lines = []
+    u = d.get("usage")
+    if u:
+        lines.append(f"using: mean {u['util_pct']:.0f}% utilization, {u['memory_mb']:.0f} MB memory per GPU "
+                     f"over the last {u['window_s']:.0f} s")
+    idle = d.get("idle")
+    if idle:
+        lines.append(f"[red]IDLE[/]: all its GPUs under {idle['threshold_pct']:g}% utilization since "
+                     f"{_dur(now - idle['since'])} ago (mean {idle['util_pct']:.1f}%, max {idle['util_pct_max']:.1f}%, "
+                     f"{idle['memory_mb']:.0f} MB per GPU; reported by the reconciler)")
+    if d.get("yielded_idle"):
+        lines.append("requeued by its idle timeout: waits behind the queue until granted again")
+    if d.get("gpu_hours_held"):
+        eff = d["efficiency"]
+        lines.append(f"GPU-hours held {d['gpu_hours_held']:.3f}, busy {d['gpu_hours_busy']:.3f}"
+                     + ("" if eff is None else f" (efficiency {eff:.0%})")
+                     + (f"; idle timeouts {d['idle_requeues']}" if d.get("idle_requeues") else ""))
+    return lines
 
 
 def _show(args) -> int:
@@ -504,6 +592,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         if what == "jobs":
             p.add_argument("--state", default=None, help="only these states (comma-separated)")
             p.add_argument("--active", action="store_true", help="only pending, starting and running jobs")
+            p.add_argument("--user", default=None, help="only jobs this user submitted")
         p.set_defaults(func=_listing(what))
     p = sub.add_parser("show", help="a job's history and why it is pending",
                        description="A job's history from the log; for a pending job, what blocks it, what "

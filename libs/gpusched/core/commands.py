@@ -38,7 +38,15 @@ class DrainNode(Command, frozen=True, kw_only=True):
     reason: str = ""
 
 
-AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode]
+class RestoreGpu(Command, frozen=True, kw_only=True):
+    """An operator puts a quarantined GPU back into service (an XID that was cleared, leaked
+    memory that was checked): admission appends `GpuRestored`."""
+
+    gpu: str
+    reason: str = ""
+
+
+AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode, RestoreGpu]
 COMMAND_TYPES: dict[str, type[Command]] = {c.__name__: c for c in AnyCommand.__args__}  # type: ignore[attr-defined]
 
 

@@ -36,6 +36,8 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
+    #: Who submitted it: the user of the command subject the server allowed (never the payload).
+    user: str = ""
 
 
 class JobRejected(Event, frozen=True, kw_only=True):
@@ -106,12 +108,39 @@ class ProcessesEnded(Event, frozen=True, kw_only=True):
 
 
 class PreemptionRequested(Event, frozen=True, kw_only=True):
-    """Ask a running job to checkpoint and yield by `deadline`, naming the job it serves."""
+    """Ask a running job to checkpoint and yield by `deadline`, naming the job it serves.
+    `cause` "idle": the idle timeout of its priority class reclaims an idle job (`for_job` is
+    the job itself; it serves the queue, and waits behind it once requeued)."""
 
     job_id: JobId
     for_job: JobId
     reason: str
     deadline: float
+    cause: Literal["preempt", "idle"] = "preempt"
+
+
+class JobIdle(Event, frozen=True, kw_only=True):
+    """The reconciler saw every GPU of the job under `threshold_pct` utilization for `window_s`
+    (idle since `since`). Appended when the conclusion changes, never per heartbeat. Evidence:
+    the window's mean and highest utilization and mean memory used per GPU."""
+
+    job_id: JobId
+    attempt: int
+    since: float
+    window_s: float
+    threshold_pct: float
+    util_pct: float = 0.0
+    util_pct_max: float = 0.0
+    memory_mb: float = 0.0
+
+
+class JobBusy(Event, frozen=True, kw_only=True):
+    """A job the reconciler had reported idle uses its GPUs again (`util_pct`: the GPU seen busy)."""
+
+    job_id: JobId
+    attempt: int
+    util_pct: float = 0.0
+    gpu: GpuId = ""
 
 
 class CheckpointSaved(Event, frozen=True, kw_only=True):
@@ -125,6 +154,8 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
     step: int
     rank: int = 0
     generation: int = 0
+    #: The node daemon that reports it (its subject carries the node, so permissions can say so).
+    node: str | None = None
 
 
 class GpusReleased(Event, frozen=True, kw_only=True):
@@ -136,6 +167,7 @@ class GpusReleased(Event, frozen=True, kw_only=True):
     reason: Literal["preempted", "no_process", "node_lost", "drained", "process_failed"]
     forced: bool = False
     lost_gpu_s: float = 0.0
+    node: str | None = None  # the reporting node daemon, when a node reports it (process_failed)
 
 
 class JobCompleted(Event, frozen=True, kw_only=True):
@@ -143,6 +175,7 @@ class JobCompleted(Event, frozen=True, kw_only=True):
     job_id: JobId
     attempt: int
     exit_code: int = 0
+    node: str | None = None  # the reporting node daemon, when a node reports it
 
 
 class JobFailed(Event, frozen=True, kw_only=True):
@@ -151,6 +184,7 @@ class JobFailed(Event, frozen=True, kw_only=True):
     attempt: int
     reason: str
     exit_code: int | None = None
+    node: str | None = None  # the reporting node daemon, when a node reports it
 
 
 class JobTimedOut(Event, frozen=True, kw_only=True):
@@ -211,7 +245,8 @@ class NodeDrained(Event, frozen=True, kw_only=True):
 
 
 class GpuQuarantined(Event, frozen=True, kw_only=True):
-    """An unhealthy GPU (XID, ECC) is kept out of placement."""
+    """An unhealthy GPU (XID, ECC), or one whose memory stays in use with no process on it
+    after its job ended ("leaked memory: ..."), is kept out of placement."""
 
     ALLOC: ClassVar[bool] = True
     gpu: GpuId
@@ -258,6 +293,15 @@ class PlacementRecovered(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
+class SnapshotTaken(Event, frozen=True, kw_only=True):
+    """The projector wrote a snapshot of the fold as of `seq` (to Redis); `digest` is the
+    SHA-256 of its bytes. A restarting service uses a snapshot only if it matches the latest
+    seal in the log (`security.snapshots`). `at` is the fold's time at `seq`, not a clock's."""
+
+    seq: int
+    digest: str
+
+
 AnyEvent = Union[
     JobSubmitted,
     JobRejected,
@@ -267,6 +311,8 @@ AnyEvent = Union[
     JobStarted,
     ProcessesEnded,
     PreemptionRequested,
+    JobIdle,
+    JobBusy,
     CheckpointSaved,
     GpusReleased,
     JobCompleted,
@@ -284,6 +330,7 @@ AnyEvent = Union[
     TeamQuotaSet,
     PlacementDegraded,
     PlacementRecovered,
+    SnapshotTaken,
 ]
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

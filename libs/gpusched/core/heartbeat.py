@@ -94,6 +94,22 @@ class InjectHealth(NodeRequest, frozen=True, kw_only=True):
     reason: str = ""
 
 
+class InjectLeak(NodeRequest, frozen=True, kw_only=True):
+    """Simulated backend only: GPU `index` shows `memory_mb` in use by no process (a driver
+    leak after a crash); 0 frees it. Admin-only, like every node-control message but kills."""
+
+    index: int
+    memory_mb: int = 4096
+
+
+class ResetGpu(NodeRequest, frozen=True, kw_only=True):
+    """Reset GPU `index` (leaked memory). Refused while any process is on it; the reconciler
+    sends it only with `--reset-leaked`, for a GPU that nothing holds and that is idle."""
+
+    index: int
+    reason: str = ""
+
+
 class SimulateCrash(NodeRequest, frozen=True, kw_only=True):
     """Simulated backend only: the machine dies (its job processes too) and the daemon goes
     silent; with `revive_after_s` it comes back and registers again."""
@@ -101,7 +117,7 @@ class SimulateCrash(NodeRequest, frozen=True, kw_only=True):
     revive_after_s: float | None = None
 
 
-AnyNodeRequest = Union[KillProcesses, InjectStray, InjectHealth, SimulateCrash]
+AnyNodeRequest = Union[KillProcesses, InjectStray, InjectHealth, InjectLeak, ResetGpu, SimulateCrash]
 
 
 class NodeReply(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

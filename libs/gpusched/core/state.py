@@ -60,6 +60,19 @@ class Preemption(Struct):
     reason: str
     deadline: float
     at: float
+    cause: str = "preempt"  # "idle": the idle timeout of the job's class
+
+
+class IdleStatus(Struct):
+    """The reconciler's last conclusion that a running job is idle, with its evidence."""
+
+    since: float
+    at: float
+    window_s: float
+    threshold_pct: float
+    util_pct: float = 0.0
+    util_pct_max: float = 0.0
+    memory_mb: float = 0.0
 
 
 class Job(Struct):
@@ -96,6 +109,12 @@ class Job(Struct):
     unhealthy: list[GpuId] = []  # quarantined GPUs the job holds
     unhealthy_reason: str = ""
     logs: list[LogRef] = []
+    idle: IdleStatus | None = None  # the current attempt's GPUs are idle (reconciler's JobIdle)
+    idle_gpu_s: float = 0.0  # held GPU-seconds while idle, all attempts, as of `idle_at`
+    idle_at: float = 0.0
+    idle_requeues: int = 0
+    yielded_idle: bool = False  # requeued by an idle timeout: waits behind the queue until granted
+    user: str = ""
 
     @property
     def team(self) -> str:
@@ -108,12 +127,25 @@ class Job(Struct):
     def attained_gpu_s(self, now: float) -> float:
         return self.service_gpu_s + len(self.gpus) * max(0.0, now - self.held_since)
 
+    def idle_gpu_s_at(self, now: float) -> float:
+        ongoing = len(self.gpus) * max(0.0, now - self.idle_at) if self.idle is not None else 0.0
+        return self.idle_gpu_s + ongoing
+
+    def gpu_seconds(self, now: float) -> tuple[float, float]:
+        """(held, busy) GPU-seconds over all attempts: busy is held while not idle (seff-like)."""
+        held = self.attained_gpu_s(now)
+        return held, max(0.0, held - self.idle_gpu_s_at(now))
+
 
 class TeamUsage(Struct):
     quota: TeamQuota = TeamQuota()
     held: int = 0
     usage_gpu_s: float = 0.0  # decayed GPU-seconds as of `usage_at`
     usage_at: float = 0.0
+    held_gpu_s: float = 0.0  # GPU-seconds held, undecayed (accounting), as of `usage_at`
+    idle_gpus: int = 0  # GPUs of the team's jobs the reconciler reports idle
+    idle_gpu_s: float = 0.0  # GPU-seconds held while idle, as of `idle_at`
+    idle_at: float = 0.0
 
 
 class Violation(Struct, frozen=True):
@@ -135,6 +167,7 @@ class ClusterState(Struct):
     requests: dict[str, str] = {}  # client request id -> job id (idempotent submit)
     pending: dict[str, None] = {}  # jobs waiting, in submission order
     running: dict[str, None] = {}  # jobs holding GPUs
+    idle_jobs: dict[str, None] = {}  # running jobs reported idle, or asked to yield for it
     placement_degraded: bool = False
     last_seq: int = 0
     last_alloc_seq: int = 0
@@ -167,7 +200,7 @@ class ClusterState(Struct):
         if e.job_id in self.jobs:
             self._violate("duplicate_job", f"job {e.job_id} submitted twice", [e.job_id])
             return
-        self.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id)
+        self.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user)
         self.pending[e.job_id] = None
         if e.request_id:
             self.requests[e.request_id] = e.job_id
@@ -200,6 +233,7 @@ class ClusterState(Struct):
         job.started_at, job.held_since, job.nodes_started = e.at, e.at, []
         job.generation, job.resized_at, job.partial, job.unhealthy, job.unhealthy_reason = 0, None, {}, [], ""
         self._may_run(job, e.gpus)
+        job.yielded_idle, job.idle, job.idle_at = False, None, e.at
         if job.first_started_at is None:
             job.first_started_at = e.at
         job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
@@ -221,6 +255,8 @@ class ClusterState(Struct):
         added = self._take(e.job_id, e.added, e.at)
         job.gpus = [g for g in job.gpus if g not in removed] + added
         self._team_held(job.team, len(added) - len(removed), e.at)
+        if job.idle is not None:
+            self._team_idle(job.team, len(added) - len(removed), e.at)
         if len(job.gpus) < job.spec.gang_min:
             self._violate(
                 "below_gang_min",
@@ -271,6 +307,10 @@ class ClusterState(Struct):
         job = self.jobs.get(e.job_id)
         if job is None or not job.holding:
             return
+        if e.cause == "idle":  # the idle timeout serves the queue, not one job, and any class
+            job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at, "idle")
+            self.idle_jobs[job.job_id] = None
+            return
         beneficiary = self.jobs.get(e.for_job)
         if beneficiary is None:
             self._violate("preemption_without_beneficiary", f"preemption of {e.job_id} serves no known job", [e.job_id])
@@ -319,16 +359,43 @@ class ClusterState(Struct):
             partial = {**job.partial, e.step: saved}
             job.partial = dict(sorted(partial.items())[-PARTIAL_CHECKPOINTS:])
 
+    def _on_idle(self, e: ev.JobIdle) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or not job.holding or job.attempt != e.attempt:
+            return  # a late report about an attempt that already ended
+        status = IdleStatus(e.since, e.at, e.window_s, e.threshold_pct, e.util_pct, e.util_pct_max, e.memory_mb)
+        if job.idle is None:
+            # the GPUs were idle since `since` (the evidence window): that time was not busy
+            since = min(e.at, max(e.since, job.started_at if job.started_at is not None else e.since))
+            back = len(job.gpus) * max(0.0, e.at - since)
+            job.idle_gpu_s += back
+            self._team_idle(job.team, len(job.gpus), e.at, back)
+            job.idle_at = e.at
+        job.idle = status
+        self.idle_jobs[job.job_id] = None
+
+    def _on_busy(self, e: ev.JobBusy) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or not job.holding or job.attempt != e.attempt or job.idle is None:
+            return
+        self._end_idle(job, e.at)
+        if job.preemption is None or job.preemption.cause != "idle":
+            self.idle_jobs.pop(job.job_id, None)
+
     def _on_released(self, e: ev.GpusReleased) -> None:
         job = self.jobs.get(e.job_id)
         if job is None or not job.holding:
             return  # two observers may report the same loss; the first one counts
-        if e.reason == "preempted":
+        idle = e.reason == "preempted" and job.preemption is not None and job.preemption.cause == "idle"
+        if idle:
+            job.idle_requeues += 1
+        elif e.reason == "preempted":
             job.preemptions += 1
         elif e.reason in ("no_process", "process_failed"):
             job.restarts += 1
         job.lost_gpu_s += e.lost_gpu_s
-        self._requeue(job, e.at, f"requeued: {e.reason}")
+        self._requeue(job, e.at, "requeued: idle timeout" if idle else f"requeued: {e.reason}")
+        job.yielded_idle = idle
 
     def _on_terminal(self, e: ev.JobCompleted | ev.JobFailed | ev.JobCancelled | ev.JobTimedOut) -> None:
         job = self.jobs.get(e.job_id)
@@ -479,6 +546,9 @@ class ClusterState(Struct):
 
     def _release_all(self, job: Job, at: float) -> None:
         self._account(job, at)
+        if job.idle is not None:
+            self._end_idle(job, at)
+        self.idle_jobs.pop(job.job_id, None)
         self._give_back(job.gpus)
         self._team_held(job.team, -len(job.gpus), at)
         job.gpus = []
@@ -493,6 +563,20 @@ class ClusterState(Struct):
     def _account(self, job: Job, at: float) -> None:
         job.service_gpu_s += len(job.gpus) * max(0.0, at - job.held_since)
         job.held_since = at
+        if job.idle is not None:
+            job.idle_gpu_s += len(job.gpus) * max(0.0, at - job.idle_at)
+            job.idle_at = max(job.idle_at, at)
+
+    def _end_idle(self, job: Job, at: float) -> None:
+        self._account(job, at)
+        self._team_idle(job.team, -len(job.gpus), at)
+        job.idle = None
+
+    def _team_idle(self, name: str, delta: int, at: float, back: float = 0.0) -> None:
+        t = self.team(name)
+        t.idle_gpu_s += t.idle_gpus * max(0.0, at - t.idle_at) + back
+        t.idle_at = max(t.idle_at, at)
+        t.idle_gpus += delta
 
     def _work_since_checkpoint(self, job: Job, at: float) -> float:
         since = job.started_at or at
@@ -514,6 +598,7 @@ class ClusterState(Struct):
 
     def _team_held(self, name: str, delta: int, at: float) -> None:
         t = self.team(name)
+        t.held_gpu_s += t.held * max(0.0, at - t.usage_at)
         t.usage_gpu_s = self._decayed_usage(t, at)
         t.usage_at = max(t.usage_at, at)
         t.held += delta
@@ -539,6 +624,14 @@ class ClusterState(Struct):
     def team_usage(self, name: str, at: float | None = None) -> float:
         """Decayed GPU-seconds a team has used, as of `at` (default: the latest event)."""
         return self._decayed_usage(self.team(name), self.now if at is None else at)
+
+    def team_gpu_seconds(self, name: str, at: float | None = None) -> tuple[float, float]:
+        """(held, busy) GPU-seconds of a team, undecayed, as of `at` (default: the latest event)."""
+        t = self.team(name)
+        now = self.now if at is None else at
+        held = t.held_gpu_s + t.held * max(0.0, now - t.usage_at)
+        idle = t.idle_gpu_s + t.idle_gpus * max(0.0, now - t.idle_at)
+        return held, max(0.0, held - idle)
 
     def gpu_blocker(self, g: GpuId) -> str:
         rec = self.gpus[g]
@@ -585,7 +678,9 @@ class ClusterState(Struct):
             "nodes": {"total": len(self.nodes), "lost": sum(n.lost for n in self.nodes.values()),
                       "drained": sum(n.drained for n in self.nodes.values())},
             "teams": {name: {"held": t.held, "guaranteed": t.quota.guaranteed, "limit": t.quota.limit,
-                             "usage_gpu_s": round(self.team_usage(name), 3)}
+                             "usage_gpu_s": round(self.team_usage(name), 3),
+                             **dict(zip(("held_gpu_s", "busy_gpu_s"),
+                                        (round(x, 3) for x in self.team_gpu_seconds(name))))}
                       for name, t in sorted(self.teams.items())},
             "placement_degraded": self.placement_degraded,
             "violations": [msgspec.to_builtins(v) for v in self.broken],
@@ -610,6 +705,8 @@ _HANDLERS = {
     ev.JobOnUnhealthyGpu: ClusterState._on_unhealthy,
     ev.JobTimedOut: ClusterState._on_terminal,
     ev.PreemptionRequested: ClusterState._on_preemption,
+    ev.JobIdle: ClusterState._on_idle,
+    ev.JobBusy: ClusterState._on_busy,
     ev.CheckpointSaved: ClusterState._on_checkpoint,
     ev.GpusReleased: ClusterState._on_released,
     ev.JobCompleted: ClusterState._on_terminal,

@@ -8,7 +8,11 @@ step buys against the baseline measured in the same run:
 
 from __future__ import annotations
 
-from msgspec import Struct, structs
+from typing import Literal
+
+from msgspec import Struct, field, structs
+
+from ..core.model import Priority
 
 
 class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +62,17 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     max_preemptors_per_cycle: int = 4
     #: Backfill: treat a running job without a time limit as ending after this long (None: never).
     unknown_runtime_s: float | None = None
+
+    #: Idle: a job whose GPUs all stay under this utilization (percent) ...
+    idle_util_pct: float = 5.0
+    #: ... for this long is idle (the reconciler appends `JobIdle`; it reads these two knobs).
+    idle_after_s: float = 600.0
+    #: Idle timeout per priority class: a job idle this long (from the start of its idle
+    #: evidence) is reclaimed; a class not listed has none (batch classes by default).
+    idle_timeout_s: dict[Priority, float] = field(default_factory=lambda: {"interactive": 1800.0})
+    #: What the idle timeout does, per class: "requeue" (checkpoint, then back to the queue,
+    #: behind the jobs waiting: the default) or "end" (the job fails with the idle reason).
+    idle_action: dict[Priority, Literal["requeue", "end"]] = {}
 
     def replace(self, **changes) -> PolicyConfig:
         return structs.replace(self, **changes)

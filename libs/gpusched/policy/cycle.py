@@ -29,6 +29,7 @@ from .backfill import Reservation, expected_end, reserve
 from .config import PRESETS, PolicyConfig
 from .elastic import extras, grow_gpus, shrink_plan
 from .fairshare import limit_room, may_preempt, over_share
+from .idle import idle_timeouts
 from .ordering import queue_index
 from .placement import Placement, Pool, explain_no_fit, first_free, place
 from .preemption import choose_victims, work_since_checkpoint
@@ -105,6 +106,7 @@ class _Cycle:
         if self.config.elastic and not self.blocked:
             self.grow()
         self.explain()
+        self.out += idle_timeouts(self.state, self.now, self.config, self.out)
         return self.out
 
     def settle(self) -> None:

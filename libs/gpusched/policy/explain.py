@@ -302,7 +302,7 @@ def explain_preemptions(history: list[tuple[int, Any]]) -> list[dict[str, Any]]:
                 current["checkpoint"] = {**last_ckpt, "on_request": True}
         elif kind == "PreemptionRequested":
             current = {"seq": seq, "at": e.at, "for_job": e.for_job, "reason": e.reason, "deadline": e.deadline,
-                       "checkpoint": None, "released_at": None, "forced": None, "lost_gpu_s": None}
+                       "cause": e.cause, "checkpoint": None, "released_at": None, "forced": None, "lost_gpu_s": None}
             out.append(current)
         elif kind == "GpusReleased" and current is not None and current["released_at"] is None:
             # the job resumes from its latest checkpoint, saved on request or earlier

@@ -2,7 +2,10 @@
 attained service), then job id; with fair share, teams take turns by `fairshare.team_rank` and
 priority orders each team's own queue.
 
-Requeued jobs keep their original submission time, so a preempted job goes back near the front.
+Requeued jobs keep their original submission time, so a preempted job goes back near the front;
+a job requeued by its idle timeout (`Job.yielded_idle`) goes behind the whole queue instead
+(behind every team's jobs with fair share), until it is granted again: else it would take back
+the GPUs it just gave up.
 
 The order is kept by a `QueueIndex`, an incremental memo of the sorted queue (a cache, not
 state: it gives exactly the order a full sort would, and is rebuilt whenever it cannot prove it
@@ -27,13 +30,15 @@ from .fairshare import team_rank
 #: all again (a guard against reasons appended by another writer).
 REVERIFY_EVERY = 256
 _MAX_INDEXES = 8
+#: The queue of jobs yielded by their idle timeout (with fair share: after every team's queue).
+_YIELDED = "\x00yielded"
 
 
 def job_key(job: Job, config: PolicyConfig) -> tuple:
     """Lower sorts first, within one team (or the whole queue without fair share)."""
     prio = -PRIORITY_RANK[job.spec.priority] if config.priority else 0
     attained = job.service_gpu_s if config.las else 0.0  # a pending job holds nothing: static
-    return (prio, attained, job.submitted_at, job.job_id)
+    return (job.yielded_idle, prio, attained, job.submitted_at, job.job_id)
 
 
 class QueueIndex:
@@ -46,14 +51,19 @@ class QueueIndex:
         self.settled: dict[str, None] = {}  # waiting jobs whose state shows their tail reason
         self.calls = 0
 
+    def _queue_of(self, job: Job, key: tuple) -> str | None:
+        if not self.config.fairshare:
+            return None
+        return _YIELDED if key[0] else job.spec.team
+
     def _insert(self, job: Job) -> None:
         key = job_key(job, self.config)
         self.entries[job.job_id] = (key, job.attempt)
-        insort(self.queues.setdefault(job.spec.team if self.config.fairshare else None, []), key)
+        insort(self.queues.setdefault(self._queue_of(job, key), []), key)
 
     def _remove(self, job_id: str) -> None:
         key, _ = self.entries.pop(job_id)
-        q = self.queues[self.state.jobs[job_id].spec.team if self.config.fairshare else None]
+        q = self.queues[self._queue_of(self.state.jobs[job_id], key)]
         i = bisect_left(q, key)
         del q[i]
         self.settled.pop(job_id, None)
@@ -92,7 +102,7 @@ class QueueIndex:
         heap = []
         usage = {}
         for t, q in self.queues.items():
-            if q:
+            if q and t != _YIELDED:
                 usage[t] = st.team_usage(t, now)
                 heap.append((team_rank(st, t, held(t), usage[t], self.config), t, 0))
         heapq.heapify(heap)
@@ -102,6 +112,8 @@ class QueueIndex:
             yield jobs[q[i][-1]]
             if i + 1 < len(q):
                 heapq.heappush(heap, (team_rank(st, t, held(t), usage[t], self.config), t, i + 1))
+        for key in self.queues.get(_YIELDED, ()):
+            yield jobs[key[-1]]
 
 
 _INDEXES: dict[tuple, QueueIndex] = {}

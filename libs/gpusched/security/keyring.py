@@ -5,7 +5,8 @@ Written by `gpusched up` / `gpusched user add|revoke` under the data dir (`keys.
 It holds only public keys, so it can be handed to an auditor with an export of the stream.
 
 File format (JSON): `{"keys": {PUBLIC_NKEY: {"name": ..., "role": ..., "node": ... | null,
-"teams": [...], "revoked_at": UNIX_SECONDS | null}}}`.
+"teams": [...], "revoked_at": UNIX_SECONDS | null, "nodes": [...]}}}`. Revoked keys stay (their
+past signatures remain verifiable); they just no longer connect.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     node: str | None = None
     teams: list[str] = []
     revoked_at: float | None = None
+    #: A simulated host process that carries several nodes holds one identity for all of them
+    #: (real node daemons: one node, in `node`).
+    nodes: list[str] = []
+
+    def all_nodes(self) -> list[str]:
+        return ([self.node] if self.node else []) + list(self.nodes)
 
 
 class KeyRing(msgspec.Struct, kw_only=True):
@@ -37,10 +44,17 @@ class KeyRing(msgspec.Struct, kw_only=True):
         self.keys[public_key] = principal
 
     def by_name(self, name: str) -> tuple[str, Principal] | None:
+        """The live (unrevoked) key of a name, else the last revoked one."""
+        found = None
         for key, p in self.keys.items():
             if p.name == name:
-                return key, p
-        return None
+                if p.revoked_at is None:
+                    return key, p
+                found = (key, p)
+        return found
+
+    def active(self) -> dict[str, Principal]:
+        return {k: p for k, p in self.keys.items() if p.revoked_at is None}
 
 
 def load(path: str | os.PathLike) -> KeyRing:

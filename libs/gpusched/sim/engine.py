@@ -4,7 +4,8 @@ The simulator plays the node daemons and the world. It appends `NodeRegistered` 
 `TeamQuotaSet`, then `JobSubmitted` at trace times, `JobStarted` right after a grant,
 `CheckpointSaved` (periodically, and on a preemption request when the policy has
 `checkpoint`, after which the job idles until the policy releases it), and `JobCompleted`
-when a job's work is done.
+when a job's work is done. It also plays the reconciler for jobs whose trace gives a
+utilization under the policy's `idle_util_pct`: `JobIdle` `idle_after_s` after each start.
 Everything else (grants, resizes, preemptions, forced releases) comes from
 `policy.cycle.cycle(state, now, config)`, exactly as the placement service would append it.
 
@@ -36,7 +37,7 @@ _ONE_NODE = TopologyConstraint(required="node", preferred="nvlink")
 _ANYWHERE = TopologyConstraint(required="cluster", preferred="nvlink")
 
 # Kinds of world events, in the order they run when due at the same time.
-_COMPLETE, _YIELD, _CHECKPOINT, _SUBMIT, _WAKE = range(5)
+_COMPLETE, _YIELD, _CHECKPOINT, _SUBMIT, _WAKE, _IDLE = range(6)
 
 
 class SimStalled(RuntimeError):
@@ -148,6 +149,7 @@ class _Run:
     preemptions: int = 0
     forced_releases: int = 0
     timed_out: bool = False  # ended by its time limit before its work was done
+    idle_ended: bool = False  # ended by its class's idle timeout (action "end")
 
 
 class Simulation:
@@ -198,6 +200,7 @@ class Simulation:
         self.wall_s = 0.0
         self._dirty = False
         self._last_decided: deque[list[ev.Event]] = deque(maxlen=4)
+        self.idle_reports = 0
 
     # --- the log --------------------------------------------------------------------------
 
@@ -270,6 +273,8 @@ class Simulation:
         run = self.runs[job_id]
         if kind == _SUBMIT:
             self._submit(run, t)
+        elif kind == _IDLE:  # epoch: the attempt the idle evidence is about
+            self._idle(run, epoch, t)
         elif epoch != run.epoch:
             return  # planned before the job's situation changed
         elif kind == _COMPLETE:
@@ -303,8 +308,10 @@ class Simulation:
             elif isinstance(e, ev.GpusReleased):
                 self._dirty = True  # freed GPUs: decide again at once
                 self._stopped(self.runs[e.job_id], t, forced=e.forced)
-            elif isinstance(e, (ev.JobFailed, ev.JobTimedOut)):  # past its time limit: killed
+            elif isinstance(e, ev.JobTimedOut):  # past its time limit: killed
                 self._timed_out(self.runs[e.job_id], t)
+            elif isinstance(e, ev.JobFailed):  # past its time limit (or idle timeout): processes killed
+                self._timed_out(self.runs[e.job_id], t, idle=e.reason.startswith("idle timeout"))
         for job_id in started:  # the node daemons start the processes
             job = self.state.jobs[job_id]
             for node in dict.fromkeys(g.rpartition("/")[0] for g in job.gpus):
@@ -367,6 +374,24 @@ class Simulation:
         self._plan(run, t)
         if run.trace.time_limit_s is not None:  # the policy ends an overrunning job then
             self._push(t + run.trace.time_limit_s, _WAKE)
+        util = run.trace.util_pct
+        if util is not None and util < getattr(self.config, "idle_util_pct", 0.0):
+            self._push(t + self.config.idle_after_s, _IDLE, run.trace.job_id, e.attempt)
+
+    def _idle(self, run: _Run, attempt: int, t: float) -> None:
+        """The simulated reconciler: the attempt's GPUs stayed under the threshold since its start."""
+        job = self.state.jobs[run.trace.job_id]
+        if job.state != "running" or job.attempt != attempt or job.idle is not None:
+            return
+        cfg = self.config
+        util = run.trace.util_pct or 0.0
+        self.idle_reports += 1
+        self._apply(ev.JobIdle(at=t, job_id=job.job_id, attempt=attempt, since=t - cfg.idle_after_s,
+                               window_s=cfg.idle_after_s, threshold_pct=cfg.idle_util_pct, util_pct=util,
+                               util_pct_max=util))
+        limit = cfg.idle_timeout_s.get(job.spec.priority)
+        if limit is not None:  # the policy acts then
+            self._push(max(t, t - cfg.idle_after_s + limit), _WAKE)
 
     def _resized(self, run: _Run, e: ev.JobResized, t: float) -> None:
         self._advance(run, t)
@@ -412,9 +437,10 @@ class Simulation:
         run.pending_since = t
         self._dirty = True
 
-    def _timed_out(self, run: _Run, t: float) -> None:
+    def _timed_out(self, run: _Run, t: float, idle: bool = False) -> None:
         self._advance(run, t)
-        run.mode, run.finish, run.held, run.timed_out = "done", t, 0, True
+        run.mode, run.finish, run.held = "done", t, 0
+        run.timed_out, run.idle_ended = not idle, idle
         run.epoch += 1
         self.rec.completed(run)
         self._dirty = True
@@ -429,6 +455,22 @@ class Simulation:
 
     # --- results --------------------------------------------------------------------------
 
+    def _used_vs_held(self) -> dict:
+        """GPU-hours held and busy (not idle) from the fold, and what the idle timeout did."""
+        st = self.state
+        held = busy = 0.0
+        for team in st.teams:
+            h, b = st.team_gpu_seconds(team)
+            held, busy = held + h, busy + b
+        return {
+            "gpu_hours_held": round(held / 3600, 3),
+            "gpu_hours_busy": round(busy / 3600, 3),
+            "held_efficiency": round(busy / held, 4) if held else 1.0,
+            "idle_reports": self.idle_reports,
+            "idle_requeues": sum(j.idle_requeues for j in st.jobs.values()),
+            "idle_ended": sum(1 for r in self.runs.values() if r.idle_ended),
+        }
+
     def summary(self) -> dict:
         out = self.rec.summary(self.runs, self.state)
         out.update({
@@ -442,6 +484,7 @@ class Simulation:
             "cycles": self.cycles,
             "eta_error": eta_error(self.eta_errors),
             "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
+            **self._used_vs_held(),
             "sim_wall_s": round(self.wall_s, 3),
         })
         return out

@@ -83,6 +83,15 @@ def entitlements(capacity: int, demand: dict[str, int], quotas: dict[str, TeamQu
     return give
 
 
+
+def _by_priority(runs) -> dict[str, float]:
+    """Mean time waiting (all attempts) of the jobs that started, per priority class."""
+    out: dict[str, list[float]] = {}
+    for r in runs.values():
+        if r.first_start is not None:
+            out.setdefault(r.trace.priority, []).append(r.queue_s)
+    return {p: _r(sum(v) / len(v)) for p, v in sorted(out.items())}
+
 class Recorder:
     """Integrates the cluster's state over virtual time; the engine calls `step` at each time."""
 
@@ -160,6 +169,7 @@ class Recorder:
             "p99_jct_s": _r(percentile(jct, 99)),
             "avg_queue_s": _r(sum(queue) / len(queue)) if queue else 0.0,
             "avg_queue_s_by_size": {b: _r(sum(v) / len(v)) if v else 0.0 for b, v in by_size.items()},
+            "avg_queue_s_by_priority": _by_priority(runs),
             "jobs_by_size": {b: len(v) for b, v in by_size.items()},
             "max_queue_s": _r(max(queue, default=0.0)),
             "utilization": _r(self.busy_held_gpu_s / (self.capacity * self.busy_s), 4) if self.busy_s else 0.0,

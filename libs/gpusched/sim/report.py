@@ -28,7 +28,10 @@ def policy_config(name: str, overrides: dict[str, str] | None = None):
         if key not in fields:
             raise ValueError(f"--set {key}: not a PolicyConfig field; fields are {', '.join(fields)}")
         changes[key] = _typed(key, raw, fields[key])
-    return msgspec.structs.replace(config, **changes)
+    try:  # validated as the services validate `--policy-set` (dict keys, enums)
+        return msgspec.convert({**msgspec.to_builtins(config), **changes}, type(config))
+    except msgspec.ValidationError as err:
+        raise ValueError(f"--set: {err}") from None
 
 
 def _typed(key: str, raw: str, current: object) -> object:
@@ -42,6 +45,14 @@ def _typed(key: str, raw: str, current: object) -> object:
         return int(raw)
     if isinstance(current, float) or current is None:
         return float(raw)
+    if isinstance(current, dict):  # idle_timeout_s={"interactive": 1800}
+        try:
+            value = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            raise ValueError(f"--set {key}={raw}: expected a JSON object") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"--set {key}={raw}: expected a JSON object")
+        return value
     return raw
 
 

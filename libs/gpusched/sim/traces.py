@@ -3,8 +3,10 @@
 Formats (`load_trace(path, fmt)`):
 
 - `csv`: the documented generic format, header `job_id,submit_time_s,duration_s,num_gpus,team`
-  and optional `priority,preemptible,min_gpus,max_gpus,time_limit_s`. A bad row raises
-  `TraceError` naming the file and line.
+  and optional `priority,preemptible,min_gpus,max_gpus,time_limit_s,util_pct`. `util_pct` is the
+  job's mean GPU utilization while it runs (0..100; empty: busy): a job under the policy's
+  `idle_util_pct` is reported idle by the simulated reconciler `idle_after_s` after each start.
+  A bad row raises `TraceError` naming the file and line.
 - `philly`: `philly.csv` of the Pollux artifact (`timestamp,duration,num_gpus,gpu_time,cluster`);
   the Philly virtual cluster (`cluster`) is the team. Rows are sorted by timestamp (stable).
 - `tiresias`: the Tiresias simulator format (`job_id,num_gpu,submit_time,...,duration,...`). If a
@@ -31,7 +33,7 @@ from ..core.model import PRIORITY_RANK
 
 FORMATS = ("philly", "tiresias", "csv", "alibaba")
 CSV_REQUIRED = ("job_id", "submit_time_s", "duration_s", "num_gpus", "team")
-CSV_OPTIONAL = ("priority", "preemptible", "min_gpus", "max_gpus", "time_limit_s")
+CSV_OPTIONAL = ("priority", "preemptible", "min_gpus", "max_gpus", "time_limit_s", "util_pct")
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 #: The trace `gpusched sim` runs without `--trace`: one week of Philly (bundled, CC BY 4.0).
@@ -56,6 +58,7 @@ class TraceJob(Struct, frozen=True):
     min_gpus: int | None = None
     max_gpus: int | None = None
     time_limit_s: float | None = None
+    util_pct: float | None = None  # mean GPU utilization while running (None: busy)
 
     @property
     def gpu_s(self) -> float:
@@ -143,7 +146,11 @@ def load_csv(path: Path) -> list[TraceJob]:
         if max_gpus is not None and max_gpus < gpus:
             raise TraceError(f"{path}:{line}: max_gpus {max_gpus} < num_gpus {gpus}")
         limit = _num(path, line, row, "time_limit_s", float, 0.0) if (row.get("time_limit_s") or "").strip() else None
-        jobs.append(TraceJob(job_id, submit, duration, gpus, team, priority, preemptible, min_gpus, max_gpus, limit))
+        util = _num(path, line, row, "util_pct", float, 0.0) if (row.get("util_pct") or "").strip() else None
+        if util is not None and util > 100:
+            raise TraceError(f"{path}:{line}: column util_pct: {util} is above 100")
+        jobs.append(TraceJob(job_id, submit, duration, gpus, team, priority, preemptible, min_gpus, max_gpus, limit,
+                             util))
     return _sorted(jobs)
 
 
@@ -258,7 +265,7 @@ def load_trace(path: str | Path | None = None, fmt: str | None = None, limit: in
 
 
 def _rest(j: TraceJob) -> tuple:
-    return (j.duration_s, j.gpus, j.team, j.priority, j.preemptible, j.min_gpus, j.max_gpus, j.time_limit_s)
+    return (j.duration_s, j.gpus, j.team, j.priority, j.preemptible, j.min_gpus, j.max_gpus, j.time_limit_s, j.util_pct)
 
 
 def parse_burst(text: str) -> dict:

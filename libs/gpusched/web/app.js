@@ -81,7 +81,7 @@ function renderCluster(m) {
           dom = g.nvlink_domain;
         }
         const style = g.status === "held" && g.team ? ` style="background:${jobColor(g.team, g.job_id)}"` : "";
-        parts.push(`<span class="gpu" data-gpu="${esc(g.gpu)}" data-status="${g.status}"` +
+        parts.push(`<span class="gpu" data-gpu="${esc(g.gpu)}" data-status="${g.status}"` + (g.idle ? ` data-idle="1"` : "") +
           (g.job_id ? ` data-job="${esc(g.job_id)}" data-team="${esc(g.team)}"` : "") + `${style}></span>`);
       }
       if (dom !== null) parts.push("</span>");
@@ -94,11 +94,12 @@ function renderCluster(m) {
   $("cluster-summary").textContent = `${m.racks.length} rack(s), ${nodes} node(s), ${m.health.gpus.total} GPUs`;
   $("legend").innerHTML = m.teams.map((t) => `<span><span class="sw" style="background:${teamColor(t.team)}"></span>${esc(t.team)}</span>`).join("") +
     `<span><span class="sw" style="background:var(--free);border:1px solid #2d3641"></span>free</span>` +
-    `<span><span class="sw" style="background:#5a2422"></span>quarantined / zombie</span>`;
+    `<span><span class="sw" style="background:#5a2422"></span>quarantined / zombie</span>` +
+    `<span><span class="sw idle"></span>held but idle</span>`;
 }
 
 function renderTeams(m) {
-  const rows = [`<tr><th>team</th><th class="num">held</th><th class="num">guar.</th><th class="num">limit</th><th>share vs guarantee</th><th class="num">queued</th></tr>`];
+  const rows = [`<tr><th>team</th><th class="num">held</th><th class="num">guar.</th><th class="num">limit</th><th>share vs guarantee</th><th class="num">queued</th><th class="num" title="GPU-hours held / busy; efficiency = busy / held">GPU-h (eff.)</th></tr>`];
   const total = Math.max(1, m.health.gpus.total);
   for (const t of m.teams) {
     const pct = Math.min(100, (t.held / total) * 100);
@@ -106,7 +107,9 @@ function renderTeams(m) {
     rows.push(`<tr data-team="${esc(t.team)}"><td><span class="sw" style="display:inline-block;width:9px;height:9px;border-radius:2px;background:${teamColor(t.team)}"></span> ${esc(t.team)}</td>` +
       `<td class="num">${t.held}</td><td class="num">${t.guaranteed}</td><td class="num">${t.limit ?? "–"}</td>` +
       `<td><div class="bar" title="${(t.share * 100).toFixed(0)}% held, ${(t.entitled_share * 100).toFixed(0)}% guaranteed"><span style="width:${pct}%;background:${teamColor(t.team)}"></span><i style="left:${g}%"></i></div></td>` +
-      `<td class="num">${t.pending_jobs}</td></tr>`);
+      `<td class="num">${t.pending_jobs}</td>` +
+      `<td class="num${t.idle_gpus ? " idle-text" : ""}" title="${t.idle_gpus} GPU(s) idle now">${Number(t.gpu_hours_held || 0).toFixed(2)}/${Number(t.gpu_hours_busy || 0).toFixed(2)}` +
+      `${t.efficiency == null ? "" : " (" + (t.efficiency * 100).toFixed(0) + "%)"}</td></tr>`);
   }
   $("teams").innerHTML = rows.join("");
   renderShares(m);
@@ -172,6 +175,8 @@ function jobDetails(job) {
   if (job.gpus_requested) lines.push(`<span class="k">asks</span> ${job.min_gpus === job.gpus_requested ? job.gpus_requested : job.min_gpus + "–" + job.gpus_requested} GPU(s)${job.preemptible ? ", preemptible" : ""}`);
   if (job.started_at != null && model) lines.push(`<span class="k">running for</span> ${dur(nowSec() - job.started_at)}`);
   if (job.checkpoint) lines.push(`<span class="k">checkpoint</span> step ${job.checkpoint.step}`);
+  if (job.idle) lines.push(`<span class="idle-text">idle</span> since ${dur(nowSec() - job.idle.since)}: GPUs under ${job.idle.threshold_pct}% (mean ${Number(job.idle.util_pct).toFixed(1)}%)`);
+  if (job.efficiency != null) lines.push(`<span class="k">GPU-h held / busy</span> ${Number(job.gpu_hours_held).toFixed(2)} / ${Number(job.gpu_hours_busy).toFixed(2)} (${(job.efficiency * 100).toFixed(0)}%)`);
   if (job.preemption) lines.push(`<span class="k">preempting for</span> ${esc(job.preemption.for_job)}`);
   if (job.preemptions) lines.push(`<span class="k">preempted</span> ${job.preemptions}× · lost ${Number(job.lost_gpu_s || 0).toFixed(0)} GPU-s`);
   const reason = job.pending_reason || job.reason;
@@ -238,9 +243,19 @@ function toast(text, error = false) {
   toastTimer = setTimeout(() => { t.className = ""; }, 4000);
 }
 
+// The session's CSRF token: every POST carries it in a header a foreign page cannot set
+// without a CORS preflight (which this server never grants), with the login cookie.
+let session = null;
+async function getSession() {
+  if (!session) session = await fetch("/api/session").then((r) => r.ok ? r.json() : {role: null, csrf: ""});
+  return session;
+}
+
 async function post(path, body) {
   try {
-    const r = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+    const s = await getSession();
+    const r = await fetch(path, {method: "POST", body: JSON.stringify(body),
+      headers: {"Content-Type": "application/json", "X-Gpusched-Csrf": s.csrf}});
     const data = await r.json().catch(() => ({ok: false, error: `HTTP ${r.status}`}));
     return data;
   } catch (err) {
@@ -280,6 +295,7 @@ function connect() {
   es.onerror = () => { conn.dataset.state = "lost"; conn.textContent = "reconnecting…"; };
 }
 fetch("/api/state").then((r) => r.json()).then((m) => { if (!model) render(m); }).catch(() => {});
+getSession().then((s) => { document.body.dataset.role = s.role || ""; }).catch(() => {});
 connect();
 // ages move with the wall clock even when the log is quiet
 setInterval(() => { if (model) { renderQueue(model); renderShares(model); } }, 1000);

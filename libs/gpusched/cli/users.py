@@ -1,0 +1,175 @@
+"""`gpusched user add|list|revoke`: the people and systems that may talk to a stack.
+
+The trust store is the stack's (`DATA/trust`, named `trust` in the client config that `up`
+writes, or `--trust DIR`); changing it needs file access to it, which is what being the stack's
+admin means on one machine. Each change re-renders the NATS config and reloads the server
+(SIGHUP): a new user connects at once; a revoked one is cut off and refused, no restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gpusched.security import clientconfig
+from gpusched.security.identity import IdentityError
+from gpusched.security.trust import TrustStore
+
+PERSON_ROLES = ("tenant", "platform", "auditor", "admin", "node")
+
+
+def _store(args: argparse.Namespace) -> TrustStore:
+    where = args.trust or clientconfig.get("trust")
+    if not where:
+        raise SystemExit("gpusched user: no trust store: pass --trust DATA/trust (or start the stack with "
+                         "`gpusched up`, whose client config names it)")
+    if not (Path(where) / "keys.json").exists():
+        raise SystemExit(f"gpusched user: {where} is not a trust store (no keys.json)")
+    return TrustStore(where)
+
+
+def _reloaded(store: TrustStore) -> str:
+    return "server reloaded" if store.reload_server() else "no running server found: takes effect at next start"
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    store = _store(args)
+    teams = [t for t in (args.teams or "").split(",") if t] or ([args.team] if args.team else [])
+    try:
+        ident = store.add(args.name, args.role, teams=teams, node=args.node, out=args.out)
+    except IdentityError as err:
+        print(f"gpusched user add: {err}", file=sys.stderr)
+        return 1
+    print(f"{ident.name}: {ident.role}" + (f" of {', '.join(ident.teams)}" if ident.teams else "")
+          + (f" on node {ident.node}" if ident.node else "") + f", key {ident.public_key}; credentials "
+          f"{args.out or ident.seed_file} (give them with --creds or $GPUSCHED_CREDS); {_reloaded(store)}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    ring = _store(args).ring()
+    rows = [{"name": p.name, "role": p.role, "teams": p.teams, "node": p.node, "nodes": p.nodes,
+             "public_key": key, "revoked_at": p.revoked_at} for key, p in ring.keys.items()]
+    if not args.all:
+        rows = [r for r in rows if r["revoked_at"] is None]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in sorted(rows, key=lambda r: (r["role"], r["name"])):
+        where = ",".join(r["teams"]) or r["node"] or (f"{len(r['nodes'])} nodes" if r["nodes"] else "")
+        state = "revoked" if r["revoked_at"] else "active"
+        print(f"{r['name']:20s} {r['role']:12s} {where:20s} {state:8s} {r['public_key']}")
+    return 0
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    store = _store(args)
+    try:
+        p = store.revoke(args.name)
+    except IdentityError as err:
+        print(f"gpusched user revoke: {err}", file=sys.stderr)
+        return 1
+    print(f"{p.name}: revoked (its key stays in keys.json, so what it signed can still be verified); {_reloaded(store)}")
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """A trust store for a deployment (deploy/): admin, one identity per service kind, and
+    one per listed node."""
+    from gpusched.services.nodeagent.main import sim_node_names
+
+    store = TrustStore(args.trust)
+    store.ensure_stack(sim_node_names(args.sim_nodes) if args.sim_nodes else ())
+    for node in [n for n in (args.nodes or "").split(",") if n]:
+        if store.get(node) is None:
+            store.add(node, "node", node=node)
+    print(f"trust store {store.dir}: {len(store.ring().active())} identities; credentials in {store.ids}")
+    return 0
+
+
+def cmd_nats_auth(args: argparse.Namespace) -> int:
+    """The NATS `authorization` block of the trust store, for deploy/nats/*.conf to include."""
+    from gpusched.security import authz
+
+    text = authz.auth_include(_store(args).ring())
+    if args.out in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(args.out).write_text(text)
+    return 0
+
+
+def cmd_stream_create(args: argparse.Namespace) -> int:
+    """Admin: create (or update) the streams; services only check that they exist."""
+    import asyncio
+    import os
+
+    from gpusched.bus.log import EventLog, connect
+
+    async def run() -> None:
+        log = EventLog(await connect(args.nats, name="gpusched-stream-create"), args.replicas)
+        try:
+            await log.create_streams()
+        finally:
+            await log.close()
+
+    if args.replicas is None:
+        args.replicas = int(os.environ.get("GPUSCHED_STREAM_REPLICAS", "1"))
+    asyncio.run(run())
+    print(f"streams ready (replicas {args.replicas})")
+    return 0
+
+
+def cmd_tls(args: argparse.Namespace) -> int:
+    """A local CA and a NATS server certificate (what `up --tls` makes), for deploy/compose."""
+    from gpusched.security import tlsgen
+
+    files = tlsgen.ensure(args.dir, hosts=[h for h in args.hosts.split(",") if h])
+    print(" ".join(f"{k}={v}" for k, v in files.items()))
+    return 0
+
+
+def register(sub) -> None:
+    stream = sub.add_parser("stream", help="admin: create the streams (deploy/; `up` does it itself)")
+    ssub = stream.add_subparsers(dest="stream_command", required=True, metavar="ACTION")
+    p = ssub.add_parser("create", help="create or update the log's streams (admin credentials)")
+    p.add_argument("--nats", default=None)
+    p.add_argument("--replicas", type=int, default=None, help="default: $GPUSCHED_STREAM_REPLICAS or 1")
+    p.set_defaults(func=cmd_stream_create)
+
+    user = sub.add_parser("user", help="add, list or revoke the identities that may use the stack")
+    usub = user.add_subparsers(dest="user_command", required=True, metavar="ACTION")
+    p = usub.add_parser("add", help="make an identity and write its credentials file")
+    p.add_argument("name")
+    p.add_argument("--role", choices=PERSON_ROLES, default="tenant")
+    p.add_argument("--team", default=None, help="a tenant's team")
+    p.add_argument("--teams", default=None, help="a platform's teams, comma-separated")
+    p.add_argument("--node", default=None, help="a node daemon's node name (role node)")
+    p.add_argument("--out", default=None, help="write the credentials here (default: the trust store's copy)")
+    p.add_argument("--trust", default=None, help="the stack's trust store (default: the client config's)")
+    p.set_defaults(func=cmd_add)
+    p = usub.add_parser("list", help="the identities")
+    p.add_argument("--all", action="store_true", help="revoked ones too")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--trust", default=None)
+    p.set_defaults(func=cmd_list)
+    p = usub.add_parser("init", help="make a trust store for a deployment: admin, the services, nodes")
+    p.add_argument("--trust", required=True)
+    p.add_argument("--nodes", default=None, help="node daemons to make identities for, comma-separated")
+    p.add_argument("--sim-nodes", type=int, default=0,
+                   help="the simulated-node host identity (`nodeagent`) speaks for node00..node<N-1>")
+    p.set_defaults(func=cmd_init)
+    p = usub.add_parser("nats-auth", help="print the NATS authorization block (for deploy/nats/*.conf)")
+    p.add_argument("--trust", default=None)
+    p.add_argument("--out", default=None)
+    p.set_defaults(func=cmd_nats_auth)
+    p = usub.add_parser("tls", help="make a local CA and a NATS server certificate (deploy/compose)")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--hosts", default="", help="DNS names of the server, comma-separated (e.g. nats)")
+    p.set_defaults(func=cmd_tls)
+    p = usub.add_parser("revoke", help="revoke an identity (cut off now, refused from now on)")
+    p.add_argument("name")
+    p.add_argument("--trust", default=None)
+    p.set_defaults(func=cmd_revoke)

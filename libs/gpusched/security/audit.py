@@ -1,0 +1,257 @@
+"""The audit of a log: fold it and check that every fact is where it should be and was written
+by someone allowed to write it. Pure (no I/O): `gpusched replay --verify` feeds it the live
+stream or an export file; an auditor's machine needs nothing but the file and `keys.json`.
+
+For each stored message, in stream order, `Audit.feed` checks:
+- `missing`: its stream sequence follows the previous one (a deleted message leaves a gap), and
+  its writer's chain number follows that writer's previous fact (a removed fact of a writer);
+- `unsigned`, `malformed_signature`, `bad_signature`: it carries a valid `Gpusched-Sig`;
+- `unknown_signer`, `revoked_signer`: the key is in the keyring and was not revoked when the
+  server stored the message;
+- `forbidden_kind`: the signer's role may decide this kind (`roles.may_write`);
+- `foreign_node`: a node's key states facts only about its own node and the jobs placed on it;
+- `reordered`: its chain number does not go back, and a compare-and-set append was stored right
+  after the alloc-tree sequence it was decided at;
+- `altered`: the fact is what its writer's next fact committed to (the `prev` digest);
+- `undecodable`: it decodes as an event (otherwise it is dead-lettered and not folded).
+The invariant violations of the fold (`ClusterState.broken`) are reported as before.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from gpusched.core import events as ev
+from gpusched.core.model import split_gpu_id
+from gpusched.core.state import ClusterState
+
+from . import roles, signing
+from .keyring import KeyRing, Principal
+
+ALLOC_PREFIX = "gpusched.evt.alloc."
+#: Signed facts of one chain between two signature checks: a valid signature vouches for every
+#: fact before it in its chain (the `prev` links), so checking one in 64 finds any forgery and
+#: costs ~1/64 of a verification per fact; a failed check then checks the 64 one by one.
+CHECK_EVERY = 64
+
+
+@dataclass
+class _Chain:
+    n: int = 0  # the chain's highest fact number so far
+    digest: str = "-"  # digest of its last fact
+    seq: int = 0  # stream sequence of its last fact
+    window: list[tuple[int, int, bytes, bytes, str]] = field(default_factory=list)  # signed, unchecked:
+    # (seq, first seq it vouches for, signing input, signature, signer)
+    unvouched: int | None = None  # first link since the last signed fact
+
+
+class Message(Protocol):
+    """A stored message (`bus.log.RawMessage`, or a line of an export)."""
+
+    seq: int
+    subject: str
+    headers: dict[str, str] | None
+    data: bytes
+    time: float
+
+
+class Finding(msgspec.Struct, frozen=True):
+    seq: int
+    rule: str
+    detail: str
+    signer: str = ""
+
+
+class Audit:
+    """Folds messages and collects trust findings. `keyring` None: no key is known, so every
+    signed fact is `unknown_signer`. `allow_unsigned`: count unsigned facts instead of naming
+    them (legacy logs written before signing)."""
+
+    def __init__(self, keyring: KeyRing | None, allow_unsigned: bool = False, trust: bool = True,
+                 until_time: float | None = None, half_life_s: float | None = 7 * 24 * 3600.0):
+        self.keyring = keyring or KeyRing()
+        self.allow_unsigned = allow_unsigned
+        self.trust = trust  # False: fold only (a plain replay of an export)
+        self.until_time = until_time
+        self.state = ClusterState(half_life_s=half_life_s)
+        self.findings: list[Finding] = []
+        self.verifier = signing.Verifier()
+        self.last_seq = 0
+        self.alloc_seq = 0
+        self.chains: dict[tuple[str, str], _Chain] = {}  # (signer, chain id) -> where it stands
+        self.counts = {"messages": 0, "signed": 0, "unsigned": 0}
+        self.placed: dict[str, set[str]] = {}  # job -> every node it was ever granted GPUs on
+
+    def feed(self, msg: Message) -> bool:
+        """Check one message and fold it. False: the message was decided after `until_time`;
+        it is not folded and the replay stops there."""
+        if not self.trust:
+            return self._fold(msg)
+        self.counts["messages"] += 1
+        if msg.seq != self.last_seq + 1:
+            first, last = self.last_seq + 1, msg.seq - 1
+            gap = f"sequence {first}" if first == last else f"sequences {first}..{last}"
+            if msg.seq <= self.last_seq:
+                self._find(msg.seq, "reordered", f"sequence {msg.seq} after {self.last_seq}")
+            else:
+                self._find(first, "missing", f"{gap} missing from the stream (deleted?)")
+        try:
+            event: ev.Event | None = ev.decode_event(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            event = None
+            self._find(msg.seq, "undecodable", str(err)[:200])
+        if event is not None and self.until_time is not None and event.at > self.until_time:
+            return False
+        self._check_signature(msg, event)
+        self.last_seq = max(self.last_seq, msg.seq)
+        if msg.subject.startswith(ALLOC_PREFIX):
+            self.alloc_seq = msg.seq
+        if event is not None:
+            self.state.apply(event, msg.seq)
+            gpus = event.gpus if isinstance(event, ev.GpusGranted) else getattr(event, "added", None)
+            if gpus and isinstance(event, (ev.GpusGranted, ev.JobResized)):
+                self.placed.setdefault(event.job_id, set()).update(split_gpu_id(g)[0] for g in gpus)
+        return True
+
+    def _fold(self, msg: Message) -> bool:
+        try:
+            event = ev.decode_event(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return True  # as the live replay: an undecodable message is skipped
+        if self.until_time is not None and event.at > self.until_time:
+            return False
+        self.state.apply(event, msg.seq)
+        return True
+
+    def _find(self, seq: int, rule: str, detail: str, signer: str = "") -> None:
+        self.findings.append(Finding(seq, rule, detail, signer))
+
+    def _check_signature(self, msg: Message, event: ev.Event | None) -> None:
+        header = (msg.headers or {}).get(signing.SIG_HEADER)
+        if header is None:
+            self.counts["unsigned"] += 1
+            if not self.allow_unsigned:
+                self._find(msg.seq, "unsigned", f"{_kind(event, msg)} carries no {signing.SIG_HEADER} header")
+            return
+        self.counts["signed"] += 1
+        try:
+            sig = signing.parse(header)
+        except ValueError as err:
+            self._find(msg.seq, "malformed_signature", str(err))
+            return
+        principal = self.keyring.principal(sig.signer)
+        if principal is None:
+            self._find(msg.seq, "unknown_signer", f"{_kind(event, msg)} signed by {sig.signer[:12]}..., "
+                       "a key not in the keyring", sig.signer)
+            return
+        self._check_chain(msg, sig, sig.input(msg.subject, msg.data))
+        self._check_principal(msg, event, principal, sig.signer)
+
+    def _check_chain(self, msg: Message, sig: signing.Signature, data: bytes) -> None:
+        """The fact's place in its writer's chain; its signature joins the chain's window."""
+        chain = self.chains.setdefault((sig.signer, sig.chain), _Chain())
+        name = f"writer chain {sig.chain}"
+        if sig.n <= chain.n:
+            self._find(msg.seq, "reordered", f"fact {sig.n} of {name} comes after fact {chain.n}", sig.signer)
+        elif sig.n > chain.n + 1:
+            self._find(msg.seq, "missing", f"facts {chain.n + 1}..{sig.n - 1} of {name} are missing before this one",
+                       sig.signer)
+        elif sig.prev != chain.digest and not self._settle(chain):
+            self._find(chain.seq, "altered", f"fact {chain.n} of {name} is not what its writer's next fact "
+                       f"(seq {msg.seq}) committed to", sig.signer)
+        if sig.cas != "-" and int(sig.cas) != self.alloc_seq:
+            self._find(msg.seq, "reordered", f"decided at alloc sequence {sig.cas}, stored after "
+                       f"{self.alloc_seq}", sig.signer)
+        chain.n, chain.digest, chain.seq = max(chain.n, sig.n), signing.digest(data), msg.seq
+        if not sig.sig:  # a link: vouched for by the next signed fact of the chain
+            chain.unvouched = chain.unvouched or msg.seq
+            return
+        chain.window.append((msg.seq, chain.unvouched or msg.seq, data, sig.sig, sig.signer))
+        chain.unvouched = None
+        if len(chain.window) >= CHECK_EVERY:
+            self._settle(chain)
+
+    def _settle(self, chain: _Chain) -> bool:
+        """Check the window's newest signature: valid, it vouches (through the links) for every
+        fact before it; if not, check each and name the facts that are not the writer's. True
+        when something was named."""
+        if not chain.window:
+            return False
+        seq, _, data, sig, signer = chain.window[-1]
+        named = False
+        if not self.verifier.valid(signer, data, sig):
+            for seq, first, data, sig, signer in chain.window:
+                if not self.verifier.valid(signer, data, sig):
+                    span = f"seq {seq}" if first == seq else f"seqs {first}..{seq}"
+                    self._find(first, "bad_signature", f"the signature of {span} does not match the facts or "
+                               f"key {signer[:12]}...: not written by its claimed writer", signer)
+                    named = True
+        chain.window.clear()
+        return named
+
+    def finish(self) -> None:
+        """Check what is left to check at the end of the log; findings in sequence order."""
+        for (signer, chain_id), chain in self.chains.items():
+            self._settle(chain)
+            if chain.unvouched is not None:
+                self._find(chain.unvouched, "unsigned", f"facts from here on of writer chain {chain_id} are "
+                           "vouched for by no signed fact", signer)
+                chain.unvouched = None
+        self.findings.sort(key=lambda f: f.seq)
+
+    def _check_principal(self, msg: Message, event: ev.Event | None, p: Principal, key: str) -> None:
+        who = f"{p.name} ({p.role})"
+        if p.revoked_at is not None and msg.time >= p.revoked_at:
+            self._find(msg.seq, "revoked_signer", f"{_kind(event, msg)} signed by {who} after its key "
+                       f"was revoked", key)
+        if event is None:
+            return
+        if not roles.may_write(p.role, event.kind):
+            self._find(msg.seq, "forbidden_kind", f"{event.kind} signed by {who}: only "
+                       f"{', '.join(sorted(roles.EVENT_WRITERS.get(event.kind, ()))) or 'nobody'} may decide it", key)
+        elif p.role == roles.NODE_ROLE:
+            own = [n for n in [p.node, *getattr(p, "nodes", [])] if n]  # `nodes`: a host of simulated nodes
+            problem = self._foreign(event, own)
+            if problem:
+                self._find(msg.seq, "foreign_node", f"{event.kind} signed by {who}: {problem}", key)
+
+    def _foreign(self, event: ev.Event, own: list[str]) -> str:
+        """Why a node's fact is about something not its own ('' when it is its own). `own`: the
+        node names (or globs) the key speaks for."""
+        mine = " or ".join(own) or "no node"
+
+        def is_own(node: str) -> bool:
+            return any(fnmatch.fnmatchcase(node, pattern) for pattern in own)
+
+        node = getattr(event, "node", None)
+        if node is not None and not is_own(node):
+            return f"about node {node}, not its own ({mine})"
+        job_id = getattr(event, "job_id", None)
+        if job_id is None:
+            return ""
+        if not any(is_own(n) for n in self.placed.get(job_id, ())):
+            return f"about job {job_id}, which was never placed on {mine}"
+        return ""
+
+    # --- results ------------------------------------------------------------------------
+
+    def summary(self) -> dict:
+        """What `replay --json` adds under `trust`: counts and the findings, first one first."""
+        self.finish()
+        findings = self.findings
+        return {
+            **self.counts,
+            "allow_unsigned": self.allow_unsigned,
+            "keys": len(self.keyring.keys),
+            "first": msgspec.to_builtins(findings[0]) if findings else None,
+            "findings": [msgspec.to_builtins(f) for f in findings[:1000]],
+            "total_findings": len(findings),
+        }
+
+
+def _kind(event: ev.Event | None, msg: Message) -> str:
+    return event.kind if event is not None else f"the message on {msg.subject}"

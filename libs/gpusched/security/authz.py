@@ -1,0 +1,123 @@
+"""NATS permissions from roles: the narrowest publish/subscribe allow-list of every principal,
+and the server configuration (`authorization { users: [...] }`) that `gpusched up`, the test
+fixtures and `gpusched user add|revoke` write and the server reloads.
+
+Everything not allowed is refused by the server. Who may append an event kind is
+`roles.EVENT_WRITERS`; only admin reaches the stream-changing JetStream API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from gpusched.bus import subjects
+
+from .identity import inbox_prefix
+from .keyring import KeyRing, Principal
+from .roles import SERVICE_ROLES, kinds_of
+
+STREAMS = (subjects.STREAM, subjects.DEAD_STREAM)
+
+
+def read_log() -> list[str]:
+    """JetStream calls that read the streams (ordered consumers, stream info), nothing that
+    changes them."""
+    out = ["$JS.API.INFO"]
+    for s in STREAMS:
+        out += [f"$JS.API.STREAM.INFO.{s}", f"$JS.API.CONSUMER.CREATE.{s}", f"$JS.API.CONSUMER.CREATE.{s}.>",
+                f"$JS.API.CONSUMER.INFO.{s}.>", f"$JS.API.CONSUMER.DELETE.{s}.>", f"$JS.FC.{s}.>",
+                f"$JS.API.STREAM.MSG.GET.{s}", f"$JS.API.DIRECT.GET.{s}", f"$JS.API.DIRECT.GET.{s}.>"]
+    return out
+
+
+def event_subjects(kind: str) -> list[str]:
+    """The service-form subjects of one kind, in both trees (a kind lives in one; both are
+    harmless and keep this table independent of the ALLOC flags)."""
+    return [f"gpusched.evt.info.{kind}.*", f"gpusched.evt.alloc.{kind}.*"]
+
+
+def _service(role: str) -> tuple[list[str], list[str]]:
+    pub = read_log() + ["gpusched.dead.>"] + [s for k in sorted(kinds_of(role)) for s in event_subjects(k)]
+    sub: list[str] = []
+    if role == "admission":
+        sub.append(f"{subjects.CMD_ANY} admission")  # only in admission's queue group
+    elif role == "quota_ledger":
+        sub.append(f"{subjects.Q_SHARES} quota_ledger")
+    elif role == "reconciler":
+        sub.append(subjects.HEARTBEATS)
+        pub.append("gpusched.node.*.ctl.KillProcesses")
+    elif role == "dashboard":  # acts for a logged-in admin (the dashboard checks the login)
+        pub += ["gpusched.cmd.*", "gpusched.cmd.*.*", "gpusched.ctl.*", subjects.Q_SHARES,
+                "gpusched.node.*.logs"]  # job logs, for the admin it acts for (tenants may not ask)
+    return pub, sub
+
+
+def _node(p: Principal) -> tuple[list[str], list[str]]:
+    pub = read_log() + ["gpusched.dead.>"]
+    sub: list[str] = []
+    for node in p.all_nodes():
+        pub += subjects.node_event_subjects(node) + [subjects.heartbeat_subject(node)]
+        # it answers its own jobs' log requests (`gpusched logs`: admin and the dashboard ask)
+        sub += [subjects.node_control_subject(node), subjects.node_kill_subject(node),
+                subjects.node_logs_subject(node)]
+    return pub, sub
+
+
+def permissions(public_key: str, p: Principal) -> dict:
+    """The server's `permissions` block of one user."""
+    sub = [f"{inbox_prefix(public_key)}.>"]
+    if p.role == "admin":
+        return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+    if p.role in SERVICE_ROLES:
+        pub, more = _service(p.role)
+    elif p.role == "node":
+        pub, more = _node(p)
+    elif p.role == "auditor":
+        pub, more = read_log(), []
+    elif p.role in ("tenant", "platform"):
+        pub = [subjects.command_subject(kind, team, p.name) for team in p.teams for kind in subjects.TENANT_COMMANDS]
+        pub.append(subjects.Q_SHARES)
+        more = []
+    else:
+        pub, more = [], []
+    perms: dict = {"publish": {"allow": pub}, "subscribe": {"allow": sub + more}}
+    if more:  # it answers requests: replies to the requester's inbox, once, within the window
+        perms["allow_responses"] = True
+    return perms
+
+
+def users(ring: KeyRing) -> list[dict]:
+    return [{"nkey": key, "permissions": permissions(key, p)} for key, p in ring.active().items()]
+
+
+def auth_include(ring: KeyRing) -> str:
+    """The `authorization` block alone, for `include`-ing into a hand-written config (deploy/)."""
+    return "authorization: " + json.dumps({"users": users(ring), "timeout": 5}, indent=2) + "\n"
+
+
+def server_config(ring: KeyRing, *, port: int, store_dir: str | os.PathLike, host: str = "127.0.0.1",
+                  tls: dict[str, str] | None = None, name: str = "gpusched") -> str:
+    """A complete nats-server config: JetStream, auth on for every connection, no monitoring
+    port. `tls`: {"cert_file", "key_file", "ca_file"} paths."""
+    conf: dict = {
+        "server_name": name,
+        "listen": f"{host}:{port}",
+        "jetstream": {"store_dir": str(store_dir)},
+        "max_payload": 8 * 1024 * 1024,
+        "authorization": {"users": users(ring), "timeout": 5},
+    }
+    if tls:
+        conf["tls"] = {**tls, "timeout": 5}
+    # nats-server reads JSON: a config is a JSON object without the outer braces, or with them
+    return json.dumps(conf, indent=2) + "\n"
+
+
+def write_server_config(ring: KeyRing, path: str | os.PathLike, **kwargs) -> Path:
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(server_config(ring, **kwargs))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,108 @@
+"""The trust store of one stack: a directory with every identity (`identities/NAME.nk` + card),
+the keyring (`keys.json`, public keys only: hand it to an auditor) and what the NATS server
+needs to be re-rendered and reloaded when a user is added or revoked (`nats-server.json`).
+
+`gpusched up` keeps it under its data dir (`DATA/trust`); the test fixtures keep one per session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from . import authz, identity, keyring
+from .identity import Identity, IdentityError
+from .roles import SERVICE_ROLES
+
+#: The identity of the simulated-node host process that `up` runs (role node, all its nodes).
+NODE_HOST = "nodeagent"
+
+
+class TrustStore:
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        self.ids = self.dir / "identities"
+        self.keys_file = self.dir / "keys.json"
+        self.server_file = self.dir / "nats-server.json"
+
+    # --- the keyring and identities -------------------------------------------------------
+
+    def ring(self) -> keyring.KeyRing:
+        return keyring.load(self.keys_file) if self.keys_file.exists() else keyring.KeyRing()
+
+    def creds(self, name: str) -> Path:
+        return self.ids / f"{name}.nk"
+
+    def get(self, name: str) -> Identity | None:
+        path = self.creds(name)
+        return identity.load(path) if path.exists() else None
+
+    def add(self, name: str, role: str, *, teams=(), node: str | None = None, nodes=(),
+            out: str | os.PathLike | None = None) -> Identity:
+        """A new identity, registered in the keyring (and so allowed to connect once the server
+        is reloaded). A live identity of the same name is refused: revoke it first."""
+        ring = self.ring()
+        live = ring.by_name(name)
+        if live is not None and live[1].revoked_at is None:
+            raise IdentityError(f"identity {name!r} exists (role {live[1].role}); revoke it first")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        # with `out`, only the holder gets the seed: the store keeps the public key (keys.json)
+        ident = identity.create(name, role, self.ids, node=node, nodes=tuple(nodes), teams=tuple(teams), out=out)
+        ring.add(ident.public_key, ident.principal())
+        keyring.save(ring, self.keys_file)
+        return ident
+
+    def revoke(self, name: str) -> keyring.Principal:
+        ring = self.ring()
+        found = ring.by_name(name)
+        if found is None or found[1].revoked_at is not None:
+            raise IdentityError(f"no live identity named {name!r}")
+        key, p = found
+        import msgspec
+
+        revoked = msgspec.structs.replace(p, revoked_at=time.time())
+        ring.add(key, revoked)
+        keyring.save(ring, self.keys_file)
+        for path in (self.creds(name), identity.card_path(self.creds(name))):
+            path.unlink(missing_ok=True)
+        return revoked
+
+    def ensure_stack(self, nodes: list[str] | tuple[str, ...] = ()) -> None:
+        """The stack's own identities, created once: admin, one per service kind, and the
+        simulated-node host (widened when the stack is started with more nodes)."""
+        for name, role in [("admin", "admin"), *((r, r) for r in SERVICE_ROLES)]:
+            if self.get(name) is None:
+                self.add(name, role)
+        host = self.get(NODE_HOST)
+        if host is None or not set(nodes) <= set(host.all_nodes):
+            if host is not None:
+                self.revoke(NODE_HOST)
+            wanted = sorted(set(nodes) | set(host.all_nodes if host else ()))
+            self.add(NODE_HOST, "node", nodes=wanted)
+
+    # --- the server -----------------------------------------------------------------------
+
+    def render(self, conf: str | os.PathLike, *, port: int, store_dir: str | os.PathLike,
+               tls: dict[str, str] | None = None, host: str = "127.0.0.1") -> Path:
+        return authz.write_server_config(self.ring(), conf, port=port, store_dir=store_dir, tls=tls, host=host)
+
+    def remember_server(self, conf: Path, pid: int, port: int, store_dir: Path, tls: dict | None, host: str) -> None:
+        self.server_file.write_text(json.dumps({"conf": str(conf), "pid": pid, "port": port, "host": host,
+                                                "store_dir": str(store_dir), "tls": tls}, indent=2))
+
+    def reload_server(self) -> bool:
+        """Re-render the running server's config from the keyring and make it reload (SIGHUP):
+        a new user may connect, a revoked one is disconnected and refused. False: no server."""
+        if not self.server_file.exists():
+            return False
+        s = json.loads(self.server_file.read_text())
+        self.render(s["conf"], port=s["port"], store_dir=s["store_dir"], tls=s.get("tls"), host=s.get("host", "127.0.0.1"))
+        try:
+            os.kill(int(s["pid"]), signal.SIGHUP)
+        except ProcessLookupError:
+            return False
+        return True

@@ -1,0 +1,74 @@
+"""A poisoned snapshot in Redis (the issue's attack): held GPUs shown free, at the current
+sequence, so placement's compare-and-set would pass. The restarting placement service must
+reject it (no seal in the log vouches for it), replay the log, and double-book nothing; a
+snapshot the log's seal vouches for is adopted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from gpusched.core import events as ev
+from gpusched.core.state import ClusterState
+from gpusched.security import snapshots
+from gpusched.services.projector import save_snapshot
+
+from .harness import harness  # noqa: F401
+
+
+async def _fold_without(h, skip: set[int], until: int | None = None) -> ClusterState:
+    """The log's state (up to `until`) with some events left out, labelled as of `until`."""
+    state = ClusterState()
+    last = until or await h.log.last_seq()
+    alloc = 0
+    async for rec in h.log.records(1, last):
+        if rec.event.ALLOC:
+            alloc = rec.seq
+        if rec.seq not in skip:
+            state.apply(rec.event, rec.seq)
+    state.last_seq, state.last_alloc_seq = last, alloc
+    return state
+
+
+async def test_a_poisoned_snapshot_is_rejected_and_nothing_is_double_booked(harness):
+    h = harness
+    h.start("admission")
+    h.start("placement")
+    await h.ready("admission", "placement")
+    await h.nodes(1, 8)
+    first = await h.submit(team="a", gpus=8, name="holder")
+    await h.wait_for("the first job holds all 8 GPUs", lambda s: h.holding(first))
+    h.kill9("placement")
+    second = await h.submit(team="b", gpus=8, name="hopeful")
+    await h.wait_for("the second job is known", lambda s: second in s.jobs)
+
+    # an honest, sealed snapshot of the log as it is: adopted on restart
+    honest = await _fold_without(h, set())
+    r = aioredis.Redis.from_url(h.redis_url)
+    try:
+        await save_snapshot(r, honest)
+        await snapshots.append_seal(h.log, honest)
+        h.start("placement", alias="placement-honest")
+        await h.ready("placement-honest")
+        assert "snapshot_adopted" in h.service_log("placement-honest")
+        h.kill9("placement-honest")
+
+        # the poison: the sealed state without the first job, so its 8 GPUs look free, at the
+        # very sequence the seal names (so the compare-and-set would pass)
+        about_first = {seq for seq, e in h.records if getattr(e, "job_id", None) == first}
+        poisoned = await _fold_without(h, about_first, until=honest.last_seq)
+        assert poisoned.free_count == 8 and poisoned.last_seq == honest.last_seq
+        await save_snapshot(r, poisoned)
+    finally:
+        await r.aclose()
+
+    h.start("placement", alias="placement-again")
+    await h.ready("placement-again")
+    await asyncio.sleep(1.5)  # several placement cycles
+    state = await h.sync()
+    assert not [e for e in h.events(ev.GpusGranted) if e.job_id == second]
+    assert state.jobs[second].state == "pending" and state.jobs[first].holding
+    assert state.violations() == []  # and the harness's audit folds the whole log again
+    assert "snapshot_rejected" in h.service_log("placement-again")
+    assert "does not match the log's seal" in h.service_log("placement-again")
