@@ -113,8 +113,8 @@ class _Cycle:
         """Release preempted jobs that checkpointed, or whose grace period is over."""
         st, now = self.state, self.now
         jobs = st.jobs
-        for jid in [j for j in st.running if jobs[j].preemption is not None]:
-            job = jobs[jid]
+        for jid in [j for j in st.running if jobs[j].preemption is not None and j not in self.released]:
+            job = jobs[jid]  # (one that timed out this cycle is already freed)
             p = job.preemption
             ck = job.checkpoint
             if ck is not None and ck.attempt == job.attempt and ck.at >= p.at:
