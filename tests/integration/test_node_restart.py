@@ -62,7 +62,7 @@ def kill_all(tag: str) -> None:
 
 def spawn_agent(nats_url: str, redis_url: str, work: Path, log: Path, *extra: str):
     return spawn_service("nodeagent", nats_url, redis_url,
-                         ["--backend", "sim", "--count", "2", "--node", "rs", "--gpus", "8", "--work-dir", str(work),
+                         ["--backend", "sim", "--count", "2", "--node", "node", "--gpus", "8", "--work-dir", str(work),
                           "--heartbeat-s", "0.3", "--kill-grace-s", "1", *extra], log_path=log)
 
 
@@ -81,16 +81,16 @@ async def test_kill9_and_full_restart_adopt_every_job(nats_url, redis_url, tmp_p
     try:
         async with Cluster(nats_url, tmp_path) as c:
             await wait_ready(log, 1)
-            await c.wait(lambda s: {"rs00", "rs01"} <= set(s.nodes), "nodes registered")
+            await c.wait(lambda s: {"node00", "node01"} <= set(s.nodes), "nodes registered")
             jobs = [f"a{i}" for i in range(10)]
             for i, job_id in enumerate(jobs):
                 cmd = [PY, "-c", "import time; time.sleep(300)", MARK, job_id, tag]
                 await c.submit(job_id, JobSpec(team="t", gpus=1, command=cmd))
-                await c.grant(job_id, [f"rs0{i % 2}/{i // 2}"])
+                await c.grant(job_id, [f"node0{i % 2}/{i // 2}"])
             # one job spans both nodes: two ranks
             await c.submit("wide", JobSpec(team="t", gpus=2, command=[PY, "-c", "import time; time.sleep(300)",
                                                                       MARK, "wide", tag]))
-            await c.grant("wide", ["rs00/7", "rs01/7"])
+            await c.grant("wide", ["node00/7", "node01/7"])
             jobs.append("wide")
             await c.wait(lambda s: all(s.jobs[j].state == "running" for j in jobs), "all running")
             await c.wait(lambda s: job_processes(tag) == {**dict.fromkeys(jobs[:-1], 1), "wide": 2}, "processes up")
