@@ -9,7 +9,7 @@ $(VENV)/.installed: pyproject.toml scripts/install-system-deps.sh
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: install up demo test test-slow bench schemas results clean
+.PHONY: install lint up demo test test-slow bench schemas results clean
 install: $(VENV)/.installed
 
 up: install
@@ -18,8 +18,14 @@ up: install
 demo: install
 	$(VENV)/bin/gpusched demo
 
-test: install
+test: install lint
 	$(PY) -m pytest
+
+# The rules every branch passes: ruff (pyflakes, isort, complexity <= 15) on the whole repo,
+# mypy on the pure core and the policies (configured in pyproject.toml).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test-slow: install
 	$(PY) -m pytest -m slow
@@ -31,6 +37,7 @@ bench: install
 	$(PY) bench/bench_sim.py
 	$(PY) bench/bench_e2e.py --quick
 	$(PY) bench/bench_sign.py --quick
+	$(PY) bench/bench_rss.py --quick
 
 schemas: install
 	$(VENV)/bin/gpusched schemas

@@ -203,7 +203,7 @@ async def main() -> None:
         for i in range(0, len(regs), 256):
             await asyncio.gather(*(log.append(e, msg_id=f"register-{e.node}") for e in regs[i:i + 256]))
 
-        adm = spawn_service("admission", nats.url, redis.url, [], log_path=work / "admission.log", env=env["admission"])
+        adm = spawn_service("admission", nats.url, redis.url, ["--placeholders", "any"], log_path=work / "admission.log", env=env["admission"])
         plc = spawn_service("placement", nats.url, redis.url, [], log_path=work / "placement.log", env=env["placement"])
         procs += [adm, plc]
         await wait_ready(work / "admission.log", "admission", adm)

@@ -240,7 +240,6 @@ def _commit() -> str:
 
 
 def render(scs, results, failed, mean_duration, took_s) -> str:
-    by_key = {sc["key"]: sc for sc in scs}
     table, misses = targets(results, mean_duration)
     errors = [e for f in failed.values() for e in f.values()]
     broken = ("no run broke one" if not any("invariant broken" in e for e in errors)
@@ -263,7 +262,7 @@ the command given in its section. How the simulator works, its options and trace
     for sc in scs:
         res = results[sc["key"]]
         out.append(f"## {sc['title']}\n")
-        cmd = (f"gpusched sim" + (f" --trace {_rel(sc['trace'])} --format {sc['fmt']}" if sc["trace"] else "")
+        cmd = ("gpusched sim" + (f" --trace {_rel(sc['trace'])} --format {sc['fmt']}" if sc["trace"] else "")
                + f" --cluster {sc['cluster']} --runtime-model {sc['model']}"
                + (f" --checkpoint-s {sc['checkpoint_s']:g}" if sc.get("checkpoint_s") else "")
                + (f" --topology {sc['topology']}" if sc["topology"] != "pack" else "")

@@ -19,9 +19,13 @@ from dataclasses import dataclass
 
 import msgspec
 import structlog
+from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
+
 from gpusched import telemetry
 from gpusched.bus import subjects
 from gpusched.core import events as ev
+from gpusched.core import limits as L
 from gpusched.core.commands import (
     CancelJob,
     Command,
@@ -31,12 +35,10 @@ from gpusched.core.commands import (
     SetTeamQuota,
     SubmitJob,
 )
-from gpusched.core.model import LEVEL_RANK
+from gpusched.core.model import LEVEL_RANK, TeamQuota
 from gpusched.core.state import TERMINAL, ClusterState
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import common_arguments
-from nats.aio.msg import Msg
-from opentelemetry.trace import SpanKind
 
 log = structlog.get_logger()
 
@@ -102,6 +104,10 @@ class AdmissionConfig:
     #: Refuse jobs of teams that have no quota yet (otherwise a team starts with the default
     #: terms: nothing guaranteed, weight 1, no limit but the cluster).
     strict_teams: bool = False
+    #: Jobs without a command (simulated placeholders that hold GPUs without a process):
+    #: "refuse" (real clusters), "bounded" (only with a time limit or GPUSCHED_SIM_DURATION_S:
+    #: `gpusched up`), "any" (tests that play the node daemon).
+    placeholders: str = "refuse"
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,9 @@ _LEVEL_NAMES = {"nvlink": "NVLink domain", "node": "node", "rack": "rack", "bloc
 def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig, capacity: Capacity) -> str | None:
     """Why a well-formed submission cannot be admitted, or None."""
     spec = cmd.spec
+    problem = placeholder_problem(spec, config)
+    if problem:
+        return problem
     if spec.min_gpus is not None and spec.min_gpus > spec.gpus:
         return f"spec.min_gpus ({spec.min_gpus}) exceeds spec.gpus ({spec.gpus})"
     topo = spec.topology
@@ -187,6 +196,41 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
             return (f"spec.topology.required is {topo.required}, but the largest {_LEVEL_NAMES[topo.required]} "
                     f"has {largest[topo.required]} GPUs; the job needs {need}")
     return None
+
+
+def placeholder_problem(spec, config: AdmissionConfig) -> str | None:
+    """An empty command holds GPUs with no process: only on simulated clusters, and (unless
+    the config says "any") only when something ends it."""
+    if spec.command or config.placeholders == "any":
+        return None
+    if config.placeholders == "refuse":
+        return "spec.command is empty: a job needs a program to run"
+    if spec.time_limit_s is None and "GPUSCHED_SIM_DURATION_S" not in spec.env:
+        return ("spec.command is empty: a placeholder job needs spec.time_limit_s or "
+                "env GPUSCHED_SIM_DURATION_S, or it would hold its GPUs forever")
+    return None
+
+
+def merged_quota(state: ClusterState, cmd: SetTeamQuota) -> TeamQuota:
+    """The quota a command leaves the team with: only the fields it names change."""
+    if not cmd.only:
+        return cmd.quota
+    team = state.teams.get(cmd.team)
+    current = team.quota if team is not None else TeamQuota()
+    return msgspec.structs.replace(current, **{f: getattr(cmd.quota, f) for f in cmd.only})
+
+
+def _set_quota(state: ClusterState, cmd: SetTeamQuota, now: float) -> Decision:
+    q = merged_quota(state, cmd)
+    if q.limit is not None and q.guaranteed > q.limit:
+        return Decision(CommandReply(ok=False, error=f"quota.guaranteed ({q.guaranteed}) exceeds quota.limit ({q.limit})"))
+    promised = q.guaranteed + sum(t.quota.guaranteed for name, t in state.teams.items() if name != cmd.team)
+    warning = ""
+    if state.gpus and promised > state.total_gpus:
+        warning = (f"guaranteed shares add up to {promised} GPUs, more than the cluster's {state.total_gpus}: "
+                   f"not every team can get its guarantee at once")
+    return Decision(CommandReply(ok=True, warning=warning), ev.TeamQuotaSet(at=now, team=cmd.team, quota=q),
+                    f"quota-{cmd.request_id}")
 
 
 def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig, capacity: Capacity,
@@ -220,10 +264,7 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
         event = ev.JobCancelled(at=now, job_id=job.job_id, reason=cmd.reason)
         return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"cancel-{rid}")
     if isinstance(cmd, SetTeamQuota):
-        q = cmd.quota
-        if q.limit is not None and q.guaranteed > q.limit:
-            return Decision(CommandReply(ok=False, error=f"quota.guaranteed ({q.guaranteed}) exceeds quota.limit ({q.limit})"))
-        return Decision(CommandReply(ok=True), ev.TeamQuotaSet(at=now, team=cmd.team, quota=q), f"quota-{rid}")
+        return _set_quota(state, cmd, now)
     if isinstance(cmd, DrainNode):
         if cmd.node not in state.nodes:
             return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
@@ -242,17 +283,27 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
 
 
 def decode(subject: str, data: bytes) -> Command | str:
-    """The command on `subject` (its base, `gpusched.cmd.<kind>`), or a precise error naming the
-    field (msgspec's own text)."""
+    """The command on `subject`, or a precise error naming the field (msgspec's own text, or
+    the bound of `limits` it breaks): out-of-bounds commands are malformed, nothing is appended."""
     decoder = _DECODERS.get(subject)
     if decoder is None:
-        return f"unknown command subject {subject!r}; expected one of {', '.join(sorted(_DECODERS))}"
+        return f"unknown command subject {subject[:200]!r}; expected one of {', '.join(sorted(_DECODERS))}"
+    if len(data) > L.MAX_COMMAND_MESSAGE_BYTES:
+        return f"command is {len(data)} bytes; at most {L.MAX_COMMAND_MESSAGE_BYTES} (see schemas/LIMITS.md)"
     try:
-        return decoder.decode(data)
+        cmd = decoder.decode(data)
     except msgspec.ValidationError as err:
-        return f"invalid {SUBJECT_COMMANDS[subject].__name__}: {err}"
+        return f"invalid {SUBJECT_COMMANDS[subject].__name__}: {L.explain(str(err))}"
     except msgspec.DecodeError as err:
         return f"malformed JSON: {err}"
+    if isinstance(cmd, SubmitJob):
+        size = len(msgspec.json.encode(cmd.spec))
+        if size > L.MAX_SPEC_BYTES:
+            return f"invalid SubmitJob: spec is {size} bytes as JSON; at most {L.MAX_SPEC_BYTES}"
+        problem = L.spec_problem(cmd.spec)
+        if problem:
+            return f"invalid SubmitJob: {problem}"
+    return cmd
 
 
 # --- the shell ----------------------------------------------------------------------------
@@ -300,7 +351,7 @@ class Admission:
         split = split_subject(subject)
         cmd = decode(split[0], data) if isinstance(split, tuple) else split
         if isinstance(cmd, str):
-            log.info("command_malformed", subject=subject, error=cmd)
+            log.info("command_malformed", subject=subject[:200], error=cmd[:300])
             return CommandReply(ok=False, error=cmd)
         caller = split[1] if isinstance(split, tuple) else ADMIN
         key = f"{type(cmd).__name__}:{caller.team}:{cmd.request_id}"
@@ -345,15 +396,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser)
     parser.add_argument("--strict-teams", action="store_true",
                         help="refuse jobs of teams without a quota (default: new teams get default terms)")
+    parser.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="refuse",
+                        help="jobs without a command (simulated clusters only): refuse (default), bounded "
+                             "(need a time limit or GPUSCHED_SIM_DURATION_S), any")
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     folded = await FoldedLog.open(args.nats, name="gpusched-admission")
-    admission = Admission(folded, AdmissionConfig(strict_teams=getattr(args, "strict_teams", False)))
+    admission = Admission(folded, AdmissionConfig(strict_teams=getattr(args, "strict_teams", False),
+                                                      placeholders=getattr(args, "placeholders", "refuse")))
     sub = await folded.log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
-                                       pending_msgs_limit=1_000_000, pending_bytes_limit=-1)
+                                       pending_msgs_limit=100_000, pending_bytes_limit=64 * 2**20)  # bounded memory
     await folded.log.nc.flush()  # "ready" means the server routes commands here
     log.info("admission_ready", seq=folded.seen_seq)
+    notify_ready()
     await stop.wait()
     await sub.unsubscribe()
     await admission.drain()

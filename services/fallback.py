@@ -25,12 +25,12 @@ import msgspec
 import structlog
 
 from gpusched.core import events as ev
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.store import load_snapshot
 
 from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, connect_redis, lease_holder, owner_id
-from .placement import Tracker, decide_and_append
-from .projector import load_snapshot
 from .shell import common_arguments, wait_wake
+from .writer import Tracker, decide_and_append
 
 log = structlog.get_logger()
 
@@ -126,6 +126,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     grace_s = (args.grace_ms if args.grace_ms is not None else args.lease_ttl_ms) / 1000.0
     fallback = Fallback(folded, redis, own, args.placement_lease_key, grace_s)
     log.info("fallback_ready", seq=folded.seen_seq, watching=args.placement_lease_key, grace_s=grace_s)
+    notify_ready()
     try:
         await fallback.run(stop)
     finally:

@@ -18,11 +18,11 @@ import asyncio
 import structlog
 
 from gpusched.core import events as ev
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.store import load_snapshot_from
 
-from .placement import decide_and_append, policy_arguments, policy_config
-from .projector import load_snapshot_from
-from .shell import common_arguments, wait_wake
+from .shell import common_arguments, policy_arguments, policy_of, wait_wake
+from .writer import decide_and_append
 
 log = structlog.get_logger()
 
@@ -65,10 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    config = policy_config(args.policy, args.policy_set)
-    folded = await FoldedLog.open(args.nats, name="gpusched-preemptor", snapshot=await load_snapshot_from(args.redis))
+    config = policy_of(args)
+    folded = await FoldedLog.open(args.nats, name="gpusched-preemptor", half_life_s=config.half_life_s,
+                                  snapshot=await load_snapshot_from(args.redis, config.half_life_s))
     preemptor = Preemptor(folded, config, tick_s=args.tick_ms / 1000.0)
     log.info("preemptor_ready", seq=folded.seen_seq, policy=args.policy)
+    notify_ready()
     try:
         await preemptor.run(stop)
     finally:

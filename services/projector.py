@@ -38,13 +38,13 @@ from gpusched.bus.log import EventLog, Record
 from gpusched.core import events as ev
 from gpusched.core.model import split_gpu_id
 from gpusched.core.state import ClusterState
-from gpusched.security import snapshots
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.services.shell import policy_arguments, policy_of
+from gpusched.store import SNAPSHOT_KEY, fold_log, load_snapshot, load_snapshot_from, save_snapshot  # noqa: F401
 
 log = structlog.get_logger()
 
 PREFIX = "gpusched:v:"
-SNAPSHOT_KEY = "gpusched:snapshot"
 #: The used-versus-held read model: job id -> mean utilization and memory over the last window.
 #: Written by the reconciler (it holds the heartbeats), read by `jobs`, `show` and the dashboard.
 USAGE_KEY = "gpusched:usage"
@@ -103,8 +103,10 @@ class ShareSeries:
 class Projector:
     """Collects what changed from fold records; `flush` writes it to Redis in one transaction."""
 
-    def __init__(self, r: aioredis.Redis, snapshot_every: int = 5000, seal_log: EventLog | None = None):
+    def __init__(self, r: aioredis.Redis, snapshot_every: int = 5000, config=None,
+                 seal_log: EventLog | None = None):
         self.r = r
+        self.config = config  # the running PolicyConfig: the queue in its order
         self.seal_log = seal_log  # where each snapshot's digest is recorded (unsealed: never adopted)
         self.snapshot_every = snapshot_every
         self.dirty_jobs: set[str] = set()
@@ -166,6 +168,28 @@ class Projector:
 
     # --- to Redis ------------------------------------------------------------------------
 
+    def _write_jobs(self, pipe, state: ClusterState, jobs: list[str], seq: int) -> None:
+        docs, order = {}, {}
+        for j in jobs:
+            job = state.jobs.get(j)
+            if job is None:
+                continue
+            doc = readmodel.job_doc(state, job)
+            doc["seq"] = seq
+            docs[j] = _enc(doc)
+            order[j] = job.submitted_at
+        if docs:
+            pipe.hset(K["jobs"], mapping=docs)
+            pipe.zadd(K["jobs:order"], order)
+
+    def _write_queue(self, pipe, state: ClusterState, seq: int) -> None:
+        """The queue in the running policy's order, with the reasons it recorded."""
+        queue = readmodel.queue_docs(state, self.config)
+        pipe.delete(K["queue"], K["queue:docs"])
+        if queue:
+            pipe.zadd(K["queue"], {q["job_id"]: q["position"] for q in queue})
+            pipe.hset(K["queue:docs"], mapping={q["job_id"]: _enc({**q, "seq": seq}) for q in queue})
+
     async def flush(self, state: ClusterState, full: bool = False) -> int:
         """Write what changed (everything when `full`) in one MULTI/EXEC; returns the seq covered."""
         seq = state.last_seq
@@ -176,30 +200,14 @@ class Projector:
         pipe = self.r.pipeline(transaction=True)
         if full:
             self._delete_views(pipe)
-        if jobs:
-            docs, order = {}, {}
-            for j in jobs:
-                job = state.jobs.get(j)
-                if job is None:
-                    continue
-                doc = readmodel.job_doc(state, job)
-                doc["seq"] = seq
-                docs[j] = _enc(doc)
-                order[j] = job.submitted_at
-            if docs:
-                pipe.hset(K["jobs"], mapping=docs)
-                pipe.zadd(K["jobs:order"], order)
+        self._write_jobs(pipe, state, jobs, seq)
         for key, names, known, make in (("nodes", nodes, state.nodes, readmodel.node_doc),
                                          ("teams", teams, state.teams, readmodel.team_doc)):
             docs = {name: _enc({**make(state, name), "seq": seq}) for name in names if name in known}
             if docs:
                 pipe.hset(K[key], mapping=docs)
         if full or self.queue_dirty:
-            queue = readmodel.queue_docs(state)
-            pipe.delete(K["queue"], K["queue:docs"])
-            if queue:
-                pipe.zadd(K["queue"], {q["job_id"]: q["position"] for q in queue})
-                pipe.hset(K["queue:docs"], mapping={q["job_id"]: _enc({**q, "seq": seq}) for q in queue})
+            self._write_queue(pipe, state, seq)
         if full or self.health_dirty or jobs:
             health = readmodel.health_doc(state)
             pipe.hset(K["health"], mapping={"doc": _enc(health), "seq": seq,
@@ -229,56 +237,12 @@ class Projector:
         self.written_seq = seq
         self.writes += 1
         if self.snapshot_every and seq - self.snapshot_seq >= self.snapshot_every:
-            await save_snapshot(self.r, state)
-            if self.seal_log is not None:
-                await snapshots.append_seal(self.seal_log, state)
+            await save_snapshot(self.r, state, seal_log=self.seal_log)
             self.snapshot_seq = seq
         return seq
 
     def _delete_views(self, pipe) -> None:
         pipe.delete(*K.values())
-
-
-async def save_snapshot(r: aioredis.Redis, state: ClusterState) -> None:
-    """The whole fold, tagged with the log sequence it covers."""
-    await r.hset(SNAPSHOT_KEY, mapping={"seq": state.last_seq, "half_life_s": str(state.half_life_s),
-                                         "data": state.snapshot()})
-
-
-async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState | None:
-    """The latest snapshot if its half-life matches (a fold with other parameters is another fold)."""
-    try:
-        raw = await r.hgetall(SNAPSHOT_KEY)
-    except (aioredis.RedisError, OSError):
-        return None
-    if not raw or b"data" not in raw:
-        return None
-    if raw.get(b"half_life_s", b"").decode() != str(half_life_s):
-        return None
-    state = ClusterState.restore(raw[b"data"])
-    state.last_seq = int(raw[b"seq"])
-    return state
-
-
-async def load_snapshot_from(redis_url: str | None) -> ClusterState | None:
-    """The latest snapshot from the Redis at `redis_url`, or None (no Redis, no snapshot)."""
-    from .lease import connect_redis
-
-    r = connect_redis(redis_url)
-    try:
-        return await load_snapshot(r)
-    finally:
-        await r.aclose()
-
-
-async def fold_log(event_log: EventLog, state: ClusterState | None = None, until: int | None = None) -> ClusterState:
-    """Fold the log (from a snapshot's sequence when given one) up to `until` (default: now)."""
-    state = state or ClusterState()
-    last = await event_log.last_seq() if until is None else until
-    if last > state.last_seq:
-        async for rec in event_log.records(state.last_seq + 1, last):
-            state.apply(rec.event, rec.seq)
-    return state
 
 
 # --- entry points ---------------------------------------------------------------------------
@@ -310,28 +274,42 @@ async def rebuild_views(nats_url: str | None, redis_url: str | None) -> dict[str
 
 
 async def run(nats_url: str | None = None, redis_url: str | None = None, stop: asyncio.Event | None = None,
-              flush_s: float = 0.1, snapshot_every: int = 5000) -> None:
-    """Follow the log and keep the read models until `stop` is set."""
+              flush_s: float = 0.1, snapshot_every: int = 5000, config=None) -> None:
+    """Follow the log and keep the read models until `stop` is set. `config`: the running
+    PolicyConfig (its usage half-life folds, its order lists the queue; default: `full`)."""
+    from gpusched.policy.config import DEFAULT
+
+    config = config or DEFAULT
     telemetry.set_service("projector")
     stop = stop or asyncio.Event()
     event_log = await EventLog.open(nats_url, name="projector")
     r = _redis(redis_url)
-    projector = Projector(r, snapshot_every=snapshot_every, seal_log=event_log)
-    folded = FoldedLog(event_log)
+    projector = Projector(r, snapshot_every=snapshot_every, config=config, seal_log=event_log)
+    folded = FoldedLog(event_log, half_life_s=config.half_life_s)
     folded.listeners.append(projector.listener)
     metrics.attach(folded)
     try:
         await folded.start()
         await _write_retrying(projector, folded.state, full=True, stop=stop)
         log.info("projector_ready", seq=folded.state.last_seq)
+        notify_ready()
         while not stop.is_set():
             await _wait(folded, stop, flush_s)
-            if projector.dirty and not stop.is_set():
-                await _write_retrying(projector, folded.state, full=False, stop=stop)
+            lost = await _views_lost(r)  # Redis restarted empty (it holds only derived data)
+            if (projector.dirty or lost) and not stop.is_set():
+                await _write_retrying(projector, folded.state, full=lost, stop=stop)
     finally:
         await folded.stop()
         await r.aclose()
         await event_log.close()
+
+
+async def _views_lost(r: aioredis.Redis) -> bool:
+    """True when the views are gone (a Redis restarted without its data): write them whole."""
+    try:
+        return not await r.exists(K["meta"])
+    except (aioredis.RedisError, OSError):
+        return False  # unreachable: the next write retries, and writes everything
 
 
 async def _wait(folded: FoldedLog, stop: asyncio.Event, flush_s: float) -> None:
@@ -367,12 +345,14 @@ async def _write_retrying(projector: Projector, state: ClusterState, full: bool,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flush-s", type=float, default=0.1, help="how often changed views are written")
     parser.add_argument("--snapshot-every", type=int, default=5000, help="events between state snapshots")
+    policy_arguments(parser)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     """The service-shell entry point (`gpusched service run projector`)."""
     await run(getattr(args, "nats", None), getattr(args, "redis", None), stop,
-              flush_s=getattr(args, "flush_s", 0.1), snapshot_every=getattr(args, "snapshot_every", 5000))
+              flush_s=getattr(args, "flush_s", 0.1), snapshot_every=getattr(args, "snapshot_every", 5000),
+              config=policy_of(args))
 
 
 # --- reading the views back (CLI, dashboard) --------------------------------------------------

@@ -18,7 +18,7 @@ import structlog
 
 from gpusched.bus import subjects
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
 
 from .lease import connect_redis
 from .shell import common_arguments, wait_wake
@@ -152,6 +152,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     sub = await folded.log.nc.subscribe(subjects.Q_SHARES, queue="quota_ledger", cb=ledger.on_request)
     await folded.log.nc.flush()
     log.info("quota_ledger_ready", seq=folded.seen_seq)
+    notify_ready()
     try:
         await ledger.run(stop)
     finally:

@@ -41,11 +41,11 @@ import structlog
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
-from gpusched.core.model import gpu_id, split_gpu_id
-from gpusched.core.state import ClusterState, Job
-from gpusched.services.runtime import cancel_tasks
 from gpusched.core.heartbeat import Heartbeat, KillProcesses, ResetGpu, decode_heartbeat, decode_reply
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.core.model import gpu_id, split_gpu_id
+from gpusched.core.rules import work_since_checkpoint
+from gpusched.core.state import ClusterState, Job
+from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, notify_ready
 
 log = structlog.get_logger()
 
@@ -141,11 +141,8 @@ def _alive(hb: Heartbeat, job: Job, node: str) -> bool:
 
 def _no_process_outcome(job: Job, node: str, now: float) -> ev.Event:
     if job.spec.on_failure == "requeue" and job.restarts < job.spec.max_restarts:
-        since = job.started_at or now
-        if job.checkpoint is not None and job.checkpoint.attempt == job.attempt:
-            since = max(since, job.checkpoint.at)
         return ev.GpusReleased(at=now, job_id=job.job_id, reason="no_process",
-                               lost_gpu_s=round(len(job.gpus) * max(0.0, now - since), 3))
+                               lost_gpu_s=round(work_since_checkpoint(job, now), 3))
     return ev.JobFailed(at=now, job_id=job.job_id, attempt=job.attempt,
                         reason=f"no process on its GPUs of node {node} (restarts {job.restarts}/{job.spec.max_restarts})")
 
@@ -166,6 +163,9 @@ def _tell_holder(state: ClusterState, gid: str, reason: str, now: float, out: De
 
 
 def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig) -> Decision:
+    """What the observations mean against the fold: silent nodes are lost, jobs without a
+    process are requeued or fail, unhealthy GPUs are quarantined, stray processes are zombies,
+    idle jobs are reported, leaked GPU memory is quarantined."""
     out = Decision()
     lost = _lost_nodes(state, obs, now, cfg, out)
     _missing_processes(state, obs, now, cfg, lost, out)
@@ -173,6 +173,7 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     out.events += decide_idle(state, obs, now, cfg, lost)
     decide_leaks(state, obs, now, cfg, lost, out)
     obs.peak.clear()
+    _forget_reclaimed(state, obs)
     return out
 
 
@@ -363,6 +364,12 @@ def usage_docs(state: ClusterState, obs: Observations, now: float) -> dict[str, 
     return docs
 
 
+def _forget_reclaimed(state: ClusterState, obs: Observations) -> None:
+    """Per-GPU memory ends with the zombie (bounded by the GPUs that have one)."""
+    for gid in [g for g in obs.kill_sent if g not in state.gpus or state.gpus[g].zombie_pids is None]:
+        del obs.kill_sent[gid]
+
+
 class Reconciler:
     def __init__(self, event_log: EventLog, config: ReconcilerConfig | None = None, own_log: bool = True,
                  redis_url: str | None = None):
@@ -378,6 +385,8 @@ class Reconciler:
         self._sub = None
         self._task: asyncio.Task | None = None
         self._kills: set[asyncio.Task] = set()
+        self.ignored: dict[str, int] = {}  # heartbeats not remembered, by why
+        self._said: dict[str, float] = {}
 
     @classmethod
     async def open(cls, nats_url: str | None = None, config: ReconcilerConfig | None = None,
@@ -391,17 +400,30 @@ class Reconciler:
         await self.log.nc.flush()
         self._task = asyncio.create_task(self._loop(), name="reconciler")
         log.info("reconciler_ready", seq=self.folded.seen_seq, config=self.cfg.__dict__)
+        notify_ready()
 
     async def _on_heartbeat(self, msg) -> None:
         try:
             hb = decode_heartbeat(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            log.warning("bad_heartbeat", subject=msg.subject, error=str(err))
+            self._quietly("bad_heartbeat", subject=msg.subject[:200], error=str(err)[:300])
+            return
+        if hb.node not in self.folded.state.nodes:  # only registered nodes are remembered
+            self._quietly("heartbeat_from_unregistered_node", node=hb.node)
             return
         if msg.subject != subjects.heartbeat_subject(hb.node):  # permissions say who may publish
             log.warning("heartbeat_for_another_node", subject=msg.subject, node=hb.node)  # the subject,
             return  # so a node speaks only for itself: the payload must name the subject's node
         self.obs.observe(hb, time.time())
+
+    def _quietly(self, event: str, **fields) -> None:
+        """At most one line per kind per minute, with how many were not logged (a flood of
+        bad heartbeats must not flood the log)."""
+        now = time.monotonic()
+        self.ignored[event] = self.ignored.get(event, 0) + 1
+        if now - self._said.get(event, -1e18) >= 60.0:
+            self._said[event] = now
+            log.warning(event, count=self.ignored[event], **fields)
 
     async def _loop(self) -> None:
         while True:
@@ -546,7 +568,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpusched.services.shell import common_arguments, run as run_service
+    from gpusched.services.shell import common_arguments
+    from gpusched.services.shell import run as run_service
 
     parser = argparse.ArgumentParser(prog="gpusched-reconciler", description="gpusched reconciler")
     common_arguments(parser)

@@ -13,16 +13,27 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from gpusched import metrics
-
+from gpusched import metrics, store
+from gpusched.bus import subjects
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
 from gpusched.core.state import ClusterState
-from gpusched.security import snapshots
 
 log = structlog.get_logger()
 
 Listener = Callable[[Record, ClusterState], None]
+
+#: Set by the service shell: ends the process (non-zero) so that its supervisor restarts it.
+on_fatal: Callable[[str], None] | None = None
+STREAM_CHECK_S = 5.0
+
+
+def fatal(reason: str) -> None:
+    """This process can no longer do its work (connection closed for good, stream lost, a
+    retry exhausted): say so once, and let the shell end it."""
+    log.error("service_fatal", reason=reason[:500])
+    if on_fatal is not None:
+        on_fatal(reason)
 
 
 class FoldedLog:
@@ -34,6 +45,7 @@ class FoldedLog:
         self.changed = asyncio.Event()
         self.listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
         self._caught_up = asyncio.Event()
         #: Highest sequence read, and highest in the alloc tree, counting undecodable messages
         #: too: they occupy sequences that the compare-and-set check sees.
@@ -41,10 +53,12 @@ class FoldedLog:
         self.alloc_seq = 0
 
     @classmethod
-    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None) -> FoldedLog:
+    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None,
+                   half_life_s: float | None = 7 * 24 * 3600.0) -> FoldedLog:
         """Connect, replay what exists (from `snapshot` on, when one is given) and keep
-        following: what every service starts with."""
-        folded = cls(await EventLog.open(url, name=name))
+        following: what every service starts with. `half_life_s`: the usage half-life of the
+        fold (a policy's `PolicyConfig.half_life_s`, the same as the simulator folds with)."""
+        folded = cls(await EventLog.open(url, name=name), half_life_s)
         await folded.start(snapshot)
         return folded
 
@@ -65,18 +79,38 @@ class FoldedLog:
         if self.seen_seq >= target:
             self._caught_up.set()
         self._task = asyncio.create_task(self._follow(target), name="fold-follow")
+        self._task.add_done_callback(self._follow_ended)
+        self._watch = asyncio.create_task(self._watch_stream(), name="fold-watch")
         await self._caught_up.wait()
 
     async def _adopt(self, snapshot: ClusterState) -> None:
         """Start from the snapshot only if the log's latest seal vouches for it: a poisoned one
-        could show held GPUs as free (see `security.snapshots`)."""
-        why = await snapshots.untrusted(self.log, snapshot)
+        could show held GPUs as free (see `gpusched.store`)."""
+        why = await store.untrusted(self.log, snapshot)
         if why is not None:
             log.warning("snapshot_rejected", seq=snapshot.last_seq, reason=why, hint="replaying the log from the start")
             return
         self.state = snapshot
         self.seen_seq, self.alloc_seq = snapshot.last_seq, snapshot.last_alloc_seq
         log.info("snapshot_adopted", seq=snapshot.last_seq)
+    def _follow_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            err = task.exception()
+            fatal(f"following the log failed: {type(err).__name__}: {err}")
+
+    async def _watch_stream(self) -> None:
+        """A deleted stream leaves the follower waiting forever: notice it and end."""
+        from nats.js.errors import NotFoundError
+
+        while True:
+            await asyncio.sleep(STREAM_CHECK_S)
+            try:
+                await self.log.js.stream_info(subjects.STREAM)
+            except NotFoundError:
+                fatal(f"stream {subjects.STREAM} is gone")
+                return
+            except Exception:  # NATS unreachable: the connection reconnects (and logs) by itself
+                pass
 
     def _saw(self, seq: int, subject: str, target: int) -> None:
         self.seen_seq = seq
@@ -98,8 +132,9 @@ class FoldedLog:
             self._saw(rec.seq, rec.subject, target)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_tasks([self._task])
+        tasks = [t for t in (self._task, self._watch) if t is not None]
+        if tasks:
+            await cancel_tasks(tasks)
 
     async def catch_up(self, timeout: float = 10.0) -> None:
         """Wait until the fold has applied everything in the stream as of now."""
@@ -175,3 +210,23 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
     if appended:
         await folded.wait_seq(last)  # the next decision must see this writer's own appends
     return appended, False
+
+
+def notify_ready() -> None:
+    """Tell the supervisor this service is ready (it logs `<service>_ready` just before): the
+    systemd notify protocol (`READY=1` on the datagram socket `$NOTIFY_SOCKET`), which is what
+    `gpusched up` listens on too. Readiness does not depend on log format or level."""
+    import os
+    import socket
+
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(f"READY=1\nMAINPID={os.getpid()}".encode())
+    except OSError as err:
+        log.warning("notify_failed", socket=address.lstrip("\0"), error=str(err))

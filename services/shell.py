@@ -12,11 +12,17 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 
 import structlog
+from nats.errors import ConnectionClosedError, NoServersError
+from nats.errors import TimeoutError as NatsTimeout
 
 from gpusched import metrics, telemetry
+from gpusched.bus import connection
+from gpusched.bus.log import ServerUnsuitable
+from gpusched.services import runtime
 from gpusched.services.runtime import FoldedLog
 
 log = structlog.get_logger()
@@ -32,8 +38,33 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
 
 
+#: Exit codes: the supervisor (`gpusched up`, systemd, Kubernetes) restarts on any non-zero.
+EXIT_FAILED, EXIT_UNSUITABLE_SERVER, EXIT_DEAF = 1, 2, 3
+#: After SIGTERM a service has this long to leave cleanly; then it is ended regardless (with
+#: NATS down a drain would wait forever, and systemd or `up` must not be left with orphans).
+STOP_GRACE_S = 8.0
+
+
+def policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--policy` and `--policy-set`: the running policy, for every service that decides or
+    explains with it (placement, preemptor, projector) and the CLI views."""
+    parser.add_argument("--policy", default="full", help="policy preset (default: full)")
+    parser.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one field of the preset, e.g. checkpoint_grace_s=30 (repeatable)")
+
+
+def policy_of(args: argparse.Namespace):
+    """The PolicyConfig the arguments name (exits with the parser's message on bad input)."""
+    from gpusched.policy.config import parse_policy
+
+    try:
+        return parse_policy(getattr(args, "policy", "full"), getattr(args, "policy_set", None) or [])
+    except ValueError as err:
+        raise SystemExit(f"--policy-set: {err}") from None
+
+
 def run(serve: Serve, args: argparse.Namespace, service: str) -> int:
-    """Run one service until SIGINT/SIGTERM."""
+    """Run one service until SIGINT/SIGTERM; exit non-zero when it can no longer work."""
     os.environ.setdefault("GPUSCHED_LOG_LEVEL", getattr(args, "log_level", "info"))
     telemetry.setup(service)
 
@@ -41,21 +72,67 @@ def run(serve: Serve, args: argparse.Namespace, service: str) -> int:
         metrics.start_metrics_server(args.metrics_port)
         metrics.ENABLED = True  # every fold this process starts drives the cluster gauges
 
-    async def main() -> None:
-        telemetry.set_service(service)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(args, stop)
-
     try:
-        asyncio.run(main())
+        code = asyncio.run(_main(serve, args, service))
     except KeyboardInterrupt:
-        pass
+        code = 0
     finally:
         telemetry.shutdown()
-    return 0
+    return code
+
+
+async def _main(serve: Serve, args: argparse.Namespace, service: str) -> int:
+    telemetry.set_service(service)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    dead: asyncio.Future[str] = loop.create_future()
+
+    def die(reason: str) -> None:
+        if not stop.is_set() and not dead.done():
+            dead.set_result(reason)
+
+    runtime.on_fatal = die
+    connection.on_closed = lambda name, why: die(f"NATS connection {name} closed for good: {why}")
+    task = asyncio.create_task(serve(args, stop), name=f"serve-{service}")
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, dead, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if task.done():
+        stopped.cancel()
+        return _outcome(task, service)
+    if dead.done():
+        code = EXIT_DEAF
+        log.error("service_exiting", service=service, reason=dead.result()[:500], exit_code=code)
+        stop.set()
+    done, _ = await asyncio.wait({task}, timeout=STOP_GRACE_S)
+    if not done:
+        log.warning("service_stop_timeout", service=service, grace_s=STOP_GRACE_S)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=2.0)
+        if not done:  # something swallows cancellation (a drain with the server gone)
+            telemetry.shutdown()
+            os._exit(code or EXIT_FAILED)
+    if not task.cancelled() and task.exception() is not None and code == 0:
+        return _outcome(task, service)
+    return code
+
+
+def _outcome(task: asyncio.Task, service: str) -> int:
+    """The exit code of a finished `serve`: one line for a failure, never a traceback for the
+    expected ones (server unsuitable or unreachable)."""
+    if task.cancelled() or task.exception() is None:
+        return 0
+    err = task.exception()
+    if isinstance(err, ServerUnsuitable):
+        print(f"gpusched {service}: {err}", file=sys.stderr, flush=True)
+        return EXIT_UNSUITABLE_SERVER
+    if isinstance(err, (OSError, NoServersError, NatsTimeout, ConnectionClosedError)):
+        log.error("service_failed", service=service, error=f"{type(err).__name__}: {err}"[:500])
+    else:
+        log.error("service_failed", service=service, exc_info=err)
+    return EXIT_FAILED
 
 
 async def wait_wake(folded: FoldedLog, stop: asyncio.Event, tick_s: float, debounce_s: float) -> None:

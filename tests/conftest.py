@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from gpusched.bus.servers import start_nats, start_redis
 
 TRUST = None  # the session's security.trust.TrustStore
@@ -35,6 +36,7 @@ def pytest_configure(config):
     TRUST.ensure_stack(SIM_NODES)
     os.environ["GPUSCHED_CREDS"] = str(TRUST.creds("admin"))
     os.environ["GPUSCHED_IDENTITY_DIR"] = str(TRUST.ids)
+    os.environ["GPUSCHED_KEYS"] = str(TRUST.keys_file)  # what `replay --verify` checks signatures against
     os.environ["GPUSCHED_CONFIG"] = str(root / "no-client-config.toml")  # never the developer's own
 
 

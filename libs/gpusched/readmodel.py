@@ -138,18 +138,21 @@ def team_doc(state: ClusterState, name: str) -> dict[str, Any]:
     }
 
 
-def queue_docs(state: ClusterState) -> list[dict[str, Any]]:
-    """Pending jobs in the order the policy considers them, with their reason."""
+def queue_docs(state: ClusterState, config=None) -> list[dict[str, Any]]:
+    """Pending jobs in the order the running policy (`config`, a PolicyConfig; default: the
+    default preset) considers them, with the reason it recorded."""
+    from .policy.config import DEFAULT
     from .policy.explain import queue_order
 
     out = []
-    for pos, job_id in enumerate(queue_order(state), 1):
+    for pos, job_id in enumerate(queue_order(state, None, config or DEFAULT), 1):
         job = state.jobs[job_id]
         out.append({
             "position": pos, "job_id": job_id, "team": job.spec.team, "priority": job.spec.priority,
             "gpus": job.spec.gang_min, "submitted_at": job.submitted_at,
             "waiting_s": round(max(0.0, state.now - job.submitted_at), 3),
             "reason": job.pending_reason, "blockers": list(job.pending_blockers), "eta_s": job.pending_eta_s,
+            "why": None if job.pending_why is None else msgspec.to_builtins(job.pending_why),
             "preemptions": job.preemptions,
         })
     return out
@@ -161,65 +164,46 @@ def health_doc(state: ClusterState) -> dict[str, Any]:
             "jobs": s["jobs"], "gpus": s["gpus"], "nodes": s["nodes"], "violations": len(state.broken)}
 
 
+#: One human line per event kind (the event tail).
+_LINES: dict[str, Any] = {
+    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}{'/' + e.user if e.user else ''}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
+    "GpusGranted": lambda e: f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}{', backfill' if e.backfill else ''})",
+    "JobPending": lambda e: f"{e.job_id} pending: {e.reason}",
+    "JobStarted": lambda e: f"{e.job_id} started on {e.node} (attempt {e.attempt})",
+    "PreemptionRequested": lambda e: f"{e.job_id} preempted for {e.for_job}: {e.reason}",
+    "CheckpointSaved": lambda e: f"{e.job_id} checkpoint step {e.step} (rank {e.rank})",
+    "JobTimedOut": lambda e: f"{e.job_id} timed out: time limit of {e.limit_s:g} s",
+    "ProcessesEnded": lambda e: (f"{e.job_id} processes ended on {e.node} (attempt {e.attempt}.{e.generation})"
+                                 + (f": {e.reason}" if e.reason else "")),
+    "JobOnUnhealthyGpu": lambda e: f"{e.job_id} runs on unhealthy GPU(s) {', '.join(e.gpus)}: {e.reason}",
+    "GpusReleased": lambda e: f"{e.job_id} released GPUs ({e.reason}{', forced' if e.forced else ''}, lost {e.lost_gpu_s:.0f} GPU-s)",
+    "JobResized": lambda e: f"{e.job_id} resized +{len(e.added)} -{len(e.removed)} {e.reason}".rstrip(),
+    "JobCompleted": lambda e: f"{e.job_id} completed (exit {e.exit_code})",
+    "JobFailed": lambda e: f"{e.job_id} failed: {e.reason}",
+    "JobCancelled": lambda e: f"{e.job_id} cancelled: {e.reason}",
+    "JobRejected": lambda e: f"submission of {e.team} rejected: {e.reason}",
+    "NodeRegistered": lambda e: f"node {e.node} registered in {e.rack} with {len(e.gpus)} GPU(s)",
+    "NodeLost": lambda e: f"node {e.node} lost: {e.reason}",
+    "NodeDrained": lambda e: f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}".rstrip(),
+    "ZombieDetected": lambda e: f"zombie on {e.gpu}: pids {e.pids}",
+    "ZombieReclaimed": lambda e: f"zombie on {e.gpu} reclaimed",
+    "TeamQuotaSet": lambda e: (f"team {e.team} quota: guaranteed {e.quota.guaranteed}, weight {e.quota.weight}, "
+                                f"limit {e.quota.limit}"),
+    "PlacementDegraded": lambda e: f"placement DEGRADED: {e.reason}",
+    "PlacementRecovered": lambda e: f"placement recovered {e.reason}".rstrip(),
+    "GpuQuarantined": lambda e: f"GPU {e.gpu} quarantined: {e.reason}",
+    "GpuRestored": lambda e: f"GPU {e.gpu} restored: {e.reason}",
+    "SnapshotTaken": lambda e: f"snapshot of the state at seq {e.seq} sealed",
+}
+
+
 def describe(event: ev.Event) -> str:
     """One human line per event (the event tail)."""
-    e: Any = event
     k = type(event).__name__
-    if k == "JobSubmitted":
-        s = e.spec
-        return f"{e.job_id} submitted by {s.team}{'/' + e.user if e.user else ''}: {s.gpus} GPU(s), {s.priority}" + (" preemptible" if s.preemptible else "")
-    if k == "GpusGranted":
-        return f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}{', backfill' if e.backfill else ''})"
-    if k == "JobPending":
-        return f"{e.job_id} pending: {e.reason}"
-    if k == "JobStarted":
-        return f"{e.job_id} started on {e.node} (attempt {e.attempt})"
-    if k in ("JobIdle", "JobBusy") or getattr(e, "cause", "") == "idle":
-        return _describe_idle(e)
-    if k == "PreemptionRequested":
-        return f"{e.job_id} preempted for {e.for_job}: {e.reason}"
-    if k == "CheckpointSaved":
-        return f"{e.job_id} checkpoint step {e.step} (rank {e.rank})"
-    if k == "GpusReleased":
-        return f"{e.job_id} released GPUs ({e.reason}{', forced' if e.forced else ''}, lost {e.lost_gpu_s:.0f} GPU-s)"
-    if k == "JobResized":
-        return f"{e.job_id} resized +{len(e.added)} -{len(e.removed)} {e.reason}".rstrip()
-    if k == "JobCompleted":
-        return f"{e.job_id} completed (exit {e.exit_code})"
-    if k == "JobFailed":
-        return f"{e.job_id} failed: {e.reason}"
-    if k == "JobTimedOut":
-        return f"{e.job_id} timed out: time limit of {e.limit_s:g} s"
-    if k == "ProcessesEnded":
-        return f"{e.job_id} processes ended on {e.node} (attempt {e.attempt}.{e.generation}){': ' + e.reason if e.reason else ''}"
-    if k == "JobOnUnhealthyGpu":
-        return f"{e.job_id} runs on unhealthy GPU(s) {', '.join(e.gpus)}: {e.reason}"
-    if k == "JobCancelled":
-        return f"{e.job_id} cancelled: {e.reason}"
-    if k == "JobRejected":
-        return f"submission of {e.team} rejected: {e.reason}"
-    if k == "NodeRegistered":
-        return f"node {e.node} registered in {e.rack} with {len(e.gpus)} GPU(s)"
-    if k == "NodeLost":
-        return f"node {e.node} lost: {e.reason}"
-    if k == "NodeDrained":
-        return f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}".rstrip()
-    if k in ("GpuQuarantined", "GpuRestored"):
-        return f"GPU {e.gpu} {'quarantined' if k == 'GpuQuarantined' else 'restored'}: {e.reason}"
-    if k == "SnapshotTaken":
-        return f"snapshot of the state at seq {e.seq} sealed"
-    if k == "ZombieDetected":
-        return f"zombie on {e.gpu}: pids {e.pids}"
-    if k == "ZombieReclaimed":
-        return f"zombie on {e.gpu} reclaimed"
-    if k == "TeamQuotaSet":
-        q = e.quota
-        return f"team {e.team} quota: guaranteed {q.guaranteed}, weight {q.weight}, limit {q.limit}"
-    if k == "PlacementDegraded":
-        return f"placement DEGRADED: {e.reason}"
-    if k == "PlacementRecovered":
-        return f"placement recovered {e.reason}".rstrip()
-    return k
+    if k in ("JobIdle", "JobBusy") or getattr(event, "cause", "") == "idle":
+        return _describe_idle(event)
+    line = _LINES.get(k)
+    return k if line is None else line(event)
 
 
 def _describe_idle(e: Any) -> str:

@@ -28,7 +28,7 @@ from gpusched import metrics, readmodel, telemetry
 from gpusched.bus.log import EventLog, Record
 from gpusched.core.model import JobSpec, TopologyConstraint
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog
+from gpusched.services.runtime import FoldedLog, notify_ready
 
 from . import control
 from .guard import GUARD, Guard, api_session, guard_middleware
@@ -256,7 +256,7 @@ async def api_submit(request: web.Request) -> web.Response:
 
     body = await _body(request)
     try:
-        spec = _spec(body, team="web", gpus=1)
+        spec = _spec(body, team="web", gpus=1, time_limit_s=3600.0)  # a placeholder must end (admission)
     except (msgspec.ValidationError, ValueError, TypeError) as err:
         return web.json_response({"ok": False, "error": f"invalid job: {err}"}, status=400)
     with telemetry.span("dashboard.submit", team=spec.team, gpus=spec.gpus):
@@ -358,6 +358,7 @@ async def run(nats_url: str | None, redis_url: str | None, host: str = "127.0.0.
     lease_task = asyncio.create_task(dash.watch_lease(stop))
     log.info("dashboard_ready", url=f"http://127.0.0.1:{port}/?token={guard.admin_token}", bound=host,
              seq=dash.folded.state.last_seq)
+    notify_ready()
     if ready is not None:
         ready.set()
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,16 @@ class Ack:
     step: int
     path: str
     request: str | None
+    sha256: str = ""  # the checkpoint's checksum as the SDK computed it ("" if absent or malformed)
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def ack_sha256(obj: object) -> str:
+    """The checksum an ack carries, if well-formed ("" otherwise)."""
+    value = obj.get("sha256", "") if isinstance(obj, dict) else ""
+    return value if isinstance(value, str) and _SHA256.match(value) else ""
 
 
 def _parse(raw: bytes) -> Ack:
@@ -46,7 +57,7 @@ def _parse(raw: bytes) -> Ack:
         raise ValueError(f"step must be an integer in 0..{MAX_STEP}")
     if request is not None and (not isinstance(request, str) or len(request) > 128):
         raise ValueError("request must be null or a short string")
-    return Ack(step, path, request)
+    return Ack(step, path, request, ack_sha256(obj))
 
 
 def _read_one(path: Path, max_bytes: int) -> bytes:

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import msgspec
 import structlog
+
 from gpusched import telemetry
 from gpusched.bus import subjects
-from gpusched.bus.log import EventLog
+from gpusched.bus.log import EventLog, EventTooLarge
 from gpusched.core import events as ev
 from gpusched.core.heartbeat import (
     Heartbeat,
@@ -46,9 +47,10 @@ from gpusched.core.heartbeat import (
     decode_request,
 )
 from gpusched.core.model import gpu_id, split_gpu_id
+from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
 from gpusched.job import env as E
-from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks
+from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
 from . import launcher
 from .acks import Ack, AckCoalescer, AckLimits, read_acks
@@ -129,6 +131,164 @@ class RunningJob:
 def job_nodes(job: Job) -> list[str]:
     """The job's nodes in grant order: the rank of a node is its position here."""
     return job_node_order(job)
+
+
+def _nodeagent_launch_spec(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> launcher.Launch:
+    nodes = job_nodes(job)
+    first = state.nodes.get(nodes[0])
+    ck = job.checkpoint
+    rank = nodes.index(self.node)
+    job_token = subjects.token(job.job_id)
+    gen = f".{job.generation}" if job.generation else ""
+    run_name = f"{job.attempt}{gen}-{subjects.token(self.node)}"
+    prev_attempt, prev_n = self.launches.get(job.job_id, (job.attempt, -1))
+    n = prev_n + 1 if prev_attempt == job.attempt else 0
+    self.launches[job.job_id] = (job.attempt, n)
+    control = self.cfg.work_dir / "control" / job_token / (run_name if n == 0 else f"{run_name}.{n}")
+    if job.spec.command:
+        shutil.rmtree(control, ignore_errors=True)
+    resume = None
+    if ck is not None:
+        resume = ck.paths[rank] if rank < len(ck.paths) else ck.path
+    return launcher.Launch(
+        job_id=job.job_id, attempt=job.attempt, node=self.node, node_rank=rank,
+        num_nodes=len(nodes), gpus=mine, gpu_ids=tuple(gpu_id(self.node, i) for i in mine),
+        gpu_uuids=tuple(self.uuids.get(i, "") for i in mine),
+        master_addr=(first.address if first is not None and first.address else "127.0.0.1"),
+        command=tuple(job.spec.command), env=dict(job.spec.env),
+        checkpoint_dir=Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else self.cfg.checkpoint_root / job_token,
+        control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
+        resume_from=resume, resume_step=ck.step if ck is not None else None,
+        cwd=job.spec.workdir or self.cfg.cwd, generation=job.generation, checkpoint_mode=job.spec.checkpoint,
+        user=self.cfg.user_for(job.spec.team), **launcher.resume_and_secrets(job),
+    )
+
+
+def _nodeagent_request_checkpoint(self, run: RunningJob, request: str, reason: str, deadline: float, for_job: str) -> None:
+    """Write the request to the job's control dir and SIGUSR1 the processes that asked for
+    it, if they are members of the job's own process group."""
+    run.request = request
+    if run.proc.virtual:
+        if run.proc.checkpoint_after is not None:
+            run.sim_checkpoint_at = time.monotonic() + run.proc.checkpoint_after
+        return
+    control = run.proc.launch.control_dir
+    try:
+        _write_json(control / E.REQUEST, {"id": request, "reason": reason, "deadline": deadline,
+                                          "for_job": for_job})
+    except OSError as err:
+        log.warning("checkpoint_request_failed", job=run.job_id, node=self.node, error=str(err))
+        return
+    pids = []
+    try:
+        with os.scandir(control) as it:
+            for n, entry in enumerate(it):
+                if n >= self.limits.max_entries:
+                    break
+                suffix = entry.name[len(E.SDK_PREFIX):]
+                if entry.name.startswith(E.SDK_PREFIX) and suffix.isdigit() and len(suffix) < 10:
+                    pids.append(int(suffix))
+    except OSError:
+        pass
+    signalled = run.proc.signal_pids(pids, signal.SIGUSR1) if pids else []
+    refused = sorted(set(pids) - set(signalled))
+    log.info("checkpoint_requested", job=run.job_id, attempt=run.attempt, node=self.node, request=request,
+             signalled=signalled, refused=refused)
+
+
+def _nodeagent_watch(self, run: RunningJob, state: ClusterState, now: float) -> None:
+    """A live run: SIGKILL after the grace; a draining one stops once its checkpoint is
+    complete; a time-limited one is asked to checkpoint before its limit."""
+    if run.state == "stopping":
+        if not run.sigkilled and now - run.stop_at >= self.cfg.kill_grace_s:
+            log.warning("job_sigkill", job=run.job_id, attempt=run.attempt, node=self.node)
+            run.proc.signal_group(signal.SIGKILL)
+            run.sigkilled = True
+        return
+    job = state.jobs.get(run.job_id)
+    if run.state == "draining":
+        ck = job.checkpoint if job is not None else None
+        done = (job is None or not job.holding or job.attempt != run.attempt
+                or (ck is not None and ck.attempt == run.attempt and job.resized_at is not None
+                    and ck.at >= job.resized_at))
+        if done or now >= (run.drain_until or 0.0):
+            self.stop(run, "resize: every rank restarts")
+        return
+    limit = job.spec.time_limit_s if job is not None else None
+    if (limit is not None and not run.timeout_asked and job.started_at is not None
+            and time.time() >= job.started_at + limit - self.cfg.timeout_checkpoint_s):
+        run.timeout_asked = True
+        self._request_checkpoint(run, f"timeout-{run.attempt}", f"time limit of {limit:g} s",
+                                 job.started_at + limit, "")
+
+
+def _nodeagent_adopt(self, state: ClusterState) -> None:
+    """A restarted daemon takes back the runs its state files record, each only if the OS
+    proves the process is the one it started; a run of a job the fold no longer runs here
+    is stopped; one that ended meanwhile is reported as ended (its exit too)."""
+    try:
+        files = sorted(self.runs_dir.glob("*.json"))
+    except OSError:
+        files = []
+    for path in files:
+        try:
+            rec = json.loads(path.read_text())
+            proc = launcher.adopt(rec)
+            key = (rec["launch"]["job_id"], int(rec["launch"]["attempt"]), int(rec.get("generation", 0)))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("run_record_unreadable", file=path.name, error=str(err))
+            path.unlink(missing_ok=True)
+            continue
+        job = state.jobs.get(key[0])
+        current = job is not None and job.holding and (job.attempt, job.generation) == key[1:]
+        if proc is None:
+            path.unlink(missing_ok=True)
+            self._adopt_dead(rec, key, current)
+            continue
+        run = RunningJob(key[0], key[1], tuple(rec.get("gpus", ())), int(rec.get("node_rank", 0)), proc,
+                         generation=key[2], acks=AckCoalescer(self.limits))
+        self._add_run(run)
+        log.info("job_adopted", job=key[0], attempt=key[1], generation=key[2], node=self.node, pid=proc.pid)
+        if current:
+            self.launched[key[0]] = key[1:]
+            if job.preemption is not None:
+                self._request_checkpoint(run, f"pre-{job.attempt}", job.preemption.reason,
+                                         job.preemption.deadline, job.preemption.for_job)
+        else:
+            self.converge(key[0], state, False)
+
+
+def _nodeagent_control(self, data: bytes, kill_only: bool = False) -> NodeReply:
+    """One node-control request. `kill_only`: it came on the kill subject (what the
+    reconciler may send), where every other request is refused."""
+    try:
+        req = decode_request(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        return NodeReply(ok=False, node=self.node, error=str(err))
+    if kill_only and not isinstance(req, KillProcesses):
+        return NodeReply(ok=False, node=self.node, error=f"{type(req).__name__} is not accepted on the kill subject")
+    if self.crashed:
+        return NodeReply(ok=False, node=self.node, error="node is down (simulated crash)")
+    try:
+        if isinstance(req, KillProcesses):
+            return self._kill(req)
+        if isinstance(req, ResetGpu):
+            error = self.backend.reset(req.index)
+            log.warning("gpu_reset", node=self.node, index=req.index, reason=req.reason, error=error)
+            return NodeReply(ok=not error, node=self.node, error=error)
+        if not isinstance(self.backend, SimBackend):
+            return NodeReply(ok=False, node=self.node, error=f"{req.__class__.__name__} needs the simulated backend")
+        if isinstance(req, InjectStray):
+            self.backend.inject_stray(req.index, req.pid)
+        elif isinstance(req, InjectHealth):
+            self.backend.inject_health(req.index, req.healthy, req.xid, req.reason)
+        elif isinstance(req, InjectLeak):
+            self.backend.inject_leak(req.index, req.memory_mb)
+        elif isinstance(req, SimulateCrash):
+            self.host.crash(self.node, req.revive_after_s)
+    except ValueError as err:
+        return NodeReply(ok=False, node=self.node, error=str(err))
+    return NodeReply(ok=True, node=self.node)
 
 
 class NodeAgent:
@@ -250,35 +410,7 @@ class NodeAgent:
         wanted = set(gpus)
         return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) for r in self.jobs.values())
 
-    def _launch_spec(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> launcher.Launch:
-        nodes = job_nodes(job)
-        first = state.nodes.get(nodes[0])
-        ck = job.checkpoint
-        rank = nodes.index(self.node)
-        job_token = subjects.token(job.job_id)
-        gen = f".{job.generation}" if job.generation else ""
-        run_name = f"{job.attempt}{gen}-{subjects.token(self.node)}"
-        prev_attempt, prev_n = self.launches.get(job.job_id, (job.attempt, -1))
-        n = prev_n + 1 if prev_attempt == job.attempt else 0
-        self.launches[job.job_id] = (job.attempt, n)
-        control = self.cfg.work_dir / "control" / job_token / (run_name if n == 0 else f"{run_name}.{n}")
-        if job.spec.command:
-            shutil.rmtree(control, ignore_errors=True)
-        resume = None
-        if ck is not None:
-            resume = ck.paths[rank] if rank < len(ck.paths) else ck.path
-        return launcher.Launch(
-            job_id=job.job_id, attempt=job.attempt, node=self.node, node_rank=rank,
-            num_nodes=len(nodes), gpus=mine, gpu_ids=tuple(gpu_id(self.node, i) for i in mine),
-            gpu_uuids=tuple(self.uuids.get(i, "") for i in mine),
-            master_addr=(first.address if first is not None and first.address else "127.0.0.1"),
-            command=tuple(job.spec.command), env=dict(job.spec.env),
-            checkpoint_dir=Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else self.cfg.checkpoint_root / job_token,
-            control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
-            resume_from=resume, resume_step=ck.step if ck is not None else None,
-            cwd=job.spec.workdir or self.cfg.cwd, generation=job.generation, checkpoint_mode=job.spec.checkpoint,
-            user=self.cfg.user_for(job.spec.team),
-        )
+    _launch_spec = _nodeagent_launch_spec
 
     def _launch(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> None:
         spec = self._launch_spec(job, mine, state)
@@ -383,36 +515,7 @@ class NodeAgent:
 
     # --- checkpoints ------------------------------------------------------------------------
 
-    def _request_checkpoint(self, run: RunningJob, request: str, reason: str, deadline: float, for_job: str) -> None:
-        """Write the request to the job's control dir and SIGUSR1 the processes that asked for
-        it, if they are members of the job's own process group."""
-        run.request = request
-        if run.proc.virtual:
-            if run.proc.checkpoint_after is not None:
-                run.sim_checkpoint_at = time.monotonic() + run.proc.checkpoint_after
-            return
-        control = run.proc.launch.control_dir
-        try:
-            _write_json(control / E.REQUEST, {"id": request, "reason": reason, "deadline": deadline,
-                                              "for_job": for_job})
-        except OSError as err:
-            log.warning("checkpoint_request_failed", job=run.job_id, node=self.node, error=str(err))
-            return
-        pids = []
-        try:
-            with os.scandir(control) as it:
-                for n, entry in enumerate(it):
-                    if n >= self.limits.max_entries:
-                        break
-                    suffix = entry.name[len(E.SDK_PREFIX):]
-                    if entry.name.startswith(E.SDK_PREFIX) and suffix.isdigit() and len(suffix) < 10:
-                        pids.append(int(suffix))
-        except OSError:
-            pass
-        signalled = run.proc.signal_pids(pids, signal.SIGUSR1) if pids else []
-        refused = sorted(set(pids) - set(signalled))
-        log.info("checkpoint_requested", job=run.job_id, attempt=run.attempt, node=self.node, request=request,
-                 signalled=signalled, refused=refused)
+    _request_checkpoint = _nodeagent_request_checkpoint
 
     def _collect_acks(self, run: RunningJob, state: ClusterState) -> None:
         if run.proc.virtual:
@@ -435,7 +538,7 @@ class NodeAgent:
         log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=ack.path, step=ack.step)
         event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=ack.path,
                                    step=ack.step, rank=run.node_rank, generation=run.generation,
-                                   node=self.node)
+                                   node=self.node, sha256=ack.sha256)
         self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack.step}", cas=False)
 
     # --- processes --------------------------------------------------------------------------
@@ -462,30 +565,7 @@ class NodeAgent:
             self._swept = now
             self._sweep(state)
 
-    def _watch(self, run: RunningJob, state: ClusterState, now: float) -> None:
-        """A live run: SIGKILL after the grace; a draining one stops once its checkpoint is
-        complete; a time-limited one is asked to checkpoint before its limit."""
-        if run.state == "stopping":
-            if not run.sigkilled and now - run.stop_at >= self.cfg.kill_grace_s:
-                log.warning("job_sigkill", job=run.job_id, attempt=run.attempt, node=self.node)
-                run.proc.signal_group(signal.SIGKILL)
-                run.sigkilled = True
-            return
-        job = state.jobs.get(run.job_id)
-        if run.state == "draining":
-            ck = job.checkpoint if job is not None else None
-            done = (job is None or not job.holding or job.attempt != run.attempt
-                    or (ck is not None and ck.attempt == run.attempt and job.resized_at is not None
-                        and ck.at >= job.resized_at))
-            if done or now >= (run.drain_until or 0.0):
-                self.stop(run, "resize: every rank restarts")
-            return
-        limit = job.spec.time_limit_s if job is not None else None
-        if (limit is not None and not run.timeout_asked and job.started_at is not None
-                and time.time() >= job.started_at + limit - self.cfg.timeout_checkpoint_s):
-            run.timeout_asked = True
-            self._request_checkpoint(run, f"timeout-{run.attempt}", f"time limit of {limit:g} s",
-                                     job.started_at + limit, "")
+    _watch = _nodeagent_watch
 
     def _sweep(self, state: ClusterState) -> None:
         """Report as ended what the fold says may run here but this daemon does not run (a
@@ -538,40 +618,7 @@ class NodeAgent:
 
     # --- adoption after a restart -------------------------------------------------------------
 
-    def adopt(self, state: ClusterState) -> None:
-        """A restarted daemon takes back the runs its state files record, each only if the OS
-        proves the process is the one it started; a run of a job the fold no longer runs here
-        is stopped; one that ended meanwhile is reported as ended (its exit too)."""
-        try:
-            files = sorted(self.runs_dir.glob("*.json"))
-        except OSError:
-            files = []
-        for path in files:
-            try:
-                rec = json.loads(path.read_text())
-                proc = launcher.adopt(rec)
-                key = (rec["launch"]["job_id"], int(rec["launch"]["attempt"]), int(rec.get("generation", 0)))
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                log.warning("run_record_unreadable", file=path.name, error=str(err))
-                path.unlink(missing_ok=True)
-                continue
-            job = state.jobs.get(key[0])
-            current = job is not None and job.holding and (job.attempt, job.generation) == key[1:]
-            if proc is None:
-                path.unlink(missing_ok=True)
-                self._adopt_dead(rec, key, current)
-                continue
-            run = RunningJob(key[0], key[1], tuple(rec.get("gpus", ())), int(rec.get("node_rank", 0)), proc,
-                             generation=key[2], acks=AckCoalescer(self.limits))
-            self._add_run(run)
-            log.info("job_adopted", job=key[0], attempt=key[1], generation=key[2], node=self.node, pid=proc.pid)
-            if current:
-                self.launched[key[0]] = key[1:]
-                if job.preemption is not None:
-                    self._request_checkpoint(run, f"pre-{job.attempt}", job.preemption.reason,
-                                             job.preemption.deadline, job.preemption.for_job)
-            else:
-                self.converge(key[0], state, False)
+    adopt = _nodeagent_adopt
 
     def _adopt_dead(self, rec: dict, key: RunKey, current: bool) -> None:
         """A recorded run whose process is gone: its exit status (from the wrapper) is reported
@@ -604,37 +651,7 @@ class NodeAgent:
         return Heartbeat(node=self.node, at=time.time(), agent_id=self.agent_id, seq=self.heartbeats,
                          backend=self.backend.name, gpus=self.backend.sample(), jobs=jobs)
 
-    def control(self, data: bytes, kill_only: bool = False) -> NodeReply:
-        """One node-control request. `kill_only`: it came on the kill subject (what the
-        reconciler may send), where every other request is refused."""
-        try:
-            req = decode_request(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            return NodeReply(ok=False, node=self.node, error=str(err))
-        if kill_only and not isinstance(req, KillProcesses):
-            return NodeReply(ok=False, node=self.node, error=f"{type(req).__name__} is not accepted on the kill subject")
-        if self.crashed:
-            return NodeReply(ok=False, node=self.node, error="node is down (simulated crash)")
-        try:
-            if isinstance(req, KillProcesses):
-                return self._kill(req)
-            if isinstance(req, ResetGpu):
-                error = self.backend.reset(req.index)
-                log.warning("gpu_reset", node=self.node, index=req.index, reason=req.reason, error=error)
-                return NodeReply(ok=not error, node=self.node, error=error)
-            if not isinstance(self.backend, SimBackend):
-                return NodeReply(ok=False, node=self.node, error=f"{req.__class__.__name__} needs the simulated backend")
-            if isinstance(req, InjectStray):
-                self.backend.inject_stray(req.index, req.pid)
-            elif isinstance(req, InjectHealth):
-                self.backend.inject_health(req.index, req.healthy, req.xid, req.reason)
-            elif isinstance(req, InjectLeak):
-                self.backend.inject_leak(req.index, req.memory_mb)
-            elif isinstance(req, SimulateCrash):
-                self.host.crash(self.node, req.revive_after_s)
-        except ValueError as err:
-            return NodeReply(ok=False, node=self.node, error=str(err))
-        return NodeReply(ok=True, node=self.node)
+    control = _nodeagent_control
 
     def logs(self, data: bytes, state: ClusterState) -> LogReply:
         """Serve part of one rank's log of one attempt (`gpusched logs`)."""
@@ -669,11 +686,8 @@ def exit_event(state: ClusterState, job_id: str, attempt: int, node: str, rc: in
     if rc == 0:
         return ev.JobCompleted(at=now, job_id=job_id, attempt=attempt, exit_code=0, node=node)
     if job.spec.on_failure == "requeue" and job.restarts < job.spec.max_restarts:
-        since = job.started_at or now
-        if job.checkpoint is not None and job.checkpoint.attempt == attempt:
-            since = max(since, job.checkpoint.at)
         return ev.GpusReleased(at=now, job_id=job_id, reason="process_failed",
-                               lost_gpu_s=round(len(job.gpus) * max(0.0, now - since), 3), node=node)
+                               lost_gpu_s=round(work_since_checkpoint(job, now), 3), node=node)
     return ev.JobFailed(at=now, job_id=job_id, attempt=attempt, reason=f"exit code {rc} on node {node}", exit_code=rc,
                         node=node)
 
@@ -779,6 +793,7 @@ class NodeHost:
             asyncio.create_task(self._heartbeats(), name="nodeagent-heartbeats"),
         ]
         log.info("nodeagent_ready", nodes=len(self.agents), seq=self.folded.seen_seq)
+        notify_ready()
 
     async def _register_all(self, state: ClusterState) -> None:
         todo = [a.registration() for a in self.agents.values() if a.needs_registration(state)]
@@ -840,9 +855,14 @@ class NodeHost:
                     break
                 except asyncio.CancelledError:
                     raise
+                except EventTooLarge as err:  # permanent: retrying cannot help
+                    log.error("append_refused", msg_id=msg_id, error=str(err))
+                    break
                 except Exception:
                     log.exception("append_failed", msg_id=msg_id)
                     await asyncio.sleep(0.5)
+            else:  # retries exhausted: end, so that a restarted daemon converges from the log
+                fatal(f"append {msg_id} failed 50 times")
             self._queue.task_done()
 
     async def _monitor(self) -> None:

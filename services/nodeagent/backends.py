@@ -13,15 +13,13 @@ import shutil
 import signal
 import subprocess
 import uuid
-from collections.abc import Mapping
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import structlog
 
-from gpusched.core.model import GpuInfo, nvlink_domains
-
 from gpusched.core.heartbeat import GpuSample
+from gpusched.core.model import GpuInfo, nvlink_domains
 
 log = structlog.get_logger()
 

@@ -21,17 +21,19 @@ import itertools
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from gpusched.job import env as E
 
+from . import secrets
 from .backends import VIRTUAL_PID_BASE
 from .procs import JobGroup
 
@@ -81,6 +83,11 @@ class Launch:
     generation: int = 0
     checkpoint_mode: str = "rank0"
     user: str | None = None  # run as this user (None: the daemon's own)
+    resume_sha256: str = ""
+    #: The checkpoint before `resume_from` (path, step, sha256): the SDK's fallback.
+    resume_previous: tuple[str, int, str] | None = None
+    #: Variable -> file on this node (`spec.secret_env`): read at launch, never logged.
+    secret_env: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -142,6 +149,10 @@ def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
         out[E.RESUME_FROM] = launch.resume_from
         if launch.resume_step is not None:
             out[E.RESUME_STEP] = str(launch.resume_step)
+        out[E.RESUME_SHA256] = launch.resume_sha256
+        if launch.resume_previous is not None:
+            out[E.RESUME_PREVIOUS], step, out[E.RESUME_PREVIOUS_SHA256] = launch.resume_previous
+            out[E.RESUME_PREVIOUS_STEP] = str(step)
     return out
 
 
@@ -226,6 +237,26 @@ def own_dir(path: Path, ids: tuple[int, int] | None, create_only: bool = False) 
         os.chown(path, *ids)
 
 
+def resume_and_secrets(job) -> dict:
+    """The Launch fields that come from the fold's job beyond the basics: the checkpoint's
+    checksum, the one before it (the SDK's fallback), and the secret files to read."""
+    ck, prev = job.checkpoint, job.previous_checkpoint
+    return {
+        "resume_sha256": ck.sha256 if ck is not None else "",
+        "resume_previous": (prev.path, prev.step, prev.sha256) if ck is not None and prev is not None else None,
+        "secret_env": dict(job.spec.secret_env),
+    }
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def ack_sha256(ack: object) -> str:
+    """The checksum a job's checkpoint acknowledgement carries, if well-formed ("" otherwise)."""
+    value = ack.get("sha256", "") if isinstance(ack, dict) else ""
+    return value if isinstance(value, str) and _SHA256.match(value) else ""
+
+
 class JobProcess:
     """A started OS process (the wrapper leading its own session), confined to its group."""
 
@@ -248,6 +279,11 @@ class JobProcess:
                 os.fchown(out.fileno(), *ids)
             os.fchmod(out.fileno(), 0o600)
             self.spawn_error = launch_error(launch, env)
+            if self.spawn_error is None and launch.secret_env:
+                try:  # checked against the job's user: a file of another user is refused
+                    env = {**env, **secrets.read_secret_env(launch.secret_env, uid=ids[0] if ids else None)}
+                except secrets.SecretError as err:
+                    self.spawn_error = str(err)
             self.popen: subprocess.Popen | None = None
             if self.spawn_error is None:
                 try:

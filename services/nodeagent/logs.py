@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import msgspec
+
 from gpusched.core.heartbeat import LogReply, LogRequest
 from gpusched.core.state import ClusterState
 

@@ -62,6 +62,8 @@ class Harness:
             extra = (*extra, "--lease-ttl-ms", str(LEASE_TTL_MS))
         if name in ("placement", "preemptor") and not any(a.startswith("--policy-set") for a in extra):
             extra = (*extra, *FAST_POLICY)
+        if name == "admission" and not any(a.startswith("--placeholders") for a in extra):
+            extra = (*extra, "--placeholders", "any")  # the tests play the node daemon
         key = alias or name
         proc = spawn_service(name, self.nats_url, self.redis_url, list(extra), log_path=self.tmp / f"{key}.log")
         self.procs[key] = proc

@@ -19,10 +19,10 @@ from aiohttp import web
 from gpusched.bus.log import EventLog
 from gpusched.bus.servers import free_port
 from gpusched.core import events as ev
-from gpusched.services import dashboard
-from gpusched.services.dashboard import control
 from gpusched.security import signing
 from gpusched.security.keyring import KeyRing, Principal
+from gpusched.services import dashboard
+from gpusched.services.dashboard import control
 from gpusched.services.dashboard.guard import CSRF_HEADER, Guard, nkey_authorization
 
 from .conftest import CHROMIUM_ARGS, chromium_path

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import msgspec
+
 from gpusched.bus import subjects
 from gpusched.cli import views
 from gpusched.core import events as ev

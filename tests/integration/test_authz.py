@@ -16,13 +16,14 @@ import json
 
 import msgspec
 import pytest
+from nats.js.errors import APIError
+
 from gpusched.bus import subjects
 from gpusched.bus.client import Client, NotPermitted
 from gpusched.bus.log import EventLog, connect
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.security.roles import EVENT_WRITERS, SERVICE_ROLES
-from nats.js.errors import APIError
 
 from ..e2e.harness import harness  # noqa: F401
 
@@ -358,11 +359,20 @@ async def test_a_spoofed_heartbeat_is_not_believed(people, nats_url):
     to be node02 (to keep a dead node "alive", or to quarantine its GPUs) is dropped by the
     reconciler, while node01's own is observed."""
     from gpusched.core.heartbeat import Heartbeat
+    from gpusched.core.model import GpuInfo
     from gpusched.services.reconciler import Reconciler, ReconcilerConfig
 
+    admin = await EventLog.open(nats_url, name="test-admin")  # heartbeats count only from registered nodes
+    for name in (NODE, "node02"):
+        await admin.append(ev.NodeRegistered(at=0.5, node=name, rack="r0", gpus=[GpuInfo(index=0, uuid=f"u-{name}")]))
+    await admin.close()
     rec = Reconciler(await EventLog.open(nats_url, name="test-reconciler", creds=people["reconciler"]),
                      ReconcilerConfig(tick_s=60))
     await rec.start()
+    for _ in range(200):
+        if {NODE, "node02"} <= set(rec.folded.state.nodes):
+            break
+        await asyncio.sleep(0.02)
     node = await connect(nats_url, creds=people["gpu01"])
     try:
         for claimed in ("node02", NODE):

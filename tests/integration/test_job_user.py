@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from gpusched.core.model import JobSpec
 from gpusched.services.nodeagent.launcher import ENV_ALLOW
 

@@ -13,8 +13,8 @@ import msgspec
 
 from gpusched.bus import subjects
 from gpusched.core import events as ev
+from gpusched.core.heartbeat import Heartbeat, KillProcesses, NodeReply, decode_heartbeat
 from gpusched.core.model import JobSpec
-from gpusched.core.heartbeat import Heartbeat, NodeReply, KillProcesses, decode_heartbeat
 from gpusched.services.nodeagent.launcher import master_port
 
 from .node_helpers import PY, Cluster, alive, wait_gone

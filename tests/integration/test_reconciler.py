@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import msgspec
+
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev

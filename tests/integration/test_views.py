@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-
 from gpusched.bus.log import EventLog
 from gpusched.cli.main import main
 from gpusched.core import events as ev

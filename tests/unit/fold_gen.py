@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from gpusched.core import events as ev
+from gpusched.core import rules
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota, nvlink_domains
 from gpusched.core.state import ClusterState, stale_live
 
@@ -26,10 +27,133 @@ def _free(state: ClusterState) -> list[str]:
 
 
 def _legal_preemption(state: ClusterState, victim, beneficiary) -> bool:
-    if victim.team == beneficiary.team:
-        return True
     v, b = state.teams[victim.team], state.teams[beneficiary.team]
-    return not (v.held <= v.quota.guaranteed and b.held >= b.quota.guaranteed)
+    return rules.fair_preemption(victim.team, v.quota, v.held, beneficiary.team, b.quota, b.held)
+
+
+def _room(state: ClusterState, team_name: str, free: int) -> int:
+    team = state.teams[team_name]
+    room = rules.limit_room(team.quota, team.held)
+    return free if room is None else min(free, room)
+
+
+# Each action: (draw, state, t, emit) -> None; it emits one legal event, or none when the state
+# offers no legal one of its kind. The legality questions are the core's (`core/rules.py`).
+
+def _submit(draw, state, t, emit):
+    gpus = draw(st.integers(1, 6))
+    spec = JobSpec(team=draw(st.sampled_from(TEAMS)), gpus=gpus,
+                   min_gpus=draw(st.integers(1, gpus)), preemptible=draw(st.booleans()))
+    n = len(state.jobs)
+    emit(ev.JobSubmitted(at=t, job_id=f"j{n}", spec=spec, request_id=f"r{n}"))
+
+
+def _grant(draw, state, t, emit):
+    pending = [state.jobs[j] for j in state.pending]
+    if not pending:
+        return
+    job = draw(st.sampled_from(pending))
+    free = _free(state)
+    room = _room(state, job.team, len(free))
+    if room >= job.spec.gang_min:
+        n = draw(st.integers(job.spec.gang_min, min(room, job.spec.gpus)))
+        gpus = draw(st.permutations(free))[:n]
+        emit(ev.GpusGranted(at=t, job_id=job.job_id, attempt=job.attempt + 1, gpus=gpus, level=state.span(gpus)))
+
+
+def _on_running(make):
+    """An action on one running job (none when nothing runs)."""
+    def act(draw, state, t, emit):
+        running = [state.jobs[j] for j in state.running]
+        if running:
+            make(draw, state, t, emit, draw(st.sampled_from(running)))
+    return act
+
+
+def _start(draw, state, t, emit, job):
+    for x in stale_live(job):  # a daemon starts an attempt only once the earlier one is gone
+        emit(ev.ProcessesEnded(at=t, job_id=job.job_id, attempt=x.attempt, node=x.node, generation=x.generation))
+    emit(ev.JobStarted(at=t, job_id=job.job_id, attempt=job.attempt, node=state.gpus[job.gpus[0]].node,
+                       pids=[1000 + state.events], generation=job.generation))
+
+
+def _checkpoint(draw, state, t, emit, job):
+    emit(ev.CheckpointSaved(at=t, job_id=job.job_id, attempt=job.attempt, path=f"/ckpt/{job.job_id}",
+                            step=state.events))
+
+
+def _preempt(draw, state, t, emit, victim):
+    pending = [state.jobs[j] for j in state.pending]
+    if not pending:
+        return
+    beneficiary = draw(st.sampled_from(pending))
+    if victim.spec.preemptible and victim.preemption is None and _legal_preemption(state, victim, beneficiary):
+        emit(ev.PreemptionRequested(at=t, job_id=victim.job_id, for_job=beneficiary.job_id,
+                                    reason="test", deadline=t + 30))
+
+
+def _release(draw, state, t, emit, job):
+    emit(ev.GpusReleased(at=t, job_id=job.job_id, reason=draw(st.sampled_from(["preempted", "no_process"])),
+                         forced=draw(st.booleans()), lost_gpu_s=draw(st.floats(0, 1000))))
+
+
+def _resize(draw, state, t, emit, job):
+    free = _free(state)
+    if len(job.gpus) > job.spec.gang_min:
+        emit(ev.JobResized(at=t, job_id=job.job_id, removed=job.gpus[-1:], reason="shrink"))
+    elif free and len(job.gpus) < job.spec.gpus and _room(state, job.team, 1) >= 1:
+        emit(ev.JobResized(at=t, job_id=job.job_id, added=free[:1], reason="grow"))
+
+
+def _cancel(draw, state, t, emit):
+    if state.jobs:
+        job = draw(st.sampled_from(list(state.jobs.values())))
+        emit(ev.JobCancelled(at=t, job_id=job.job_id))
+
+
+def _on_node(make):
+    def act(draw, state, t, emit):
+        if state.nodes:
+            emit(make(draw, t, draw(st.sampled_from(list(state.nodes)))))
+    return act
+
+
+def _on_gpu(make):
+    def act(draw, state, t, emit):
+        if state.gpus:
+            emit(make(t, draw(st.sampled_from(list(state.gpus)))))
+    return act
+
+
+def _zombie(draw, state, t, emit):
+    free = _free(state)
+    if free:
+        gpu = draw(st.sampled_from(free))
+        emit(ev.ZombieDetected(at=t, gpu=gpu, pids=[4242]))
+        if draw(st.booleans()):
+            emit(ev.ZombieReclaimed(at=t, gpu=gpu, pids=[4242]))
+
+
+_ACTIONS = {
+    "submit": _submit,
+    "grant": _grant,
+    "start": _on_running(_start),
+    "checkpoint": _on_running(_checkpoint),
+    "complete": _on_running(lambda d, s, t, emit, job: emit(ev.JobCompleted(at=t, job_id=job.job_id,
+                                                                             attempt=job.attempt))),
+    "fail": _on_running(lambda d, s, t, emit, job: emit(ev.JobFailed(at=t, job_id=job.job_id, attempt=job.attempt,
+                                                                     reason="exit code 1", exit_code=1))),
+    "cancel": _cancel,
+    "preempt": _on_running(_preempt),
+    "release": _on_running(_release),
+    "resize": _on_running(_resize),
+    "node": lambda d, state, t, emit: emit(_node(len(state.nodes), t)),
+    "drain": _on_node(lambda d, t, node: ev.NodeDrained(at=t, node=node, drain=d(st.booleans()))),
+    "lost": _on_node(lambda d, t, node: ev.NodeLost(at=t, node=node, reason="heartbeats stopped")),
+    "quarantine": _on_gpu(lambda t, gpu: ev.GpuQuarantined(at=t, gpu=gpu, reason="XID 79")),
+    "restore": _on_gpu(lambda t, gpu: ev.GpuRestored(at=t, gpu=gpu)),
+    "zombie": _zombie,
+}
 
 
 @st.composite
@@ -47,79 +171,7 @@ def legal_events(draw, max_steps: int = 60) -> list[ev.Event]:
     for team in TEAMS:
         quota = TeamQuota(guaranteed=draw(st.integers(0, 4)), limit=draw(st.sampled_from([None, 4, 8])))
         emit(ev.TeamQuotaSet(at=t, team=team, quota=quota))
-    next_job = 0
     for _ in range(draw(st.integers(1, max_steps))):
         t += draw(st.floats(0, 100, allow_nan=False))
-        pending = [state.jobs[j] for j in state.pending]
-        running = [state.jobs[j] for j in state.running]
-        action = draw(st.sampled_from(ACTIONS))
-        if action == "submit":
-            gpus = draw(st.integers(1, 6))
-            spec = JobSpec(team=draw(st.sampled_from(TEAMS)), gpus=gpus,
-                           min_gpus=draw(st.integers(1, gpus)), preemptible=draw(st.booleans()))
-            emit(ev.JobSubmitted(at=t, job_id=f"j{next_job}", spec=spec, request_id=f"r{next_job}"))
-            next_job += 1
-        elif action == "grant" and pending:
-            job = draw(st.sampled_from(pending))
-            free = _free(state)
-            team = state.teams[job.team]
-            room = len(free) if team.quota.limit is None else min(len(free), team.quota.limit - team.held)
-            if room >= job.spec.gang_min:
-                n = draw(st.integers(job.spec.gang_min, min(room, job.spec.gpus)))
-                gpus = draw(st.permutations(free))[:n]
-                emit(ev.GpusGranted(at=t, job_id=job.job_id, attempt=job.attempt + 1, gpus=gpus, level=state.span(gpus)))
-        elif action == "start" and running:
-            job = draw(st.sampled_from(running))
-            node = state.gpus[job.gpus[0]].node
-            for x in stale_live(job):  # a daemon starts an attempt only once the earlier one is gone
-                emit(ev.ProcessesEnded(at=t, job_id=job.job_id, attempt=x.attempt, node=x.node, generation=x.generation))
-            emit(ev.JobStarted(at=t, job_id=job.job_id, attempt=job.attempt, node=node, pids=[1000 + len(out)],
-                               generation=job.generation))
-        elif action == "checkpoint" and running:
-            job = draw(st.sampled_from(running))
-            emit(ev.CheckpointSaved(at=t, job_id=job.job_id, attempt=job.attempt, path=f"/ckpt/{job.job_id}", step=len(out)))
-        elif action == "complete" and running:
-            job = draw(st.sampled_from(running))
-            emit(ev.JobCompleted(at=t, job_id=job.job_id, attempt=job.attempt))
-        elif action == "fail" and running:
-            job = draw(st.sampled_from(running))
-            emit(ev.JobFailed(at=t, job_id=job.job_id, attempt=job.attempt, reason="exit code 1", exit_code=1))
-        elif action == "cancel" and state.jobs:
-            job = draw(st.sampled_from(list(state.jobs.values())))
-            emit(ev.JobCancelled(at=t, job_id=job.job_id))
-        elif action == "preempt" and running and pending:
-            victim, beneficiary = draw(st.sampled_from(running)), draw(st.sampled_from(pending))
-            if victim.spec.preemptible and victim.preemption is None and _legal_preemption(state, victim, beneficiary):
-                emit(ev.PreemptionRequested(at=t, job_id=victim.job_id, for_job=beneficiary.job_id,
-                                            reason="test", deadline=t + 30))
-        elif action == "release" and running:
-            job = draw(st.sampled_from(running))
-            emit(ev.GpusReleased(at=t, job_id=job.job_id, reason=draw(st.sampled_from(["preempted", "no_process"])),
-                                 forced=draw(st.booleans()), lost_gpu_s=draw(st.floats(0, 1000))))
-        elif action == "resize" and running:
-            job = draw(st.sampled_from(running))
-            free = _free(state)
-            team = state.teams[job.team]
-            if len(job.gpus) > job.spec.gang_min:
-                emit(ev.JobResized(at=t, job_id=job.job_id, removed=job.gpus[-1:], reason="shrink"))
-            elif free and len(job.gpus) < job.spec.gpus and (team.quota.limit is None or team.held < team.quota.limit):
-                emit(ev.JobResized(at=t, job_id=job.job_id, added=free[:1], reason="grow"))
-        elif action == "node":
-            emit(_node(len(state.nodes), t))
-        elif action == "drain" and state.nodes:
-            node = draw(st.sampled_from(list(state.nodes)))
-            emit(ev.NodeDrained(at=t, node=node, drain=draw(st.booleans())))
-        elif action == "lost" and state.nodes:
-            emit(ev.NodeLost(at=t, node=draw(st.sampled_from(list(state.nodes))), reason="heartbeats stopped"))
-        elif action == "quarantine" and state.gpus:
-            emit(ev.GpuQuarantined(at=t, gpu=draw(st.sampled_from(list(state.gpus))), reason="XID 79"))
-        elif action == "restore" and state.gpus:
-            emit(ev.GpuRestored(at=t, gpu=draw(st.sampled_from(list(state.gpus)))))
-        elif action == "zombie":
-            free = _free(state)
-            if free:
-                gpu = draw(st.sampled_from(free))
-                emit(ev.ZombieDetected(at=t, gpu=gpu, pids=[4242]))
-                if draw(st.booleans()):
-                    emit(ev.ZombieReclaimed(at=t, gpu=gpu, pids=[4242]))
+        _ACTIONS[draw(st.sampled_from(ACTIONS))](draw, state, t, emit)
     return out

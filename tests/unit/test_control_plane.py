@@ -71,7 +71,7 @@ ADMIT_CASES = {
 @pytest.mark.parametrize("name", list(ADMIT_CASES))
 def test_admit(name):
     command, ok, error = ADMIT_CASES[name]
-    d = admit(_state_for_admission(), command, 10.0, AdmissionConfig(), Capacity())
+    d = admit(_state_for_admission(), command, 10.0, AdmissionConfig(placeholders="any"), Capacity())
     assert d.reply.ok is ok, d.reply.error
     assert error in d.reply.error
     if isinstance(command, SubmitJob) and not ok:
@@ -84,8 +84,46 @@ def test_admit(name):
 
 def test_strict_teams_refuse_unknown_teams():
     d = admit(_state_for_admission(), SubmitJob(request_id="r", spec=JobSpec(team="ghost", gpus=1)), 1.0,
-              AdmissionConfig(strict_teams=True), Capacity())
+              AdmissionConfig(strict_teams=True, placeholders="any"), Capacity())
     assert not d.reply.ok and "unknown team 'ghost'" in d.reply.error
+
+
+def _quota_state() -> ClusterState:
+    state = cluster(2, 8)  # 16 GPUs
+    state.apply(ev.TeamQuotaSet(at=1.0, team="vision", quota=TeamQuota(guaranteed=8, weight=1.0, limit=12)))
+    return state
+
+
+# name: (command's quota, `only`, the quota the team ends with, a warning expected)
+QUOTA_CASES = {
+    "--weight 2 keeps the guarantee and the limit": (TeamQuota(weight=2.0), ["weight"], TeamQuota(8, 2.0, 12), False),
+    "--no-limit removes only the limit": (TeamQuota(), ["limit"], TeamQuota(8, 1.0, None), False),
+    "a whole quota replaces everything": (TeamQuota(guaranteed=2), [], TeamQuota(2, 1.0, None), False),
+    "a new team starts from the default terms": (TeamQuota(limit=4), ["limit"], TeamQuota(0, 1.0, 4), False),
+    "guarantees beyond the cluster are accepted with a warning": (
+        TeamQuota(guaranteed=12), ["guaranteed"], TeamQuota(12, 1.0, 12), True),
+}
+
+
+@pytest.mark.parametrize("name", list(QUOTA_CASES))
+def test_quota_changes_only_the_fields_given(name):
+    quota, only, want, warns = QUOTA_CASES[name]
+    state = _quota_state()
+    team = "new" if "new team" in name else "vision"
+    if warns:
+        state.apply(ev.TeamQuotaSet(at=1.0, team="nlp", quota=TeamQuota(guaranteed=6)))
+    d = admit(state, SetTeamQuota(request_id="q", team=team, quota=quota, only=only), 2.0, AdmissionConfig(),
+              Capacity())
+    assert d.reply.ok and d.event.quota == want
+    assert bool(d.reply.warning) == warns
+    if warns:
+        assert "add up to 18 GPUs, more than the cluster's 16" in d.reply.warning
+
+
+def test_a_partial_quota_is_still_checked_whole():
+    d = admit(_quota_state(), SetTeamQuota(request_id="q", team="vision", quota=TeamQuota(guaranteed=13),
+                                           only=["guaranteed"]), 2.0, AdmissionConfig(), Capacity())
+    assert not d.reply.ok and "quota.guaranteed (13) exceeds quota.limit (12)" in d.reply.error
 
 
 def test_job_ids_are_deterministic_and_avoid_collisions():

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from gpusched.bus.servers import find_binary
 from gpusched.security import authz, tlsgen
 from gpusched.security.trust import TrustStore

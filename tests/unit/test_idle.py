@@ -5,6 +5,7 @@ and the simulated backend's utilization and leak hooks."""
 from __future__ import annotations
 
 import pytest
+
 from gpusched.core import events as ev
 from gpusched.core.heartbeat import GpuSample, Heartbeat
 from gpusched.core.model import GpuInfo, JobSpec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -45,7 +46,7 @@ def test_checkpoint_is_durable_and_acknowledged(tmp_path):
     assert (ctx.managed, ctx.job_id, ctx.attempt, ctx.rank, ctx.world_size) == (True, "j1", 2, 0, 2)
     state = {"step": 7, "w": np.arange(4.0)}
     path = ctx.checkpoint(state, step=7)
-    assert path == str(tmp_path / "ckpt" / "ckpt-000000007.pkl")
+    assert path == str(tmp_path / "ckpt" / "ckpt-000000007.msgpack")
     got = load_checkpoint(path)
     assert got["step"] == 7 and np.array_equal(got["w"], state["w"])
     assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(".")]  # no temp files left
@@ -56,6 +57,7 @@ def test_checkpoint_is_durable_and_acknowledged(tmp_path):
     assert ctx.checkpoint(own, step=9) == str(own)
     assert [(a["path"], a["step"]) for a in acks(tmp_path)] == [(path, 7), (raw, 8), (str(own), 9)]
     assert all(a["request"] is None for a in acks(tmp_path))
+    assert [a["sha256"] for a in acks(tmp_path)][2] == hashlib.sha256(b"weights").hexdigest()
 
 
 def test_resume_from_the_last_checkpoint(tmp_path):
@@ -133,4 +135,4 @@ def test_only_the_ranks_that_must_save_are_asked(tmp_path):
     assert not rank1.must_checkpoint and not rank1.checkpoint_requested
     all1 = JobContext(environ=managed_env(tmp_path, RANK="1", GPUSCHED_CHECKPOINT_MODE="all"), install_signal=False)
     assert all1.must_checkpoint and all1.checkpoint_requested and all1.request_reason == "resize to 1 node(s)"
-    assert all1.checkpoint({"w": 1}, step=3).endswith("ckpt-000000003-rank1.pkl")
+    assert all1.checkpoint({"w": 1}, step=3).endswith("ckpt-000000003-rank1.msgpack")

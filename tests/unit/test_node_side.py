@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.core import events as ev
+from gpusched.core.heartbeat import SCHEMAS, GpuSample, Heartbeat, JobReport
 from gpusched.core.model import GpuInfo, JobSpec
 from gpusched.core.state import fold
 from gpusched.services.nodeagent.agent import exit_event
@@ -20,7 +21,6 @@ from gpusched.services.nodeagent.backends import (
     domains_from_pairs,
     normalize_bus_id,
 )
-from gpusched.core.heartbeat import SCHEMAS, GpuSample, Heartbeat, JobReport
 from gpusched.services.nodeagent.launcher import Launch, job_env, master_port
 from gpusched.services.reconciler import Observations, ReconcilerConfig, decide
 

@@ -210,8 +210,7 @@ COST_CASES = {
 
 @pytest.mark.parametrize("name", list(COST_CASES))
 def test_failed_placements_are_remembered_within_a_cycle(name, monkeypatch):
-    import gpusched.policy.backfill as backfill_mod
-    import gpusched.policy.cycle as cycle_mod
+    import gpusched.policy.plan as plan_mod
 
     preset, pending, spec, most = COST_CASES[name]
     s = Scenario(racks=1, nodes=4)
@@ -224,8 +223,7 @@ def test_failed_placements_are_remembered_within_a_cycle(name, monkeypatch):
             return real(pool, n, *args, **kw)
         return wrapper
 
-    monkeypatch.setattr(cycle_mod, "place", counting(cycle_mod.place))
-    monkeypatch.setattr(backfill_mod, "place", counting(backfill_mod.place))
+    monkeypatch.setattr(plan_mod, "place", counting(plan_mod.place))  # the cycle's one placer
     out = s.cycle(preset, now=10)
     assert not grants(out)
     assert len(calls) <= most, len(calls)

@@ -51,8 +51,8 @@ def _preempted_then_shrunk(s):
 
 
 def _shared_shrink(s):
-    # two blocked jobs, one elastic job: it gives back what they need, in one JobResized that
-    # accounts for the GPUs already taken back for the first one.
+    # two blocked jobs, one elastic job: it gives back what each needs, the second JobResized
+    # accounting for the GPUs already taken back for the first one.
     s.run("el", gpus("r0n0", *range(8)), size=8, min_gpus=2, at=0)
     s.run("x", gpus("r0n1", *range(8)), at=0)
     s.submit("a", 2, at=1000)
@@ -68,8 +68,9 @@ CASES = {
     "grows no further than its team's limit": (_grow_to_limit, [("resize", "el", 2)], 6),
     "shrinks to its minimum before anyone is preempted": (_shrink, [("resize", "el", -8), ("grant", "hi")], 4),
     "a job asked to yield is not also shrunk in the same cycle": (_preempted_then_shrunk, [("preempt", "el", "big")], 8),
-    "two blocked jobs share one shrink: one JobResized, each GPU granted once": (
-        _shared_shrink, [("resize", "el", -4), ("grant", "a"), ("grant", "b")], 4),
+    "two blocked jobs share one job's extras: one JobResized each (emitted events are never edited), "
+    "each GPU granted once": (
+        _shared_shrink, [("resize", "el", -2), ("grant", "a"), ("resize", "el", -2), ("grant", "b")], 4),
 }
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from gpusched.core import events as ev
-
 from gpusched.policy.config import PRESETS
 
 from .policy_helpers import Scenario, gpus

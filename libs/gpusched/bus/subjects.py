@@ -128,8 +128,10 @@ def command_subject(kind: str, team: str | None = None, user: str | None = None)
     return f"gpusched.cmd.{kind}" + (f".{token(user)}" if user else "")
 
 
-def dead_subject(original: str) -> str:
-    return "gpusched.dead." + original
+def dead_subject(original: str, seq: int) -> str:
+    """One subject per dead-lettered stream sequence: the dead-letter stream keeps one message
+    per subject, so each bad message is stored once whoever reads it first."""
+    return f"gpusched.dead.{seq}.{original}"
 
 
 def heartbeat_subject(node: str) -> str:

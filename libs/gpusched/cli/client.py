@@ -12,6 +12,7 @@ import sys
 
 import msgspec
 
+from gpusched.core import limits
 from gpusched.core.commands import CommandReply
 from gpusched.core.model import JobSpec, TeamQuota, TopologyConstraint
 
@@ -86,11 +87,28 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
                                                            preferred=args.prefer or "nvlink")),
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
         "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
+        "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
     }
     try:
-        return msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
+        spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
     except msgspec.ValidationError as err:
-        raise SystemExit(f"gpusched submit: invalid job: {err}") from None
+        raise SystemExit(f"gpusched submit: invalid job: {limits.explain(str(err))}") from None
+    problem = limits.spec_problem(spec)
+    if problem:
+        raise SystemExit(f"gpusched submit: invalid job: {problem}")
+    return spec
+
+
+def secret_env_from_args(items: list[str] | None) -> dict[str, str]:
+    """`--secret-env NAME=@FILE`: the job gets FILE's content (read on the node at launch) in
+    NAME; only the absolute path is sent and stored, never the value."""
+    out = {}
+    for item in items or []:
+        name, sep, ref = item.partition("=")
+        if not sep or not ref.startswith("@") or len(ref) < 2:
+            raise SystemExit(f"gpusched submit: --secret-env {item!r} is not NAME=@FILE")
+        out[name] = os.path.abspath(os.path.expanduser(ref[1:]))
+    return out
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -104,13 +122,25 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_quota(args: argparse.Namespace) -> int:
+    """Change only the fields given (`--weight 2` keeps the guarantee and the limit)."""
+    given = {"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit}
+    only = [f for f, v in given.items() if v is not None]
+    if args.no_limit:
+        if args.limit is not None:
+            raise SystemExit("gpusched quota: --limit and --no-limit exclude each other")
+        only.append("limit")
+    if not only:
+        raise SystemExit("gpusched quota: nothing to change (give --guaranteed, --weight, --limit or --no-limit)")
     try:
-        quota = msgspec.convert({"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit}, TeamQuota)
+        quota = msgspec.convert({k: v for k, v in given.items() if v is not None}, TeamQuota)
     except msgspec.ValidationError as err:
         raise SystemExit(f"gpusched quota: invalid quota: {err}") from None
-    limit = "no limit" if quota.limit is None else f"limit {quota.limit}"
-    return _run(args, lambda c: c.set_quota(args.team, quota),
-                lambda r: f"team {args.team}: guaranteed {quota.guaranteed}, weight {quota.weight:g}, {limit}")
+    changed = ", ".join(f"{f} {'none' if getattr(quota, f) is None else getattr(quota, f)}" for f in only)
+
+    def done(reply) -> str:
+        return f"team {args.team}: {changed}" + (f"\nwarning: {reply.warning}" if reply.warning else "")
+
+    return _run(args, lambda c: c.set_quota(args.team, quota, only=only), done)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
@@ -152,7 +182,11 @@ def register(sub) -> None:
                         "(default NONE: the job gets a clean environment plus --env; exported values "
                         "are stored in the log, so never export secrets)")
     p.add_argument("--name", default=None)
-    p.add_argument("--env", action="append", metavar="KEY=VALUE")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE",
+                   help="environment variable for the job (stored in plaintext in the log: no secrets)")
+    p.add_argument("--secret-env", action="append", metavar="NAME=@FILE",
+                   help="pass FILE's content (a file on the nodes, owned by the job's user, not group/world "
+                        "writable) as NAME; only the path is stored")
     p.add_argument("--on-failure", choices=["requeue", "fail"], default="requeue")
     p.add_argument("--max-restarts", type=int, default=3)
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
@@ -168,11 +202,12 @@ def register(sub) -> None:
     _common(p)
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("quota", help="set a team's guaranteed share, weight and hard limit")
+    p = sub.add_parser("quota", help="change a team's guaranteed share, weight or hard limit (only those given)")
     p.add_argument("team")
-    p.add_argument("--guaranteed", type=int, default=0)
-    p.add_argument("--weight", type=float, default=1.0)
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--guaranteed", type=int, default=None, help="GPUs it can always reclaim")
+    p.add_argument("--weight", type=float, default=None, help="its weight in sharing what is left")
+    p.add_argument("--limit", type=int, default=None, help="a hard limit it never exceeds")
+    p.add_argument("--no-limit", action="store_true", help="remove its hard limit")
     _common(p)
     p.set_defaults(func=cmd_quota)
 

@@ -88,7 +88,7 @@ def _stack_args(args, data_dir: Path) -> argparse.Namespace:
             "--nodes-per-rack", str(args.nodes_per_rack), "--nvlink", "quads", "--nats-port", "0",
             "--redis-port", "0", "--dashboard-port", str(args.dashboard_port), "--data-dir", str(data_dir),
             "--policy", args.policy, "--services", ",".join(services), "--lease-ttl-ms", str(args.lease_ttl_ms),
-            "--no-restart", "--ready-timeout", str(args.ready_timeout),
+            "--no-restart", "--ready-timeout", str(args.ready_timeout), "--placeholders", "any",
             # the scene is short: preempted jobs get a short grace, and no minimum runtime
             "--policy-set", f"checkpoint_grace_s={args.checkpoint_grace_s}", "--policy-set", "min_runtime_s=0"]
     return parser.parse_args(argv)

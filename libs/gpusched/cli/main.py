@@ -50,6 +50,8 @@ def _add_creds(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpusched.bus.log import ServerUnsuitable
+
     args = build_parser().parse_args(argv)
     if getattr(args, "creds", None):
         os.environ["GPUSCHED_CREDS"] = args.creds  # explicit beats the environment and the config
@@ -59,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except ServerUnsuitable as err:  # one line naming both versions, never a traceback
+        print(f"gpusched: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ def register(sub) -> None:
     p.add_argument("--restore-s", type=float, help="seconds to restore a checkpoint on restart (realistic: 60)")
     p.add_argument("--interactive-burst", metavar="SPEC",
                    help="overlay a burst: team=X,at=SECONDS,count=N,gpus=G,duration=SECONDS[,every=S][,priority=P]")
+    p.add_argument("--quotas", type=Path, metavar="FILE",
+                   help="team quotas, CSV team,guaranteed,weight,limit (default: shares of the trace's GPU-hours)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a PolicyConfig knob (repeatable)")
     p.add_argument("--tick", type=float, help="also run the policy every TICK seconds while jobs wait")
     p.add_argument("--limit", type=int, help="only the first N jobs of the trace")
@@ -54,7 +56,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..sim.engine import Cluster, SimStalled, SimViolation
     from ..sim.report import load_jobs, parse_overrides, rich_table, runtime_model, simulate, write_out
-    from ..sim.traces import TraceError
+    from ..sim.traces import TraceError, load_quotas
 
     try:
         cluster = Cluster.parse(args.cluster, args.nvlink)
@@ -62,10 +64,11 @@ def run(args) -> int:
                               checkpoint_s=args.checkpoint_s, restore_s=args.restore_s)
         overrides = parse_overrides(args.set)
         jobs, burst = load_jobs(args.trace, args.format, args.limit, args.interactive_burst)
+        quotas = load_quotas(args.quotas) if args.quotas else None
         names = _presets(args.compare) if args.compare else [args.policy]
         results, sims = {}, {}
         for name in names:
-            sim = simulate(jobs, cluster, name, model, overrides, burst, args.tick, args.topology)
+            sim = simulate(jobs, cluster, name, model, overrides, burst, args.tick, args.topology, quotas)
             results[name], sims[name] = sim.summary(), sim
     except (TraceError, ValueError) as err:
         print(f"gpusched sim: {err}", file=sys.stderr)

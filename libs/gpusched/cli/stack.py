@@ -4,9 +4,13 @@ the form deploy files use).
 `up` starts NATS (JetStream) and Redis unless given URLs, then every service of the registry
 as its own subprocess (`gpusched service run NAME ...`), so that each can be killed on its own
 (`kill -9 $(jq .services.placement DATA/stack.json)` is the chaos test), and restarts a
-service that died after `--restart-delay` seconds (`--no-restart`: leave it dead). It prints
-ONE line when the stack is ready, writes `DATA/stack.json` (URLs and pids), and on SIGINT /
-SIGTERM stops the services, then Redis and NATS, and exits 0. Logs: `DATA/logs/NAME.log`.
+service that died after `--restart-delay` seconds (`--no-restart`: leave it dead); NATS and
+Redis that die are restarted at once on the same port and data dir. It prints ONE line when
+the stack is ready (every service said READY=1 on the notify socket: `cli/startup.py`), writes
+`DATA/stack.json` (URLs and pids of services and servers), and on SIGINT / SIGTERM stops the
+services, then Redis and NATS, and exits 0; killed outright, its children follow
+(PR_SET_PDEATHSIG). DATA defaults to `$XDG_DATA_HOME/gpusched` and is kept across runs
+(`--fresh` empties it). Logs: `DATA/logs/NAME.log`, rotated at `--log-max-mb`.
 """
 
 from __future__ import annotations
@@ -18,21 +22,17 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpusched.bus.log import connect
-from gpusched.bus.servers import Server, free_port, port_free, start_nats, start_redis
+from gpusched.bus.servers import Server, die_with_parent, start_nats, start_redis
+from gpusched.cli.startup import LogPump, RotatingLog, StartupNotify, choose_port, claim_data_dir, default_data_dir
 from gpusched.security import clientconfig
 from gpusched.security import trust as trust_mod
 from gpusched.services.dashboard import control
-
-
-def _preferred_port(port: int) -> int:
-    return port if port and port_free(port) else free_port()
 
 
 def service_command(name: str, nats_url: str, redis_url: str, *extra: str) -> list[str]:
@@ -54,11 +54,14 @@ def service_creds(name: str, identity_dir: str | os.PathLike | None = None) -> s
 
 def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | tuple[str, ...] = (),
                   log_path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
-                  creds: str | os.PathLike | None = None) -> subprocess.Popen:
+                  creds: str | os.PathLike | None = None, pipe: bool = False) -> subprocess.Popen:
     """Start one service as a subprocess in its own session (signals from a terminal reach
-    only `up`, which stops the services in order), as its own identity (`service_creds`).
-    Used by `up`, the e2e tests and the bench."""
-    out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
+    only `up`, which stops the services in order), as its own identity (`service_creds`), ended
+    by SIGTERM if its parent dies. Output goes to `log_path`, or to a pipe (`pipe=True`: `up`
+    rotates it). Used by `up`, the e2e tests and the bench."""
+    if pipe:
+        log_path = None
+    out = open(log_path, "ab") if log_path is not None else (subprocess.PIPE if pipe else subprocess.DEVNULL)
     # The project's interpreter comes first on PATH, so a job's `python` on the simulated nodes
     # is the one gpusched (and its job SDK) is installed in.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -69,7 +72,8 @@ def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | t
         full_env["GPUSCHED_CREDS"] = str(creds)
     try:
         return subprocess.Popen(service_command(name, nats_url, redis_url, *extra), stdout=out,
-                                stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+                                stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+                                preexec_fn=die_with_parent())
     finally:
         if log_path is not None:
             out.close()
@@ -98,6 +102,7 @@ class Child:
     died_at: float | None = None
     held: bool = False  # stopped on purpose (dashboard control): not restarted
     env: dict[str, str] = field(default_factory=dict)  # secrets for this child only (not on argv)
+    ready: bool = False  # said READY=1 on the notify socket since its last start
 
 
 @dataclass
@@ -112,6 +117,8 @@ class Stack:
     missing: list[str] = field(default_factory=list)
     trust: Any = None  # security.trust.TrustStore of the embedded NATS
     ca: str | None = None
+    notify: StartupNotify | None = field(default_factory=StartupNotify)
+    pumps: dict[str, LogPump] = field(default_factory=dict)
 
     # --- start ------------------------------------------------------------------------------
 
@@ -156,7 +163,7 @@ class Stack:
                 tls = tlsgen.ensure(self.data_dir / "tls")
                 self.ca = tls["ca_file"]
                 os.environ["GPUSCHED_CA"] = self.ca  # this process and its children verify the server
-            server = start_nats(_preferred_port(a.nats_port), store_dir=self.data_dir / "nats", trust=self.trust,
+            server = start_nats(choose_port(a.nats_port, 4222, "--nats-port"), store_dir=self.data_dir / "nats", trust=self.trust,
                                 tls=tls)
             self.servers.append(server)
             self.nats_url = server.url
@@ -164,7 +171,7 @@ class Stack:
         if a.redis:
             self.redis_url = a.redis
         else:
-            server = start_redis(_preferred_port(a.redis_port), workdir=self.data_dir / "redis")
+            server = start_redis(choose_port(a.redis_port, 6379, "--redis-port"), workdir=self.data_dir / "redis")
             self.servers.append(server)
             self.redis_url = server.url
 
@@ -177,8 +184,10 @@ class Stack:
         ttl = ["--lease-ttl-ms", str(a.lease_ttl_ms)]
         policy = ["--policy", a.policy] + [f"--policy-set={kv}" for kv in a.policy_set]
         extra: dict[str, list[str]] = {
+            "admission": ["--placeholders", a.placeholders],
             "placement": [*policy, *ttl],
             "preemptor": policy,
+            "projector": policy,  # its fold and queue order follow the running policy
             "reconciler": policy,  # idle_util_pct, idle_after_s
             "fallback": ttl,
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
@@ -189,7 +198,7 @@ class Stack:
         if "dashboard" in wanted and registry.available("dashboard"):
             from gpusched.services.dashboard.guard import new_token
 
-            port = _preferred_port(a.dashboard_port)
+            port = choose_port(a.dashboard_port, 8080, "--dashboard-port")
             extra["dashboard"] = ["--port", str(port)]
             token = os.environ.get("GPUSCHED_DASHBOARD_TOKEN") or new_token()  # the login, as Jupyter's
             env["dashboard"] = {"GPUSCHED_DASHBOARD_TOKEN": token,  # admins may also sign in with their nkey
@@ -209,9 +218,12 @@ class Stack:
     def spawn(self, child: Child) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        child.proc = spawn_service(child.name, self.nats_url, self.redis_url, child.argv_extra,
-                                   log_path=logs / f"{child.name}.log", creds=self.creds_for(child.name), env=child.env)
-        child.died_at = None
+        env = {**child.env, **({"NOTIFY_SOCKET": self.notify.address} if self.notify is not None else {})}
+        child.proc = spawn_service(child.name, self.nats_url, self.redis_url, child.argv_extra, env=env, pipe=True,
+                                   creds=self.creds_for(child.name))
+        self.pumps[child.name] = LogPump(child.proc, RotatingLog(logs / f"{child.name}.log",
+                                                                 int(self.args.log_max_mb * 2**20)))
+        child.died_at, child.ready = None, False
         self.write_state()
 
     def write_state(self) -> None:
@@ -219,6 +231,7 @@ class Stack:
             "nats": self.nats_url, "redis": self.redis_url, "dashboard": self.dashboard_url,
             "data_dir": str(self.data_dir), "pid": os.getpid(),
             "services": {n: c.proc.pid for n, c in self.children.items() if c.proc is not None},
+            "servers": {srv.name: srv.proc.pid for srv in self.servers},
         }
         if self.trust is not None:
             state["admin_creds"] = self.admin_creds
@@ -238,14 +251,25 @@ class Stack:
             return ""
 
     def ready_line_seen(self, name: str) -> bool:
-        return f'"{name}_ready"' in self.log_tail(name, 200)
+        """The service said READY=1 (systemd's notify protocol) since its last start."""
+        self.collect_ready()
+        child = self.children.get(name)
+        return child is not None and child.ready
+
+    def collect_ready(self) -> None:
+        if self.notify is None:
+            return
+        by_pid = {c.proc.pid: c for c in self.children.values() if c.proc is not None}
+        for pid in self.notify.ready_pids():
+            if pid in by_pid:
+                by_pid[pid].ready = True
 
     async def wait_ready(self, timeout: float) -> None:
         from gpusched.bus.log import EventLog
         from gpusched.core.state import ClusterState
 
         deadline = time.monotonic() + timeout
-        own = [n for n in ("admission", "placement", "fallback", "preemptor", "quota_ledger") if n in self.children]
+        own = [n for n in self.children if n not in ("nodeagent", "dashboard")]
         log = await EventLog.open(self.nats_url, name="gpusched-up", creds=self.admin_creds)
         try:
             if "nodeagent" not in self.children:
@@ -276,8 +300,24 @@ class Stack:
 
     # --- run ----------------------------------------------------------------------------------
 
+    def supervise_servers(self) -> None:
+        """Restart NATS or Redis that died, on the same port and data dir: the log is on disk,
+        and the services reconnect by themselves."""
+        for server in self.servers:
+            if server.proc.poll() is None:
+                continue
+            print(f"gpusched up: {server.name}-server exited with code {server.proc.returncode}; restarting "
+                  f"on port {server.port}", file=sys.stderr, flush=True)
+            try:
+                server.restart()
+            except RuntimeError as err:  # port still busy: next tick
+                print(f"gpusched up: {err}", file=sys.stderr, flush=True)
+            self.write_state()
+
     def supervise(self, stop: asyncio.Event) -> None:
         """Restart a service that died (after the delay), unless --no-restart."""
+        self.supervise_servers()
+        self.collect_ready()
         now = time.monotonic()
         for child in self.children.values():
             if child.held or child.proc is None or child.proc.poll() is None:
@@ -294,7 +334,23 @@ class Stack:
     def stop(self) -> None:
         stop_processes([c.proc for c in self.children.values() if c.proc is not None])
         for server in reversed(self.servers):
+            server.proc.send_signal(signal.SIGCONT)  # a stopped server must still hear SIGTERM
             server.stop()
+        for pump in self.pumps.values():
+            pump.join(timeout=2)
+        if self.notify is not None:
+            self.notify.close()
+
+
+async def close_quietly(nc, timeout: float = 2.0) -> None:
+    """Drain a connection, but never hang or fail the shutdown on it (NATS may be down)."""
+    from gpusched.bus import connection
+
+    connection.expect_close(nc)
+    try:
+        await asyncio.wait_for(nc.drain(), timeout)
+    except Exception:
+        pass
 
 
 def _without_password(url: str) -> str:
@@ -342,8 +398,12 @@ async def register_simulated_nodes(log, nodes: int, gpus_per_node: int, nodes_pe
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="gpusched-"))
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    try:
+        lock = claim_data_dir(data_dir, fresh=args.fresh)
+    except RuntimeError as err:
+        print(f"gpusched up: {err}", file=sys.stderr, flush=True)
+        return 1
     stack = Stack(args, data_dir.resolve())
 
     async def main() -> int:
@@ -384,7 +444,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     await asyncio.wait_for(stop.wait(), 0.5)
                 except TimeoutError:
                     pass
-            await controls.drain()
+            await close_quietly(controls)
             return 0
         except RuntimeError as err:
             print(f"gpusched up: {err}", file=sys.stderr, flush=True)
@@ -394,6 +454,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return asyncio.run(main())
     finally:
         stack.stop()
+        lock.close()
         print("gpusched up: stopped", file=sys.stderr, flush=True)
 
 
@@ -435,12 +496,21 @@ def register(sub) -> None:
     up.add_argument("--nvlink", choices=["all", "pairs", "quads", "none"], default="all")
     up.add_argument("--nats", default=None, help="use this NATS server instead of starting one")
     up.add_argument("--redis", default=None, help="use this Redis instead of starting one")
-    up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded NATS (busy: any free one)")
-    up.add_argument("--redis-port", type=int, default=6379, help="port of the embedded Redis (busy: any free one)")
-    up.add_argument("--dashboard-port", type=int, default=8080)
+    up.add_argument("--nats-port", type=int, default=None,
+                    help="port of the embedded NATS (default 4222, or any free one if busy; 0: any free one; "
+                         "an explicit port that is busy is an error)")
+    up.add_argument("--redis-port", type=int, default=None,
+                    help="port of the embedded Redis (default 6379, or any free one if busy; 0: any free one)")
+    up.add_argument("--dashboard-port", type=int, default=None,
+                    help="port of the dashboard (default 8080, or any free one if busy; 0: any free one)")
     up.add_argument("--metrics-port-base", type=int, default=0,
                     help="serve each service's Prometheus /metrics on BASE+i (0: only the dashboard's /metrics)")
-    up.add_argument("--data-dir", default=None, help="NATS store, logs, stack.json (default: a new temp dir)")
+    up.add_argument("--data-dir", default=None,
+                    help="NATS store, Redis dir, logs, stack.json: kept across runs (default: "
+                         "$XDG_DATA_HOME/gpusched, i.e. ~/.local/share/gpusched)")
+    up.add_argument("--fresh", action="store_true", help="start an empty cluster: delete the data dir's store first")
+    up.add_argument("--log-max-mb", type=float, default=10.0,
+                    help="rotate each service log at this size (3 old files kept)")
     up.add_argument("--policy", default="full")
     up.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
                     help="override one field of the policy preset (repeatable)")
@@ -453,6 +523,9 @@ def register(sub) -> None:
                     help="NATS over TLS with a local CA generated under DATA/tls (clients verify it)")
     up.add_argument("--no-client-config", action="store_true",
                     help="do not write the client config ($GPUSCHED_CONFIG or ~/.config/gpusched/config.toml)")
+    up.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="bounded",
+                    help="jobs without a command on the simulated nodes: bounded (default: they need a time limit "
+                         "or GPUSCHED_SIM_DURATION_S), any, or refuse")
     up.set_defaults(func=cmd_up)
 
     service = sub.add_parser("service", help="run one service (the form deploy files use)")

@@ -50,22 +50,24 @@ async def _open_log(nats: str | None):
                          "is `gpusched up` running? (set --nats or GPUSCHED_NATS_URL)") from err
 
 
-async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: bool = True) -> ClusterState:
-    """The cluster state now: a Redis snapshot plus the log's tail, or the whole log."""
-    from gpusched.services.projector import fold_log, load_snapshot
+async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: bool = True,
+                     half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
+    """The cluster state now: a Redis snapshot plus the log's tail, or the whole log (folded
+    with the running policy's usage half-life)."""
+    from gpusched.store import fold_log, load_snapshot
 
     state = None
     if use_snapshot and _redis_configured(redis):
         r = _redis_client(redis)
         try:
-            state = await asyncio.wait_for(load_snapshot(r), 3)
+            state = await asyncio.wait_for(load_snapshot(r, half_life_s), 3)
         except Exception:  # noqa: BLE001 - a snapshot is only a shortcut
             state = None
         finally:
             await r.aclose()
     log = await _open_log(nats)
     try:
-        return await fold_log(log, state)
+        return await fold_log(log, state, half_life_s=half_life_s)
     finally:
         await log.close()
 
@@ -100,9 +102,21 @@ async def _views(args) -> Any:
     return views
 
 
+def _policy(args):
+    """The policy named by `--policy`/`--policy-set`, or None when not given."""
+    if getattr(args, "policy", None) is None:
+        return None
+    from gpusched.services.shell import policy_of
+
+    return policy_of(args)
+
+
 async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Documents of one kind (`jobs`, `nodes`, `teams`, `queue`) and where they came from."""
-    views = await _views(args)
+    """Documents of one kind (`jobs`, `nodes`, `teams`, `queue`) and where they came from. With
+    `--policy`, the queue is folded from the log and ordered by that policy; without, the
+    projector's order (the stack's running policy) or, folding, the default preset's."""
+    config = _policy(args)
+    views = None if config is not None and what == "queue" else await _views(args)
     if views is not None:
         try:
             docs = await getattr(views, what)()
@@ -110,8 +124,9 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"]}
         finally:
             await views.close()
-    state = await fold_state(args.nats, args.redis)
-    return docs_from_state(state, what), {"source": "log", "seq": state.last_seq, "at": state.now}
+    kw = {} if config is None else {"half_life_s": config.half_life_s}
+    state = await fold_state(args.nats, args.redis, **kw)
+    return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now}
 
 
 async def usage(redis: str | None) -> dict[str, dict[str, Any]]:
@@ -145,7 +160,7 @@ def with_accounting(what: str, docs: list[dict[str, Any]], now: float,
     return out
 
 
-def docs_from_state(state: ClusterState, what: str) -> list[dict[str, Any]]:
+def docs_from_state(state: ClusterState, what: str, config=None) -> list[dict[str, Any]]:
     if what == "jobs":
         jobs = sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id))
         return [{**readmodel.job_doc(state, j), "seq": state.last_seq} for j in jobs]
@@ -154,7 +169,7 @@ def docs_from_state(state: ClusterState, what: str) -> list[dict[str, Any]]:
     if what == "teams":
         return [{**readmodel.team_doc(state, t), "seq": state.last_seq} for t in sorted(state.teams)]
     if what == "queue":
-        return [{**q, "seq": state.last_seq} for q in readmodel.queue_docs(state)]
+        return [{**q, "seq": state.last_seq} for q in readmodel.queue_docs(state, config)]
     raise ValueError(what)
 
 
@@ -402,22 +417,26 @@ async def job_history(event_log, job_id: str) -> list[Any]:
     return sorted(own + served, key=lambda r: r.seq)
 
 
-async def show_data(nats: str | None, redis: str | None, job_id: str) -> dict[str, Any]:
+async def show_data(nats: str | None, redis: str | None, job_id: str, config=None) -> dict[str, Any]:
+    """A job's document, history and preemptions; for a pending job, why it waits under the
+    running policy `config` (default: the default preset)."""
+    from gpusched.policy.config import DEFAULT
     from gpusched.policy.explain import explain_pending, explain_preemptions
-    from gpusched.services.projector import fold_log, load_snapshot
+    from gpusched.store import fold_log, load_snapshot
 
+    config = config or DEFAULT
     state = None
     if _redis_configured(redis):
         r = _redis_client(redis)
         try:
-            state = await asyncio.wait_for(load_snapshot(r), 3)
+            state = await asyncio.wait_for(load_snapshot(r, config.half_life_s), 3)
         except Exception:  # noqa: BLE001
             state = None
         finally:
             await r.aclose()
     event_log = await _open_log(nats)
     try:
-        state = await fold_log(event_log, state)
+        state = await fold_log(event_log, state, half_life_s=config.half_life_s)
         if job_id not in state.jobs:
             return {"job_id": job_id, "error": f"no job {job_id} in the log (at seq {state.last_seq})"}
         history = await job_history(event_log, job_id)
@@ -439,8 +458,49 @@ async def show_data(nats: str | None, redis: str | None, job_id: str) -> dict[st
                              and r.event.job_id != job_id],
     }
     if job.state == "pending":
-        data["why_pending"] = explain_pending(state, job_id)
+        data["why_pending"] = explain_pending(state, job_id, config=config)
     return data
+
+
+def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
+    """The lines of the "why is it pending?" panel: the reason the running policy recorded
+    first, then what the state says around it."""
+    waited = display_now({"at": now}) - d["submitted_at"]
+    w = [f"[bold yellow]why pending:[/] {why['summary']}  (waiting {_dur(waited)}, "
+         f"queue position {why['queue']['position']} of {why['queue']['of']})"]
+    if why["policy"].get("why"):
+        typed = why["policy"]["why"]
+        w.append(f"reason recorded by the policy: {typed['kind']} "
+                 + " ".join(f"{k}={v}" for k, v in typed.items() if k != "kind"))
+    if why["policy"]["blockers"]:
+        w.append(f"blockers (policy): {', '.join(why['policy']['blockers'])}")
+    tq = why["team_quota"]
+    lim = "none" if tq["limit"] is None else tq["limit"]
+    w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
+             + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
+             + ("  (under its guarantee: may reclaim from over-share teams)" if tq["under_guarantee"] else ""))
+    topo = why["topology"]
+    w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
+             f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"
+             + (f"; fits now in {', '.join(topo['fits_now_in'])}" if topo["fits_now_in"] else ""))
+    if topo.get("impossible"):
+        w.append(f"[red]{topo['impossible']}[/]")
+    if topo["level"] != "cluster":
+        doms = "  ".join(f"{x['domain']}: {x['free']}/{x['total']} free" for x in topo["domains"][:6])
+        w.append(f"  {doms}")
+    if why["holders"]:
+        w.append("held by: " + ", ".join(
+            f"{h['job_id']} ({h['team']}, {h['gpus']} GPUs, {h['priority']}{', preemptible' if h['preemptible'] else ''})"
+            for h in why["holders"][:5]))
+    if why["held_by_team"]:
+        w.append("GPUs held per team: " + ", ".join(f"{t} {n}" for t, n in why["held_by_team"].items()))
+    if why["queue"]["ahead"]:
+        w.append(f"ahead in the queue: {', '.join(why['queue']['ahead'])}"
+                 + (" …" if why["queue"]["ahead_jobs"] > len(why["queue"]["ahead"]) else ""))
+    for u in why["unblock"]:
+        w.append(f"[green]would unblock:[/] {u}")
+    w.append(f"estimated start: {'unknown (running jobs have no time limit)' if why['eta_s'] is None else 'in ' + _dur(why['eta_s'])}")
+    return w
 
 
 def print_show(data: dict[str, Any]) -> None:
@@ -482,37 +542,7 @@ def print_show(data: dict[str, Any]) -> None:
 
     why = data.get("why_pending")
     if why:
-        waited = display_now({"at": now}) - d["submitted_at"]
-        w = [f"[bold yellow]why pending:[/] {why['summary']}  (waiting {_dur(waited)}, "
-             f"queue position {why['queue']['position']} of {why['queue']['of']})"]
-        if why["policy"]["blockers"]:
-            w.append(f"blockers (policy): {', '.join(why['policy']['blockers'])}")
-        tq = why["team_quota"]
-        lim = "none" if tq["limit"] is None else tq["limit"]
-        w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
-                 + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
-                 + ("  (under its guarantee: may reclaim from over-share teams)" if tq["under_guarantee"] else ""))
-        topo = why["topology"]
-        w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
-                 f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"
-                 + (f"; fits now in {', '.join(topo['fits_now_in'])}" if topo["fits_now_in"] else ""))
-        if topo.get("impossible"):
-            w.append(f"[red]{topo['impossible']}[/]")
-        if topo["level"] != "cluster":
-            doms = "  ".join(f"{x['domain']}: {x['free']}/{x['total']} free" for x in topo["domains"][:6])
-            w.append(f"  {doms}")
-        if why["holders"]:
-            w.append("held by: " + ", ".join(
-                f"{h['job_id']} ({h['team']}, {h['gpus']} GPUs, {h['priority']}{', preemptible' if h['preemptible'] else ''})"
-                for h in why["holders"][:5]))
-        if why["held_by_team"]:
-            w.append("GPUs held per team: " + ", ".join(f"{t} {n}" for t, n in why["held_by_team"].items()))
-        if why["queue"]["ahead"]:
-            w.append(f"ahead in the queue: {', '.join(why['queue']['ahead'])}"
-                     + (" …" if why["queue"]["ahead_jobs"] > len(why["queue"]["ahead"]) else ""))
-        for u in why["unblock"]:
-            w.append(f"[green]would unblock:[/] {u}")
-        w.append(f"estimated start: {'unknown (running jobs have no time limit)' if why['eta_s'] is None else 'in ' + _dur(why['eta_s'])}")
+        w = _why_lines(why, d, now)
         console.print(Panel("\n".join(w), title="why is it pending?", border_style="yellow"))
 
     for p in data["preemptions"]:
@@ -560,7 +590,7 @@ def _used_lines(d: dict[str, Any], now: float) -> list[str]:
 
 
 def _show(args) -> int:
-    data = asyncio.run(show_data(args.nats, args.redis, args.job_id))
+    data = asyncio.run(show_data(args.nats, args.redis, args.job_id, _policy(args)))
     if args.json:
         json.dump(data, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -589,6 +619,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--compact", action="store_true", help="one-line JSON")
         if what in ("jobs", "queue"):
             p.add_argument("--team", default=None, help="only this team's jobs")
+        if what == "queue":
+            _policy_flags(p)
         if what == "jobs":
             p.add_argument("--state", default=None, help="only these states (comma-separated)")
             p.add_argument("--active", action="store_true", help="only pending, starting and running jobs")
@@ -600,7 +632,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "served, its checkpoint and the work lost.")
     p.add_argument("job_id")
     _common(p)
+    _policy_flags(p)
     p.set_defaults(func=_show)
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", default=None,
+                   help="the running policy preset (default: the projector's order, else full)")
+    p.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one field of the preset, as given to the services (repeatable)")
 
 
 __all__ = ["register", "load", "fold_state", "show_data", "job_history", "docs_from_state", "compress_gpus"]

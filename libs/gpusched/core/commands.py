@@ -3,14 +3,16 @@ admission answers with a `CommandReply`. Only services append events."""
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated, Literal, Union
 
 import msgspec
 from msgspec import Meta, Struct
 
+from . import limits as L
 from .model import SCHEMA_VERSION, JobId, JobSpec, Team, TeamQuota
 
-RequestId = Annotated[str, Meta(min_length=1, max_length=128)]
+RequestId = Annotated[str, Meta(min_length=1, max_length=L.MAX_REQUEST_ID_CHARS, pattern=L.NO_NUL_PATTERN)]
+JobRef = Annotated[str, Meta(min_length=1, max_length=L.NAME_MAX + 2, pattern=L.NO_NUL_PATTERN)]
 
 
 class Command(Struct, frozen=True, kw_only=True, tag_field="type", tag=True, forbid_unknown_fields=True):
@@ -23,19 +25,24 @@ class SubmitJob(Command, frozen=True, kw_only=True):
 
 
 class CancelJob(Command, frozen=True, kw_only=True):
-    job_id: JobId
-    reason: str = "cancelled by user"
+    job_id: JobRef
+    reason: L.Reason = "cancelled by user"
 
 
 class SetTeamQuota(Command, frozen=True, kw_only=True):
+    """Set a team's terms. `only` (non-empty): change just these fields of its current quota,
+    taking their values from `quota` (admission merges against the fold, so two partial
+    updates never undo each other); empty: replace the whole quota."""
+
     team: Team
     quota: TeamQuota
+    only: list[Literal["guaranteed", "weight", "limit"]] = []
 
 
 class DrainNode(Command, frozen=True, kw_only=True):
-    node: str
+    node: L.NodeName
     drain: bool = True
-    reason: str = ""
+    reason: L.Reason = ""
 
 
 class RestoreGpu(Command, frozen=True, kw_only=True):
@@ -59,6 +66,8 @@ class CommandReply(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     job_id: JobId | None = None
     seq: int | None = None
     duplicate: bool = False
+    #: Accepted, but worth a look (e.g. guarantees that add up to more than the cluster).
+    warning: str = ""
 
 
 _decoder = msgspec.json.Decoder(AnyCommand)

@@ -8,12 +8,13 @@ held; they live under one subject tree so that grants can compare-and-set over i
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from .model import SCHEMA_VERSION, GpuId, GpuInfo, JobId, JobSpec, Level, NvlinkLayout, TeamQuota
+from .reasons import Reason
 
 
 class Event(Struct, frozen=True, kw_only=True, tag_field="type", tag=True, forbid_unknown_fields=True):
@@ -55,6 +56,8 @@ class JobPending(Event, frozen=True, kw_only=True):
     reason: str
     blockers: list[str] = []
     eta_s: float | None = None
+    #: The typed reason the deciding step recorded (`core/reasons.py`); `reason` is its text.
+    why: Reason | None = None
 
 
 class GpusGranted(Event, frozen=True, kw_only=True):
@@ -146,7 +149,8 @@ class JobBusy(Event, frozen=True, kw_only=True):
 class CheckpointSaved(Event, frozen=True, kw_only=True):
     """One node rank saved `step` durably. The checkpoint is complete (usable to resume, and
     enough to release a preempted job) once every rank its spec's `checkpoint` mode names has
-    saved the same step."""
+    saved the same step. `sha256`: the file's (or tree's)
+    checksum as the job's SDK computed it; a resume verifies it and falls back to the checkpoint before."""
 
     job_id: JobId
     attempt: int
@@ -156,6 +160,7 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
     generation: int = 0
     #: The node daemon that reports it (its subject carries the node, so permissions can say so).
     node: str | None = None
+    sha256: Annotated[str, Meta(pattern="^([0-9a-f]{64})?$")] = ""
 
 
 class GpusReleased(Event, frozen=True, kw_only=True):

@@ -13,7 +13,14 @@ from typing import Annotated, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from gpusched.core import limits as L
 from gpusched.core.model import SCHEMA_VERSION
+
+#: Bounds on what a node daemon says (a heartbeat is read by the reconciler at every beat).
+Text = Annotated[str, Meta(max_length=256)]
+Detail = Annotated[str, Meta(max_length=L.MAX_REASON_CHARS)]
+Pids = Annotated[list[Annotated[int, Meta(ge=0, le=2**32)]], Meta(max_length=4096)]
+GpuIndex = Annotated[int, Meta(ge=0, le=1023)]
 
 
 class GpuSample(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -21,16 +28,16 @@ class GpuSample(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     processes; the simulated backend: what the agent started there plus injected strays).
     `healthy` is False after a critical XID or an uncorrected ECC error; `health` says why."""
 
-    index: int
-    uuid: str
-    memory_used_mb: int = 0
-    memory_total_mb: int = 0
-    utilization_pct: float = 0.0
-    pids: list[int] = []
+    index: GpuIndex
+    uuid: Text
+    memory_used_mb: Annotated[int, Meta(ge=0, le=2**40)] = 0
+    memory_total_mb: Annotated[int, Meta(ge=0, le=2**40)] = 0
+    utilization_pct: Annotated[float, Meta(ge=0, le=100)] = 0.0
+    pids: Pids = []
     healthy: bool = True
-    health: str = ""
-    xid: int | None = None
-    ecc_errors: int = 0
+    health: Detail = ""
+    xid: Annotated[int, Meta(ge=0, le=2**32)] | None = None
+    ecc_errors: Annotated[int, Meta(ge=0, le=2**62)] = 0
 
 
 JobProcessState = Literal["running", "stopping", "exited"]
@@ -40,25 +47,25 @@ class JobReport(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A job process the agent runs for one attempt on this node. `exited` with `exit_code` 0
     is a non-zero rank that finished first and waits for rank 0 (its GPUs are still held)."""
 
-    job_id: str
-    attempt: int
-    gpus: list[int]
-    pids: list[int] = []
+    job_id: Text
+    attempt: Annotated[int, Meta(ge=0, le=2**31)]
+    gpus: Annotated[list[GpuIndex], Meta(max_length=1024)]
+    pids: Pids = []
     state: JobProcessState = "running"
-    exit_code: int | None = None
+    exit_code: Annotated[int, Meta(ge=-256, le=256)] | None = None
 
 
 class Heartbeat(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Published every `heartbeat_s` by each node daemon. `agent_id` changes when the daemon
     restarts; `seq` counts heartbeats since then."""
 
-    node: str
+    node: L.NodeName
     at: float
-    agent_id: str
-    seq: int
-    backend: str
-    gpus: list[GpuSample]
-    jobs: list[JobReport] = []
+    agent_id: Text
+    seq: Annotated[int, Meta(ge=0)]
+    backend: Text
+    gpus: Annotated[list[GpuSample], Meta(max_length=1024)]
+    jobs: Annotated[list[JobReport], Meta(max_length=1024)] = []
     v: int = SCHEMA_VERSION
 
 

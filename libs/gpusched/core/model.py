@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from . import limits as L
+
 SCHEMA_VERSION = 1
 
 Priority = Literal["interactive", "high", "normal", "low"]
@@ -27,7 +29,7 @@ NvlinkLayout = Literal["all", "pairs", "quads", "none"]
 
 GpuId = str  # "<node>/<index>"
 JobId = str
-Team = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+Team = L.Name
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 
@@ -52,22 +54,26 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     `min_gpus` below `gpus` makes the job elastic: it may start and run with fewer."""
 
     team: Team
-    gpus: PositiveInt
-    min_gpus: Annotated[int, Meta(ge=1)] | None = None
+    gpus: L.GpuCount
+    min_gpus: L.GpuCount | None = None
     priority: Priority = "normal"
     preemptible: bool = False
     topology: TopologyConstraint = TopologyConstraint()
-    time_limit_s: Annotated[float, Meta(gt=0)] | None = None
-    command: list[str] = []
-    env: dict[str, str] = {}
-    checkpoint_dir: str | None = None
+    time_limit_s: L.TimeLimit | None = None
+    command: L.Command = []
+    #: Stored in plaintext in the log and in Redis: never put secrets here (see `secret_env`).
+    env: L.Env = {}
+    checkpoint_dir: L.AbsPath | None = None
     #: Which node ranks must save for a checkpoint to be complete: rank 0 alone, or every rank.
     checkpoint: Literal["rank0", "all"] = "rank0"
     #: Where the job runs (absolute; `submit` records its working directory, `--chdir` overrides).
-    workdir: str | None = None
+    workdir: L.AbsPath | None = None
     on_failure: Literal["requeue", "fail"] = "requeue"
-    max_restarts: Annotated[int, Meta(ge=0)] = 3
-    name: str = ""
+    max_restarts: L.Restarts = 3
+    name: L.JobName = ""
+    #: Variable name -> absolute path of a file on the node; the node agent reads the file at
+    #: launch and passes its content to the job. Only the path is ever stored.
+    secret_env: L.SecretEnv = {}
 
     @property
     def gang_min(self) -> int:
@@ -93,9 +99,9 @@ class TeamQuota(Struct, frozen=True, forbid_unknown_fields=True):
     """Fair-share terms of a team: `guaranteed` GPUs it can always reclaim, a `weight` for
     sharing what is left, and a hard `limit` it never exceeds (None: the whole cluster)."""
 
-    guaranteed: Annotated[int, Meta(ge=0)] = 0
-    weight: Annotated[float, Meta(gt=0)] = 1.0
-    limit: Annotated[int, Meta(ge=0)] | None = None
+    guaranteed: L.QuotaGpus = 0
+    weight: L.Weight = 1.0
+    limit: L.QuotaGpus | None = None
 
 
 def nvlink_domains(layout: str, count: int) -> list[int]:

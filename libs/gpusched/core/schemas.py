@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 
+from . import limits
 from .commands import AnyCommand, CommandReply
 from .events import AnyEvent
 from .heartbeat import SCHEMAS as BUS_SCHEMAS
@@ -44,17 +45,25 @@ def render(schema: dict) -> str:
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
+LIMITS_DOC = "LIMITS.md"
+
+
+def all_files() -> dict[str, str]:
+    """File name -> text of everything `schemas/` holds: the schemas and the limits table."""
+    return {**{name: render(schema) for name, schema in all_schemas().items()}, LIMITS_DOC: limits.document()}
+
+
 def write(directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, schema in all_schemas().items():
+    for name, text in all_files().items():
         path = directory / name
-        path.write_text(render(schema))
+        path.write_text(text)
         written.append(path)
     return written
 
 
 def drift(directory: Path) -> list[str]:
     """Names of schema files that differ from what the code generates (or are missing)."""
-    return [name for name, schema in all_schemas().items()
-            if not (directory / name).exists() or (directory / name).read_text() != render(schema)]
+    return [name for name, text in all_files().items()
+            if not (directory / name).exists() or (directory / name).read_text() != text]

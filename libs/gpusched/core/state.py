@@ -8,13 +8,15 @@ invariant is recorded in `violations` so that an audit replay names it instead o
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from msgspec import Struct
 
 from . import events as ev
+from . import rules
 from .model import GpuId, JobSpec, TeamQuota, gpu_id
+from .reasons import Reason
 from .topology import Gpu, Node, span_level
 
 JobStatus = Literal["pending", "starting", "running", "completed", "failed", "cancelled", "timeout"]
@@ -34,6 +36,7 @@ class Checkpoint(Struct):
     at: float
     attempt: int
     paths: list[str] = []
+    sha256: str = ""  # rank 0's, as the job's SDK recorded it: a resume verifies the file against it
 
 
 class Live(Struct, array_like=True):
@@ -91,6 +94,7 @@ class Job(Struct):
     held_since: float = 0.0  # last change of `gpus`, for service accounting
     service_gpu_s: float = 0.0  # attained service, all attempts (least-attained-service order)
     checkpoint: Checkpoint | None = None
+    previous_checkpoint: Checkpoint | None = None  # the fallback when `checkpoint` fails its checksum
     preemption: Preemption | None = None
     preemptions: int = 0
     restarts: int = 0
@@ -99,6 +103,7 @@ class Job(Struct):
     pending_reason: str = ""
     pending_blockers: list[str] = []
     pending_eta_s: float | None = None
+    pending_why: Reason | None = None  # the typed reason of the policy's last JobPending
     nodes_started: list[str] = []
     request_id: str = ""
     generation: int = 0  # restarts of every rank within the attempt (elastic resizes)
@@ -156,6 +161,13 @@ class Violation(Struct, frozen=True):
     gpus: list[GpuId] = []
 
 
+def _set_checkpoint(job: Job, ck: Checkpoint) -> None:
+    """`ck` is the job's newest complete checkpoint; the one before stays as the fallback."""
+    if job.checkpoint is not None and job.checkpoint.path != ck.path:
+        job.previous_checkpoint = job.checkpoint
+    job.checkpoint = ck
+
+
 class ClusterState(Struct):
     """Nodes and topology, who holds each GPU, jobs and their lifecycle, team usage."""
 
@@ -210,87 +222,7 @@ class ClusterState(Struct):
         job = self.jobs.get(e.job_id)
         if job is not None:
             job.pending_reason, job.pending_blockers, job.pending_eta_s = e.reason, list(e.blockers), e.eta_s
-
-    def _on_granted(self, e: ev.GpusGranted) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or job.state != "pending":
-            state = "unknown" if job is None else job.state
-            self._violate("grant_to_non_pending", f"grant to {state} job {e.job_id}", [e.job_id], e.gpus)
-            return
-        spec = job.spec
-        if not spec.gang_min <= len(e.gpus) <= spec.gpus:
-            self._violate(
-                "gang_size",
-                f"job {e.job_id} granted {len(e.gpus)} GPUs, gang needs {spec.gang_min}..{spec.gpus}",
-                [e.job_id],
-                e.gpus,
-            )
-        granted = self._take(e.job_id, e.gpus, e.at)
-        del self.pending[e.job_id]
-        self.running[e.job_id] = None
-        job.state, job.attempt, job.gpus = "starting", e.attempt, granted
-        job.placer, job.level, job.backfill = e.placer, e.level, e.backfill
-        job.started_at, job.held_since, job.nodes_started = e.at, e.at, []
-        job.generation, job.resized_at, job.partial, job.unhealthy, job.unhealthy_reason = 0, None, {}, [], ""
-        self._may_run(job, e.gpus)
-        job.yielded_idle, job.idle, job.idle_at = False, None, e.at
-        if job.first_started_at is None:
-            job.first_started_at = e.at
-        job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
-        self._team_held(spec.team, len(granted), e.at)
-        self._check_limit(spec.team, e.job_id, granted)
-
-    def _on_resized(self, e: ev.JobResized) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding:
-            self._violate("resize_of_idle_job", f"resize of job {e.job_id} that holds nothing", [e.job_id])
-            return
-        self._account(job, e.at)
-        job.prev_nodes = len(job_node_order(job))
-        not_held = [g for g in e.removed if g not in job.gpus]
-        if not_held:
-            self._violate("release_not_held", f"job {e.job_id} releases GPUs it does not hold", [e.job_id], not_held)
-        removed = [g for g in e.removed if g in job.gpus]
-        self._give_back(removed)
-        added = self._take(e.job_id, e.added, e.at)
-        job.gpus = [g for g in job.gpus if g not in removed] + added
-        self._team_held(job.team, len(added) - len(removed), e.at)
-        if job.idle is not None:
-            self._team_idle(job.team, len(added) - len(removed), e.at)
-        if len(job.gpus) < job.spec.gang_min:
-            self._violate(
-                "below_gang_min",
-                f"job {e.job_id} holds {len(job.gpus)} GPUs, gang minimum is {job.spec.gang_min}",
-                [e.job_id],
-                job.gpus,
-            )
-        if added:
-            self._check_limit(job.team, e.job_id, added)
-        # Every rank restarts with the new world size (checkpoint, stop all, start all).
-        job.generation += 1
-        job.resized_at, job.partial = e.at, {}
-        job.unhealthy = [g for g in job.unhealthy if g in job.gpus]
-        self._may_run(job, job.gpus)
-
-    def _on_started(self, e: ev.JobStarted) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None:
-            return
-        others = [x for x in job.live if (x.attempt, x.generation) != (e.attempt, e.generation)]
-        if others:
-            self._violate("two_live_attempts",
-                          f"job {e.job_id} attempt {e.attempt}.{e.generation} started on {e.node} while "
-                          + ", ".join(f"attempt {x.attempt}.{x.generation} may run on {x.node}" for x in others),
-                          [e.job_id])
-        if not any(x.node == e.node and (x.attempt, x.generation) == (e.attempt, e.generation) for x in job.live):
-            self._add_live(job, Live(e.node, e.attempt, e.generation))
-        if e.log and len(job.logs) < 256:
-            job.logs = [*job.logs, LogRef(e.attempt, e.generation, e.rank, e.node, e.log)]
-        if not job.holding or job.attempt != e.attempt:
-            return  # a late report from an attempt that already ended
-        job.state = "running"
-        if e.node not in job.nodes_started:
-            job.nodes_started = [*job.nodes_started, e.node]
+            job.pending_why = e.why
 
     def _on_processes_ended(self, e: ev.ProcessesEnded) -> None:
         job = self.jobs.get(e.job_id)
@@ -302,85 +234,6 @@ class ClusterState(Struct):
         if job is not None and job.holding and job.attempt == e.attempt:
             job.unhealthy = [g for g in dict.fromkeys([*job.unhealthy, *e.gpus]) if g in job.gpus]
             job.unhealthy_reason = e.reason
-
-    def _on_preemption(self, e: ev.PreemptionRequested) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding:
-            return
-        if e.cause == "idle":  # the idle timeout serves the queue, not one job, and any class
-            job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at, "idle")
-            self.idle_jobs[job.job_id] = None
-            return
-        beneficiary = self.jobs.get(e.for_job)
-        if beneficiary is None:
-            self._violate("preemption_without_beneficiary", f"preemption of {e.job_id} serves no known job", [e.job_id])
-        elif job.team != beneficiary.team:
-            victim_t, for_t = self.team(job.team), self.team(beneficiary.team)
-            if victim_t.held <= victim_t.quota.guaranteed and for_t.held >= for_t.quota.guaranteed:
-                self._violate(
-                    "unfair_preemption",
-                    f"team {job.team} (holds {victim_t.held} <= guaranteed {victim_t.quota.guaranteed}) "
-                    f"preempted for team {beneficiary.team} (holds {for_t.held} >= guaranteed "
-                    f"{for_t.quota.guaranteed})",
-                    [e.job_id, e.for_job],
-                )
-        if not job.spec.preemptible:
-            self._violate("non_preemptible", f"job {e.job_id} is not preemptible", [e.job_id, e.for_job])
-        job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at)
-
-    def _on_checkpoint(self, e: ev.CheckpointSaved) -> None:
-        """A rank's save completes a checkpoint once every rank that must save has saved that
-        step in this attempt and generation; earlier or partial saves never replace it."""
-        job = self.jobs.get(e.job_id)
-        if job is None:
-            return
-        if not job.holding or job.attempt != e.attempt:
-            # A rank-0 save that lands after its attempt ended is complete in rank0 mode.
-            newer = job.checkpoint is None or e.step > job.checkpoint.step
-            if e.attempt == job.attempt and e.rank == 0 and job.spec.checkpoint == "rank0" and newer:
-                job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt, [e.path])
-            return
-        if e.generation == job.generation:
-            ranks = checkpoint_ranks(job)
-        elif e.generation == job.generation - 1:  # the ranks draining for a resize save for it
-            ranks = list(range(max(1, job.prev_nodes))) if job.spec.checkpoint == "all" else [0]
-        else:
-            return
-        ck = job.checkpoint
-        if e.rank not in ranks or (ck is not None and ck.attempt == e.attempt and e.step < ck.step):
-            return  # not a saving rank, or older than the attempt's complete checkpoint
-        saved = dict(job.partial.get(e.step, {}))
-        saved[e.rank] = e.path
-        if all(r in saved for r in ranks):
-            paths = [saved[r] for r in sorted(saved)]
-            job.checkpoint = Checkpoint(saved.get(0, paths[0]), e.step, e.at, e.attempt, paths)
-            job.partial = {s: p for s, p in job.partial.items() if s > e.step}
-        else:
-            partial = {**job.partial, e.step: saved}
-            job.partial = dict(sorted(partial.items())[-PARTIAL_CHECKPOINTS:])
-
-    def _on_idle(self, e: ev.JobIdle) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding or job.attempt != e.attempt:
-            return  # a late report about an attempt that already ended
-        status = IdleStatus(e.since, e.at, e.window_s, e.threshold_pct, e.util_pct, e.util_pct_max, e.memory_mb)
-        if job.idle is None:
-            # the GPUs were idle since `since` (the evidence window): that time was not busy
-            since = min(e.at, max(e.since, job.started_at if job.started_at is not None else e.since))
-            back = len(job.gpus) * max(0.0, e.at - since)
-            job.idle_gpu_s += back
-            self._team_idle(job.team, len(job.gpus), e.at, back)
-            job.idle_at = e.at
-        job.idle = status
-        self.idle_jobs[job.job_id] = None
-
-    def _on_busy(self, e: ev.JobBusy) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding or job.attempt != e.attempt or job.idle is None:
-            return
-        self._end_idle(job, e.at)
-        if job.preemption is None or job.preemption.cause != "idle":
-            self.idle_jobs.pop(job.job_id, None)
 
     def _on_released(self, e: ev.GpusReleased) -> None:
         job = self.jobs.get(e.job_id)
@@ -449,7 +302,7 @@ class ClusterState(Struct):
             self._refresh(g)
         for job_id in victims:
             job = self.jobs[job_id]
-            job.lost_gpu_s += self._work_since_checkpoint(job, e.at)
+            job.lost_gpu_s += rules.work_since_checkpoint(job, e.at)
             self._requeue(job, e.at, f"requeued: node {e.node} lost")
 
     def _on_node_drained(self, e: ev.NodeDrained) -> None:
@@ -547,7 +400,7 @@ class ClusterState(Struct):
     def _release_all(self, job: Job, at: float) -> None:
         self._account(job, at)
         if job.idle is not None:
-            self._end_idle(job, at)
+            _end_idle(self, job, at)
         self.idle_jobs.pop(job.job_id, None)
         self._give_back(job.gpus)
         self._team_held(job.team, -len(job.gpus), at)
@@ -559,6 +412,7 @@ class ClusterState(Struct):
         self.pending[job.job_id] = None
         job.state, job.preemption, job.started_at = "pending", None, None
         job.pending_reason, job.pending_blockers, job.pending_eta_s = reason, [], None
+        job.pending_why = None
 
     def _account(self, job: Job, at: float) -> None:
         job.service_gpu_s += len(job.gpus) * max(0.0, at - job.held_since)
@@ -567,28 +421,11 @@ class ClusterState(Struct):
             job.idle_gpu_s += len(job.gpus) * max(0.0, at - job.idle_at)
             job.idle_at = max(job.idle_at, at)
 
-    def _end_idle(self, job: Job, at: float) -> None:
-        self._account(job, at)
-        self._team_idle(job.team, -len(job.gpus), at)
-        job.idle = None
-
-    def _team_idle(self, name: str, delta: int, at: float, back: float = 0.0) -> None:
-        t = self.team(name)
-        t.idle_gpu_s += t.idle_gpus * max(0.0, at - t.idle_at) + back
-        t.idle_at = max(t.idle_at, at)
-        t.idle_gpus += delta
-
-    def _work_since_checkpoint(self, job: Job, at: float) -> float:
-        since = job.started_at or at
-        if job.checkpoint is not None and job.checkpoint.attempt == job.attempt:
-            since = max(since, job.checkpoint.at)
-        return len(job.gpus) * max(0.0, at - since)
-
     def _refresh(self, g: GpuId) -> None:
         """Keep the node's free set and the free count in step with one GPU's record."""
         rec = self.gpus[g]
         node = self.nodes[rec.node]
-        placeable = rec.holder is None and rec.quarantined is None and rec.zombie_pids is None and node.usable
+        placeable = rules.gpu_placeable(self, g)
         if placeable and g not in node.free:
             node.free[g] = None
             self.free_count += 1
@@ -612,7 +449,7 @@ class ClusterState(Struct):
 
     def _check_limit(self, team: str, job_id: str, gpus: list[GpuId]) -> None:
         t = self.teams[team]
-        if t.quota.limit is not None and t.held > t.quota.limit:
+        if rules.over_limit(t.quota, t.held):
             self._violate("over_limit", f"team {team} holds {t.held} GPUs, limit {t.quota.limit}", [job_id], gpus)
 
     # --- queries (pure, used by policies, CLI and the simulator) ------------------------
@@ -667,24 +504,7 @@ class ClusterState(Struct):
 
     def summary(self) -> dict:
         """What `gpusched replay --json` prints."""
-        held = self.held_gpus
-        return {
-            "last_seq": self.last_seq,
-            "events": self.events,
-            "time": self.now,
-            "jobs": self.job_counts(),
-            "gpus": {"total": self.total_gpus, "held": held, "free": self.free_count,
-                     "unavailable": self.total_gpus - held - self.free_count},
-            "nodes": {"total": len(self.nodes), "lost": sum(n.lost for n in self.nodes.values()),
-                      "drained": sum(n.drained for n in self.nodes.values())},
-            "teams": {name: {"held": t.held, "guaranteed": t.quota.guaranteed, "limit": t.quota.limit,
-                             "usage_gpu_s": round(self.team_usage(name), 3),
-                             **dict(zip(("held_gpu_s", "busy_gpu_s"),
-                                        (round(x, 3) for x in self.team_gpu_seconds(name))))}
-                      for name, t in sorted(self.teams.items())},
-            "placement_degraded": self.placement_degraded,
-            "violations": [msgspec.to_builtins(v) for v in self.broken],
-        }
+        return _summary(self)
 
     def snapshot(self) -> bytes:
         """A compact encoding of the whole state (Redis snapshots: snapshot + tail)."""
@@ -695,19 +515,228 @@ class ClusterState(Struct):
         return msgspec.msgpack.decode(data, type=cls)
 
 
-_HANDLERS = {
+# --- idle GPUs (JobIdle/JobBusy): held-but-unused accounting, outside the class for its size ---
+
+def _on_idle(st: ClusterState, e: ev.JobIdle) -> None:
+    job = st.jobs.get(e.job_id)
+    if job is None or not job.holding or job.attempt != e.attempt:
+        return  # a late report about an attempt that already ended
+    status = IdleStatus(e.since, e.at, e.window_s, e.threshold_pct, e.util_pct, e.util_pct_max, e.memory_mb)
+    if job.idle is None:
+        # the GPUs were idle since `since` (the evidence window): that time was not busy
+        since = min(e.at, max(e.since, job.started_at if job.started_at is not None else e.since))
+        back = len(job.gpus) * max(0.0, e.at - since)
+        job.idle_gpu_s += back
+        _team_idle(st, job.team, len(job.gpus), e.at, back)
+        job.idle_at = e.at
+    job.idle = status
+    st.idle_jobs[job.job_id] = None
+
+
+def _on_busy(st: ClusterState, e: ev.JobBusy) -> None:
+    job = st.jobs.get(e.job_id)
+    if job is None or not job.holding or job.attempt != e.attempt or job.idle is None:
+        return
+    _end_idle(st, job, e.at)
+    if job.preemption is None or job.preemption.cause != "idle":
+        st.idle_jobs.pop(job.job_id, None)
+
+
+def _end_idle(st: ClusterState, job: Job, at: float) -> None:
+    st._account(job, at)
+    _team_idle(st, job.team, -len(job.gpus), at)
+    job.idle = None
+
+
+def _team_idle(st: ClusterState, name: str, delta: int, at: float, back: float = 0.0) -> None:
+    t = st.team(name)
+    t.idle_gpu_s += t.idle_gpus * max(0.0, at - t.idle_at) + back
+    t.idle_at = max(t.idle_at, at)
+    t.idle_gpus += delta
+
+
+def _summary(st: ClusterState) -> dict:
+    held = st.held_gpus
+    return {
+        "last_seq": st.last_seq,
+        "events": st.events,
+        "time": st.now,
+        "jobs": st.job_counts(),
+        "gpus": {"total": st.total_gpus, "held": held, "free": st.free_count,
+                 "unavailable": st.total_gpus - held - st.free_count},
+        "nodes": {"total": len(st.nodes), "lost": sum(n.lost for n in st.nodes.values()),
+                  "drained": sum(n.drained for n in st.nodes.values())},
+        "teams": {name: {"held": t.held, "guaranteed": t.quota.guaranteed, "limit": t.quota.limit,
+                         "usage_gpu_s": round(st.team_usage(name), 3),
+                         **dict(zip(("held_gpu_s", "busy_gpu_s"),
+                                    (round(x, 3) for x in st.team_gpu_seconds(name))))}
+                  for name, t in sorted(st.teams.items())},
+        "placement_degraded": st.placement_degraded,
+        "violations": [msgspec.to_builtins(v) for v in st.broken],
+    }
+
+
+_END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed: "failed",
+                                     ev.JobCancelled: "cancelled"}
+
+def _clusterstate_on_granted(self, e: ev.GpusGranted) -> None:
+    job = self.jobs.get(e.job_id)
+    if job is None or job.state != "pending":
+        state = "unknown" if job is None else job.state
+        self._violate("grant_to_non_pending", f"grant to {state} job {e.job_id}", [e.job_id], e.gpus)
+        return
+    spec = job.spec
+    if not rules.gang_size_ok(spec, len(e.gpus)):
+        self._violate(
+            "gang_size",
+            f"job {e.job_id} granted {len(e.gpus)} GPUs, gang needs {spec.gang_min}..{spec.gpus}",
+            [e.job_id],
+            e.gpus,
+        )
+    granted = self._take(e.job_id, e.gpus, e.at)
+    del self.pending[e.job_id]
+    self.running[e.job_id] = None
+    job.state, job.attempt, job.gpus = "starting", e.attempt, granted
+    job.placer, job.level, job.backfill = e.placer, e.level, e.backfill
+    job.started_at, job.held_since, job.nodes_started = e.at, e.at, []
+    job.generation, job.resized_at, job.partial, job.unhealthy, job.unhealthy_reason = 0, None, {}, [], ""
+    self._may_run(job, e.gpus)
+    job.yielded_idle, job.idle, job.idle_at = False, None, e.at
+    if job.first_started_at is None:
+        job.first_started_at = e.at
+    job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
+    job.pending_why = None
+    self._team_held(spec.team, len(granted), e.at)
+    self._check_limit(spec.team, e.job_id, granted)
+
+
+def _clusterstate_on_resized(self, e: ev.JobResized) -> None:
+    job = self.jobs.get(e.job_id)
+    if job is None or not job.holding:
+        self._violate("resize_of_idle_job", f"resize of job {e.job_id} that holds nothing", [e.job_id])
+        return
+    self._account(job, e.at)
+    job.prev_nodes = len(job_node_order(job))
+    not_held = [g for g in e.removed if g not in job.gpus]
+    if not_held:
+        self._violate("release_not_held", f"job {e.job_id} releases GPUs it does not hold", [e.job_id], not_held)
+    removed = [g for g in e.removed if g in job.gpus]
+    self._give_back(removed)
+    added = self._take(e.job_id, e.added, e.at)
+    job.gpus = [g for g in job.gpus if g not in removed] + added
+    self._team_held(job.team, len(added) - len(removed), e.at)
+    if job.idle is not None:
+        _team_idle(self, job.team, len(added) - len(removed), e.at)
+    if len(job.gpus) < job.spec.gang_min:
+        self._violate(
+            "below_gang_min",
+            f"job {e.job_id} holds {len(job.gpus)} GPUs, gang minimum is {job.spec.gang_min}",
+            [e.job_id],
+            job.gpus,
+        )
+    if added:
+        self._check_limit(job.team, e.job_id, added)
+    # Every rank restarts with the new world size (checkpoint, stop all, start all).
+    job.generation += 1
+    job.resized_at, job.partial = e.at, {}
+    job.unhealthy = [g for g in job.unhealthy if g in job.gpus]
+    self._may_run(job, job.gpus)
+
+
+def _clusterstate_on_started(self, e: ev.JobStarted) -> None:
+    job = self.jobs.get(e.job_id)
+    if job is None:
+        return
+    others = [x for x in job.live if (x.attempt, x.generation) != (e.attempt, e.generation)]
+    if others:
+        self._violate("two_live_attempts",
+                      f"job {e.job_id} attempt {e.attempt}.{e.generation} started on {e.node} while "
+                      + ", ".join(f"attempt {x.attempt}.{x.generation} may run on {x.node}" for x in others),
+                      [e.job_id])
+    if not any(x.node == e.node and (x.attempt, x.generation) == (e.attempt, e.generation) for x in job.live):
+        self._add_live(job, Live(e.node, e.attempt, e.generation))
+    if e.log and len(job.logs) < 256:
+        job.logs = [*job.logs, LogRef(e.attempt, e.generation, e.rank, e.node, e.log)]
+    if not job.holding or job.attempt != e.attempt:
+        return  # a late report from an attempt that already ended
+    job.state = "running"
+    if e.node not in job.nodes_started:
+        job.nodes_started = [*job.nodes_started, e.node]
+
+
+def _clusterstate_on_preemption(self, e: ev.PreemptionRequested) -> None:
+    job = self.jobs.get(e.job_id)
+    if job is None or not job.holding:
+        return
+    if e.cause == "idle":  # the idle timeout serves the queue, not one job, and any class
+        job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at, "idle")
+        self.idle_jobs[job.job_id] = None
+        return
+    beneficiary = self.jobs.get(e.for_job)
+    if beneficiary is None:
+        self._violate("preemption_without_beneficiary", f"preemption of {e.job_id} serves no known job", [e.job_id])
+    elif job.team != beneficiary.team:
+        victim_t, for_t = self.team(job.team), self.team(beneficiary.team)
+        if not rules.fair_preemption(job.team, victim_t.quota, victim_t.held,
+                                     beneficiary.team, for_t.quota, for_t.held):
+            self._violate(
+                "unfair_preemption",
+                f"team {job.team} (holds {victim_t.held} <= guaranteed {victim_t.quota.guaranteed}) "
+                f"preempted for team {beneficiary.team} (holds {for_t.held} >= guaranteed "
+                f"{for_t.quota.guaranteed})",
+                [e.job_id, e.for_job],
+            )
+    if not job.spec.preemptible:
+        self._violate("non_preemptible", f"job {e.job_id} is not preemptible", [e.job_id, e.for_job])
+    job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at)
+
+
+def _clusterstate_on_checkpoint(self, e: ev.CheckpointSaved) -> None:
+    """A rank's save completes a checkpoint once every rank that must save has saved that
+    step in this attempt and generation; earlier or partial saves never replace it."""
+    job = self.jobs.get(e.job_id)
+    if job is None:
+        return
+    if not job.holding or job.attempt != e.attempt:
+        # A rank-0 save that lands after its attempt ended is complete in rank0 mode.
+        newer = job.checkpoint is None or e.step > job.checkpoint.step
+        if e.attempt == job.attempt and e.rank == 0 and job.spec.checkpoint == "rank0" and newer:
+            _set_checkpoint(job, Checkpoint(e.path, e.step, e.at, e.attempt, [e.path], e.sha256))
+        return
+    if e.generation == job.generation:
+        ranks = checkpoint_ranks(job)
+    elif e.generation == job.generation - 1:  # the ranks draining for a resize save for it
+        ranks = list(range(max(1, job.prev_nodes))) if job.spec.checkpoint == "all" else [0]
+    else:
+        return
+    ck = job.checkpoint
+    if e.rank not in ranks or (ck is not None and ck.attempt == e.attempt and e.step < ck.step):
+        return  # not a saving rank, or older than the attempt's complete checkpoint
+    saved = dict(job.partial.get(e.step, {}))
+    saved[e.rank] = e.path
+    if all(r in saved for r in ranks):
+        paths = [saved[r] for r in sorted(saved)]
+        sha = e.sha256 if e.rank == 0 or len(ranks) == 1 else ""
+        _set_checkpoint(job, Checkpoint(saved.get(0, paths[0]), e.step, e.at, e.attempt, paths, sha))
+        job.partial = {s: p for s, p in job.partial.items() if s > e.step}
+    else:
+        partial = {**job.partial, e.step: saved}
+        job.partial = dict(sorted(partial.items())[-PARTIAL_CHECKPOINTS:])
+
+
+_HANDLERS: dict[type, Any] = {
     ev.JobSubmitted: ClusterState._on_submitted,
     ev.JobPending: ClusterState._on_pending,
-    ev.GpusGranted: ClusterState._on_granted,
-    ev.JobResized: ClusterState._on_resized,
-    ev.JobStarted: ClusterState._on_started,
+    ev.GpusGranted: _clusterstate_on_granted,
+    ev.JobResized: _clusterstate_on_resized,
+    ev.JobStarted: _clusterstate_on_started,
     ev.ProcessesEnded: ClusterState._on_processes_ended,
     ev.JobOnUnhealthyGpu: ClusterState._on_unhealthy,
     ev.JobTimedOut: ClusterState._on_terminal,
-    ev.PreemptionRequested: ClusterState._on_preemption,
-    ev.JobIdle: ClusterState._on_idle,
-    ev.JobBusy: ClusterState._on_busy,
-    ev.CheckpointSaved: ClusterState._on_checkpoint,
+    ev.PreemptionRequested: _clusterstate_on_preemption,
+    ev.JobIdle: _on_idle,
+    ev.JobBusy: _on_busy,
+    ev.CheckpointSaved: _clusterstate_on_checkpoint,
     ev.GpusReleased: ClusterState._on_released,
     ev.JobCompleted: ClusterState._on_terminal,
     ev.JobFailed: ClusterState._on_terminal,

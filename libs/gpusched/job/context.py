@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from . import checkpoint_io
 from . import env as E
 
 
@@ -49,14 +49,9 @@ def write_durably(path: Path, data: bytes) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike) -> object:
-    """What `JobContext.checkpoint` saved: the object (.pkl), the bytes (.bin), else the path."""
-    p = Path(path)
-    if p.suffix == ".pkl":
-        with open(p, "rb") as f:
-            return pickle.load(f)
-    if p.suffix == ".bin":
-        return p.read_bytes()
-    return str(p)
+    """What `JobContext.checkpoint` saved: the object (.msgpack), the bytes (.bin), else the
+    path. Pickle files are refused (`checkpoint_io`)."""
+    return checkpoint_io.load_file(path)
 
 
 class JobContext:
@@ -67,6 +62,7 @@ class JobContext:
     def __init__(self, environ: Mapping[str, str] | None = None, checkpoint_dir: str | os.PathLike | None = None,
                  install_signal: bool = True):
         environ = os.environ if environ is None else environ
+        self._environ = dict(environ)
         self.job_id: str | None = environ.get(E.JOB_ID) or None
         self.attempt = int(environ.get(E.ATTEMPT, "0") or 0)
         self.resume_from: str | None = environ.get(E.RESUME_FROM) or None
@@ -144,7 +140,8 @@ class JobContext:
 
     def checkpoint(self, data: object, step: int) -> str | None:
         """Save durably and tell the node daemon. `data`: a path the job already wrote (file or
-        directory: made durable in place), bytes, or any picklable object. Returns the path."""
+        directory: made durable in place), bytes, or plain data (dicts, lists, numbers, str,
+        bytes, numpy arrays: see `checkpoint_io`). Returns the path."""
         request = self._read_request() if self.control_dir is not None else None
         if isinstance(data, (str, os.PathLike)):
             path = Path(data)
@@ -158,10 +155,11 @@ class JobContext:
             if isinstance(data, (bytes, bytearray, memoryview)):
                 path, payload = self.checkpoint_dir / f"{stem}.bin", bytes(data)
             else:
-                path, payload = self.checkpoint_dir / f"{stem}.pkl", pickle.dumps(data, protocol=5)
+                path, payload = self.checkpoint_dir / f"{stem}{checkpoint_io.SUFFIX}", checkpoint_io.dumps(data)
             write_durably(path, payload)
         if self.control_dir is not None:
-            ack = {"path": str(path.resolve()), "step": int(step), "request": request, "at": time.time()}
+            ack = {"path": str(path.resolve()), "step": int(step), "request": request, "at": time.time(),
+                   "sha256": checkpoint_io.sha256_of(path)}
             name = f"{E.ACK_PREFIX}{step:09d}-{time.time_ns()}.json"
             tmp = self.control_dir / f".{name}.tmp"
             tmp.write_text(json.dumps(ack))
@@ -170,9 +168,18 @@ class JobContext:
             self._request = request
         return str(path)
 
+    def verified_resume(self) -> str | None:
+        """The newest checkpoint whose checksum matches the log's record (falling back to the
+        previous one, with a message on stderr), or None: a fresh start. `resume_step`
+        follows the choice."""
+        chosen = checkpoint_io.choose(self._environ)
+        self.resume_step = chosen[1] if chosen else None
+        return chosen[0] if chosen else None
+
     def load(self) -> object | None:
-        """The checkpoint to resume from (see `load_checkpoint`), or None on a fresh start."""
-        return load_checkpoint(self.resume_from) if self.resume_from else None
+        """The verified checkpoint to resume from (see `load_checkpoint`), or None."""
+        path = self.verified_resume() if self.resume_from else None
+        return load_checkpoint(path) if path else None
 
 
 _context: JobContext | None = None

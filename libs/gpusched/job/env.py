@@ -13,6 +13,10 @@ GPUS = "GPUSCHED_GPUS"  # the job's GPUs on this node, global ids "<node>/<index
 GPU_UUIDS = "GPUSCHED_GPU_UUIDS"
 RESUME_FROM = "GPUSCHED_RESUME_FROM"  # path of the last checkpoint; unset when there is none
 RESUME_STEP = "GPUSCHED_RESUME_STEP"
+RESUME_SHA256 = "GPUSCHED_RESUME_SHA256"  # the checksum CheckpointSaved recorded ("" if none)
+RESUME_PREVIOUS = "GPUSCHED_RESUME_PREVIOUS"  # the checkpoint before it: the fallback
+RESUME_PREVIOUS_STEP = "GPUSCHED_RESUME_PREVIOUS_STEP"
+RESUME_PREVIOUS_SHA256 = "GPUSCHED_RESUME_PREVIOUS_SHA256"
 CHECKPOINT_DIR = "GPUSCHED_CHECKPOINT_DIR"
 CONTROL_DIR = "GPUSCHED_CONTROL_DIR"
 CHECKPOINT_MODE = "GPUSCHED_CHECKPOINT_MODE"  # "rank0": only rank 0 saves; "all": every rank does
@@ -21,7 +25,7 @@ GENERATION = "GPUSCHED_GENERATION"  # restarts of all ranks within the attempt (
 #: Control directory files. The daemon writes REQUEST (JSON: id, reason, deadline, for_job)
 #: when the job should checkpoint and yield (for a preemption, a resize, or a time limit: an
 #: elastic resize restarts every rank with its new WORLD_SIZE, so nothing is resized in place).
-#: The SDK writes ACK_PREFIX*.json (path, step, request) after each durable checkpoint, and
+#: The SDK writes ACK_PREFIX*.json (path, step, request, sha256) after each durable checkpoint, and
 #: SDK_PREFIX<pid> to say that process handles SIGUSR1 (the daemon then also signals it).
 REQUEST = "checkpoint-request.json"
 ACK_PREFIX = "ack-"

@@ -9,7 +9,12 @@ caller appends them with compare-and-set), `JobResized` (elastic grow/shrink),
 `PreemptionRequested`, `GpusReleased` (overdue preemptions) and `JobPending` (only when a
 job's reason changed). `naive_cycle` is the fallback of a dead placement service.
 
-One question per module (Volcano-style plugins; `cycle.py` holds the steps of a session):
+A cycle is a list of steps (`cycle.STEPS`: expire, settle, walk, reclaim, grow, explain, one
+module each in `steps/`) over one `CyclePlan` (`plan.py`): the tentative world with verbs
+(grant, release, request_preemption, shrink, grow) and one `touchable(job)`. The legality rules
+live once in `core/rules.py`; the typed reasons in `core/reasons.py`.
+
+One question per module (Volcano-style plugins):
 
     config.py      PolicyConfig knobs and the PRESETS of the design story
     ordering.py    in which order pending jobs are considered (priority, FIFO, LAS)
@@ -19,5 +24,7 @@ One question per module (Volcano-style plugins; `cycle.py` holds the steps of a 
     preemption.py  whom to preempt for a blocked job
     elastic.py     how elastic jobs start small, grow and shrink
     running.py     running jobs indexed for victim search
-    reasons.py     the vocabulary of why a job waits
+    plan.py        the cycle's tentative world and its verbs; the placement strategy
+    steps/         the steps of a cycle, each a function of (plan, context)
+    explain.py     the full picture of a pending job, read from the reasons the cycle recorded
 """

@@ -17,14 +17,14 @@ within one grace (it yields on demand), so the reservation stays on the set it l
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from msgspec import Struct
 
 from ..core.model import GpuId
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
-from .placement import Pool, first_free, place
+from .placement import Placement, Pool, first_free, place
 
 
 class Reservation(Struct, frozen=True):
@@ -50,12 +50,18 @@ def expected_end(job: Job, now: float, config: PolicyConfig) -> float:
 
 
 def reserve(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
-            holders: Iterable[tuple[float, Job, list[GpuId]]]) -> Reservation | None:
+            holders: Iterable[tuple[float, Job, list[GpuId]]],
+            placer: Callable[[Pool, int, str], Placement | None] | None = None) -> Reservation | None:
     """The soonest-freeing set of `need` GPUs for `job`. `holders`: (expected end, job, GPUs)
-    of every job holding GPUs as this cycle sees it, soonest end first. None when no set can
-    ever fit."""
+    of every job holding GPUs as this cycle sees it, soonest end first; `placer`: the cycle's
+    placement strategy (default: by `config.topology`). None when no set can ever fit."""
     required = job.spec.topology.required
-    fit = (lambda p: place(p, need, required)) if config.topology else (lambda p: first_free(p, need, required))
+    if placer is None:
+        placer = place if config.topology else first_free
+    strategy = placer
+
+    def fit(p: Pool) -> Placement | None:
+        return strategy(p, need, required)
     p = fit(pool)
     if p is not None:
         return Reservation(job.job_id, p.gpus, now, [])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import msgspec
 from msgspec import Struct, field, structs
 
 from ..core.model import Priority
@@ -108,4 +109,45 @@ PRESETS: dict[str, PolicyConfig] = {
 
 DEFAULT = PRESETS["full"]
 
-__all__ = ["DEFAULT", "PRESETS", "PolicyConfig"]
+_WORDS = {"yes": "true", "on": "true", "no": "false", "off": "false", "none": "null"}
+
+
+def _value(key: str, raw: str) -> object:
+    """A `--policy-set` value: JSON for a mapping (`idle_timeout_s={"interactive": 1800}`), else
+    the text (yes/no/none words normalized), typed from the field when converted."""
+    if raw.startswith(("{", "[")):
+        try:
+            return msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            raise ValueError(f"{key}={raw}: expected a JSON object") from None
+    return _WORDS.get(raw.lower(), raw)
+
+
+def parse_policy(name: str, overrides: list[str] | dict[str, str] | None = None) -> PolicyConfig:
+    """A preset with `KEY=VALUE` overrides of its fields, typed from the field (`las=true`,
+    `min_runtime_s=0`, `unknown_runtime_s=none`, `idle_timeout_s={"interactive": 1800}`): the one parser of the services' `--policy-set`
+    and the simulator's `--set`. A bad name, field or value raises ValueError naming it."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown policy {name!r}; presets are {', '.join(PRESETS)}")
+    if isinstance(overrides, dict):
+        items = list(overrides.items())
+    else:
+        items = []
+        for item in overrides or []:
+            key, sep, raw = item.partition("=")
+            if not sep:
+                raise ValueError(f"{item!r}: expected KEY=VALUE")
+            items.append((key.strip(), raw.strip()))
+    fields = PolicyConfig.__struct_fields__
+    changes: dict[str, object] = {}
+    for key, raw in items:
+        if key not in fields:
+            raise ValueError(f"{key}: not a PolicyConfig field; fields are {', '.join(fields)}")
+        changes[key] = _value(key, raw)
+    try:
+        return msgspec.convert({**msgspec.to_builtins(PRESETS[name]), **changes}, PolicyConfig, strict=False)
+    except msgspec.ValidationError as err:
+        raise ValueError(f"{err}") from None
+
+
+__all__ = ["DEFAULT", "PRESETS", "PolicyConfig", "parse_policy"]

@@ -1,7 +1,8 @@
 """Why a job waits, in full: the policy's reason plus what the state says about it.
 
-The cycle writes a short reason with `JobPending` when it changes; this pure function looks at
-the same `ClusterState` and says more: how many GPUs are free where the job could run (per
+The cycle records a typed reason (`core/reasons.py`) with `JobPending` when it changes; this is
+what `policy` and `summary` report, as the running policy decided it (no second copy of the
+policy here). Around it, this pure function looks at the same `ClusterState` and says more: how many GPUs are free where the job could run (per
 rack and node, within its topology constraint), what its team holds against its guarantee and
 limit, which running jobs hold the GPUs (by team, preemptible or not), who is ahead in the
 queue, what would unblock it, and an estimated start. `gpusched show`, the dashboard and the
@@ -13,8 +14,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
+
 from ..core.model import LEVEL_RANK, PRIORITY_RANK
 from ..core.state import ClusterState, Job
+from .backfill import expected_end
+from .config import DEFAULT, PolicyConfig
+from .ordering import ordered
 
 #: How many holders / domains an explanation lists (the rest are summed up).
 TOP = 8
@@ -58,41 +64,23 @@ def _nvlink_free(state: ClusterState, node: str) -> int:
     return max(per.values(), default=0)
 
 
-def _expected_end(job: Job, now: float) -> float:
-    if job.preemption is not None:
-        return max(now, job.preemption.deadline)
-    if job.spec.time_limit_s is not None and job.started_at is not None:
-        return max(now, job.started_at + job.spec.time_limit_s)
-    return math.inf
-
-
-def queue_order(state: ClusterState, now: float | None = None) -> list[str]:
-    """Pending jobs in the order the default policy considers them (priority, then
-    submission, teams taking turns by fair share)."""
+def queue_order(state: ClusterState, now: float | None = None, config: PolicyConfig = DEFAULT) -> list[str]:
+    """Pending jobs in the order the policy `config` considers them (pass the running one)."""
     now = state.now if now is None else now
-    try:
-        from .config import DEFAULT
-        from .ordering import ordered
-
-        return [j.job_id for j in ordered(state, now, DEFAULT)]
-    except ImportError:  # the policies are optional to this module
-        jobs = [state.jobs[j] for j in state.pending]
-        jobs.sort(key=lambda j: (-PRIORITY_RANK[j.spec.priority], j.submitted_at))
-        return [j.job_id for j in jobs]
+    return [j.job_id for j in ordered(state, now, config)]
 
 
-def estimate_start(state: ClusterState, job: Job, now: float) -> float | None:
+def estimate_start(state: ClusterState, job: Job, now: float, config: PolicyConfig = DEFAULT) -> float | None:
     """When enough GPUs should be free in some allowed domain, and the team under its limit, if
     running jobs end on time (their time limit, or a preemption deadline). None when unknown."""
-    need = job.spec.gang_min
-    room_at = _limit_room_at(state, job, now)
+    room_at = _limit_room_at(state, job, now, config)
     if room_at is None:
         return None
-    fit_at = _fit_at(state, job, now)
+    fit_at = _fit_at(state, job, now, config)
     return None if fit_at is None else max(room_at, fit_at)
 
 
-def _limit_room_at(state: ClusterState, job: Job, now: float) -> float | None:
+def _limit_room_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
     """When the team's own running jobs will have freed enough of its limit for this job."""
     t = state.teams.get(job.spec.team)
     if t is None or t.quota.limit is None:
@@ -102,7 +90,7 @@ def _limit_room_at(state: ClusterState, job: Job, now: float) -> float | None:
         return now
     if job.spec.gang_min > t.quota.limit:
         return None
-    ends = sorted((_expected_end(state.jobs[j], now), len(state.jobs[j].gpus)) for j in state.running
+    ends = sorted((expected_end(state.jobs[j], now, config), len(state.jobs[j].gpus)) for j in state.running
                   if state.jobs[j].spec.team == job.spec.team)
     for at, count in ends:
         if not math.isfinite(at):
@@ -113,7 +101,7 @@ def _limit_room_at(state: ClusterState, job: Job, now: float) -> float | None:
     return None
 
 
-def _fit_at(state: ClusterState, job: Job, now: float) -> float | None:
+def _fit_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
     need = job.spec.gang_min
     level, domains = _domain_keys(state, job.spec.topology.required)
     best: float | None = None
@@ -127,7 +115,7 @@ def _fit_at(state: ClusterState, job: Job, now: float) -> float | None:
             continue
         ends: list[tuple[float, int]] = []
         for h, count in _held_on(state, usable).items():
-            ends.append((_expected_end(state.jobs[h], now), count))
+            ends.append((expected_end(state.jobs[h], now, config), count))
         ends.sort()
         for at, count in ends:
             if not math.isfinite(at):
@@ -139,15 +127,14 @@ def _fit_at(state: ClusterState, job: Job, now: float) -> float | None:
     return best
 
 
-def explain_pending(state: ClusterState, job_id: str, now: float | None = None) -> dict[str, Any]:
-    """A structured explanation of why `job_id` waits (see the module docstring)."""
+def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
+                    config: PolicyConfig = DEFAULT) -> dict[str, Any]:
+    """A structured explanation of why `job_id` waits (see the module docstring), under the
+    running policy `config`."""
     now = state.now if now is None else now
     job = state.jobs[job_id]
     spec = job.spec
     need = spec.gang_min
-    team = state.teams.get(spec.team)
-    quota = team.quota if team is not None else None
-    held = team.held if team is not None else 0
     out: dict[str, Any] = {
         "job_id": job_id,
         "state": job.state,
@@ -156,26 +143,48 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
         "needs": {"gpus": spec.gpus, "min_gpus": need, "required": spec.topology.required,
                   "preferred": spec.topology.preferred},
         "policy": {"reason": job.pending_reason, "blockers": list(job.pending_blockers),
-                   "eta_s": job.pending_eta_s},
+                   "eta_s": job.pending_eta_s,
+                   "why": None if job.pending_why is None else msgspec.to_builtins(job.pending_why)},
         "waiting_s": round(max(0.0, now - job.submitted_at), 3),
     }
     if job.state != "pending":
         out["summary"] = f"job is {job.state}, not pending"
         return out
 
-    # --- the team's standing ---------------------------------------------------------------
+    out["team_quota"] = _team_standing(state, job)
+    out["topology"] = _where(state, job)
+    out.update(_holders(state, job, now, config, out["team_quota"]["under_guarantee"]))
+    out["queue"] = _ahead(state, job_id, now, config)
+    out["unblock"] = _unblock(state, job, out)
+    eta = job.pending_eta_s
+    if eta is None:
+        start = estimate_start(state, job, now, config)
+        eta = None if start is None else max(0.0, start - now)
+    out["eta_s"] = None if eta is None else round(eta, 3)
+    out["summary"] = _summary(out)
+    return out
+
+
+def _team_standing(state: ClusterState, job: Job) -> dict[str, Any]:
+    spec, need = job.spec, job.spec.gang_min
+    team = state.teams.get(spec.team)
+    quota = team.quota if team is not None else None
+    held = team.held if team is not None else 0
     guaranteed = quota.guaranteed if quota else 0
     limit = quota.limit if quota else None
-    team_info = {"held": held, "guaranteed": guaranteed, "limit": limit, "weight": quota.weight if quota else 1.0,
+    team_info: dict[str, Any] = {"held": held, "guaranteed": guaranteed, "limit": limit, "weight": quota.weight if quota else 1.0,
                  "under_guarantee": held < guaranteed,
                  "pending_jobs": sum(1 for j in state.pending if state.jobs[j].spec.team == spec.team)}
     limit_blocks = limit is not None and held + need > limit
     team_info["limit_blocks"] = limit_blocks
-    out["team_quota"] = team_info
+    return team_info
 
-    # --- where it could fit ----------------------------------------------------------------
+
+def _where(state: ClusterState, job: Job) -> dict[str, Any]:
+    """The domains at the job's required level: free and total GPUs, who holds them."""
+    spec, need = job.spec, job.spec.gang_min
     level, domains = _domain_keys(state, spec.topology.required)
-    considered = []
+    considered: list[dict[str, Any]] = []
     for name, nodes in domains.items():
         usable = [n for n in nodes if state.nodes[n].usable]
         free = sum(len(state.nodes[n].free) for n in usable)
@@ -188,19 +197,23 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
     considered.sort(key=lambda d: (-d["free"], d["domain"]))
     fits_now = [d["domain"] for d in considered if d["fits"]]
     best = considered[0] if considered else None
-    out["topology"] = {
+    topology: dict[str, Any] = {
         "level": level, "domains_considered": len(considered), "fits_now_in": fits_now[:TOP],
         "best": best, "domains": considered[:TOP],
         "free_total": state.free_count, "gpus_total": state.total_gpus,
         "nvlink_best_free": max((_nvlink_free(state, n) for n in state.nodes if state.nodes[n].usable), default=0),
     }
     if not considered or max(d["total"] for d in considered) < need:
-        out["topology"]["impossible"] = (
+        topology["impossible"] = (
             f"no {level} has {need} GPUs at all" if considered else "no nodes registered"
         )
+    return topology
 
-    # --- who holds the GPUs ----------------------------------------------------------------
-    holders = []
+
+def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig, under_guarantee: bool) -> dict[str, Any]:
+    """Who holds GPUs (biggest first), per team, and how many the policy may reclaim for it."""
+    spec = job.spec
+    holders: list[dict[str, Any]] = []
     by_team: dict[str, int] = {}
     for jid in state.running:
         h = state.jobs[jid]
@@ -210,7 +223,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
         holders.append({
             "job_id": jid, "team": h.spec.team, "gpus": len(h.gpus), "priority": h.spec.priority,
             "preemptible": h.spec.preemptible, "since": h.started_at,
-            "expected_end": None if not math.isfinite(_expected_end(h, now)) else _expected_end(h, now),
+            "expected_end": None if not math.isfinite(end := expected_end(h, now, config)) else end,
             "preempting": h.preemption is not None,
         })
     holders.sort(key=lambda h: (-h["gpus"], h["job_id"]))
@@ -220,22 +233,30 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
     # over its share, or any while its own team is under its guarantee (the fold's fairness rule).
     reclaimable = [h for h in holders if h["preemptible"] and not h["preempting"] and (
         PRIORITY_RANK[h["priority"]] < rank if h["team"] == spec.team
-        else (_over_share(state, h["team"]) or team_info["under_guarantee"]))]
-    out["holders"] = holders[:TOP]
-    out["held_by_team"] = dict(sorted(by_team.items(), key=lambda kv: (-kv[1], kv[0])))
-    out["reclaimable_gpus"] = sum(h["gpus"] for h in reclaimable)
+        else (_over_share(state, h["team"]) or under_guarantee))]
+    return {"holders": holders[:TOP], "held_by_team": dict(sorted(by_team.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "reclaimable_gpus": sum(h["gpus"] for h in reclaimable)}
 
-    # --- who is ahead ----------------------------------------------------------------------
-    order = queue_order(state, now)
+
+def _ahead(state: ClusterState, job_id: str, now: float, config: PolicyConfig) -> dict[str, Any]:
+    """Its place in the running policy's order, and what is ahead of it."""
+    order = queue_order(state, now, config)
     pos = order.index(job_id) if job_id in order else len(order)
     ahead = [state.jobs[j] for j in order[:pos]]
-    out["queue"] = {"position": pos + 1, "of": len(order), "ahead_jobs": len(ahead),
+    return {"position": pos + 1, "of": len(order), "ahead_jobs": len(ahead),
                     "ahead_gpus": sum(j.spec.gang_min for j in ahead),
                     "ahead": [j.job_id for j in ahead[:TOP]]}
 
-    # --- what would unblock it, and when ---------------------------------------------------
+
+def _unblock(state: ClusterState, job: Job, out: dict[str, Any]) -> list[str]:
+    """What would let it start, from the sections already worked out."""
+    spec, need = job.spec, job.spec.gang_min
+    tq, topo = out["team_quota"], out["topology"]
+    held, limit, limit_blocks = tq["held"], tq["limit"], tq["limit_blocks"]
+    level, best, fits_now = topo["level"], topo["best"], topo["fits_now_in"]
+    ahead_jobs = out["queue"]["ahead_jobs"]
     unblock: list[str] = []
-    if limit_blocks:
+    if limit_blocks and limit is not None:
         unblock.append(f"team {spec.team} holds {held} of its limit {limit}: {held + need - limit} of its GPUs "
                        f"must free up, or the limit be raised to {held + need}")
     if "impossible" in out["topology"]:
@@ -250,22 +271,14 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None) 
             unblock.append(f"preempting {short} of {out['reclaimable_gpus']} reclaimable GPU(s) (preemptible "
                            f"jobs of over-share teams, or of its own team at lower priority)")
     elif fits_now and not limit_blocks:
-        if ahead:
-            unblock.append(f"{len(ahead)} job(s) ahead of it in the queue are placed first "
+        if ahead_jobs:
+            unblock.append(f"{ahead_jobs} job(s) ahead of it in the queue are placed first "
                            f"({out['queue']['ahead_gpus']} GPUs)")
         else:
             unblock.append("nothing: it fits now and should start on the next placement cycle")
     if state.placement_degraded:
         unblock.append("placement is degraded: the naive fallback places first-free GPUs")
-
-    eta = job.pending_eta_s
-    if eta is None:
-        start = estimate_start(state, job, now)
-        eta = None if start is None else max(0.0, start - now)
-    out["eta_s"] = None if eta is None else round(eta, 3)
-    out["unblock"] = unblock
-    out["summary"] = _summary(out)
-    return out
+    return unblock
 
 
 def _over_share(state: ClusterState, team: str) -> bool:

@@ -7,6 +7,7 @@ the order at once. Priority only orders work *within* a team (see ordering.py).
 
 from __future__ import annotations
 
+from ..core import rules
 from ..core.state import ClusterState
 from .config import PolicyConfig
 
@@ -31,17 +32,12 @@ def over_share(state: ClusterState, team: str, held: int) -> int:
 def limit_room(state: ClusterState, team: str, held: int) -> int | None:
     """GPUs a team may still take before its hard limit (None: no limit)."""
     t = state.teams.get(team)
-    if t is None or t.quota.limit is None:
-        return None
-    return t.quota.limit - held
+    return rules.limit_room(t.quota if t is not None else None, held)
 
 
 def may_preempt(state: ClusterState, victim_team: str, victim_held: int, for_team: str, for_held: int) -> bool:
-    """The fold's fairness rule: a team at or under its guaranteed share is never preempted for a
-    team at or over its own. `*_held` are the holdings when the request is applied."""
-    if victim_team == for_team:
-        return True
+    """The fold's fairness rule (`rules.fair_preemption`). `*_held` are the holdings when the
+    request is applied."""
     vt, ft = state.teams.get(victim_team), state.teams.get(for_team)
-    vg = vt.quota.guaranteed if vt is not None else 0
-    fg = ft.quota.guaranteed if ft is not None else 0
-    return not (victim_held <= vg and for_held >= fg)
+    return rules.fair_preemption(victim_team, vt.quota if vt is not None else None, victim_held,
+                                 for_team, ft.quota if ft is not None else None, for_held)

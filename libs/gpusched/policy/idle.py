@@ -71,6 +71,7 @@ def idle_timeouts(state: ClusterState, now: float, config: PolicyConfig,
 def _settle(job: Job, now: float) -> list[ev.Event]:
     """Release an idle job that checkpointed since it was asked, or whose deadline passed."""
     p, ck = job.preemption, job.checkpoint
+    assert p is not None  # (called for jobs with an idle request in flight)
     if ck is not None and ck.attempt == job.attempt and ck.at >= p.at:
         lost = len(job.gpus) * max(0.0, now - ck.at)
         return [ev.GpusReleased(at=now, job_id=job.job_id, reason="preempted", lost_gpu_s=round(lost, 6))]

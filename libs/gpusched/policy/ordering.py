@@ -102,7 +102,7 @@ class QueueIndex:
         heap = []
         usage = {}
         for t, q in self.queues.items():
-            if q and t != _YIELDED:
+            if q and t is not None and t != _YIELDED:  # with fair share every other queue is a team's
                 usage[t] = st.team_usage(t, now)
                 heap.append((team_rank(st, t, held(t), usage[t], self.config), t, 0))
         heapq.heapify(heap)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from msgspec import Struct
 
 from ..core.model import LEVEL_RANK, GpuId
+from ..core.reasons import Topology as Topology_
 from ..core.state import ClusterState
 
 #: NVLink domain size of the standard layouts (None: the whole node; 0: read the GPU records).
@@ -216,11 +217,11 @@ class Pool:
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _fill(items: list[tuple[object, int]], n: int) -> list[tuple[object, int]] | None:
+def _fill(items: list[tuple[int, int]], n: int) -> list[tuple[int, int]] | None:
     """Fewest containers, best fit for the last: take the largest until the rest fits in one,
     then the smallest that holds the rest. `items` are (key, free); returns (key, how many)."""
     order = sorted((it for it in items if it[1] > 0), key=lambda it: -it[1])  # stable: ties keep order
-    chosen: list[tuple[object, int]] = []
+    chosen: list[tuple[int, int]] = []
     rest = n
     i = 0
     while rest > 0:
@@ -276,7 +277,7 @@ def _pick_on_nodes(pool: Pool, members: list[int], n: int) -> list[GpuId]:
     assert plan is not None
     out: list[GpuId] = []
     for i, k in plan:
-        out.extend(_pick_on_node(pool, names[i], k))  # type: ignore[index]
+        out.extend(_pick_on_node(pool, names[i], k))
     return out
 
 
@@ -286,7 +287,7 @@ def _across_racks(pool: Pool, racks: list[int], n: int) -> list[GpuId]:
     assert plan is not None
     out: list[GpuId] = []
     for r, k in plan:
-        out.extend(_pick_on_nodes(pool, members[r], k))  # type: ignore[index]
+        out.extend(_pick_on_nodes(pool, members[r], k))
     return out
 
 
@@ -294,55 +295,74 @@ def _across_racks(pool: Pool, racks: list[int], n: int) -> list[GpuId]:
 
 
 def place(pool: Pool, n: int, required: str = "cluster", preferred: str = "nvlink") -> Placement | None:
-    """The tightest feasible set of `n` GPUs no wider than `required`, or None."""
+    """The tightest feasible set of `n` GPUs no wider than `required`, or None: each level from
+    one NVLink domain up to `required`, the first that fits."""
     if n <= 0 or n > pool.count:
         return None
-    topo = pool.topo
-    names = topo.names
-    cnt = pool.node_counts()
     limit = LEVEL_RANK[required]
-
-    def done(gpus: list[GpuId], level: str, why: str) -> Placement:
-        if LEVEL_RANK[level] > LEVEL_RANK[preferred]:
-            why += f" (preferred {preferred} not available)"
-        return Placement(gpus, level, why)
-
-    if n <= topo.max_node:
-        cands = [i for i, k in enumerate(cnt) if k >= n]
-        if cands:
-            rc, rack_of = pool.rack_counts(), topo.rack_of
-            # 1. one NVLink domain: best fit domain, then node, then rack
-            dom_cands = [i for i in cands if topo.dom_cap[i] >= n]
-            best_dom = None
-            if dom_cands:
-                fast = [i for i in dom_cands if topo.all_layout[i]]
-                if fast:
-                    kmin = min(cnt[i] for i in fast)
-                    i = min((i for i in fast if cnt[i] == kmin), key=lambda i: rc[rack_of[i]])
-                    best_dom = ((kmin, kmin, rc[rack_of[i]], i), i, None)
-                for i in dom_cands:
-                    if topo.all_layout[i]:
-                        continue
-                    for d, gs in _domains(pool, names[i]).items():
-                        if len(gs) >= n:
-                            key = (len(gs), cnt[i], rc[rack_of[i]], i)
-                            if best_dom is None or key < best_dom[0]:
-                                best_dom = (key, i, d)
-            if best_dom is not None:
-                _, i, d = best_dom
-                gpus = pool.free_on(names[i])[:n] if d is None else _domains(pool, names[i])[d][:n]
-                return done(gpus, "nvlink", f"one NVLink domain on {names[i]}")
-            if limit < LEVEL_RANK["node"]:
-                return None
-            # 2. one node: best fit node, ties to the rack with the least free
-            kmin = min(cnt[i] for i in cands)
-            i = min((i for i in cands if cnt[i] == kmin), key=lambda i: rc[rack_of[i]])
-            return done(_pick_on_node(pool, names[i], n), "node", f"one node {names[i]}")
-    if limit < LEVEL_RANK["rack"]:
+    found = _within_node(pool, n, limit) if n <= pool.topo.max_node else None
+    if found is None and limit >= LEVEL_RANK["rack"]:
+        found = _in_rack(pool, n)
+        if found is None and limit >= LEVEL_RANK["block"]:
+            found = _in_block(pool, n)
+            if found is None and limit >= LEVEL_RANK["cluster"]:
+                found = _across_cluster(pool, n)
+    if not found:  # None, or (): nothing fits within one node and nothing wider is allowed
         return None
+    gpus, level, why = found
+    if LEVEL_RANK[level] > LEVEL_RANK[preferred]:
+        why += f" (preferred {preferred} not available)"
+    return Placement(gpus, level, why)
 
-    # 3. one rack: fewest nodes, then best fit rack
-    rc = pool.rack_counts()
+
+_Found = tuple[list[GpuId], str, str]
+
+
+def _within_node(pool: Pool, n: int, limit: int) -> _Found | tuple[()] | None:
+    """1. one NVLink domain: best fit domain, then node, then rack; 2. one node: best fit node,
+    ties to the rack with the least free. `()`: a node-bound job that cannot fit."""
+    topo, cnt = pool.topo, pool.node_counts()
+    names = topo.names
+    cands = [i for i, k in enumerate(cnt) if k >= n]
+    if not cands:
+        return None
+    rc, rack_of = pool.rack_counts(), topo.rack_of
+    best_dom = _best_domain(pool, [i for i in cands if topo.dom_cap[i] >= n], n)
+    if best_dom is not None:
+        i, d = best_dom
+        gpus = pool.free_on(names[i])[:n] if d is None else _domains(pool, names[i])[d][:n]
+        return gpus, "nvlink", f"one NVLink domain on {names[i]}"
+    if limit < LEVEL_RANK["node"]:
+        return ()
+    kmin = min(cnt[i] for i in cands)
+    i = min((i for i in cands if cnt[i] == kmin), key=lambda i: rc[rack_of[i]])
+    return _pick_on_node(pool, names[i], n), "node", f"one node {names[i]}"
+
+
+def _best_domain(pool: Pool, dom_cands: list[int], n: int) -> tuple[int, int | None] | None:
+    """(node index, NVLink domain; None: the whole node) of the best fitting domain."""
+    topo, cnt, rc = pool.topo, pool.node_counts(), pool.rack_counts()
+    rack_of = topo.rack_of
+    best: tuple[tuple[int, int, int, int], int, int | None] | None = None
+    fast = [i for i in dom_cands if topo.all_layout[i]]
+    if fast:
+        kmin = min(cnt[i] for i in fast)
+        i = min((i for i in fast if cnt[i] == kmin), key=lambda i: rc[rack_of[i]])
+        best = ((kmin, kmin, rc[rack_of[i]], i), i, None)
+    for i in dom_cands:
+        if topo.all_layout[i]:
+            continue
+        for d, gs in _domains(pool, topo.names[i]).items():
+            if len(gs) >= n:
+                key = (len(gs), cnt[i], rc[rack_of[i]], i)
+                if best is None or key < best[0]:
+                    best = (key, i, d)
+    return None if best is None else (best[1], best[2])
+
+
+def _in_rack(pool: Pool, n: int) -> _Found | None:
+    """3. one rack: fewest nodes, then best fit rack."""
+    topo, cnt, rc = pool.topo, pool.node_counts(), pool.rack_counts()
     members = topo.rack_members
     best = None
     for r, total in enumerate(rc):
@@ -351,18 +371,20 @@ def place(pool: Pool, n: int, required: str = "cluster", preferred: str = "nvlin
         key = (_nodes_needed([cnt[i] for i in members[r]], n), total, r)
         if best is None or key < best:
             best = key
-    if best is not None:
-        r = best[2]
-        return done(_pick_on_nodes(pool, members[r], n), "rack", f"one rack {topo.racks[r]}, {best[0]} nodes")
-    if limit < LEVEL_RANK["block"]:
+    if best is None:
         return None
+    r = best[2]
+    return _pick_on_nodes(pool, members[r], n), "rack", f"one rack {topo.racks[r]}, {best[0]} nodes"
 
-    # 4. one block: fewest racks, then best fit block
+
+def _in_block(pool: Pool, n: int) -> _Found | None:
+    """4. one block: fewest racks, then best fit block."""
+    rc = pool.rack_counts()
     block_racks: dict[str, list[int]] = {}
-    for r, b in enumerate(topo.block_of_rack):
+    for r, b in enumerate(pool.topo.block_of_rack):
         if b is not None and rc[r] > 0:
             block_racks.setdefault(b, []).append(r)
-    bbest = None
+    bbest: tuple[tuple[int, int], str] | None = None
     for b, racks in block_racks.items():
         total = sum(rc[r] for r in racks)
         if total < n:
@@ -370,17 +392,19 @@ def place(pool: Pool, n: int, required: str = "cluster", preferred: str = "nvlin
         key = (_nodes_needed([rc[r] for r in racks], n), total)
         if bbest is None or key < bbest[0]:
             bbest = (key, b)
-    if bbest is not None:
-        b = bbest[1]
-        return done(_across_racks(pool, block_racks[b], n), "block", f"one block {b}, {bbest[0][0]} racks")
-    if limit < LEVEL_RANK["cluster"]:
+    if bbest is None:
         return None
+    b = bbest[1]
+    return _across_racks(pool, block_racks[b], n), "block", f"one block {b}, {bbest[0][0]} racks"
 
-    # 5. across racks: fewest racks, best fit for the last one
+
+def _across_cluster(pool: Pool, n: int) -> _Found:
+    """5. across racks: fewest racks, best fit for the last one."""
+    topo, rc = pool.topo, pool.rack_counts()
     gpus = _across_racks(pool, [r for r, k in enumerate(rc) if k > 0], n)
     used = {topo.rack_of[topo.index[pool.state.gpus[g].node]] for g in gpus}
     level = pool.state.span(gpus)  # "block" when the racks happen to share one
-    return done(gpus, level, f"across {len(used)} racks")
+    return gpus, level, f"across {len(used)} racks"
 
 
 # --- naive placement ------------------------------------------------------------------------
@@ -423,27 +447,31 @@ def first_free(pool: Pool, n: int, required: str = "cluster") -> Placement | Non
     return None
 
 
+def no_fit(pool: Pool, n: int, required: str, holders: list[str] | None = None,
+           reserved: bool = False) -> Topology_:
+    """Why `n` GPUs do not fit now (for the head job): the free counts of the best three
+    domains at the required level, the jobs whose end would let it start, and whether the GPUs
+    are reserved for it."""
+    domains: list[tuple[str, int]] = []
+    if required != "cluster":
+        level = "node" if required in ("nvlink", "node") else required
+        per: dict[str, int] = {}
+        nodes = pool.state.nodes
+        for name, k in pool.counts().items():
+            if k <= 0:
+                continue
+            node = nodes[name]
+            key = name if level == "node" else node.rack if level == "rack" else (node.block or node.rack)
+            per[key] = per.get(key, 0) + k
+        domains = sorted(per.items(), key=lambda kv: -kv[1])[:3]
+    return Topology_(need=n, required=required, free=pool.count, domains=domains, holders=list(holders or []),
+                     reserved=reserved)
+
+
 def explain_no_fit(pool: Pool, n: int, required: str) -> str:
     """Why `n` GPUs do not fit now, with the free counts that matter (for the head job), e.g.
     "waiting for 16 GPUs within one rack; 9 free in rack r0, 6 in r1"."""
-    if required == "cluster":
-        return f"waiting for {n} GPUs; {pool.count} free"
-    level = "node" if required in ("nvlink", "node") else required
-    per: dict[str, int] = {}
-    nodes = pool.state.nodes
-    for name, k in pool.counts().items():
-        if k <= 0:
-            continue
-        node = nodes[name]
-        key = name if level == "node" else node.rack if level == "rack" else (node.block or node.rack)
-        per[key] = per.get(key, 0) + k
-    top = sorted(per.items(), key=lambda kv: -kv[1])[:3]
-    scope = "one NVLink domain" if required == "nvlink" else f"one {required}"
-    if not top:
-        return f"waiting for {n} GPUs within {scope}; none free"
-    first, rest = top[0], top[1:]
-    detail = f"{first[1]} free in {level} {first[0]}" + "".join(f", {k} in {name}" for name, k in rest)
-    return f"waiting for {n} GPUs within {scope}; {detail}"
+    return no_fit(pool, n, required).text
 
 
-__all__ = ["Placement", "Pool", "Topology", "explain_no_fit", "first_free", "place", "topology"]
+__all__ = ["Placement", "Pool", "Topology", "explain_no_fit", "no_fit", "first_free", "place", "topology"]

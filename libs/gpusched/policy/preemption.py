@@ -43,20 +43,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..core import rules
 from ..core.model import PRIORITY_RANK, GpuId
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .fairshare import may_preempt, over_share, team_rank
 from .placement import Pool
 
-
-def work_since_checkpoint(job: Job, now: float) -> float:
-    """GPU-seconds a job loses if it stops now: since its last checkpoint of this attempt, or start."""
-    since = job.started_at if job.started_at is not None else now
-    ck = job.checkpoint
-    if ck is not None and ck.attempt == job.attempt:
-        since = max(since, ck.at)
-    return len(job.gpus) * max(0.0, now - since)
+# The one definition of the work a job loses, re-exported for the policies that import it here.
+work_since_checkpoint = rules.work_since_checkpoint
 
 
 def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
@@ -75,20 +70,7 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     if not candidates:
         return None
     # First, cheaply: can any group free enough at all? (Most searches end here.)
-    if scope is None:
-        base: dict[object, int] = {None: pool.count}
-        totals: dict[object, int] = {None: sum(len(v.gpus) for v in candidates)}
-    else:
-        base = {}
-        for name, k in pool.counts().items():
-            if k > 0:
-                key = scope(state.nodes[name].gpus[0])
-                base[key] = base.get(key, 0) + k
-        totals = {}
-        for v in candidates:
-            for g in v.gpus:
-                key = scope(g)
-                totals[key] = totals.get(key, 0) + 1
+    base, totals = _group_counts(state, pool, candidates, scope)
     feasible = {key for key, t in totals.items() if t + base.get(key, 0) >= need}
     if not feasible:
         return None
@@ -96,18 +78,7 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     leaving = leaving or {}
     over = {t: over_share(state, t, held(t) - leaving.get(t, 0)) for t in {v.spec.team for v in candidates}}
     cand = sorted(candidates, key=lambda v: (-over[v.spec.team], lost[v.job_id], -len(v.gpus), v.job_id))
-    groups: dict[object, list[tuple[Job, int]]] = {}
-    if scope is None:
-        groups[None] = [(v, len(v.gpus)) for v in cand]
-    else:
-        for v in cand:
-            per: dict[object, int] = {}
-            for g in v.gpus:
-                key = scope(g)
-                if key in feasible:
-                    per[key] = per.get(key, 0) + 1
-            for key, k in per.items():
-                groups.setdefault(key, []).append((v, k))
+    groups = _groups(cand, scope, feasible)
     rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now)
     options = []
     for key, group in groups.items():
@@ -124,6 +95,41 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
         if fits(hyp):
             return chosen
     return None
+
+
+def _group_counts(state: ClusterState, pool: Pool, candidates: list[Job],
+                  scope: Callable[[GpuId], object] | None) -> tuple[dict[object, int], dict[object, int]]:
+    """Free GPUs per topology group, and the candidates' GPUs per group."""
+    if scope is None:
+        return {None: pool.count}, {None: sum(len(v.gpus) for v in candidates)}
+    base: dict[object, int] = {}
+    for name, k in pool.counts().items():
+        if k > 0:
+            key = scope(state.nodes[name].gpus[0])
+            base[key] = base.get(key, 0) + k
+    totals: dict[object, int] = {}
+    for v in candidates:
+        for g in v.gpus:
+            key = scope(g)
+            totals[key] = totals.get(key, 0) + 1
+    return base, totals
+
+
+def _groups(cand: list[Job], scope: Callable[[GpuId], object] | None,
+            feasible: set[object]) -> dict[object, list[tuple[Job, int]]]:
+    """Per feasible group, its candidates in order with the GPUs each holds there."""
+    if scope is None:
+        return {None: [(v, len(v.gpus)) for v in cand]}
+    groups: dict[object, list[tuple[Job, int]]] = {}
+    for v in cand:
+        per: dict[object, int] = {}
+        for g in v.gpus:
+            key = scope(g)
+            if key in feasible:
+                per[key] = per.get(key, 0) + 1
+        for key, k in per.items():
+            groups.setdefault(key, []).append((v, k))
+    return groups
 
 
 class _Rule:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..core import events as ev
 from ..core.state import ClusterState
+from .plan import Context, CyclePlan
 
 
 def moves(state: ClusterState, now: float, grace_s: float, skip: set[str] | frozenset[str] = frozenset()
@@ -27,4 +28,12 @@ def moves(state: ClusterState, now: float, grace_s: float, skip: set[str] | froz
     return out
 
 
-__all__ = ["moves"]
+def run(plan: CyclePlan, ctx: Context) -> None:
+    """The cycle's step: each job to move is asked through the plan (in flight from now on,
+    so no later step of the cycle touches it); jobs the cycle already settled are left."""
+    skip = {jid for jid, status in plan.status.items() if status == "released"}
+    for e in moves(ctx.state, ctx.now, ctx.config.checkpoint_grace_s, skip):
+        plan.move(ctx.state.jobs[e.job_id], e.reason)
+
+
+__all__ = ["moves", "run"]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ..core.model import LEVEL_RANK, LEVELS, TeamQuota
 
 if TYPE_CHECKING:
-    from .engine import Cluster, _Run
+    from .world import Cluster, _Run
 
 SIZE_BUCKETS = ("1", "2-4", "5-8", ">8")
 

@@ -8,52 +8,21 @@ from pathlib import Path
 
 import msgspec
 
+from ..core.model import TeamQuota
 from .engine import Cluster, Simulation
 from .runtime import RUNTIME_MODELS, RuntimeModel
 from .traces import TraceJob, burst_jobs, load_trace, merge, parse_burst
 
 
 def policy_config(name: str, overrides: dict[str, str] | None = None):
-    """A preset, with `key=value` overrides of its PolicyConfig fields (typed from the defaults)."""
-    from ..policy.config import PRESETS
+    """A preset, with `key=value` overrides of its PolicyConfig fields (the one parser:
+    `policy.config.parse_policy`)."""
+    from ..policy.config import parse_policy
 
-    if name not in PRESETS:
-        raise ValueError(f"unknown policy {name!r}; presets are {', '.join(PRESETS)}")
-    config = PRESETS[name]
-    if not overrides:
-        return config
-    fields = msgspec.structs.asdict(config)
-    changes: dict[str, object] = {}
-    for key, raw in overrides.items():
-        if key not in fields:
-            raise ValueError(f"--set {key}: not a PolicyConfig field; fields are {', '.join(fields)}")
-        changes[key] = _typed(key, raw, fields[key])
-    try:  # validated as the services validate `--policy-set` (dict keys, enums)
-        return msgspec.convert({**msgspec.to_builtins(config), **changes}, type(config))
-    except msgspec.ValidationError as err:
+    try:
+        return parse_policy(name, overrides)
+    except ValueError as err:
         raise ValueError(f"--set: {err}") from None
-
-
-def _typed(key: str, raw: str, current: object) -> object:
-    if raw.lower() in ("none", "null"):
-        return None
-    if isinstance(current, bool):
-        if raw.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-            raise ValueError(f"--set {key}={raw}: expected true or false")
-        return raw.lower() in ("true", "1", "yes", "on")
-    if isinstance(current, int):
-        return int(raw)
-    if isinstance(current, float) or current is None:
-        return float(raw)
-    if isinstance(current, dict):  # idle_timeout_s={"interactive": 1800}
-        try:
-            value = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            raise ValueError(f"--set {key}={raw}: expected a JSON object") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"--set {key}={raw}: expected a JSON object")
-        return value
-    return raw
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, str]:
@@ -83,11 +52,14 @@ def load_jobs(trace: str | None, fmt: str | None, limit: int | None, burst: str 
 
 def simulate(jobs: list[TraceJob], cluster: Cluster, policy: str, runtime: RuntimeModel,
              overrides: dict[str, str] | None = None, burst: list[TraceJob] | None = None,
-             tick_s: float | None = None, topology: str = "pack") -> Simulation:
+             tick_s: float | None = None, topology: str = "pack",
+             quotas: dict[str, TeamQuota] | None = None) -> Simulation:
+    """Run one simulation. `quotas`: the teams' terms (default: shares of the trace's GPU-hours)."""
     from .engine import default_quotas
 
     config = policy_config(policy, overrides)
-    quotas = default_quotas([j for j in jobs if j.gpus <= cluster.total_gpus], cluster.total_gpus)
+    if quotas is None:
+        quotas = default_quotas([j for j in jobs if j.gpus <= cluster.total_gpus], cluster.total_gpus)
     all_jobs = merge(jobs, burst) if burst else jobs
     sim = Simulation(all_jobs, cluster, config, runtime, quotas=quotas, policy_name=policy, tick_s=tick_s,
                      topology=topology)

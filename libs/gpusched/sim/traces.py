@@ -29,7 +29,7 @@ from pathlib import Path
 
 from msgspec import Struct
 
-from ..core.model import PRIORITY_RANK
+from ..core.model import PRIORITY_RANK, TeamQuota
 
 FORMATS = ("philly", "tiresias", "csv", "alibaba")
 CSV_REQUIRED = ("job_id", "submit_time_s", "duration_s", "num_gpus", "team")
@@ -296,3 +296,31 @@ def burst_jobs(spec: dict) -> list[TraceJob]:
 
 def merge(*traces: list[TraceJob]) -> list[TraceJob]:
     return _sorted([j for t in traces for j in t])
+
+
+def load_quotas(path: str | Path) -> dict[str, TeamQuota]:
+    """Team quotas from a CSV with the header `team,guaranteed,weight,limit` (`gpusched sim
+    --quotas`): the same terms `gpusched quota` sets live. Empty weight: 1; empty limit: none.
+    A bad row raises TraceError naming the file, line and column."""
+    import csv
+
+    import msgspec
+
+    out: dict[str, TeamQuota] = {}
+    with open(path, newline="") as f:
+        rows = csv.DictReader(f)
+        missing = {"team", "guaranteed", "weight", "limit"} - set(rows.fieldnames or [])
+        if missing:
+            raise TraceError(f"{path}:1: missing column(s) {', '.join(sorted(missing))}; "
+                             "expected team,guaranteed,weight,limit")
+        for line, row in enumerate(rows, 2):
+            team = (row["team"] or "").strip()
+            if not team:
+                raise TraceError(f"{path}:{line}: column team: empty")
+            raw = {"guaranteed": (row["guaranteed"] or "0").strip(), "weight": (row["weight"] or "1").strip(),
+                   "limit": (row["limit"] or "").strip() or None}
+            try:
+                out[team] = msgspec.convert(raw, TeamQuota, strict=False)
+            except msgspec.ValidationError as err:
+                raise TraceError(f"{path}:{line}: {err}") from None
+    return out

@@ -1,0 +1,128 @@
+"""Why a job waits: one small typed struct per kind, written by the policy step that decided.
+
+`JobPending` carries the struct (`why`) beside its text (`reason`, `blockers`), so `gpusched
+show`, `queue`, the dashboard and the simulator read what the running policy decided instead of
+recomputing it. The text is stable (numbers only where they change rarely, or for the head job),
+so that `JobPending` is appended when a job's situation changes, not once per cycle: a
+queue-wide reason never names a job (a change of head would re-explain thousands of jobs).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+from msgspec import Struct
+
+
+class _Reason(Struct, frozen=True, tag_field="kind", gc=False):  # no cycles: never GC-tracked
+    @property
+    def blockers(self) -> list[str]:
+        return []
+
+
+class QueuedBehind(_Reason, frozen=True, tag="fifo"):
+    """Strict FIFO: nothing behind a blocked job may start."""
+
+    @property
+    def text(self) -> str:
+        return "queued behind earlier jobs (strict FIFO)"
+
+
+class NoRoom(_Reason, frozen=True, tag="no_room"):
+    """Not enough free GPUs in one allowed domain (the queue-wide reason, no job named)."""
+
+    need: int
+    required: str
+
+    @property
+    def text(self) -> str:
+        scope = "" if self.required == "cluster" else f" within one {self.required}"
+        return f"waiting for {self.need} free GPUs{scope}"
+
+
+class TeamLimit(_Reason, frozen=True, tag="team_limit"):
+    team: str
+    limit: int
+    need: int
+
+    @property
+    def text(self) -> str:
+        return f"team {self.team} at its limit {self.limit} (needs {self.need} more GPUs)"
+
+    @property
+    def blockers(self) -> list[str]:
+        return [f"team {self.team} limit {self.limit}"]
+
+
+class BehindReservation(_Reason, frozen=True, tag="behind_reservation"):
+    """Fits now, but only on GPUs reserved for the blocked head job. The same words whoever the
+    head is: a change of head must not re-explain the whole queue."""
+
+    @property
+    def text(self) -> str:
+        return "would delay the GPUs reserved for the head of the queue"
+
+
+class Topology(_Reason, frozen=True, tag="topology"):
+    """The head job: the free counts of the domains considered (the best three), the jobs whose
+    end would let it start, and whether the GPUs are reserved for it."""
+
+    need: int
+    required: str
+    free: int  # free GPUs in the whole cluster (as the cycle saw them)
+    domains: list[tuple[str, int]] = []  # (domain, free GPUs), most free first
+    holders: list[str] = []
+    reserved: bool = False
+
+    @property
+    def text(self) -> str:
+        if self.required == "cluster":
+            detail = f"waiting for {self.need} GPUs; {self.free} free"
+        else:
+            level = "node" if self.required in ("nvlink", "node") else self.required
+            scope = "one NVLink domain" if self.required == "nvlink" else f"one {self.required}"
+            if not self.domains:
+                detail = f"waiting for {self.need} GPUs within {scope}; none free"
+            else:
+                (name, k), rest = self.domains[0], self.domains[1:]
+                detail = (f"waiting for {self.need} GPUs within {scope}; {k} free in {level} {name}"
+                          + "".join(f", {n} in {d}" for d, n in rest))
+        return f"{detail}; GPUs reserved, waiting for them to free" if self.reserved else detail
+
+    @property
+    def blockers(self) -> list[str]:
+        return list(self.holders)
+
+
+class WaitingForCheckpoint(_Reason, frozen=True, tag="waiting_for_checkpoint"):
+    """Victims were asked to yield for this job; they checkpoint, then release."""
+
+    victims: list[str]
+
+    @property
+    def text(self) -> str:
+        return f"preempted {len(self.victims)} job(s) for it; they checkpoint and yield"
+
+    @property
+    def blockers(self) -> list[str]:
+        return list(self.victims)
+
+
+class ComingFree(_Reason, frozen=True, tag="coming_free"):
+    """Covered by GPUs already coming free (preemptions in flight for this or other jobs)."""
+
+    holders: list[str]
+
+    @property
+    def text(self) -> str:
+        return "GPUs coming free from preempted jobs (they checkpoint and yield)"
+
+    @property
+    def blockers(self) -> list[str]:
+        return list(self.holders)
+
+
+Reason = Union[QueuedBehind, NoRoom, TeamLimit, BehindReservation, Topology, WaitingForCheckpoint, ComingFree]
+
+__all__ = ["BehindReservation", "ComingFree", "NoRoom", "QueuedBehind", "Reason", "TeamLimit", "Topology",
+           "WaitingForCheckpoint"]

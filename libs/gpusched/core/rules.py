@@ -1,0 +1,171 @@
+"""The legality rules of scheduling decisions, written once.
+
+The fold records a broken rule as a violation (`ClusterState`), the policies ask the same
+questions before deciding (`policy/`), and a writer re-checks its batch with `BatchCheck` after
+a compare-and-set conflict (`services/`): as Nomad's planner and plan applier share `AllocsFit`,
+deciding, verifying and auditing cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from . import events as ev
+from .model import GpuId, JobSpec, TeamQuota
+
+if TYPE_CHECKING:
+    from .state import ClusterState, Job
+
+
+def gpu_healthy(state: ClusterState, g: GpuId) -> bool:
+    """A GPU may be held at all: known, not quarantined, no stray processes, on a usable node."""
+    rec = state.gpus.get(g)
+    return (rec is not None and rec.quarantined is None and rec.zombie_pids is None
+            and state.nodes[rec.node].usable)
+
+
+def gpu_placeable(state: ClusterState, g: GpuId) -> bool:
+    """A GPU may be granted: healthy and held by nobody (the fold keeps each node's `free`
+    set equal to its placeable GPUs)."""
+    rec = state.gpus.get(g)
+    return rec is not None and rec.holder is None and gpu_healthy(state, g)
+
+
+def gang_floor(spec: JobSpec, elastic: bool) -> int:
+    """The fewest GPUs a job may start with: its minimum when elastic jobs may start small."""
+    return spec.gang_min if elastic else spec.gpus
+
+
+def gang_size_ok(spec: JobSpec, n: int) -> bool:
+    """A job holds all of its gang or none: between its minimum and its size."""
+    return spec.gang_min <= n <= spec.gpus
+
+
+def limit_room(quota: TeamQuota | None, held: int) -> int | None:
+    """GPUs a team holding `held` may still take before its hard limit (None: no limit)."""
+    if quota is None or quota.limit is None:
+        return None
+    return quota.limit - held
+
+
+def over_limit(quota: TeamQuota | None, held: int) -> bool:
+    room = limit_room(quota, held)
+    return room is not None and room < 0
+
+
+def fair_preemption(victim_team: str, victim_quota: TeamQuota | None, victim_held: int,
+                    for_team: str, for_quota: TeamQuota | None, for_held: int) -> bool:
+    """A team at or under its guaranteed share is never preempted for a team at or over its own
+    (holdings at the moment the request is applied)."""
+    if victim_team == for_team:
+        return True
+    vg = victim_quota.guaranteed if victim_quota is not None else 0
+    fg = for_quota.guaranteed if for_quota is not None else 0
+    return not (victim_held <= vg and for_held >= fg)
+
+
+def work_since_checkpoint(job: Job, at: float) -> float:
+    """GPU-seconds a job loses if it stops at `at`: since its last checkpoint of this attempt,
+    or its start."""
+    since = job.started_at if job.started_at is not None else at
+    ck = job.checkpoint
+    if ck is not None and ck.attempt == job.attempt:
+        since = max(since, ck.at)
+    return len(job.gpus) * max(0.0, at - since)
+
+
+class BatchCheck:
+    """The writer's re-check of a batch against the fold plus the batch's own earlier
+    decisions: `problem(event)` names the first rule it breaks (None: legal), and a legal event
+    is then counted in the overlay. The compare-and-set checks freshness, not content: this is
+    what keeps an illegal decision out of the log."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.holder: dict[GpuId, str | None] = {}  # GPU -> holder after this batch
+        self.job_gpus: dict[str, list[GpuId]] = {}  # job -> its GPUs after this batch
+        self.team_delta: dict[str, int] = {}
+        self.granted: set[str] = set()
+
+    def placeable(self, g: GpuId) -> bool:
+        if g not in self.holder:
+            return gpu_placeable(self.state, g)
+        return self.holder[g] is None and gpu_healthy(self.state, g)
+
+    def gpus_of(self, job_id: str) -> list[GpuId]:
+        return self.job_gpus[job_id] if job_id in self.job_gpus else list(self.state.jobs[job_id].gpus)
+
+    def _over_limit(self, team: str, add: int) -> bool:
+        t = self.state.teams.get(team)
+        return add > 0 and t is not None and over_limit(t.quota, t.held + self.team_delta.get(team, 0) + add)
+
+    def problem(self, e: ev.Event) -> str | None:
+        check = _CHECKS.get(type(e))
+        return None if check is None else check(self, e)
+
+    def _grant(self, e: ev.GpusGranted) -> str | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or job.state != "pending" or e.job_id in self.granted:
+            return f"grant to a job that is not pending ({job.state if job else 'unknown'})"
+        if len(set(e.gpus)) != len(e.gpus) or not all(self.placeable(g) for g in e.gpus):
+            return "grant of GPUs that are not free"
+        if not gang_size_ok(job.spec, len(e.gpus)):
+            return f"grant of {len(e.gpus)} GPUs, gang needs {job.spec.gang_min}..{job.spec.gpus}"
+        if self._over_limit(job.team, len(e.gpus)):
+            return f"grant beyond team {job.team}'s limit"
+        self._hold(job.team, e.job_id, [], list(e.gpus))
+        self.granted.add(e.job_id)
+        return None
+
+    def _resize(self, e: ev.JobResized) -> str | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or not (job.holding or e.job_id in self.granted):
+            return "resize of a job that holds nothing"
+        current = self.gpus_of(e.job_id)
+        if not set(e.removed) <= set(current):
+            return "shrink of GPUs the job does not hold"
+        if len(set(e.added)) != len(e.added) or not all(self.placeable(g) for g in e.added):
+            return "grow into GPUs that are not free"
+        if not gang_size_ok(job.spec, len(current) - len(e.removed) + len(e.added)):
+            return "resize outside the gang's range"
+        if self._over_limit(job.team, len(e.added) - len(e.removed)):
+            return f"grow beyond team {job.team}'s limit"
+        self._hold(job.team, e.job_id, list(e.removed), list(e.added))
+        return None
+
+    def _release(self, e: ev.GpusReleased | ev.JobFailed | ev.JobTimedOut) -> str | None:
+        job = self.state.jobs.get(e.job_id)
+        if job is None or not job.holding:
+            return "release of a job that holds nothing"
+        self._hold(job.team, e.job_id, self.gpus_of(e.job_id), [])
+        return None
+
+    def _hold(self, team: str, job_id: str, removed: list[GpuId], added: list[GpuId]) -> None:
+        for g in removed:
+            self.holder[g] = None
+        for g in added:
+            self.holder[g] = job_id
+        gone = set(removed)
+        self.job_gpus[job_id] = [g for g in self.gpus_of(job_id) if g not in gone] + added
+        self.team_delta[team] = self.team_delta.get(team, 0) + len(added) - len(removed)
+
+
+_CHECKS: dict[type, Any] = {ev.GpusGranted: BatchCheck._grant, ev.JobResized: BatchCheck._resize,
+           ev.GpusReleased: BatchCheck._release, ev.JobFailed: BatchCheck._release,
+           ev.JobTimedOut: BatchCheck._release}
+
+
+def freed_by(state: ClusterState, events: Iterable[ev.Event]) -> set[GpuId]:
+    """GPUs the events free (releases, ends, shrinks)."""
+    out: set[GpuId] = set()
+    for e in events:
+        if isinstance(e, (ev.GpusReleased, ev.JobFailed, ev.JobTimedOut)) and e.job_id in state.jobs:
+            out.update(state.jobs[e.job_id].gpus)
+        elif isinstance(e, ev.JobResized):
+            out.update(e.removed)
+    return out
+
+
+__all__ = ["BatchCheck", "fair_preemption", "freed_by", "gang_floor", "gang_size_ok", "gpu_healthy", "gpu_placeable",
+           "limit_room", "over_limit", "work_since_checkpoint"]

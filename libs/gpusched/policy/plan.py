@@ -1,0 +1,284 @@
+"""A cycle's tentative world, and the verbs that change it (as Nomad's `Plan`).
+
+`CyclePlan` owns everything a cycle has decided so far: the events it emitted (never edited
+once emitted), the pool of GPUs as it now sees them, the holdings of teams, and a status per
+running or granted job. Each verb (grant, release, fail, request_preemption, shrink, grow) keeps
+all of these in step, so a step never does the bookkeeping itself; `touchable(job)` is the one
+answer to "may this running job still be taken from or grown?". The plan never mutates the
+state: the fold is the only writer of state, and applies `plan.events` in order.
+
+`Context` holds what a cycle reads but never changes: the state, `now`, the config and the
+placement strategy, chosen once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from ..core import events as ev
+from ..core import rules
+from ..core.model import GpuId
+from ..core.reasons import Reason
+from ..core.state import ClusterState, Job
+from .backfill import Reservation
+from .config import PolicyConfig
+from .fairshare import limit_room
+from .placement import Placement, Pool, first_free, place
+from .running import RunningIndex, running_index
+
+#: What a cycle has done to a job so far (absent: untouched).
+Status = Literal["granted", "borrowed", "released", "preempting", "shrunk"]
+#: Statuses of running jobs a cycle may no longer take from or grow.
+_SETTLED: frozenset[str] = frozenset({"released", "preempting", "shrunk"})
+
+
+class Placer:
+    """The placement strategy of a cycle, chosen once: topology-aware, or first free GPUs."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: Literal["topo", "naive"]) -> None:
+        self.name = name
+
+    def place(self, pool: Pool, n: int, required: str, preferred: str = "nvlink") -> Placement | None:
+        if self.name == "naive":
+            return first_free(pool, n, required)
+        return place(pool, n, required, preferred)
+
+
+class Context:
+    """What a cycle reads and never changes."""
+
+    __slots__ = ("state", "now", "config", "placer", "running", "strict", "grace")
+
+    def __init__(self, state: ClusterState, now: float, config: PolicyConfig, placer: Placer,
+                 running: RunningIndex | None = None) -> None:
+        self.state, self.now, self.config, self.placer = state, now, config, placer
+        self.running = running if running is not None else running_index(state)
+        #: Nothing behind a blocked job may start (strict FIFO, or gangs may not skip ahead).
+        self.strict = config.strict_fifo or not config.gang
+        #: How long a job asked to yield may take to checkpoint.
+        self.grace = config.checkpoint_grace_s if config.checkpoint else 0.0
+
+    def floor(self, job: Job) -> int:
+        """The fewest GPUs `job` may start with under this config."""
+        return rules.gang_floor(job.spec, self.config.elastic)
+
+
+class CyclePlan:
+    """The tentative world of one cycle (see the module docstring)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        state = ctx.state
+        self.events: list[ev.Event] = []
+        self.pool = Pool(state)
+        #: The pool plus the GPUs of preemptions in flight, less claims on them (reclaim only).
+        self.coming: Pool | None = None
+        self.status: dict[str, Status] = {}
+        self.team_delta: dict[str, int] = {}
+        self.leaving: dict[str, int] = {}  # team -> GPUs of its jobs asked to yield
+        self.incoming: dict[str, int] = {}  # team -> GPUs its blocked jobs claimed from `coming`
+        self.inflight: dict[str, None] = {}  # running jobs asked to yield, in the order asked
+        self.inflight_gpus = 0  # GPUs of preemptions asked in earlier cycles, not yet released
+        self.preempting: dict[str, list[str]] = {}  # beneficiary -> its victims in flight
+        self.removed: dict[str, list[GpuId]] = {}  # elastic job -> GPUs taken back this cycle
+        self.started: list[tuple[Job, list[GpuId]]] = []  # granted this cycle, in order
+        self.reasons: dict[str, tuple[Reason, float | None]] = {}  # job -> why it waits, ETA
+        # The walk's findings, read by reclaim and explain.
+        self.blocked: list[Job] = []  # waiting for room (not for a limit), in order
+        self.head: Job | None = None  # the blocked job the reservation is for
+        self.reservation: Reservation | None = None
+        self.outside: Pool | None = None  # the pool less the reservation
+        self.fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
+
+    # --- what the plan says ------------------------------------------------------------------
+
+    def held(self, team: str) -> int:
+        """GPUs the team holds as this cycle sees them."""
+        return self.ctx.state.teams[team].held + self.team_delta.get(team, 0)
+
+    def room(self, team: str) -> int | None:
+        """GPUs the team may still take under its hard limit (None: no limit)."""
+        return limit_room(self.ctx.state, team, self.held(team))
+
+    def touchable(self, job: Job) -> bool:
+        """A running job this cycle may still take GPUs from or grow: not released, not being
+        preempted (asked now or earlier), not shrunk."""
+        return self.status.get(job.job_id) not in _SETTLED and job.preemption is None
+
+    def gpus_of(self, job: Job) -> list[GpuId]:
+        """A running job's GPUs as this cycle sees them (less what shrinks took back)."""
+        taken = self.removed.get(job.job_id)
+        return job.gpus if not taken else [g for g in job.gpus if g not in taken]
+
+    def reason_of(self, job: Job) -> Reason | None:
+        r = self.reasons.get(job.job_id)
+        return None if r is None else r[0]
+
+    def note(self, job: Job, reason: Reason, eta: float | None = None) -> None:
+        """Record why `job` waits (emitted by the explain step if it changed)."""
+        self.reasons[job.job_id] = (reason, eta)
+
+    # --- verbs ---------------------------------------------------------------------------------
+
+    def grant(self, job: Job, p: Placement, backfill: bool) -> None:
+        ctx = self.ctx
+        self.events.append(ev.GpusGranted(at=ctx.now, job_id=job.job_id, attempt=job.attempt + 1, gpus=p.gpus,
+                                          placer=ctx.placer.name, level=p.level,  # type: ignore[arg-type]
+                                          backfill=backfill))
+        self.pool.take(p.gpus)
+        self.fits_now.clear()
+        if self.outside is not None:
+            self.outside.remove(p.gpus)
+        if self.coming is not None:
+            self.coming.remove(p.gpus)  # a GPU an earlier claim counted on: that claim is void
+        self._count(job.team, len(p.gpus))
+        self.status[job.job_id] = "borrowed" if backfill and job.spec.preemptible else "granted"
+        self.started.append((job, p.gpus))
+        self.reasons.pop(job.job_id, None)
+
+    def release(self, job: Job, forced: bool, lost: float) -> None:
+        """A preempted job gives its GPUs back (checkpointed, or its grace is over)."""
+        self.events.append(ev.GpusReleased(at=self.ctx.now, job_id=job.job_id, reason="preempted", forced=forced,
+                                           lost_gpu_s=round(lost, 6)))
+        self._free(job)
+
+    def fail(self, job: Job, reason: str) -> None:
+        """A running job ends (its time limit)."""
+        self.events.append(ev.JobFailed(at=self.ctx.now, job_id=job.job_id, attempt=job.attempt, reason=reason))
+        self._free(job)
+
+    def time_out(self, job: Job, limit_s: float) -> None:
+        """A running job ends: it ran past its time limit (Slurm's TIMEOUT)."""
+        self.events.append(ev.JobTimedOut(at=self.ctx.now, job_id=job.job_id, attempt=job.attempt, limit_s=limit_s))
+        self._free(job)
+
+    def move(self, job: Job, reason: str) -> None:
+        """Ask `job` to checkpoint and yield for itself (it resumes elsewhere): a preemption
+        whose beneficiary is the job, in flight like any other."""
+        ctx = self.ctx
+        self.events.append(ev.PreemptionRequested(at=ctx.now, job_id=job.job_id, for_job=job.job_id,
+                                                  reason=reason, deadline=ctx.now + ctx.config.checkpoint_grace_s))
+        self.in_flight(job, job.job_id)
+
+    def request_preemption(self, victim: Job, job: Job, reason: str) -> None:
+        """Ask `victim` to yield for `job`: at once without the checkpoint handshake, else it is
+        in flight until it checkpoints or its grace is over (its GPUs count as coming)."""
+        ctx = self.ctx
+        self.events.append(ev.PreemptionRequested(at=ctx.now, job_id=victim.job_id, for_job=job.job_id,
+                                                  reason=reason, deadline=ctx.now + ctx.grace))
+        if not ctx.config.checkpoint:
+            self.release(victim, forced=True, lost=rules.work_since_checkpoint(victim, ctx.now))
+            return
+        self.in_flight(victim, job.job_id)
+        if self.coming is not None:
+            self.coming.add(victim.gpus)
+
+    def in_flight(self, victim: Job, for_job: str) -> None:
+        """`victim` was asked to yield for `for_job` (now or in an earlier cycle)."""
+        self.preempting.setdefault(for_job, []).append(victim.job_id)
+        self.inflight[victim.job_id] = None
+        self.status[victim.job_id] = "preempting"
+        self.leaving[victim.team] = self.leaving.get(victim.team, 0) + len(victim.gpus)
+
+    def shrink(self, victim: Job, removed: list[GpuId], job: Job) -> None:
+        """Take extra GPUs back from an elastic job so that `job` starts (one `JobResized` per
+        shrink; a job shrunk twice in a cycle gets two)."""
+        jid = victim.job_id
+        self.events.append(ev.JobResized(at=self.ctx.now, job_id=jid, removed=list(removed),
+                                         reason=f"shrink to make room for {job.job_id}"))
+        self.removed[jid] = self.removed.get(jid, []) + list(removed)
+        self.pool.add(removed)
+        if self.coming is not None:
+            self.coming.add(removed)
+        self.outside = None
+        self._count(victim.team, -len(removed))
+        self.status[jid] = "shrunk"
+
+    def grow(self, job: Job, added: list[GpuId]) -> None:
+        self.events.append(ev.JobResized(at=self.ctx.now, job_id=job.job_id, added=added,
+                                         reason="grow into idle GPUs"))
+        self.pool.take(added)
+        self._count(job.team, len(added))
+
+    def _free(self, job: Job) -> None:
+        """The job's GPUs return to this cycle's pool; nothing else may touch the job."""
+        self.pool.add(job.gpus)
+        if self.coming is not None:
+            self.coming.add(job.gpus)
+        self.outside = None
+        self._count(job.team, -len(job.gpus))
+        self.status[job.job_id] = "released"
+
+    def _count(self, team: str, delta: int) -> None:
+        self.team_delta[team] = self.team_delta.get(team, 0) + delta
+
+    # --- placement questions ------------------------------------------------------------------
+
+    def fit(self, job: Job, pool: Pool, room: int | None) -> Placement | None:
+        """Where `job` starts on `pool` within its team's `room`: its whole gang, or (elastic)
+        what fits, at least its minimum. Jobs alike in what placement reads fail alike: a failure
+        is remembered on the pool until it grows, so a long queue costs one placement per shape."""
+        ctx, spec = self.ctx, job.spec
+        want = spec.gpus if room is None else min(spec.gpus, room)
+        lo = ctx.floor(job)
+        if want < lo:
+            return None
+        required = spec.topology.required
+        key = (want, lo, required, spec.topology.preferred)
+        if lo > pool.count or key in pool.fails:
+            return None
+        p = ctx.placer.place(pool, want, required, spec.topology.preferred)
+        if p is not None or lo == want:
+            if p is None:
+                pool.fails.add(key)
+            return p
+        k = min(want - 1, pool.count)  # elastic: start with what fits now, at least the minimum
+        for k in ([k, lo] if k > lo else [lo]):
+            if k >= lo:
+                p = ctx.placer.place(pool, k, required)
+                if p is not None:
+                    return p
+        pool.fails.add(key)
+        return None
+
+    def fits_pool(self, job: Job, room: int | None) -> bool:
+        """Whether `job` could start on the pool as it is (for its reason only; remembered until
+        the pool shrinks)."""
+        spec = job.spec
+        want = spec.gpus if room is None else min(spec.gpus, room)
+        key = (want, self.ctx.floor(job), spec.topology.required, spec.topology.preferred)
+        if key in self.fits_now:
+            return True
+        if self.fit(job, self.pool, room) is None:
+            return False
+        self.fits_now.add(key)
+        return True
+
+    def fits(self, job: Job, need: int) -> Callable[[Pool], bool]:
+        """Whether `need` GPUs for `job` fit a pool (failures remembered on the pool)."""
+        required = job.spec.topology.required
+        key = ("fits", need, required)
+        placer = self.ctx.placer
+
+        def fits(pool: Pool) -> bool:
+            if pool.count < need or key in pool.fails:
+                return False
+            if placer.place(pool, need, required) is None:
+                pool.fails.add(key)
+                return False
+            return True
+
+        return fits
+
+    def start_blocked(self, job: Job, room: int | None) -> None:
+        """Start a blocked job on the pool if it now fits."""
+        p = self.fit(job, self.pool, room)
+        if p is not None:
+            self.grant(job, p, backfill=False)
+            self.blocked = [b for b in self.blocked if b is not job]
+
+
+__all__ = ["Context", "CyclePlan", "Placer", "Status"]

@@ -1,0 +1,139 @@
+"""For the first blocked jobs, in order: start on GPUs freed earlier in this cycle; else claim
+GPUs already coming free (preemptions in flight); else shrink elastic jobs; else preempt.
+Without a checkpoint handshake the freed GPUs are granted at once.
+
+Reclaim counts what is already coming free: the GPUs of preemptions in flight (asked in an
+earlier cycle or earlier in this one) form a second pool (`plan.coming`) from which blocked jobs
+claim, in queue order, before any new victim is chosen; a blocked job whose need is covered
+triggers no preemption, and the GPUs claimed count as its team's when judging fairness and
+limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...core.reasons import BehindReservation, ComingFree, WaitingForCheckpoint
+from ...core.state import Job
+from ..elastic import extras, shrink_plan
+from ..placement import Pool
+from ..plan import Context, CyclePlan
+from .victims import victims
+
+
+def run(plan: CyclePlan, ctx: Context) -> None:
+    if not plan.blocked:
+        return
+    config = ctx.config
+    max_tries = 1 if ctx.strict else config.max_preemptors_per_cycle
+    tries = 0
+    failed: set[tuple] = set()  # jobs alike in what a victim search reads fail alike
+    plan.coming = _coming(plan, ctx)
+    for job in list(plan.blocked):
+        if tries >= max_tries:
+            break
+        if isinstance(plan.reason_of(job), BehindReservation):
+            continue
+        lo = ctx.floor(job)
+        room = plan.room(job.team)
+        if room is not None and room - plan.incoming.get(job.team, 0) < lo:
+            continue  # its team's limit: what is already coming to it is all it may get
+        fits = plan.fits(job, lo)
+        # 1. GPUs freed earlier in this cycle (shrinks, kills without checkpoint)
+        if plan.pool.count >= lo and fits(plan.pool):
+            if _may_start_now(plan, job):
+                plan.start_blocked(job, room)
+            else:
+                plan.note(job, BehindReservation())
+            continue
+        # 2. GPUs already coming free: no new victim for a need they cover
+        if _claim(plan, ctx, job, lo):
+            continue
+        tries += 1
+        # 3. extra GPUs of elastic jobs, 4. preemption
+        if config.elastic and _shrink(plan, job, fits, room):
+            continue
+        if config.preemption:
+            _preempt(plan, ctx, job, lo, fits, room, failed)
+
+
+def _preempt(plan: CyclePlan, ctx: Context, job: Job, lo: int, fits: Callable[[Pool], bool],
+             room: int | None, failed: set[tuple]) -> None:
+    alike = (job.team, job.spec.priority, lo, job.spec.topology.required, job is plan.head)
+    if alike in failed:
+        return
+    chosen = victims(plan, ctx, job, lo, fits)
+    if not chosen:
+        failed.add(alike)
+        return
+    for v in chosen:
+        plan.request_preemption(v, job, f"preempted for {job.job_id} ({job.spec.priority}, team {job.team})")
+    if not ctx.config.checkpoint:
+        plan.start_blocked(job, room)
+    else:
+        _claim(plan, ctx, job, lo, own=True)
+        plan.note(job, WaitingForCheckpoint([v.job_id for v in chosen]))
+
+
+def _coming(plan: CyclePlan, ctx: Context) -> Pool:
+    """The pool plus the GPUs of preemptions in flight (they come free at their deadline)."""
+    coming = plan.pool.copy()
+    jobs = ctx.state.jobs
+    for jid in plan.inflight:
+        if plan.status.get(jid) != "released":
+            coming.add(jobs[jid].gpus)
+    return coming
+
+
+def _may_start_now(plan: CyclePlan, job: Job) -> bool:
+    """GPUs freed by reclaim go to the reserved head first."""
+    head = plan.head
+    return head is None or job is head or not any(b is head for b in plan.blocked)
+
+
+def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) -> bool:
+    """Claim GPUs coming free for a blocked job, if they cover its need: they count as its
+    team's from now on (fairness, limits), and no later job of the cycle counts on them."""
+    coming = plan.coming
+    required = job.spec.topology.required
+    key = ("claim", lo, required)
+    if coming is None or coming.count < lo or key in coming.fails:
+        return False
+    p = ctx.placer.place(coming, lo, required)
+    if p is None:
+        coming.fails.add(key)
+        return False
+    coming.take(p.gpus)
+    plan.incoming[job.team] = plan.incoming.get(job.team, 0) + len(p.gpus)
+    if own:
+        return True
+    mine = plan.preempting.get(job.job_id)
+    if mine:
+        plan.note(job, WaitingForCheckpoint(list(mine)))
+    else:
+        gi = ctx.state.gpus
+        plan.note(job, ComingFree(sorted({h for g in p.gpus if (h := gi[g].holder) is not None})))
+    return True
+
+
+def _shrink(plan: CyclePlan, job: Job, fits: Callable[[Pool], bool], room: int | None) -> bool:
+    """Take extra GPUs back from elastic jobs (as this cycle sees them) so that `job` starts.
+    A job shrunk earlier in this cycle may give back more."""
+    jobs = plan.ctx.state.jobs
+    cands = []
+    for jid in plan.ctx.running.elastic:
+        v = jobs[jid]
+        if plan.touchable(v) or (plan.status.get(jid) == "shrunk" and v.preemption is None):
+            gpus = plan.gpus_of(v)
+            if extras(v, gpus) > 0:
+                cands.append((v, gpus))
+    if not cands:
+        return False
+    cands.sort(key=lambda c: (-extras(*c), c[0].job_id))
+    chosen = shrink_plan(cands, plan.pool, fits)
+    if chosen is None:
+        return False
+    for victim, removed in chosen:
+        plan.shrink(victim, removed, job)
+    plan.start_blocked(job, room)
+    return True

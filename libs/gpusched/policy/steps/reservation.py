@@ -1,0 +1,76 @@
+"""The blocked head's reservation as this cycle sees it: every holder of GPUs by expected end
+(`holders`), the reserved set (`head_reservation`), and whether it is due (`due_soon`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from ...core.model import GpuId
+from ...core.state import Job
+from ..backfill import Reservation, expected_end, reserve
+from ..plan import Context, CyclePlan
+
+
+def holders(plan: CyclePlan, ctx: Context) -> Iterator[tuple[float, Job, list[GpuId]]]:
+    """Every job holding GPUs as this cycle sees it, soonest expected end first: known ends
+    (time limits, preemption deadlines, borrowers) sorted, then unknown ends in start order.
+    A borrower yields on demand, so its GPUs count as free within one checkpoint grace: the
+    head's reservation stays on the set it lent (counted as an unknown end, the newest of
+    all, the set would move to older holders when the rest of it frees, and the loan and
+    the GPUs next to it would be taken for good)."""
+    st, now, config = ctx.state, ctx.now, ctx.config
+    known: list[tuple[float, int, Job, list[GpuId]]] = []
+    unknown: list[tuple[float, int, Job, list[GpuId]]] = []
+    status, inflight = plan.status, plan.inflight
+    lent = ctx.running.borrowers
+    soon = now + ctx.grace
+    for i, jid in enumerate(lent):
+        if status.get(jid) not in ("released", "preempting"):
+            job = st.jobs[jid]
+            known.append((min(soon, expected_end(job, now, config)), (1 << 30) + i, job, job.gpus))
+    for i, jid in enumerate(ctx.running.timed):
+        if status.get(jid) not in ("released", "preempting") and jid not in lent:
+            job = st.jobs[jid]
+            known.append((expected_end(job, now, config), i, job, job.gpus))
+    for i, jid in enumerate(inflight):
+        if status.get(jid) != "released":
+            job = st.jobs[jid]
+            known.append((expected_end(job, now, config), -1 - i, job, job.gpus))
+    for i, (job, gpus) in enumerate(plan.started):
+        end = expected_end(job, now, config) if job.spec.time_limit_s is not None else math.inf
+        if status.get(job.job_id) == "borrowed":
+            end = min(end, soon)
+        (known if end < math.inf else unknown).append((end, (1 << 40) + i, job, gpus))
+    timed = ctx.running.timed
+    lazy: Iterator[Job] = (st.jobs[jid] for jid in st.running
+                           if jid not in timed and status.get(jid) not in ("released", "preempting")
+                           and jid not in lent)
+    if config.unknown_runtime_s is not None:  # every end is known: one sorted list
+        known.extend((expected_end(j, now, config), (1 << 20) + i, j, j.gpus) for i, j in enumerate(lazy))
+        known.extend(unknown)
+        lazy, unknown = iter(()), []
+    known.sort(key=lambda t: t[:2])
+    for end, _, job, gpus in known:
+        yield end, job, gpus
+    for job in lazy:
+        yield math.inf, job, job.gpus
+    for end, _, job, gpus in unknown:
+        yield end, job, gpus
+
+
+def head_reservation(plan: CyclePlan, ctx: Context) -> Reservation | None:
+    """The reserved set of the blocked head (computed once per cycle)."""
+    if plan.reservation is None and plan.head is not None:
+        head = plan.head
+        plan.reservation = reserve(ctx.state, plan.pool, head, ctx.floor(head), ctx.now, ctx.config,
+                                   holders(plan, ctx), ctx.placer.place)
+        plan.outside = None
+    return plan.reservation
+
+
+def due_soon(res: Reservation, ctx: Context) -> bool:
+    """The reserved set is free or comes free within one checkpoint grace (its holders are
+    being preempted, are borrowers, or end by their time limit): the GPUs are the head's. A
+    borrower would have to yield at once, pushing the head's start back by its checkpoint."""
+    return res.known and res.at <= ctx.now + ctx.grace

@@ -1,0 +1,113 @@
+"""Which running jobs to preempt for a blocked job, as this cycle sees them: the candidates
+(`victims`), the borrowers due to yield to the head (`due`), and the topology groups a victim
+set must fall in (`scope`). The choice among candidates is `preemption.choose_victims`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...core.model import PRIORITY_RANK, GpuId
+from ...core.state import Job
+from ..fairshare import may_preempt, over_share
+from ..placement import Pool
+from ..plan import Context, CyclePlan
+from ..preemption import choose_victims
+
+#: How many candidate victims a preemption decision chooses from (bounds its cost).
+VICTIM_POOL = 48
+
+
+def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool], bool]) -> list[Job] | None:
+    st, now, config = ctx.state, ctx.now, ctx.config
+    if job is plan.head and config.borrow:
+        chosen = due(plan, ctx, job, need, fits)
+        if chosen:
+            return chosen
+    buckets = _buckets(plan, ctx, job)
+    if not buckets:
+        return None
+    # Candidates: teams furthest over their share first, oldest start first within a bucket
+    # (the ones past `min_runtime_s`); enough of them to choose well from, not all.
+    # The set is chosen so that the job fits on free GPUs plus its own victims: GPUs coming
+    # free for other jobs serve only jobs they cover entirely (`reclaim._claim`), as a job that
+    # topped up scattered leftovers with victims elsewhere would span needlessly wide.
+    want = max(1, need - plan.pool.count)
+    cands: list[Job] = []
+    gathered = 0
+    for bucket in buckets:
+        for jid in bucket:
+            v = st.jobs[jid]
+            if v.started_at is not None and now - v.started_at < config.min_runtime_s:
+                break  # start order: the rest are younger still
+            if not plan.touchable(v):
+                continue
+            cands.append(v)
+            gathered += len(v.gpus)
+            if len(cands) >= VICTIM_POOL and gathered >= 2 * want:
+                break
+        if len(cands) >= VICTIM_POOL and gathered >= 2 * want:
+            break
+    if gathered < want:
+        return None
+    return choose_victims(st, plan.pool, job, need, now, config, cands, plan.held, fits, scope(ctx, job),
+                          plan.leaving, plan.incoming)
+
+
+def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
+    """Buckets of preemptible running jobs (by team and priority) that may give to `job`, teams
+    furthest over their share first: of its own team, lower priority; of another team, reclaim
+    (any priority) from a team over its share, or priority, fairly."""
+    st, config = ctx.state, ctx.config
+    rank = PRIORITY_RANK[job.spec.priority]
+    for_held = plan.held(job.team) + plan.incoming.get(job.team, 0)
+    under = config.fairshare and over_share(st, job.team, for_held) < 0
+    found = []
+    for (team, r), bucket in ctx.running.preemptible.items():
+        vh = plan.held(team) - plan.leaving.get(team, 0)
+        over = over_share(st, team, vh)
+        lower = config.priority and r < rank
+        if team == job.team:
+            ok = lower
+        else:
+            ok = (under and over > 0) or (lower and may_preempt(st, team, vh, job.team, for_held))
+        if ok:
+            found.append((-over, r, team, bucket))
+    found.sort(key=lambda b: b[:3])
+    return [b[3] for b in found]
+
+
+def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool], bool]) -> list[Job] | None:
+    """Backfilled preemptible jobs yield to the blocked head as soon as evicting them lets it
+    start: they started ahead of it on the promise not to delay it, so neither priority nor
+    `min_runtime_s` protects them (the fold's fairness rule still does). The head's start
+    moves by at most the checkpoint grace (none where the set was already due when they
+    started: then they may not borrow it, see `reservation.due_soon`).
+
+    One thing does protect them: the eviction must leave the borrower's team ranked after
+    the head's (`preemption._Rule.keeps_order`). The head is whoever leads the queue this
+    cycle; a borrower pushed its team down the order when it started, and evicting it may
+    lift that team back above the head's. Its jobs would then lead the next walk and take
+    the freed GPUs (another borrow, or a start ahead of the head), that team would sink
+    again, this head lead again and evict again: a livelock within one instant where
+    checkpoints take no time (Philly week, ideal runtime, t=340549 s)."""
+    st = ctx.state
+    cands = [v for j in ctx.running.borrowers if plan.touchable(v := st.jobs[j])]
+    if not cands:
+        return None
+    # The head's reservation already counts GPUs in flight: so does its claim on borrowers.
+    coming = plan.coming if plan.coming is not None else plan.pool
+    return choose_victims(st, coming, job, need, ctx.now, ctx.config, cands, plan.held, fits,
+                          scope(ctx, job), plan.leaving, plan.incoming, due=True)
+
+
+def scope(ctx: Context, job: Job) -> Callable[[GpuId], object] | None:
+    """Groups of GPUs at the job's required level (None: the whole cluster)."""
+    required = job.spec.topology.required
+    if required == "cluster":
+        return None
+    gi, nodes = ctx.state.gpus, ctx.state.nodes
+    if required in ("nvlink", "node"):
+        return lambda g: gi[g].node
+    if required == "rack":
+        return lambda g: nodes[gi[g].node].rack
+    return lambda g: nodes[gi[g].node].block or nodes[gi[g].node].rack

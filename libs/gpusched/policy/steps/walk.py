@@ -1,0 +1,144 @@
+"""Each pending job in queue order: start it if it fits (and cannot delay the reserved head).
+
+Once nothing more can start (the strict head is blocked, or no GPU is left and enough blocked
+jobs are known for reclaim), the rest of the queue gets its stable tail reason.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ...core.reasons import BehindReservation, NoRoom, QueuedBehind, Reason, TeamLimit
+from ...core.state import Job
+from ..ordering import QueueIndex, queue_index
+from ..placement import Placement
+from ..plan import Context, CyclePlan
+from .reservation import due_soon, head_reservation
+
+
+def run(plan: CyclePlan, ctx: Context) -> None:
+    st, config, pool = ctx.state, ctx.config, plan.pool
+    idx = queue_index(st, config)
+    processed: dict[str, None] = {}
+    reclaimers = config.max_preemptors_per_cycle if (config.preemption or config.elastic) else 0
+    limit_stop = False
+    for job in idx.ordered(ctx.now, plan.held):
+        if ctx.strict and plan.blocked or limit_stop:
+            break
+        if not ctx.strict and pool.count <= 0 and len(plan.blocked) >= reclaimers + plan.inflight_gpus:
+            break  # (blocked jobs covered by GPUs in flight trigger no preemption: see reclaim)
+        processed[job.job_id] = None
+        limit_stop = _consider(plan, ctx, job)
+    else:
+        return _tail(plan, ctx, idx, processed, complete=True)
+    _tail(plan, ctx, idx, processed, complete=False)
+
+
+def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
+    """Start `job`, or record why it waits. True: a strict queue stops at its team's limit."""
+    pool = plan.pool
+    room = plan.room(job.team)
+    lo = ctx.floor(job)
+    if room is not None and room < lo:
+        plan.note(job, _limit(ctx, job, lo))
+        return ctx.strict
+    if plan.head is not None and pool.count >= lo:
+        p = _backfill_fit(plan, ctx, job, room)
+        if p is not None:
+            plan.grant(job, p, backfill=True)
+            return False
+        plan.blocked.append(job)
+        plan.note(job, _BEHIND if plan.fits_pool(job, room) else _no_room(lo, job.spec.topology.required))
+        return False
+    p = plan.fit(job, pool, room) if pool.count >= lo else None
+    if p is None:
+        plan.blocked.append(job)
+        plan.note(job, _no_room(lo, job.spec.topology.required))
+        if ctx.config.backfill and plan.head is None and not ctx.strict:
+            plan.head = job
+        return False
+    plan.grant(job, p, backfill=False)
+    return False
+
+
+_BEHIND = BehindReservation()
+
+
+@functools.lru_cache(maxsize=256)
+def _no_room(need: int, required: str) -> NoRoom:
+    """One reason object per shape (a long queue records thousands: they share it)."""
+    return NoRoom(need, required)
+
+
+def _limit(ctx: Context, job: Job, lo: int) -> TeamLimit:
+    return TeamLimit(job.team, ctx.state.teams[job.team].quota.limit or 0, lo)
+
+
+def _backfill_fit(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> Placement | None:
+    """A placement for `job` that cannot delay the reserved head, or None: outside the
+    reserved set, or anywhere if its time limit ends before the reservation is due, or if it
+    is preemptible and will yield (`borrow`) while the reservation is not yet due."""
+    res = head_reservation(plan, ctx)
+    if res is None:
+        return plan.fit(job, plan.pool, room)  # the head can never fit as the cluster is
+    if plan.outside is None:
+        plan.outside = plan.pool.without(res.gpus)
+    spec, config = job.spec, ctx.config
+    lo = ctx.floor(job)
+    if plan.outside.count >= lo:
+        q = plan.fit(job, plan.outside, room)
+        if q is not None:
+            return q
+    if res.known and spec.time_limit_s is not None and ctx.now + spec.time_limit_s <= res.at:
+        return plan.fit(job, plan.pool, room)
+    if config.preemption and config.borrow and spec.preemptible and not due_soon(res, ctx):
+        t = ctx.state.teams.get(job.team)
+        guaranteed = t.quota.guaranteed if t is not None else 0
+        assert plan.head is not None
+        if job.team == plan.head.team or plan.held(job.team) + lo > guaranteed:
+            return plan.fit(job, plan.pool, room)  # it yields when the head could start
+    return None
+
+
+def _tail(plan: CyclePlan, ctx: Context, idx: QueueIndex, processed: dict[str, None], complete: bool) -> None:
+    """Reasons of the jobs the walk did not reach; only those whose state does not already
+    show it are looked at (the index remembers the settled ones)."""
+    st = ctx.state
+    settled = idx.settled
+    for jid in processed:
+        settled.pop(jid, None)
+    if complete:
+        return
+    rest = st.pending.keys() - settled.keys() - processed.keys()
+    if not rest:
+        return
+    jobs, teams = st.jobs, st.teams
+    cache: dict[tuple, tuple[Reason, str, list[str]]] = {}
+    for jid in sorted(rest):
+        job = jobs[jid]
+        r, text, blockers = _tail_reason(plan, ctx, job, cache)
+        if job.pending_reason == text and job.pending_blockers == blockers:
+            t = teams.get(job.team)
+            if ctx.strict or t is None or t.quota.limit is None:
+                settled[jid] = None
+        else:
+            plan.note(job, r)
+
+
+def _tail_reason(plan: CyclePlan, ctx: Context, job: Job,
+                 cache: dict[tuple, tuple[Reason, str, list[str]]]) -> tuple[Reason, str, list[str]]:
+    """Why a job the walk did not reach waits (its reason, text and blockers; texts cached)."""
+    spec = job.spec
+    lo = ctx.floor(job)
+    key: tuple
+    if ctx.strict:
+        key = ("fifo",)
+    else:
+        room = plan.room(job.team)
+        key = ("limit", job.team, lo) if room is not None and room < lo else ("room", lo, spec.topology.required)
+    hit = cache.get(key)
+    if hit is None:
+        r: Reason = (QueuedBehind() if key[0] == "fifo" else _limit(ctx, job, lo) if key[0] == "limit"
+                     else _no_room(lo, spec.topology.required))
+        hit = cache[key] = (r, r.text, r.blockers)
+    return hit

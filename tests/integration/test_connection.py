@@ -1,0 +1,78 @@
+"""A connection the server closes for good is news (the service shell ends the process on
+it); an oversize event is refused before it can make the server close the connection."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpusched.bus import connection
+from gpusched.bus.log import EventTooLarge, connect
+from gpusched.core import events as ev
+from gpusched.core import limits as L
+
+
+async def test_a_connection_closed_by_the_server_is_reported(nats_url, monkeypatch):
+    closed: list[tuple[str, str]] = []
+    monkeypatch.setattr(connection, "on_closed", lambda name, why: closed.append((name, why)))
+    nc = await connect(nats_url, name="victim")
+    # headers are not counted by nats-py's own max_payload check: the server closes the connection
+    await nc.publish("x.y", b"x", headers={"h": "x" * (nc.max_payload + 1)})
+    for _ in range(50):
+        if closed:
+            break
+        await asyncio.sleep(0.1)
+    assert closed and closed[0][0] == "victim" and "maximum payload" in closed[0][1]
+
+
+async def test_a_purposeful_close_is_not_reported(nats_url, monkeypatch):
+    closed: list[tuple[str, str]] = []
+    monkeypatch.setattr(connection, "on_closed", lambda name, why: closed.append((name, why)))
+    nc = await connect(nats_url, name="calm")
+    await nc.drain()
+    await asyncio.sleep(0.2)
+    assert closed == []
+
+
+async def test_an_oversize_event_is_refused_and_the_connection_survives(event_log):
+    huge = ev.JobRejected(at=1.0, request_id="r", team="a", reason="x" * (L.MAX_EVENT_BYTES + 1))
+    with pytest.raises(EventTooLarge, match="JobRejected is .* bytes with headers"):
+        await event_log.append(huge)
+    with pytest.raises(EventTooLarge):
+        await event_log.append_batch([huge, huge])
+    seq = await event_log.append(ev.JobRejected(at=1.0, request_id="r", team="a", reason="fine"))
+    assert seq >= 1 and event_log.nc.is_connected
+
+
+async def test_dead_letters_are_stored_once_whoever_reads_them(event_log, nats_url):
+    from gpusched.bus.log import EventLog
+
+    await event_log.nc.publish("gpusched.evt.info.Junk.x", b"{not json")
+    await event_log.nc.flush()
+    readers = [await EventLog.open(nats_url, name=f"reader{i}") for i in range(3)]
+    try:
+        for reader in readers:
+            async for _ in reader.records(1):
+                pass
+        dead = await event_log.dead_letters_list()
+        assert len(dead) == 1 and dead[0]["seq"] == 1
+        info = await event_log.js.stream_info("GPUSCHED_DEAD")
+        assert info.state.messages == 1 and info.config.max_msgs > 0 and info.config.max_age > 0
+    finally:
+        for reader in readers:
+            await reader.close()
+
+
+async def test_an_outage_logs_one_line_per_period_not_a_traceback_per_retry(nats_server, capfd):
+    nc = await connect(nats_server.url, name="patient")
+    capfd.readouterr()
+    nats_server.proc.kill()
+    nats_server.proc.wait()
+    await asyncio.sleep(4.0)  # ~8 reconnect attempts at 0.5 s
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "patient" in line]
+    assert 1 <= len(lines) <= 3, lines  # disconnected, and at most one line per kind of error
+    connection.expect_close(nc)
+    await nc.close()
