@@ -7,6 +7,12 @@ same weights, bit for bit, as a run that never stopped. It checkpoints every K s
 whenever the scheduler asks (`ctx.checkpoint_requested`), and writes its final weights to
 `final.npy` in the checkpoint directory (or `--out`). Outside gpusched it just trains.
 
+Every rank computes the same weights (a replicated model), so it checkpoints from rank 0 only
+(the default `--checkpoint rank0`; the SDK's `must_checkpoint` is False on other ranks) and
+rank 0 writes the final weights. Ranks of a real data-parallel job step in lockstep (every
+all-reduce is a barrier); only such a job can use `--checkpoint all` (every rank saves the same
+step).
+
     python examples/train_numpy.py --steps 200 --out /tmp/final.npy
 """
 
@@ -40,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 
     state = ctx.load() or {"step": 0, "w": np.zeros(16)}
     step, w = int(state["step"]), np.array(state["w"], dtype=np.float64)
-    print(f"job {ctx.job_id} attempt {ctx.attempt}: starting at step {step} (resume_from={ctx.resume_from})", flush=True)
+    print(f"job {ctx.job_id} attempt {ctx.attempt}: rank {ctx.rank}/{ctx.world_size} starting at step {step} "
+          f"(resume_from={ctx.resume_from})", flush=True)
 
     while step < args.steps:
         if ctx.checkpoint_requested:
@@ -50,11 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         xb, yb = x[batch], y[batch]
         w = w - args.lr * (2.0 / len(batch)) * xb.T @ (xb @ w - yb)
         step += 1
-        if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps:
+        if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps and ctx.must_checkpoint:
             ctx.checkpoint({"step": step, "w": w}, step)
         if args.step_time:
             time.sleep(args.step_time)
 
+    if ctx.rank != 0:
+        print(f"done: rank {ctx.rank} finished {args.steps} steps", flush=True)
+        return 0
     out = Path(args.out) if args.out else (ctx.checkpoint_dir or Path(os.getcwd())) / "final.npy"
     out.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()

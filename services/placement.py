@@ -30,6 +30,8 @@ from .shell import common_arguments, policy_arguments, policy_of, wait_wake
 log = structlog.get_logger()
 
 PLACEMENT_KINDS = (ev.GpusGranted, ev.JobResized, ev.JobPending)
+
+
 def policy_config(name: str, overrides: list[str] | None = None):
     """A policy preset, with `key=value` overrides of its fields (`min_runtime_s=0`)."""
     return policy_of(argparse.Namespace(policy=name, policy_set=overrides or []))

@@ -27,7 +27,7 @@ from .writer import decide_and_append
 log = structlog.get_logger()
 
 #: Also the end of jobs past their time limit: like a forced release, a deadline passing.
-PREEMPTOR_KINDS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobFailed)
+PREEMPTOR_KINDS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobFailed, ev.JobTimedOut)
 
 
 class Preemptor:

@@ -10,6 +10,7 @@ the alloc tree with deterministic message ids):
   node daemon (repeated every `kill_retry_s`), and `ZombieReclaimed` once a heartbeat shows the GPU clean
 - an unhealthy GPU (critical XID, uncorrected ECC)            -> `GpuQuarantined`; healthy again -> `GpuRestored`
   (only for quarantines it made: their reason starts with "health: ")
+- a running job holding a quarantined GPU                      -> `JobOnUnhealthyGpu` (the policy moves it)
 - a running job whose GPUs all stay under `idle_util_pct` for `idle_after_s` -> `JobIdle` (with its
   evidence); a GPU of an idle job seen at or over it                           -> `JobBusy`
 - a GPU nothing holds whose memory stays in use (>= `leak_min_mb`) with no process on it for
@@ -147,14 +148,29 @@ def _no_process_outcome(job: Job, node: str, now: float) -> ev.Event:
                         reason=f"no process on its GPUs of node {node} (restarts {job.restarts}/{job.spec.max_restarts})")
 
 
+def _tell_holder(state: ClusterState, gid: str, reason: str, now: float, out: Decision) -> None:
+    """A running job on a quarantined GPU gets the fact (once: the fold remembers it)."""
+    holder = state.gpus[gid].holder
+    job = state.jobs.get(holder) if holder is not None else None
+    if job is None or not job.holding or gid in job.unhealthy:
+        return
+    for i, e in enumerate(out.events):  # one fact per job and decision, naming all its GPUs
+        if isinstance(e, ev.JobOnUnhealthyGpu) and e.job_id == job.job_id:
+            out.events[i] = ev.JobOnUnhealthyGpu(at=now, job_id=job.job_id, attempt=job.attempt,
+                                                 gpus=[*e.gpus, gid], reason=e.reason)
+            return
+    out.events.append(ev.JobOnUnhealthyGpu(at=now, job_id=job.job_id, attempt=job.attempt, gpus=[gid],
+                                           reason=reason))
+
+
 def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig) -> Decision:
     """What the observations mean against the fold: silent nodes are lost, jobs without a
     process are requeued or fail, unhealthy GPUs are quarantined, stray processes are zombies,
     idle jobs are reported, leaked GPU memory is quarantined."""
     out = Decision()
     lost = _lost_nodes(state, obs, now, cfg, out)
-    _missing_processes(state, obs, now, cfg, out, lost)
-    _gpus(state, obs, now, cfg, out, lost)
+    _missing_processes(state, obs, now, cfg, lost, out)
+    _gpu_facts(state, obs, now, cfg, lost, out)
     out.events += decide_idle(state, obs, now, cfg, lost)
     decide_leaks(state, obs, now, cfg, lost, out)
     obs.peak.clear()
@@ -167,15 +183,17 @@ def _lost_nodes(state: ClusterState, obs: Observations, now: float, cfg: Reconci
     for name, node in state.nodes.items():
         if node.lost:
             continue
-        silent = now - obs.received.get(name, max(obs.started_at, node.registered_at))
+        # A (re-)registration counts as a sign of life: a node that just came back is not
+        # declared lost again for heartbeats it missed while it was away.
+        silent = now - max(obs.received.get(name, obs.started_at), node.registered_at)
         if silent >= cfg.node_timeout_s:
             out.events.append(ev.NodeLost(at=now, node=name, reason=f"no heartbeat for {silent:.1f}s"))
             lost.add(name)
     return lost
 
 
-def _missing_processes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision,
-                       lost: set[str]) -> None:
+def _missing_processes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, lost: set[str],
+                       out: Decision) -> None:
     missing_keys: set[tuple[str, int, str]] = set()
     for job_id in state.running:
         job = state.jobs[job_id]
@@ -190,16 +208,19 @@ def _missing_processes(state: ClusterState, obs: Observations, now: float, cfg: 
             if _alive(hb, job, node):
                 continue
             missing_keys.add(key)
-            since = obs.missing_since.setdefault(key, now)
-            if now - since >= cfg.no_process_grace_s:
+            # Only heartbeats count as evidence: a daemon that went silent (restarting) proves
+            # nothing, and its node's silence is the node timeout's business.
+            seen = obs.received[node]
+            since = obs.missing_since.setdefault(key, seen)
+            if seen - since >= cfg.no_process_grace_s:
                 out.events.append(_no_process_outcome(job, node, now))
                 break
     for key in [k for k in obs.missing_since if k not in missing_keys]:
         del obs.missing_since[key]
 
 
-def _gpus(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision,
-          lost: set[str]) -> None:
+def _gpu_facts(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, lost: set[str],
+               out: Decision) -> None:
     strays: set[tuple[str, int]] = set()
     for name, hb in obs.heartbeats.items():
         node = state.nodes.get(name)
@@ -210,10 +231,7 @@ def _gpus(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCon
             g = state.gpus.get(gid)
             if g is None:
                 continue
-            if not s.healthy and g.quarantined is None:
-                out.events.append(ev.GpuQuarantined(at=now, gpu=gid, reason=HEALTH_PREFIX + (s.health or "unhealthy")))
-            elif s.healthy and cfg.restore_healthy and g.quarantined and g.quarantined.startswith(HEALTH_PREFIX):
-                out.events.append(ev.GpuRestored(at=now, gpu=gid, reason="healthy again"))
+            _health(state, s, gid, now, cfg, out)
             if g.zombie_pids is not None:
                 if not s.pids:
                     out.events.append(ev.ZombieReclaimed(at=now, gpu=gid, pids=list(g.zombie_pids)))
@@ -227,6 +245,18 @@ def _gpus(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCon
                     out.kills.append((name, gid, list(s.pids)))
     for key in [k for k in obs.stray_since if k not in strays]:
         del obs.stray_since[key]
+
+
+def _health(state: ClusterState, s, gid: str, now: float, cfg: ReconcilerConfig, out: Decision) -> None:
+    g = state.gpus[gid]
+    if not s.healthy and g.quarantined is None:
+        reason = HEALTH_PREFIX + (s.health or "unhealthy")
+        out.events.append(ev.GpuQuarantined(at=now, gpu=gid, reason=reason))
+        _tell_holder(state, gid, reason, now, out)
+    elif s.healthy and cfg.restore_healthy and g.quarantined and g.quarantined.startswith(HEALTH_PREFIX):
+        out.events.append(ev.GpuRestored(at=now, gpu=gid, reason="healthy again"))
+    elif g.quarantined is not None:  # an operator's quarantine, or one the job was not told of
+        _tell_holder(state, gid, g.quarantined, now, out)
 
 
 def _job_sample(state: ClusterState, obs: Observations, job: Job) -> tuple[list[float], list[float], str] | None:

@@ -253,8 +253,8 @@ class FoldMetrics:
             QUARANTINED.inc()
         elif isinstance(e, ev.PlacementDegraded):
             DEGRADATIONS.inc()
-        elif isinstance(e, (ev.JobCompleted, ev.JobFailed, ev.JobCancelled)):
-            FINISHED.labels({ev.JobCompleted: "completed", ev.JobFailed: "failed",
+        elif isinstance(e, (ev.JobCompleted, ev.JobFailed, ev.JobCancelled, ev.JobTimedOut)):
+            FINISHED.labels({ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobTimedOut: "timeout",
                              ev.JobCancelled: "cancelled"}[type(e)]).inc()
             self._queued_at.pop(e.job_id, None)
         now = time.monotonic()

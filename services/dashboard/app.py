@@ -96,7 +96,7 @@ class Dashboard:
             doc = readmodel.node_doc(state, name)
             racks.setdefault(doc["rack"], []).append(doc)
         active = [_accounted(readmodel.job_doc(state, state.jobs[j]), state.now) for j in list(state.running)]
-        finished = [j for j in state.jobs.values() if j.state in ("completed", "failed", "cancelled")]
+        finished = [j for j in state.jobs.values() if j.state in ("completed", "failed", "cancelled", "timeout")]
         finished.sort(key=lambda j: (j.finished_at or 0.0), reverse=True)
         queue = readmodel.queue_docs(state)
         health = readmodel.health_doc(state)

@@ -40,6 +40,7 @@ from gpusched.core.heartbeat import (
     InjectStray,
     JobReport,
     KillProcesses,
+    LogReply,
     NodeReply,
     ResetGpu,
     SimulateCrash,
@@ -47,16 +48,19 @@ from gpusched.core.heartbeat import (
 )
 from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.rules import work_since_checkpoint
-from gpusched.core.state import ClusterState, Job
+from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
 from gpusched.job import env as E
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
 from . import launcher
+from .acks import Ack, AckCoalescer, AckLimits, read_acks
 from .backends import GpuBackend, SimBackend, process_alive
+from .logs import serve_log
 
 log = structlog.get_logger()
 
 Build = Callable[[ClusterState], "ev.Event | None"]
+RunKey = tuple[str, int, int]  # job, attempt, generation
 
 
 def default_work_dir() -> Path:
@@ -74,12 +78,25 @@ class AgentConfig:
     log_dir: Path | None = None  # default <work_dir>/logs: <log_dir>/<job>/<attempt>-<node>.log
     checkpoint_root: Path | None = None  # default <work_dir>/checkpoints/<job> (use a shared FS)
     kill_grace_s: float = 10.0
-    cwd: str | None = None
+    cwd: str | None = None  # where a job without `spec.workdir` runs (None: the daemon's directory)
+    ack_interval_s: float = 5.0  # at most one CheckpointSaved per run per interval (answers excepted)
+    max_ack_bytes: int = 4096
+    max_control_entries: int = 256
+    resize_grace_s: float = 30.0  # a resize waits this long for the collective checkpoint
+    timeout_checkpoint_s: float = 30.0  # a time-limited job is asked to checkpoint this long before
+    retry_backoff_s: float = 1.0  # a requeued failure restarts after 1, 2, 4 ... s
+    retry_backoff_max_s: float = 60.0
+    job_user: str | None = None  # run jobs as this user (None: as the daemon's own user)
+    team_users: dict[str, str] = field(default_factory=dict)  # team -> user, over job_user
+    rejoin_heartbeats: int = 3  # after a NodeLost of itself, re-register after this many heartbeats
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
         self.log_dir = Path(self.log_dir) if self.log_dir else self.work_dir / "logs"
         self.checkpoint_root = Path(self.checkpoint_root) if self.checkpoint_root else self.work_dir / "checkpoints"
+
+    def user_for(self, team: str) -> str | None:
+        return self.team_users.get(team, self.job_user)
 
 
 _run_ids = itertools.count(1)
@@ -91,19 +108,187 @@ class RunningJob:
     attempt: int
     gpus: tuple[int, ...]
     node_rank: int
-    proc: launcher.JobProcess | launcher.VirtualProcess
-    state: str = "running"  # running | stopping | exited (a non-zero rank done, waiting for rank 0)
+    proc: launcher.JobProcess | launcher.VirtualProcess | launcher.AdoptedProcess
+    generation: int = 0
+    # running | draining (a resize: checkpoint, then stop) | stopping | exited (rank != 0 done)
+    state: str = "running"
     stop_at: float | None = None
     sigkilled: bool = False
     exit_code: int | None = None
     sim_checkpoint_at: float | None = None
-    seen_acks: set[str] = field(default_factory=set)
+    request: str | None = None  # the checkpoint request written to the job, by id
+    drain_until: float | None = None
+    timeout_asked: bool = False
+    ended: bool = False  # ProcessesEnded reported
+    acks: AckCoalescer | None = None
     id: int = field(default_factory=lambda: next(_run_ids))
+
+    @property
+    def key(self) -> RunKey:
+        return (self.job_id, self.attempt, self.generation)
 
 
 def job_nodes(job: Job) -> list[str]:
     """The job's nodes in grant order: the rank of a node is its position here."""
-    return list(dict.fromkeys(split_gpu_id(g)[0] for g in job.gpus))
+    return job_node_order(job)
+
+
+def _nodeagent_launch_spec(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> launcher.Launch:
+    nodes = job_nodes(job)
+    first = state.nodes.get(nodes[0])
+    ck = job.checkpoint
+    rank = nodes.index(self.node)
+    job_token = subjects.token(job.job_id)
+    gen = f".{job.generation}" if job.generation else ""
+    run_name = f"{job.attempt}{gen}-{subjects.token(self.node)}"
+    prev_attempt, prev_n = self.launches.get(job.job_id, (job.attempt, -1))
+    n = prev_n + 1 if prev_attempt == job.attempt else 0
+    self.launches[job.job_id] = (job.attempt, n)
+    control = self.cfg.work_dir / "control" / job_token / (run_name if n == 0 else f"{run_name}.{n}")
+    if job.spec.command:
+        shutil.rmtree(control, ignore_errors=True)
+    resume = None
+    if ck is not None:
+        resume = ck.paths[rank] if rank < len(ck.paths) else ck.path
+    return launcher.Launch(
+        job_id=job.job_id, attempt=job.attempt, node=self.node, node_rank=rank,
+        num_nodes=len(nodes), gpus=mine, gpu_ids=tuple(gpu_id(self.node, i) for i in mine),
+        gpu_uuids=tuple(self.uuids.get(i, "") for i in mine),
+        master_addr=(first.address if first is not None and first.address else "127.0.0.1"),
+        command=tuple(job.spec.command), env=dict(job.spec.env),
+        checkpoint_dir=Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else self.cfg.checkpoint_root / job_token,
+        control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
+        resume_from=resume, resume_step=ck.step if ck is not None else None,
+        cwd=job.spec.workdir or self.cfg.cwd, generation=job.generation, checkpoint_mode=job.spec.checkpoint,
+        user=self.cfg.user_for(job.spec.team), **launcher.resume_and_secrets(job),
+    )
+
+
+def _nodeagent_request_checkpoint(self, run: RunningJob, request: str, reason: str, deadline: float, for_job: str) -> None:
+    """Write the request to the job's control dir and SIGUSR1 the processes that asked for
+    it, if they are members of the job's own process group."""
+    run.request = request
+    if run.proc.virtual:
+        if run.proc.checkpoint_after is not None:
+            run.sim_checkpoint_at = time.monotonic() + run.proc.checkpoint_after
+        return
+    control = run.proc.launch.control_dir
+    try:
+        _write_json(control / E.REQUEST, {"id": request, "reason": reason, "deadline": deadline,
+                                          "for_job": for_job})
+    except OSError as err:
+        log.warning("checkpoint_request_failed", job=run.job_id, node=self.node, error=str(err))
+        return
+    pids = []
+    try:
+        with os.scandir(control) as it:
+            for n, entry in enumerate(it):
+                if n >= self.limits.max_entries:
+                    break
+                suffix = entry.name[len(E.SDK_PREFIX):]
+                if entry.name.startswith(E.SDK_PREFIX) and suffix.isdigit() and len(suffix) < 10:
+                    pids.append(int(suffix))
+    except OSError:
+        pass
+    signalled = run.proc.signal_pids(pids, signal.SIGUSR1) if pids else []
+    refused = sorted(set(pids) - set(signalled))
+    log.info("checkpoint_requested", job=run.job_id, attempt=run.attempt, node=self.node, request=request,
+             signalled=signalled, refused=refused)
+
+
+def _nodeagent_watch(self, run: RunningJob, state: ClusterState, now: float) -> None:
+    """A live run: SIGKILL after the grace; a draining one stops once its checkpoint is
+    complete; a time-limited one is asked to checkpoint before its limit."""
+    if run.state == "stopping":
+        if not run.sigkilled and now - run.stop_at >= self.cfg.kill_grace_s:
+            log.warning("job_sigkill", job=run.job_id, attempt=run.attempt, node=self.node)
+            run.proc.signal_group(signal.SIGKILL)
+            run.sigkilled = True
+        return
+    job = state.jobs.get(run.job_id)
+    if run.state == "draining":
+        ck = job.checkpoint if job is not None else None
+        done = (job is None or not job.holding or job.attempt != run.attempt
+                or (ck is not None and ck.attempt == run.attempt and job.resized_at is not None
+                    and ck.at >= job.resized_at))
+        if done or now >= (run.drain_until or 0.0):
+            self.stop(run, "resize: every rank restarts")
+        return
+    limit = job.spec.time_limit_s if job is not None else None
+    if (limit is not None and not run.timeout_asked and job.started_at is not None
+            and time.time() >= job.started_at + limit - self.cfg.timeout_checkpoint_s):
+        run.timeout_asked = True
+        self._request_checkpoint(run, f"timeout-{run.attempt}", f"time limit of {limit:g} s",
+                                 job.started_at + limit, "")
+
+
+def _nodeagent_adopt(self, state: ClusterState) -> None:
+    """A restarted daemon takes back the runs its state files record, each only if the OS
+    proves the process is the one it started; a run of a job the fold no longer runs here
+    is stopped; one that ended meanwhile is reported as ended (its exit too)."""
+    try:
+        files = sorted(self.runs_dir.glob("*.json"))
+    except OSError:
+        files = []
+    for path in files:
+        try:
+            rec = json.loads(path.read_text())
+            proc = launcher.adopt(rec)
+            key = (rec["launch"]["job_id"], int(rec["launch"]["attempt"]), int(rec.get("generation", 0)))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("run_record_unreadable", file=path.name, error=str(err))
+            path.unlink(missing_ok=True)
+            continue
+        job = state.jobs.get(key[0])
+        current = job is not None and job.holding and (job.attempt, job.generation) == key[1:]
+        if proc is None:
+            path.unlink(missing_ok=True)
+            self._adopt_dead(rec, key, current)
+            continue
+        run = RunningJob(key[0], key[1], tuple(rec.get("gpus", ())), int(rec.get("node_rank", 0)), proc,
+                         generation=key[2], acks=AckCoalescer(self.limits))
+        self._add_run(run)
+        log.info("job_adopted", job=key[0], attempt=key[1], generation=key[2], node=self.node, pid=proc.pid)
+        if current:
+            self.launched[key[0]] = key[1:]
+            if job.preemption is not None:
+                self._request_checkpoint(run, f"pre-{job.attempt}", job.preemption.reason,
+                                         job.preemption.deadline, job.preemption.for_job)
+        else:
+            self.converge(key[0], state, False)
+
+
+def _nodeagent_control(self, data: bytes, kill_only: bool = False) -> NodeReply:
+    """One node-control request. `kill_only`: it came on the kill subject (what the
+    reconciler may send), where every other request is refused."""
+    try:
+        req = decode_request(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        return NodeReply(ok=False, node=self.node, error=str(err))
+    if kill_only and not isinstance(req, KillProcesses):
+        return NodeReply(ok=False, node=self.node, error=f"{type(req).__name__} is not accepted on the kill subject")
+    if self.crashed:
+        return NodeReply(ok=False, node=self.node, error="node is down (simulated crash)")
+    try:
+        if isinstance(req, KillProcesses):
+            return self._kill(req)
+        if isinstance(req, ResetGpu):
+            error = self.backend.reset(req.index)
+            log.warning("gpu_reset", node=self.node, index=req.index, reason=req.reason, error=error)
+            return NodeReply(ok=not error, node=self.node, error=error)
+        if not isinstance(self.backend, SimBackend):
+            return NodeReply(ok=False, node=self.node, error=f"{req.__class__.__name__} needs the simulated backend")
+        if isinstance(req, InjectStray):
+            self.backend.inject_stray(req.index, req.pid)
+        elif isinstance(req, InjectHealth):
+            self.backend.inject_health(req.index, req.healthy, req.xid, req.reason)
+        elif isinstance(req, InjectLeak):
+            self.backend.inject_leak(req.index, req.memory_mb)
+        elif isinstance(req, SimulateCrash):
+            self.host.crash(self.node, req.revive_after_s)
+    except ValueError as err:
+        return NodeReply(ok=False, node=self.node, error=str(err))
+    return NodeReply(ok=True, node=self.node)
 
 
 class NodeAgent:
@@ -116,12 +301,18 @@ class NodeAgent:
         self.gpu_info = backend.gpus()
         self.uuids = {g.index: g.uuid for g in self.gpu_info}
         self.jobs: dict[int, RunningJob] = {}  # by run id: a stopping run and its successor can coexist
-        self.launched: dict[str, int] = {}  # job -> the attempt started here (never twice)
+        self.launched: dict[str, tuple[int, int]] = {}  # job -> (attempt, generation) started here
         self.launches: dict[str, tuple[int, int]] = {}  # job -> (attempt, launches of it here)
-        self.deferred: dict[tuple[str, int], None] = {}
+        self.deferred: dict[RunKey, float] = {}  # launches waiting for the fence, not before
+        self.ended_sent: dict[RunKey, None] = {}
+        self.limits = AckLimits(max_bytes=config.max_ack_bytes, max_entries=config.max_control_entries,
+                                interval_s=config.ack_interval_s)
+        self.runs_dir = config.work_dir / "runs" / subjects.token(self.node)
         self.heartbeats = 0
+        self.rejoin_at: int | None = None  # heartbeat count at which to register again
         self.crashed = False  # a simulated crash: silent, deaf, its processes gone
         self._subs: list = []
+        self._swept = 0.0
 
     # --- registration ---------------------------------------------------------------------
 
@@ -135,6 +326,7 @@ class NodeAgent:
 
     def register(self) -> None:
         """Re-register after a `NodeLost` of this node: the fold makes it usable again."""
+        self.rejoin_at = None
         event = self.registration()
         self.host.submit(lambda s: event if self.needs_registration(s) else None, cas=False)
 
@@ -144,10 +336,14 @@ class NodeAgent:
         if self.crashed:
             return
         if isinstance(e, ev.NodeLost) and e.node == self.node:
-            log.warning("node_declared_lost", node=self.node, reason=e.reason)
-            self.register()
+            log.warning("node_declared_lost", node=self.node, reason=e.reason,
+                        rejoin_after_heartbeats=self.cfg.rejoin_heartbeats)
+            self.rejoin_at = self.heartbeats + max(1, self.cfg.rejoin_heartbeats)  # damped: no flapping
         if isinstance(e, ev.PreemptionRequested):
-            self._request_checkpoint(e, state, seq)
+            job = state.jobs.get(e.job_id)
+            for run in self.runs_of(e.job_id):
+                if job is not None and job.attempt == run.attempt and run.state in ("running", "draining"):
+                    self._request_checkpoint(run, str(seq), e.reason, e.deadline, e.for_job)
         job_id = getattr(e, "job_id", None)
         if job_id is not None:
             self.converge(job_id, state, launch)
@@ -155,87 +351,132 @@ class NodeAgent:
             for jid in {r.job_id for r in self.jobs.values()}:
                 self.converge(jid, state, False)
 
+    def runs_of(self, job_id: str) -> list[RunningJob]:
+        return [r for r in self.jobs.values() if r.job_id == job_id]
+
     def my_gpus(self, job: Job | None) -> tuple[int, ...]:
         if job is None or not job.holding:
             return ()
         return tuple(sorted(i for n, i in map(split_gpu_id, job.gpus) if n == self.node))
 
     def converge(self, job_id: str, state: ClusterState, launch: bool) -> None:
-        """Make this node's processes of `job_id` match the fold."""
+        """Make this node's processes of `job_id` match the fold. A resize restarts every rank:
+        checkpoint (collective), stop, and start again with the new world size."""
         job = state.jobs.get(job_id)
         mine = self.my_gpus(job)
-        for run in [r for r in self.jobs.values() if r.job_id == job_id]:
-            if run.state == "stopping":
+        current = (job.attempt, job.generation) if job is not None and job.holding else None
+        for run in self.runs_of(job_id):
+            if run.state in ("stopping", "draining"):
                 continue
-            if not mine or job is None or run.attempt != job.attempt:
-                why = "released" if job is None or not job.holding else "attempt replaced" if run.attempt != job.attempt else "moved"
-                self.stop(run, why)
-                if why == "moved":  # an elastic shrink off this node: a later grow starts it again
-                    self.launched.pop(job_id, None)
-            elif mine != run.gpus:
-                self._resized(run, mine)
-        if job is None or not job.holding:
+            if current is not None and (run.attempt, run.generation) == current and mine == run.gpus:
+                continue
+            if current is not None and run.attempt == current[0] and run.generation < current[1]:
+                self._drain(run, job)
+            else:
+                self.stop(run, "released" if current is None else "attempt replaced")
+        if current is None:
             self.launched.pop(job_id, None)
             self.launches.pop(job_id, None)
-        if launch and mine and job is not None and self.launched.get(job_id) != job.attempt:
-            self.launched[job_id] = job.attempt
-            if self._gpus_busy(mine):
-                self.deferred[(job_id, job.attempt)] = None  # wait for the previous holder to exit
-            else:
-                self._launch(job, mine, state)
+        elif launch and mine and self.launched.get(job_id) != current:
+            self.launched[job_id] = current
+            self.deferred[(job_id, *current)] = time.monotonic() + self._backoff(job)
+            self._try_launch((job_id, *current), state)
+
+    def _backoff(self, job: Job) -> float:
+        """A job requeued after failures restarts later each time (1, 2, 4 ... s, capped)."""
+        if job.restarts <= 0 or self.cfg.retry_backoff_s <= 0:
+            return 0.0
+        return min(self.cfg.retry_backoff_max_s, self.cfg.retry_backoff_s * 2 ** (job.restarts - 1))
+
+    def _try_launch(self, key: RunKey, state: ClusterState) -> None:
+        """Launch a deferred run once it is due and fenced: no process of an earlier attempt or
+        generation of the job may still run anywhere, nor any other run on these GPUs here."""
+        job = state.jobs.get(key[0])
+        mine = self.my_gpus(job)
+        if job is None or (job.attempt, job.generation) != key[1:] or not mine:
+            self.deferred.pop(key, None)
+            return
+        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key):
+            return
+        del self.deferred[key]
+        self._launch(job, mine, state)
 
     def current(self, job_id: str) -> RunningJob | None:
         """The run of `job_id` on this node that is not being stopped."""
-        return next((r for r in self.jobs.values() if r.job_id == job_id and r.state != "stopping"), None)
+        return next((r for r in self.jobs.values() if r.job_id == job_id and r.state not in ("stopping", "draining")),
+                    None)
 
-    def _gpus_busy(self, gpus: Iterable[int]) -> bool:
+    def _gpus_busy(self, gpus: Iterable[int], key: RunKey | None = None) -> bool:
         wanted = set(gpus)
-        return any(r.state == "stopping" and wanted & set(r.gpus) for r in self.jobs.values())
+        return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) for r in self.jobs.values())
+
+    _launch_spec = _nodeagent_launch_spec
 
     def _launch(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> None:
-        nodes = job_nodes(job)
-        first = state.nodes.get(nodes[0])
-        ck = job.checkpoint
-        job_token = subjects.token(job.job_id)
-        run_name = f"{job.attempt}-{subjects.token(self.node)}"
-        prev_attempt, prev_n = self.launches.get(job.job_id, (job.attempt, -1))
-        n = prev_n + 1 if prev_attempt == job.attempt else 0
-        self.launches[job.job_id] = (job.attempt, n)
-        control = self.cfg.work_dir / "control" / job_token / (run_name if n == 0 else f"{run_name}.{n}")
-        if job.spec.command:
-            shutil.rmtree(control, ignore_errors=True)
-        spec = launcher.Launch(
-            job_id=job.job_id, attempt=job.attempt, node=self.node, node_rank=nodes.index(self.node),
-            num_nodes=len(nodes), gpus=mine, gpu_ids=tuple(gpu_id(self.node, i) for i in mine),
-            gpu_uuids=tuple(self.uuids.get(i, "") for i in mine),
-            master_addr=(first.address if first is not None and first.address else "127.0.0.1"),
-            command=tuple(job.spec.command), env=dict(job.spec.env),
-            checkpoint_dir=Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else self.cfg.checkpoint_root / job_token,
-            control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
-            resume_from=ck.path if ck is not None else None, resume_step=ck.step if ck is not None else None,
-            cwd=self.cfg.cwd, **launcher.resume_and_secrets(job),
-        )
-        proc = launcher.start(spec)
-        run = RunningJob(job.job_id, job.attempt, mine, spec.node_rank, proc)
+        spec = self._launch_spec(job, mine, state)
+        key = (job.job_id, job.attempt, job.generation)
+        try:
+            proc = launcher.start(spec)
+        except OSError as err:  # its directories or log cannot be made safe
+            self._launch_failed(key, spec, f"cannot prepare the job's directories: {err}")
+            return
+        if proc.spawn_error:
+            self._launch_failed(key, spec, proc.spawn_error)
+            return
+        run = RunningJob(job.job_id, job.attempt, mine, spec.node_rank, proc, generation=job.generation,
+                         acks=AckCoalescer(self.limits))
+        self._add_run(run)
+        log.info("job_started", job=job.job_id, attempt=job.attempt, generation=job.generation, node=self.node,
+                 pid=proc.pid, gpus=list(mine), rank=spec.node_rank, resume_from=spec.resume_from)
+        started = ev.JobStarted(at=time.time(), job_id=job.job_id, attempt=job.attempt, node=self.node,
+                                pids=[proc.pid], rank=spec.node_rank, generation=job.generation,
+                                log="" if proc.virtual else str(spec.log_path))
+        self.host.submit(started, msg_id=f"started:{job.job_id}:{job.attempt}.{job.generation}:{self.node}", cas=False)
+        if job.preemption is not None:  # asked while the run was waiting for its fence
+            self._request_checkpoint(run, f"pre-{job.attempt}", job.preemption.reason, job.preemption.deadline,
+                                     job.preemption.for_job)
+
+    def _launch_failed(self, key: RunKey, spec: launcher.Launch, error: str) -> None:
+        """A launch error (no such command, not executable, bad working dir) fails the job at
+        once: no retry would help."""
+        log.error("job_launch_error", job=key[0], attempt=key[1], node=self.node, error=error)
+        job_id, attempt = key[0], key[1]
+
+        def failed(state: ClusterState) -> ev.Event | None:
+            job = state.jobs.get(job_id)
+            if job is None or not job.holding or job.attempt != attempt:
+                return None
+            return ev.JobFailed(at=time.time(), job_id=job_id, attempt=attempt,
+                                reason=f"launch error on node {self.node}: {error}", node=self.node)
+
+        self.host.submit(failed, msg_id=f"launch-error:{job_id}:{attempt}")
+        self._report_ended(key, None, "launch error")
+
+    def _add_run(self, run: RunningJob) -> None:
         self.jobs[run.id] = run
         self.host.track(run.job_id, self.node, True)
-        if proc.spawn_error:
-            log.error("job_spawn_failed", job=job.job_id, attempt=job.attempt, node=self.node, error=proc.spawn_error)
-            return  # the next poll reports exit code 127
-        self.backend.attach(mine, proc.pid, env=spec.env)
-        log.info("job_started", job=job.job_id, attempt=job.attempt, node=self.node, pid=proc.pid, gpus=list(mine),
-                 rank=spec.node_rank, resume_from=spec.resume_from)
-        started = ev.JobStarted(at=time.time(), job_id=job.job_id, attempt=job.attempt, node=self.node, pids=[proc.pid])
-        self.host.submit(started, msg_id=f"started:{job.job_id}:{job.attempt}:{self.node}", cas=False)
+        if run.proc.pid:
+            self.backend.attach(run.gpus, run.proc.pid, env=run.proc.launch.env)
+        self._save_record(run)
 
-    def _resized(self, run: RunningJob, mine: tuple[int, ...]) -> None:
-        """An elastic job's GPUs on this node changed: the process keeps running (its
-        CUDA_VISIBLE_DEVICES cannot change) and finds the new set in its control dir."""
-        run.gpus = mine
-        self.backend.detach(run.proc.pid)
-        self.backend.attach(mine, run.proc.pid)
-        if not run.proc.virtual:
-            _write_json(run.proc.launch.control_dir / E.RESIZE, {"gpus": [gpu_id(self.node, i) for i in mine]})
+    def _record_path(self, key: RunKey) -> Path:
+        return self.runs_dir / f"{subjects.token(key[0])}.{key[1]}.{key[2]}.json"
+
+    def _save_record(self, run: RunningJob) -> None:
+        """The state file a restarted daemon adopts this run from."""
+        rec = launcher.record(run.proc)
+        rec.update(gpus=list(run.gpus), node_rank=run.node_rank, generation=run.generation)
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(self._record_path(run.key), rec)
+
+    def _drain(self, run: RunningJob, job: Job) -> None:
+        """Resize: ask this rank for the collective checkpoint; `poll` stops it once the
+        checkpoint is complete or `resize_grace_s` is over."""
+        run.state, run.drain_until = "draining", time.monotonic() + self.cfg.resize_grace_s
+        nodes = len(job_nodes(job))
+        log.info("job_resize_restart", job=run.job_id, attempt=run.attempt, node=self.node, nodes=nodes)
+        self._request_checkpoint(run, f"resize-{job.attempt}.{job.generation}", f"resize to {nodes} node(s)",
+                                 time.time() + self.cfg.resize_grace_s, "")
 
     def stop(self, run: RunningJob, why: str) -> None:
         """SIGTERM the job's process group now, SIGKILL after the grace period (see `poll`)."""
@@ -249,103 +490,121 @@ class NodeAgent:
     def _forget(self, run: RunningJob) -> None:
         self.jobs.pop(run.id, None)
         self.backend.detach(run.proc.pid)
+        self._report_ended(run.key, run.exit_code, "stopped" if run.state == "stopping" else "exited", run)
+        try:
+            self._record_path(run.key).unlink()
+        except OSError:
+            pass
         if not run.proc.virtual:
             shutil.rmtree(run.proc.launch.control_dir, ignore_errors=True)
         if not any(r.job_id == run.job_id for r in self.jobs.values()):
             self.host.track(run.job_id, self.node, False)
 
+    def _report_ended(self, key: RunKey, exit_code: int | None, reason: str, run: RunningJob | None = None) -> None:
+        """Every process of this run is gone: the fact that lets the next attempt start."""
+        if run is not None:
+            if run.ended:
+                return
+            run.ended = True
+        if key in self.ended_sent:
+            return
+        self.ended_sent[key] = None
+        e = ev.ProcessesEnded(at=time.time(), job_id=key[0], attempt=key[1], generation=key[2], node=self.node,
+                              exit_code=exit_code, reason=reason)
+        self.host.submit(e, msg_id=f"ended:{key[0]}:{key[1]}.{key[2]}:{self.node}", cas=False)
+
     # --- checkpoints ------------------------------------------------------------------------
 
-    def _request_checkpoint(self, e: ev.PreemptionRequested, state: ClusterState, seq: int) -> None:
-        job = state.jobs.get(e.job_id)
-        for run in [r for r in self.jobs.values() if r.job_id == e.job_id and r.state == "running"]:
-            if job is None or job.attempt != run.attempt:
-                continue
-            if run.proc.virtual:
-                if run.proc.checkpoint_after is not None:
-                    run.sim_checkpoint_at = time.monotonic() + run.proc.checkpoint_after
-                continue
-            control = run.proc.launch.control_dir
-            _write_json(control / E.REQUEST, {"id": str(seq), "reason": e.reason, "deadline": e.deadline,
-                                              "for_job": e.for_job})
-            pids = [int(p.name[len(E.SDK_PREFIX):]) for p in control.glob(f"{E.SDK_PREFIX}*")
-                    if p.name[len(E.SDK_PREFIX):].isdigit()]
-            run.proc.signal_pids([p for p in pids if process_alive(p)], signal.SIGUSR1)
-            log.info("checkpoint_requested", job=run.job_id, attempt=run.attempt, node=self.node, signalled=pids)
+    _request_checkpoint = _nodeagent_request_checkpoint
 
-    def _collect_acks(self, run: RunningJob) -> None:
+    def _collect_acks(self, run: RunningJob, state: ClusterState) -> None:
         if run.proc.virtual:
             if run.sim_checkpoint_at is not None and time.monotonic() >= run.sim_checkpoint_at:
                 run.sim_checkpoint_at = None
                 step = int(time.monotonic() - run.proc.started) + (run.proc.launch.resume_step or 0)
-                path = f"sim://{run.job_id}/{run.attempt}/{step}"
-                self._report_checkpoint(run, path, step, f"sim-{step}")
+                self._report_checkpoint(run, Ack(step, f"sim://{run.job_id}/{run.attempt}/{step}", run.request))
             return
-        control = run.proc.launch.control_dir
-        try:
-            names = sorted(n for n in os.listdir(control) if n.startswith(E.ACK_PREFIX) and n.endswith(".json"))
-        except FileNotFoundError:
-            return
-        for name in names:
-            if name in run.seen_acks:
-                continue
-            run.seen_acks.add(name)
-            try:
-                ack = json.loads((control / name).read_text())
-                path, step = str(ack["path"]), int(ack["step"])
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                log.warning("bad_checkpoint_ack", job=run.job_id, file=name, error=str(err))
-                continue
-            self._report_checkpoint(run, path, step, name, launcher.ack_sha256(ack))
+        acks, problems = read_acks(run.proc.launch.control_dir, self.limits)
+        if problems:
+            log.warning("bad_checkpoint_acks", job=run.job_id, node=self.node, count=len(problems), first=problems[0])
+        for ack in acks:
+            run.acks.add(ack)
+        job = state.jobs.get(run.job_id)
+        partial = set(job.partial) if job is not None and job.attempt == run.attempt else set()
+        for ack in run.acks.due(time.monotonic(), run.request, partial):
+            self._report_checkpoint(run, ack)
 
-    def _report_checkpoint(self, run: RunningJob, path: str, step: int, ack: str, sha256: str = "") -> None:
-        log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=path, step=step)
-        event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=path, step=step,
-                                   node=self.node, sha256=sha256)
-        self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack}", cas=False)
+    def _report_checkpoint(self, run: RunningJob, ack: Ack) -> None:
+        log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=ack.path, step=ack.step)
+        event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=ack.path,
+                                   step=ack.step, rank=run.node_rank, generation=run.generation,
+                                   node=self.node, sha256=ack.sha256)
+        self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack.step}", cas=False)
 
     # --- processes --------------------------------------------------------------------------
 
     def poll(self, state: ClusterState) -> None:
-        """Called every `poll_s`: acks, exits, SIGKILL after the grace, deferred launches."""
+        """Called every `poll_s`: acks, exits, resizes, time limits, SIGKILL after the grace,
+        deferred launches, and ProcessesEnded for what the fold still thinks may run here."""
         if self.crashed:
             return
         now = time.monotonic()
         for run in list(self.jobs.values()):
             if run.state == "exited":
                 continue
-            self._collect_acks(run)
+            if run.state != "stopping":
+                self._collect_acks(run, state)
             rc = run.proc.poll()
             if rc is None:
-                if run.state == "stopping" and not run.sigkilled and now - run.stop_at >= self.cfg.kill_grace_s:
-                    log.warning("job_sigkill", job=run.job_id, attempt=run.attempt, node=self.node)
-                    run.proc.signal_group(signal.SIGKILL)
-                    run.sigkilled = True
+                self._watch(run, state, now)
                 continue
-            self._exited(run, rc)
+            self._exited(run, rc, state)
         for key in list(self.deferred):
-            job = state.jobs.get(key[0])
-            mine = self.my_gpus(job)
-            if job is None or job.attempt != key[1] or not mine:
-                del self.deferred[key]
-            elif not self._gpus_busy(mine):
-                del self.deferred[key]
-                self._launch(job, mine, state)
+            self._try_launch(key, state)
+        if now - self._swept >= 1.0:
+            self._swept = now
+            self._sweep(state)
 
-    def _exited(self, run: RunningJob, rc: int) -> None:
-        self._collect_acks(run)  # an ack written just before the exit still counts
+    _watch = _nodeagent_watch
+
+    def _sweep(self, state: ClusterState) -> None:
+        """Report as ended what the fold says may run here but this daemon does not run (a
+        release before the launch, a run lost across a restart): the fence must not wait."""
+        mine = {r.key for r in self.jobs.values()}
+        for job_id in list(state.node_live.get(self.node, {})):
+            job = state.jobs[job_id]
+            for x in job.live:
+                key = (job_id, x.attempt, x.generation)
+                if x.node != self.node or key in mine or key in self.ended_sent:
+                    continue
+                if job.holding and (x.attempt, x.generation) == (job.attempt, job.generation):
+                    if key in self.deferred or self.my_gpus(job) and self.launched.get(job_id) != key[1:]:
+                        continue  # about to start here
+                self._report_ended(key, None, "not running here")
+        live = {(j, x.attempt, x.generation) for j in state.node_live.get(self.node, {})
+                for x in state.jobs[j].live if x.node == self.node}
+        for key in [k for k in self.ended_sent if k not in live]:
+            del self.ended_sent[key]
+
+    def _exited(self, run: RunningJob, rc: int, state: ClusterState) -> None:
+        if run.state != "stopping":
+            self._collect_acks(run, state)  # an ack written just before the exit still counts
         run.proc.kill_stragglers()
         run.exit_code = rc
-        if run.state == "stopping":
+        if run.state in ("stopping",):
             self._forget(run)  # stopped by us: never reported
             return
         log.info("job_exited", job=run.job_id, attempt=run.attempt, node=self.node, exit_code=rc)
         if rc == 0 and run.node_rank != 0:
             run.state = "exited"  # its GPUs stay held until rank 0 finishes
             self.backend.detach(run.proc.pid)
+            self._report_ended(run.key, rc, "exited", run)
             return
         self._forget(run)
-        job_id, attempt, node = run.job_id, run.attempt, self.node
+        self._report_exit(run.job_id, run.attempt, rc)
+
+    def _report_exit(self, job_id: str, attempt: int, rc: int) -> None:
+        node = self.node
 
         def outcome(state: ClusterState) -> ev.Event | None:
             return exit_event(state, job_id, attempt, node, rc, time.time())
@@ -357,52 +616,52 @@ class NodeAgent:
             if run.state != "stopping":
                 self.stop(run, why)
 
+    # --- adoption after a restart -------------------------------------------------------------
+
+    adopt = _nodeagent_adopt
+
+    def _adopt_dead(self, rec: dict, key: RunKey, current: bool) -> None:
+        """A recorded run whose process is gone: its exit status (from the wrapper) is reported
+        like any exit, and its processes as ended."""
+        rc = launcher.UNKNOWN_EXIT
+        if not rec.get("virtual"):
+            control = Path(rec["launch"]["control_dir"])
+            try:
+                rc = launcher.read_exit_status(control)
+            except (OSError, ValueError):
+                pass
+            for rest in ("control_dir",):
+                shutil.rmtree(rec["launch"][rest], ignore_errors=True)
+        log.warning("job_ended_while_down", job=key[0], attempt=key[1], node=self.node, exit_code=rc)
+        self._report_ended(key, rc, "ended while the daemon was down")
+        if current:
+            self.launched[key[0]] = key[1:]
+            if not (rc == 0 and int(rec.get("node_rank", 0)) != 0):
+                self._report_exit(key[0], key[1], rc)
+
     # --- heartbeats and control -------------------------------------------------------------
 
     def heartbeat(self) -> Heartbeat:
         self.heartbeats += 1
+        if self.rejoin_at is not None and self.heartbeats >= self.rejoin_at:
+            self.register()
         jobs = [JobReport(job_id=r.job_id, attempt=r.attempt, gpus=list(r.gpus), pids=[r.proc.pid] if r.proc.pid else [],
-                          state=r.state, exit_code=r.exit_code) for r in self.jobs.values()]
+                          state="running" if r.state == "draining" else r.state, exit_code=r.exit_code)
+                for r in self.jobs.values()]
         return Heartbeat(node=self.node, at=time.time(), agent_id=self.agent_id, seq=self.heartbeats,
                          backend=self.backend.name, gpus=self.backend.sample(), jobs=jobs)
 
-    def control(self, data: bytes, kill_only: bool = False) -> NodeReply:
-        """One node-control request. `kill_only`: it came on the kill subject (what the
-        reconciler may send), where every other request is refused."""
-        try:
-            req = decode_request(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            return NodeReply(ok=False, node=self.node, error=str(err))
-        if kill_only and not isinstance(req, KillProcesses):
-            return NodeReply(ok=False, node=self.node, error=f"{type(req).__name__} is not accepted on the kill subject")
-        if self.crashed:
-            return NodeReply(ok=False, node=self.node, error="node is down (simulated crash)")
-        try:
-            if isinstance(req, KillProcesses):
-                return self._kill(req)
-            if isinstance(req, ResetGpu):
-                error = self.backend.reset(req.index)
-                log.warning("gpu_reset", node=self.node, index=req.index, reason=req.reason, error=error)
-                return NodeReply(ok=not error, node=self.node, error=error)
-            if not isinstance(self.backend, SimBackend):
-                return NodeReply(ok=False, node=self.node, error=f"{req.__class__.__name__} needs the simulated backend")
-            if isinstance(req, InjectStray):
-                self.backend.inject_stray(req.index, req.pid)
-            elif isinstance(req, InjectHealth):
-                self.backend.inject_health(req.index, req.healthy, req.xid, req.reason)
-            elif isinstance(req, InjectLeak):
-                self.backend.inject_leak(req.index, req.memory_mb)
-            elif isinstance(req, SimulateCrash):
-                self.host.crash(self.node, req.revive_after_s)
-        except ValueError as err:
-            return NodeReply(ok=False, node=self.node, error=str(err))
-        return NodeReply(ok=True, node=self.node)
+    control = _nodeagent_control
+
+    def logs(self, data: bytes, state: ClusterState) -> LogReply:
+        """Serve part of one rank's log of one attempt (`gpusched logs`)."""
+        return serve_log(self.node, self.cfg.log_dir, data, state)
 
     def _kill(self, req: KillProcesses) -> NodeReply:
         """Kill pids seen on this node's GPUs; never one of a job this agent runs, never a
         process that is on none of its GPUs."""
         on_gpus = {pid for s in self.backend.sample() for pid in s.pids}
-        own = {r.proc.pid for r in self.jobs.values() if r.state == "running"}
+        own = {r.proc.pid for r in self.jobs.values() if r.state in ("running", "draining")}
         killed, missing, refused = [], [], []
         for pid in req.pids:
             if pid in own:
@@ -434,15 +693,22 @@ def exit_event(state: ClusterState, job_id: str, attempt: int, node: str, rc: in
 
 
 def _write_json(path: Path, obj: object) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj))
+    """Atomically, and safely in a directory the job owns: a fresh temp file (never through a
+    name the job may have planted), readable by the job, renamed over the target."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, json.dumps(obj).encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
 # --- the host: one connection, one fold, many agents -----------------------------------------
 
 
-JOB_EVENTS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobCompleted, ev.JobFailed, ev.JobCancelled)
+JOB_EVENTS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobCompleted, ev.JobFailed, ev.JobCancelled,
+              ev.JobTimedOut)
 
 
 class NodeHost:
@@ -494,6 +760,8 @@ class NodeHost:
         await self.folded.start()
         self.started = True
         state = self.folded.state
+        for agent in self.agents.values():  # first take back (or end) what earlier daemons started
+            agent.adopt(state)
         await self._register_all(state)
         running_here: dict[str, list[str]] = {}
         for job_id in list(state.running):
@@ -504,15 +772,19 @@ class NodeHost:
             agent = self.agents[node]
             for job_id in job_ids:
                 job = state.jobs[job_id]
+                if agent.current(job_id) is not None or job_id in agent.launched:
+                    continue  # adopted, or ended while the daemon was down
                 if node not in job.nodes_started:  # granted while this daemon was down
                     agent.converge(job_id, state, launch=True)
-                else:
+                else:  # started by an earlier daemon, and nothing proves it still runs
+                    agent.launched[job_id] = (job.attempt, job.generation)
                     log.warning("job_not_adopted", job=job_id, node=node,
-                                hint="started by an earlier daemon; the reconciler requeues it if no process remains")
+                                hint="no provable process: reported ended; the reconciler requeues it")
         for agent in self.agents.values():
             agent._subs = [
                 await self.nc.subscribe(subjects.node_control_subject(agent.node), cb=self._control_cb(agent)),
                 await self.nc.subscribe(subjects.node_kill_subject(agent.node), cb=self._control_cb(agent, kill_only=True)),
+                await self.nc.subscribe(subjects.node_logs_subject(agent.node), cb=self._logs_cb(agent)),
             ]
         await self.nc.flush()
         self._tasks = [
@@ -553,6 +825,14 @@ class NodeHost:
     def _control_cb(self, agent: NodeAgent, kill_only: bool = False):
         async def cb(msg) -> None:
             reply = agent.control(msg.data, kill_only)
+            if msg.reply:
+                await msg.respond(msgspec.json.encode(reply))
+        return cb
+
+    def _logs_cb(self, agent: NodeAgent):
+        async def cb(msg) -> None:
+            reply = agent.logs(msg.data, self.folded.state) if not agent.crashed else \
+                LogReply(ok=False, node=agent.node, error="node is down (simulated crash)")
             if msg.reply:
                 await msg.respond(msgspec.json.encode(reply))
         return cb
@@ -617,6 +897,7 @@ class NodeHost:
         agent = self.agents[node]
         for run in list(agent.jobs.values()):
             run.proc.signal_group(signal.SIGKILL)
+            run.ended = True  # a dead machine reports nothing; after it revives, its sweep does
             agent._forget(run)
         agent.crashed = True
         log.warning("node_crashed", node=node, revive_after_s=revive_after_s)
@@ -639,6 +920,10 @@ class NodeHost:
                 for agent in self.agents.values():
                     agent.poll(self.folded.state)
                 await asyncio.sleep(0.05)
+            try:
+                await self.flush(timeout=3.0)  # the ProcessesEnded of what it stopped
+            except Exception:
+                log.warning("nodeagent_flush_incomplete", queued=self._queue.qsize())
         await cancel_tasks(self._tasks)
         for agent in self.agents.values():
             for sub in agent._subs:

@@ -8,25 +8,46 @@ with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, the order NVML numbers them in (the UUIDs a
 `GPUSCHED_GPU_UUIDS`). The process leads its own session, so that stopping it stops every
 process it started. A job with an empty command gets a placeholder that holds its GPUs
 without any OS process (simulated clusters).
+
+The command runs under a small `sh` that writes its exit status to a file in the control
+directory, so that a restarted daemon (which is not the parent) still learns how an adopted
+process ended. The job runs in its working directory as its configured user, with a clean
+environment (`ENV_ALLOW`), and its control, log and checkpoint directories are 0700 and its own.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import pwd
 import re
+import shutil
 import signal
 import subprocess
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from gpusched.job import env as E
 
 from . import secrets
 from .backends import VIRTUAL_PID_BASE
+from .procs import JobGroup
+
+#: Variables of the daemon's environment a job inherits (names, or prefixes ending in `_`);
+#: everything else is dropped. HOME, USER and LOGNAME are the job user's.
+ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH",
+             "LC_", "CUDA_", "NCCL_", "NVIDIA_")
+#: The exit status of the job's command, written by the wrapper (control dir).
+EXIT_FILE = "exit-status"
+#: Exit code reported when an adopted process ended while no daemon watched and left no status.
+UNKNOWN_EXIT = -1
+_WRAPPER = ('trap : TERM INT HUP; "$@"; rc=$?; '
+            'printf "%s\\n" "$rc" > "$GPUSCHED_CONTROL_DIR/.exit-status.tmp" && '
+            'mv -f "$GPUSCHED_CONTROL_DIR/.exit-status.tmp" "$GPUSCHED_CONTROL_DIR/exit-status"; exit $rc')
 
 #: Placeholder jobs read these from `spec.env`: run this long then exit with this code, and
 #: answer a checkpoint request after this delay ("never": do not answer).
@@ -59,17 +80,49 @@ class Launch:
     resume_from: str | None = None
     resume_step: int | None = None
     cwd: str | None = None
+    generation: int = 0
+    checkpoint_mode: str = "rank0"
+    user: str | None = None  # run as this user (None: the daemon's own)
     resume_sha256: str = ""
     #: The checkpoint before `resume_from` (path, step, sha256): the SDK's fallback.
     resume_previous: tuple[str, int, str] | None = None
     #: Variable -> file on this node (`spec.secret_env`): read at launch, never logged.
     secret_env: Mapping[str, str] = field(default_factory=dict)
 
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Launch:
+        kinds = {f.name: f.type for f in fields(cls)}
+        out = {}
+        for k, v in d.items():
+            if k not in kinds:
+                continue
+            if k in ("checkpoint_dir", "control_dir", "log_path"):
+                v = Path(v)
+            elif isinstance(v, list):
+                v = tuple(v)
+            out[k] = v
+        return cls(**out)
+
+
+def allowed(name: str) -> bool:
+    return any(name == a or (a.endswith("_") and name.startswith(a)) for a in ENV_ALLOW)
+
 
 def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
-    """The job's environment: the daemon's, then the spec's, then the scheduler's (which win)."""
-    out = {k: v for k, v in base.items() if not k.startswith("GPUSCHED_")}
-    out.setdefault("PYTHONUNBUFFERED", "1")
+    """The job's environment: the allowed part of the daemon's, then the spec's, then the
+    scheduler's (which win)."""
+    out = {k: v for k, v in base.items() if allowed(k) and not k.startswith("GPUSCHED_")}
+    out.setdefault("PATH", os.defpath)
+    out["PYTHONUNBUFFERED"] = "1"
+    home = _home(launch.user)
+    if home is not None:
+        out["HOME"] = home
+    if launch.user:
+        out["USER"] = out["LOGNAME"] = launch.user
     out.update(launch.env)
     out.update({
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in launch.gpus),
@@ -89,6 +142,8 @@ def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
         E.GPU_UUIDS: ",".join(launch.gpu_uuids),
         E.CHECKPOINT_DIR: str(launch.checkpoint_dir),
         E.CONTROL_DIR: str(launch.control_dir),
+        E.CHECKPOINT_MODE: launch.checkpoint_mode,
+        E.GENERATION: str(launch.generation),
     })
     if launch.resume_from:
         out[E.RESUME_FROM] = launch.resume_from
@@ -99,6 +154,87 @@ def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
             out[E.RESUME_PREVIOUS], step, out[E.RESUME_PREVIOUS_SHA256] = launch.resume_previous
             out[E.RESUME_PREVIOUS_STEP] = str(step)
     return out
+
+
+def _home(user: str | None) -> str | None:
+    try:
+        return pwd.getpwnam(user).pw_dir if user else pwd.getpwuid(os.getuid()).pw_dir
+    except (KeyError, OSError):
+        return None
+
+
+def _ids(user: str | None) -> tuple[int, int] | None:
+    """(uid, gid) to switch to, or None to run as the daemon's own user."""
+    if not user:
+        return None
+    pw = pwd.getpwnam(user)
+    if pw.pw_uid == os.getuid():
+        return None
+    return pw.pw_uid, pw.pw_gid
+
+
+def launch_error(launch: Launch, env: Mapping[str, str]) -> str | None:
+    """Why the command cannot start at all (no retry helps), or None."""
+    cwd = launch.cwd
+    if cwd is not None and not os.path.isdir(cwd):
+        return f"working directory {cwd!r} does not exist"
+    if launch.user:
+        try:
+            pwd.getpwnam(launch.user)
+        except KeyError:
+            return f"job user {launch.user!r} does not exist on this node"
+    cmd = launch.command[0]
+    if "/" in cmd:
+        path = Path(cmd) if os.path.isabs(cmd) else Path(cwd or os.getcwd()) / cmd
+    else:
+        found = shutil.which(cmd, path=env.get("PATH", os.defpath))
+        if found is None:
+            return f"command {cmd!r} not found in PATH {env.get('PATH', os.defpath)!r}"
+        path = Path(found)
+    if not path.exists():
+        return f"command {cmd!r} not found ({path} does not exist)"
+    if path.is_dir():
+        return f"command {cmd!r} is a directory"
+    if not path.stat().st_mode & 0o111 or not os.access(path, os.X_OK):
+        return f"command {cmd!r} is not executable"
+    return None
+
+
+def read_exit_status(control: Path) -> int:
+    """The wrapper's exit status file: a job-writable directory, so a few bytes of a regular
+    file only, never through a symlink."""
+    fd = os.open(control / EXIT_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if (os.fstat(fd).st_mode & 0o170000) != 0o100000:
+            raise ValueError("not a regular file")
+        return int(os.read(fd, 32).strip())
+    finally:
+        os.close(fd)
+
+
+def _open_log(path: Path) -> int:
+    """The job's log, appended to by the daemon: never through a symlink or a hard link the
+    job's user may have planted in its log directory."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    st = os.fstat(fd)
+    if (st.st_mode & 0o170000) != 0o100000 or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(f"{path} is not a plain file")
+    return fd
+
+
+def own_dir(path: Path, ids: tuple[int, int] | None, create_only: bool = False) -> None:
+    """Make `path` a 0700 directory of the job's user. A directory the job named itself
+    (`create_only`) is created that way if missing, and otherwise left as it is."""
+    if path.is_symlink():
+        raise OSError(f"{path} is a symlink")
+    existed = path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    if existed and create_only:
+        return
+    os.chmod(path, 0o700)
+    if ids is not None:
+        os.chown(path, *ids)
 
 
 def resume_and_secrets(job) -> dict:
@@ -122,31 +258,48 @@ def ack_sha256(ack: object) -> str:
 
 
 class JobProcess:
-    """A started OS process (the leader of its own session)."""
+    """A started OS process (the wrapper leading its own session), confined to its group."""
 
     virtual = False
 
     def __init__(self, launch: Launch, base_env: Mapping[str, str]):
-        launch.control_dir.mkdir(parents=True, exist_ok=True)
-        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-        launch.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        ids = _ids(launch.user)
+        own_dir(launch.control_dir, ids)
+        own_dir(launch.log_path.parent, ids)
+        own_dir(launch.checkpoint_dir, ids, create_only=True)
         self.launch = launch
         self.spawn_error: str | None = None
-        with open(launch.log_path, "ab") as out:
-            out.write(f"--- gpusched: {launch.job_id} attempt {launch.attempt} on {launch.node} "
+        self.group: JobGroup | None = None
+        env = job_env(launch, base_env)
+        with open(_open_log(launch.log_path), "ab") as out:
+            out.write(f"--- gpusched: {launch.job_id} attempt {launch.attempt}.{launch.generation} on {launch.node} "
                       f"rank {launch.node_rank}/{launch.num_nodes} gpus {list(launch.gpus)}\n".encode())
             out.flush()
-            try:
-                env = {**job_env(launch, base_env), **secrets.read_secret_env(launch.secret_env)}
-                self.popen: subprocess.Popen | None = subprocess.Popen(
-                    list(launch.command), env=env, stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=launch.cwd,
-                )
-            except OSError as err:
-                self.popen = None
-                self.spawn_error = f"cannot start {launch.command[0]!r}: {err}"
-                out.write(f"--- gpusched: {self.spawn_error}\n".encode())
+            if ids is not None:
+                os.fchown(out.fileno(), *ids)
+            os.fchmod(out.fileno(), 0o600)
+            self.spawn_error = launch_error(launch, env)
+            if self.spawn_error is None and launch.secret_env:
+                try:  # checked against the job's user: a file of another user is refused
+                    env = {**env, **secrets.read_secret_env(launch.secret_env, uid=ids[0] if ids else None)}
+                except secrets.SecretError as err:
+                    self.spawn_error = str(err)
+            self.popen: subprocess.Popen | None = None
+            if self.spawn_error is None:
+                try:
+                    self.popen = subprocess.Popen(
+                        ["/bin/sh", "-c", _WRAPPER, "gpusched-job", *launch.command], env=env,
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                        cwd=launch.cwd, user=ids[0] if ids else None, group=ids[1] if ids else None,
+                        extra_groups=[] if ids else None,
+                    )
+                except OSError as err:
+                    self.spawn_error = f"cannot start {launch.command[0]!r}: {err}"
+            if self.spawn_error is not None:
+                out.write(f"--- gpusched: launch error: {self.spawn_error}\n".encode())
         self.pid = self.popen.pid if self.popen is not None else 0
+        if self.popen is not None:
+            self.group = JobGroup.of(self.pid, launch.job_id, launch.attempt)
 
     def poll(self) -> int | None:
         if self.popen is None:
@@ -154,31 +307,54 @@ class JobProcess:
         return self.popen.poll()
 
     def signal_group(self, sig: int) -> None:
-        if self.popen is None:
+        if self.popen is None or self.group is None:
             return
-        try:
-            os.killpg(self.popen.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            if self.popen.poll() is None:
-                try:
-                    self.popen.send_signal(sig)
-                except ProcessLookupError:
-                    pass
-
-    def signal_pids(self, pids: list[int], sig: int) -> None:
-        for pid in pids:
+        if self.popen.poll() is None:  # our unreaped child: its pid (= group id) cannot be reused
             try:
-                os.kill(pid, sig)
+                os.killpg(self.group.pgid, sig)
+                return
             except (ProcessLookupError, PermissionError):
                 pass
+        self.group.signal(sig)
+
+    def signal_pids(self, pids: list[int], sig: int) -> list[int]:
+        """Only members of the job's own process group, never another pid a job wrote down."""
+        return self.group.signal_pids(pids, sig) if self.group is not None else []
 
     def kill_stragglers(self) -> None:
         """After the leader exits, nothing it started may outlive it."""
-        if self.popen is not None:
-            try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if self.group is not None:
+            self.group.signal(signal.SIGKILL)
+
+
+class AdoptedProcess:
+    """A job process started by an earlier daemon on this node, proven ours by its recorded
+    pid, process group, start time and boot id. Its exit status comes from the wrapper's file."""
+
+    virtual = False
+    spawn_error = None
+
+    def __init__(self, launch: Launch, group: JobGroup):
+        self.launch = launch
+        self.group = group
+        self.pid = group.pid
+
+    def poll(self) -> int | None:
+        if self.group.leader_alive():
+            return None
+        try:
+            return read_exit_status(self.launch.control_dir)
+        except (OSError, ValueError):
+            return UNKNOWN_EXIT
+
+    def signal_group(self, sig: int) -> None:
+        self.group.signal(sig)
+
+    def signal_pids(self, pids: list[int], sig: int) -> list[int]:
+        return self.group.signal_pids(pids, sig)
+
+    def kill_stragglers(self) -> None:
+        self.group.signal(signal.SIGKILL)
 
 
 _virtual_pids = itertools.count(VIRTUAL_PID_BASE)
@@ -195,6 +371,7 @@ class VirtualProcess:
         self.launch = launch
         self.pid = next(_virtual_pids)
         self.started = time.monotonic() if now is None else now
+        self.started_wall = time.time() - (time.monotonic() - self.started)
         duration = launch.env.get(SIM_DURATION)
         self.ends_at = self.started + float(duration) if duration else None
         self.exit_code = int(launch.env.get(SIM_EXIT_CODE, "0") or 0)
@@ -213,8 +390,8 @@ class VirtualProcess:
         if self._signalled is None and self.poll() is None:
             self._signalled = sig
 
-    def signal_pids(self, pids: list[int], sig: int) -> None:
-        pass
+    def signal_pids(self, pids: list[int], sig: int) -> list[int]:
+        return []
 
     def kill_stragglers(self) -> None:
         pass
@@ -226,4 +403,31 @@ def start(launch: Launch, base_env: Mapping[str, str] | None = None) -> JobProce
     return JobProcess(launch, os.environ if base_env is None else base_env)
 
 
-__all__ = ["Launch", "JobProcess", "VirtualProcess", "job_env", "master_port", "start"]
+def adopt(record: dict) -> JobProcess | AdoptedProcess | VirtualProcess | None:
+    """Rebuild a run from its state file, or None when it cannot be proven to still run."""
+    launch = Launch.from_json(record["launch"])
+    if record.get("virtual"):
+        started = time.monotonic() - max(0.0, time.time() - float(record["started_wall"]))
+        return VirtualProcess(launch, now=started)
+    group = JobGroup(int(record["pid"]), int(record["pgid"]), int(record["start_ticks"]), str(record["boot"]),
+                     launch.job_id, launch.attempt)
+    return AdoptedProcess(launch, group) if group.leader_alive() else None
+
+
+def record(proc: JobProcess | AdoptedProcess | VirtualProcess) -> dict:
+    """What a restarted daemon needs to prove and adopt this run (see `adopt`)."""
+    out: dict = {"launch": proc.launch.to_json(), "virtual": proc.virtual}
+    if proc.virtual:
+        out["started_wall"] = proc.started_wall  # type: ignore[union-attr]
+    else:
+        g = proc.group  # type: ignore[union-attr]
+        out.update(pid=g.pid, pgid=g.pgid, start_ticks=g.start_ticks, boot=g.boot)
+    return out
+
+
+def json_record(proc) -> str:
+    return json.dumps(record(proc))
+
+
+__all__ = ["AdoptedProcess", "Launch", "JobProcess", "VirtualProcess", "adopt", "job_env", "launch_error",
+           "master_port", "record", "start"]

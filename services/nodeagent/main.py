@@ -33,14 +33,16 @@ def sim_node_names(count: int, prefix: str = "node") -> list[str]:
     return [f"{prefix}{i:0{width}d}" for i in range(count)]
 
 
-async def _serve_until(host: NodeHost, stop: asyncio.Event | None, ready: asyncio.Event | None) -> None:
-    """Serve a started host until `stop` is set, then stop it."""
+async def _serve_until(host: NodeHost, stop: asyncio.Event | None, ready: asyncio.Event | None,
+                       keep_jobs: bool = False) -> None:
+    """Serve a started host until `stop` is set, then stop it (and its jobs, unless
+    `keep_jobs`: then the next daemon on the same work dir adopts them)."""
     if ready is not None:
         ready.set()
     try:
         await (stop.wait() if stop is not None else asyncio.Event().wait())
     finally:
-        await host.stop()
+        await host.stop(kill_jobs=not keep_jobs)
 
 
 async def run_nodeagent(
@@ -48,7 +50,8 @@ async def run_nodeagent(
     block: str | None = None, address: str = "", gpus: int = 8, nvlink: str = "all",
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     log_dir: str | os.PathLike | None = None, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
-    stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, job_user: str | None = None,
+    team_users: dict[str, str] | None = None, keep_jobs: bool = False,
 ) -> None:
     """One node daemon until `stop` is set. `backend="nvml"` reads this host's GPUs (`gpus` and
     `nvlink` only shape a `backend="sim"` node; "auto": NVML if a driver answers, else sim)."""
@@ -59,10 +62,10 @@ async def run_nodeagent(
     host.add(AgentConfig(node=node, rack=rack, block=block or None, address=address or host_address(),
                          nvlink=nvlink if backend == "sim" else "custom",
                          work_dir=Path(work_dir) if work_dir else default_work_dir(), kill_grace_s=kill_grace_s,
-                         checkpoint_root=checkpoint_root, log_dir=log_dir),
+                         checkpoint_root=checkpoint_root, log_dir=log_dir, **job_users(job_user, team_users)),
              gpu_backend)
     await host.start()
-    await _serve_until(host, stop, ready)
+    await _serve_until(host, stop, ready, keep_jobs)
 
 
 async def start_simulated_nodes(
@@ -70,6 +73,7 @@ async def start_simulated_nodes(
     nvlink: str = "all", *, racks_per_block: int | None = None, prefix: str = "node",
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     heartbeat_s: float = 2.0, kill_grace_s: float = 5.0, poll_s: float = 0.2, address: str = "127.0.0.1",
+    job_user: str | None = None, team_users: dict[str, str] | None = None,
 ) -> NodeHost:
     """Start `count` simulated nodes sharing one connection and one fold; returns the started
     host (call `await host.stop()`). Nodes are `<prefix>00..`, racks `rack00..` of
@@ -82,7 +86,7 @@ async def start_simulated_nodes(
         host.add(AgentConfig(node=name, rack=f"rack{rack_i:02d}",
                              block=f"block{rack_i // racks_per_block:02d}" if racks_per_block else None,
                              address=address, nvlink=nvlink, work_dir=root, kill_grace_s=kill_grace_s,
-                             checkpoint_root=checkpoint_root),
+                             checkpoint_root=checkpoint_root, **job_users(job_user, team_users)),
                  SimBackend(name, gpus_per_node, nvlink))
     await host.start()
     return host
@@ -90,11 +94,12 @@ async def start_simulated_nodes(
 
 async def run_simulated_nodes(
     nats_url: str | None = None, count: int = 4, gpus_per_node: int = 8, nodes_per_rack: int = 4,
-    nvlink: str = "all", *, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, **kwargs,
+    nvlink: str = "all", *, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
+    keep_jobs: bool = False, **kwargs,
 ) -> None:
     """`start_simulated_nodes` until `stop` is set (what `gpusched up` runs)."""
     host = await start_simulated_nodes(nats_url, count, gpus_per_node, nodes_per_rack, nvlink, **kwargs)
-    await _serve_until(host, stop, ready)
+    await _serve_until(host, stop, ready, keep_jobs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,8 +119,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-root", default=None,
                         help="default checkpoint dirs <root>/<job> for jobs without one (a shared file system)")
     parser.add_argument("--log-dir", default=None, help="job logs <log-dir>/<job>/<attempt>-<node>.log")
+    parser.add_argument("--job-user", default=None,
+                        help="run jobs as this unprivileged user (default: the daemon's own user; a daemon "
+                             "running as root should always set it)")
+    parser.add_argument("--team-user", action="append", default=[], metavar="TEAM=USER",
+                        help="run this team's jobs as USER (over --job-user); repeatable")
+    parser.add_argument("--keep-jobs", action="store_true",
+                        help="on stop, leave job processes running for the next daemon on this work dir to adopt "
+                             "(a restart or upgrade that no job notices); default: stop them")
     parser.add_argument("--heartbeat-s", type=float, default=5.0)
     parser.add_argument("--kill-grace-s", type=float, default=10.0)
+
+
+def job_users(job_user: str | None, team_users: dict[str, str] | None) -> dict:
+    """The AgentConfig fields that say which user runs a job; warns when jobs would run as root."""
+    if job_user is None and os.geteuid() == 0:
+        log.warning("jobs_run_as_root", hint="set --job-user (and --team-user TEAM=USER) to run jobs unprivileged")
+    return {"job_user": job_user, "team_users": dict(team_users or {})}
+
+
+def parse_team_users(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        team, sep, user = item.partition("=")
+        if not sep or not team or not user:
+            raise SystemExit(f"gpusched nodeagent: --team-user {item!r} is not TEAM=USER")
+        out[team] = user
+    return out
 
 
 def resolve_backend(kind: str) -> str:
@@ -131,16 +161,18 @@ def resolve_backend(kind: str) -> str:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     args.backend = resolve_backend(args.backend)
+    users = {"job_user": args.job_user, "team_users": parse_team_users(args.team_user)}
     if args.backend == "sim" and (args.count > 1 or args.node is None):
         await run_simulated_nodes(args.nats, args.count, args.gpus, args.nodes_per_rack, args.nvlink, stop=stop,
                                   prefix=args.node or "node", work_dir=args.work_dir, heartbeat_s=args.heartbeat_s,
-                                  checkpoint_root=args.checkpoint_root,
+                                  checkpoint_root=args.checkpoint_root, **users, keep_jobs=args.keep_jobs,
                                   kill_grace_s=args.kill_grace_s, address=args.address or "127.0.0.1")
     else:
         await run_nodeagent(args.nats, node=args.node, backend=args.backend, rack=args.rack, block=args.block,
                             address=args.address, gpus=args.gpus, nvlink=args.nvlink, work_dir=args.work_dir,
                             checkpoint_root=args.checkpoint_root, log_dir=args.log_dir,
-                            heartbeat_s=args.heartbeat_s, kill_grace_s=args.kill_grace_s, stop=stop)
+                            heartbeat_s=args.heartbeat_s, kill_grace_s=args.kill_grace_s, stop=stop, **users,
+                            keep_jobs=args.keep_jobs)
 
 
 def main(argv: list[str] | None = None) -> int:

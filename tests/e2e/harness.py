@@ -26,7 +26,7 @@ from gpusched.bus.client import Client
 from gpusched.bus.log import EventLog
 from gpusched.cli.stack import register_simulated_nodes, spawn_service, stop_processes
 from gpusched.core import events as ev
-from gpusched.core.state import ClusterState
+from gpusched.core.state import ClusterState, stale_live
 from gpusched.security import keyring
 
 #: Short leases and grace periods keep the chaos scenarios fast.
@@ -142,7 +142,11 @@ class Harness:
         """Play the node daemon: the job's processes started."""
         job = self.state.jobs[job_id]
         node = job.gpus[0].rsplit("/", 1)[0]
-        await self.append(ev.JobStarted(at=time.time(), job_id=job_id, attempt=job.attempt, node=node))
+        for x in stale_live(job):  # the earlier attempt's processes are gone (the fence)
+            await self.append(ev.ProcessesEnded(at=time.time(), job_id=job_id, attempt=x.attempt, node=x.node,
+                                                generation=x.generation))
+        await self.append(ev.JobStarted(at=time.time(), job_id=job_id, attempt=job.attempt, node=node,
+                                        generation=job.generation))
 
     async def checkpoint(self, job_id: str, step: int = 100) -> None:
         job = self.state.jobs[job_id]

@@ -104,9 +104,9 @@ async def test_a_job_past_its_time_limit_is_ended_and_its_gpus_go_to_the_next(ha
     await h.wait_for("short granted", lambda s: h.holding(short))
     await h.run_job(short)
     waiting = await h.submit(team="b", gpus=8)
-    await h.wait_for("time limit enforced", lambda s: s.jobs[short].state == "failed", timeout=10)
+    await h.wait_for("time limit enforced", lambda s: s.jobs[short].state == "timeout", timeout=10)
     assert h.state.jobs[short].end_reason == "time limit of 1.5 s exceeded"
     await h.wait_for("the next job granted", lambda s: h.holding(waiting))
     [grant] = [e for e in h.events(ev.GpusGranted) if e.job_id == short]
-    [end] = [e for e in h.events(ev.JobFailed) if e.job_id == short]
+    [end] = [e for e in h.events(ev.JobTimedOut) if e.job_id == short]
     assert end.at - grant.at >= 1.5

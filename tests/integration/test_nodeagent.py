@@ -139,11 +139,13 @@ async def test_failures_requeue_then_fail_and_kill9_requeues(nats_url, tmp_path)
         os.kill(pid, signal.SIGKILL)
         job = await c.wait(lambda s: s.jobs["victim"].state == "pending" and s.jobs["victim"], "victim requeued")
         assert job.restarts == 1 and job.pending_reason == "requeued: process_failed"
-        # a command that does not exist is a failure too (exit 127), not a crash of the daemon
-        await c.submit("nope", JobSpec(team="t", gpus=1, command=["/no/such/binary"], on_failure="fail"))
+        # a command that does not exist is a launch error: the job fails at once, never retried
+        await c.submit("nope", JobSpec(team="t", gpus=1, command=["/no/such/binary"]))
         await c.grant("nope", ["d0/1"])
         job = await c.wait(lambda s: s.jobs["nope"].state == "failed" and s.jobs["nope"], "nope failed")
-        assert job.end_reason.startswith("exit code 127")
+        assert job.end_reason == "launch error on node d0: command '/no/such/binary' not found " \
+                                 "(/no/such/binary does not exist)"
+        assert job.restarts == 0 and job.attempt == 1
         state = await c.refold()
         assert [e.reason for e in c.events(ev.GpusReleased)] == ["process_failed", "process_failed"]
         assert state.violations() == []
@@ -160,34 +162,36 @@ async def test_kill_requests_only_touch_processes_on_its_gpus(nats_url, tmp_path
         assert "Invalid value 'Nuke'" in msgspec.json.decode(msg.data, type=NodeReply).error
 
 
-async def test_elastic_resize_stops_and_starts_launchers(nats_url, tmp_path):
+async def test_elastic_resize_restarts_every_rank_with_the_new_world_size(nats_url, tmp_path):
+    """A resize is checkpoint, stop all ranks, start all ranks: no rank is killed or started
+    alone, and every new rank sees the new world size (a job that never checkpoints is
+    stopped after `resize_grace_s`)."""
     async with Cluster(nats_url, tmp_path) as c:
-        host = await c.start_nodes(["f0", "f1"], gpus=4)
-        spec = JobSpec(team="t", gpus=4, min_gpus=1, command=["sleep", "60"])
-        await c.submit("el", spec)
+        host = await c.start_nodes(["f0", "f1"], gpus=4, resize_grace_s=0.5)
+        out = tmp_path / "env"
+        out.mkdir()
+        script = ("import os, json, time; e = os.environ; "
+                  f"json.dump({{k: e[k] for k in ('RANK', 'WORLD_SIZE', 'GPUSCHED_GENERATION')}}, "
+                  f"open(os.path.join({str(out)!r}, e['GPUSCHED_NODE'] + '-' + e['GPUSCHED_GENERATION']), 'w')); "
+                  "time.sleep(60)")
+        await c.submit("el", JobSpec(team="t", gpus=4, min_gpus=1, command=[PY, "-c", script]))
         await c.grant("el", ["f0/0", "f0/1", "f1/0", "f1/1"])
         await c.wait(lambda s: sorted(s.jobs["el"].nodes_started) == ["f0", "f1"], "both launched")
-        f1_pid = host.agents["f1"].current("el").proc.pid
-        f0_run = host.agents["f0"].current("el")
-        # shrink: f1 loses all its GPUs (its launcher stops), f0 keeps one fewer (its process stays)
+        old = [host.agents[n].current("el").proc.pid for n in ("f0", "f1")]
+        # shrink off f1: both ranks stop, then rank 0 alone starts again with world size 1
         await c.append(ev.JobResized(at=time.time(), job_id="el", removed=["f1/0", "f1/1", "f0/1"]))
-        await wait_gone(f1_pid, timeout=5)
-        control = f0_run.proc.launch.control_dir
-        deadline = time.monotonic() + 5
-        while not (control / "resize.json").exists():
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        assert json.loads((control / "resize.json").read_text()) == {"gpus": ["f0/0"]}
-        assert alive(f0_run.proc.pid) and f0_run.gpus == (0,)
-        # grow onto f1 again: a launcher starts there for the same attempt
+        for pid in old:
+            await wait_gone(pid, timeout=5)
+        await c.wait(lambda s: (out / "f0-1").exists(), "f0 restarted")
+        assert json.loads((out / "f0-1").read_text()) == {"RANK": "0", "WORLD_SIZE": "1", "GPUSCHED_GENERATION": "1"}
+        assert host.agents["f1"].current("el") is None and host.agents["f0"].current("el").gpus == (0,)
+        # grow onto f1 again: the rank on f0 restarts too, and both see world size 2
         await c.append(ev.JobResized(at=time.time(), job_id="el", added=["f1/2", "f1/3"]))
-        deadline = time.monotonic() + 5
-        while host.agents["f1"].current("el") is None:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        run = host.agents["f1"].current("el")
-        assert (run.attempt, run.gpus) == (1, (2, 3))
-        assert run.proc.launch.control_dir.name == "1-f1.1"  # its own control dir, not the stopped one's
+        await c.wait(lambda s: (out / "f0-2").exists() and (out / "f1-2").exists(), "both restarted")
+        assert json.loads((out / "f1-2").read_text())["WORLD_SIZE"] == "2"
+        assert json.loads((out / "f0-2").read_text()) == {"RANK": "0", "WORLD_SIZE": "2", "GPUSCHED_GENERATION": "2"}
         state = await c.refold()
         assert state.jobs["el"].state == "running" and not c.events(ev.GpusReleased) and not c.events(ev.JobFailed)
+        starts = [(e.node, e.generation) for e in c.events(ev.JobStarted, "el")]
+        assert sorted(starts) == [("f0", 0), ("f0", 1), ("f0", 2), ("f1", 0), ("f1", 2)]
         assert state.violations() == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,8 +38,8 @@ async def control(c: Cluster, node: str, request) -> NodeReply:
 
 
 async def test_job_whose_process_vanished_is_requeued(nats_url, tmp_path):
-    """The daemon restarts (its job keeps running, not adopted), the job is killed -9 meanwhile:
-    only the heartbeats can tell, and the reconciler requeues the job."""
+    """The daemon restarts having lost its state files (so nothing can be adopted), the job is
+    killed -9 meanwhile: only the heartbeats can tell, and the reconciler requeues the job."""
     async with Cluster(nats_url, tmp_path) as c:
         rec = await start_reconciler(nats_url)
         try:
@@ -53,6 +54,8 @@ async def test_job_whose_process_vanished_is_requeued(nats_url, tmp_path):
             c.hosts.remove(host1)
             os.kill(run.proc.pid, signal.SIGKILL)
             run.proc.popen.wait()
+            run.proc.kill_stragglers()
+            shutil.rmtree(tmp_path / "work" / "runs")
             await c.start_nodes(["r0"], gpus=2)
             job = await c.wait(lambda s: s.jobs["j"].state == "pending" and s.jobs["j"], "requeued by the reconciler")
             assert job.restarts == 1 and job.pending_reason == "requeued: no_process"
@@ -181,3 +184,52 @@ async def test_unhealthy_gpu_is_quarantined_and_restored(nats_url, tmp_path):
         state = await c.refold()
         assert len(c.events(ev.GpuQuarantined)) == 2 and len(c.events(ev.GpuRestored)) == 1
         assert state.violations() == []
+
+
+async def test_quarantined_gpu_under_a_running_job_is_a_fact_and_the_job_moves(nats_url, tmp_path):
+    """A GPU a running job holds turns unhealthy: the log gets `JobOnUnhealthyGpu`, `show` and
+    `jobs` say so, and the policy asks the (preemptible) job to checkpoint and move."""
+    from gpusched import readmodel
+    from gpusched.policy.config import PRESETS
+    from gpusched.policy.cycle import cycle
+
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["u0"], gpus=4)
+        rec = await start_reconciler(nats_url)
+        try:
+            await c.submit("j", JobSpec(team="t", gpus=2, preemptible=True, command=["sleep", "60"]))
+            await c.grant("j", ["u0/0", "u0/1"])
+            await c.wait(lambda s: s.jobs["j"].state == "running", "running")
+            assert (await control(c, "u0", InjectHealth(index=1, xid=79))).ok
+            job = await c.wait(lambda s: s.jobs["j"].unhealthy and s.jobs["j"], "the job is told")
+            assert job.unhealthy == ["u0/1"] and job.unhealthy_reason == "health: XID 79"
+            doc = readmodel.job_doc(c.state, job)
+            assert doc["unhealthy_gpus"] == [{"gpu": "u0/1", "node": "u0", "index": 1}]
+            decided = cycle(c.state, time.time(), PRESETS["full"])
+            [move] = [e for e in decided if isinstance(e, ev.PreemptionRequested)]
+            assert move.job_id == move.for_job == "j" and "unhealthy GPU(s) u0/1" in move.reason
+            await asyncio.sleep(0.6)  # no second fact for the same GPU
+        finally:
+            await rec.stop()
+        state = await c.refold()
+        assert len(c.events(ev.JobOnUnhealthyGpu)) == 1 and state.violations() == []
+
+
+async def test_a_node_that_crashes_and_returns_does_not_flap(nats_url, tmp_path):
+    """A crash is one NodeLost; the return is one NodeRegistered, after a few heartbeats (damped),
+    and re-registration resets the node's heartbeat age: no lost/registered ping-pong."""
+    async with Cluster(nats_url, tmp_path) as c:
+        host = await c.start_nodes(["v0"], gpus=2, heartbeat_s=0.2)
+        rec = await start_reconciler(nats_url, ReconcilerConfig(node_timeout_s=1.0, no_process_grace_s=1.0,
+                                                                zombie_grace_s=0.5, tick_s=0.1))
+        try:
+            assert (await control(c, "v0", SimulateCrash(revive_after_s=2.0))).ok
+            await c.wait(lambda s: s.nodes["v0"].lost, "lost")
+            await c.wait(lambda s: not s.nodes["v0"].lost, "back", timeout=10)
+            await asyncio.sleep(2.0)  # several node timeouts: it stays
+            assert not c.state.nodes["v0"].lost and host.agents["v0"].heartbeats > 5
+        finally:
+            await rec.stop()
+        await c.refold()
+        kinds = [e.kind for e in c.history if getattr(e, "node", None) == "v0"]
+        assert kinds == ["NodeRegistered", "NodeLost", "NodeRegistered"], kinds

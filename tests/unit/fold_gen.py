@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from gpusched.core import events as ev
 from gpusched.core import rules
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota, nvlink_domains
-from gpusched.core.state import ClusterState
+from gpusched.core.state import ClusterState, stale_live
 
 TEAMS = ("alpha", "beta", "gamma")
 #: Weighted: the job lifecycle dominates, node and GPU failures are rarer.
@@ -71,8 +71,10 @@ def _on_running(make):
 
 
 def _start(draw, state, t, emit, job):
+    for x in stale_live(job):  # a daemon starts an attempt only once the earlier one is gone
+        emit(ev.ProcessesEnded(at=t, job_id=job.job_id, attempt=x.attempt, node=x.node, generation=x.generation))
     emit(ev.JobStarted(at=t, job_id=job.job_id, attempt=job.attempt, node=state.gpus[job.gpus[0]].node,
-                       pids=[1000 + state.events]))
+                       pids=[1000 + state.events], generation=job.generation))
 
 
 def _checkpoint(draw, state, t, emit, job):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota, TopologyConstraint, nvlink_domains
-from gpusched.core.state import ClusterState
+from gpusched.core.state import ClusterState, stale_live
 from gpusched.policy.config import PRESETS, PolicyConfig
 from gpusched.policy.cycle import cycle
 
@@ -50,6 +50,8 @@ class Scenario:
         job = self.state.jobs[job_id]
         self.apply(ev.GpusGranted(at=at, job_id=job_id, attempt=job.attempt + 1, gpus=gpus,
                                   level=self.state.span(gpus), backfill=backfill))
+        for x in stale_live(job):  # the earlier attempt's processes are gone (the fence)
+            self.apply(ev.ProcessesEnded(at=at, job_id=job_id, attempt=x.attempt, node=x.node, generation=x.generation))
         for node in dict.fromkeys(g.split("/")[0] for g in gpus):
             self.apply(ev.JobStarted(at=at, job_id=job_id, attempt=job.attempt, node=node))
 

@@ -21,7 +21,7 @@ from gpusched.job import env as E
 def managed_env(tmp: Path, **extra: str) -> dict[str, str]:
     (tmp / "control").mkdir(exist_ok=True)
     env = {E.JOB_ID: "j1", E.ATTEMPT: "2", E.CHECKPOINT_DIR: str(tmp / "ckpt"), E.CONTROL_DIR: str(tmp / "control"),
-           "RANK": "1", "WORLD_SIZE": "2"}
+           "RANK": "0", "WORLD_SIZE": "2"}
     env.update(extra)
     return env
 
@@ -43,7 +43,7 @@ def test_outside_gpusched_it_is_inert(tmp_path):
 
 def test_checkpoint_is_durable_and_acknowledged(tmp_path):
     ctx = JobContext(environ=managed_env(tmp_path), install_signal=False)
-    assert (ctx.managed, ctx.job_id, ctx.attempt, ctx.rank, ctx.world_size) == (True, "j1", 2, 1, 2)
+    assert (ctx.managed, ctx.job_id, ctx.attempt, ctx.rank, ctx.world_size) == (True, "j1", 2, 0, 2)
     state = {"step": 7, "w": np.arange(4.0)}
     path = ctx.checkpoint(state, step=7)
     assert path == str(tmp_path / "ckpt" / "ckpt-000000007.msgpack")
@@ -124,3 +124,15 @@ def test_example_is_deterministic_outside_gpusched(tmp_path):
                         str(tmp_path / name)], check=True, env=env, capture_output=True, timeout=60)
         outs.append((tmp_path / name).read_bytes())
     assert outs[0] == outs[1]
+
+
+def test_only_the_ranks_that_must_save_are_asked(tmp_path):
+    """rank0 mode: rank 1 is never asked (its save would not count); all mode: every rank is,
+    and each saves under its own name in the shared checkpoint directory."""
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / E.REQUEST).write_text(json.dumps({"id": "7", "reason": "resize to 1 node(s)"}))
+    rank1 = JobContext(environ=managed_env(tmp_path, RANK="1"), install_signal=False)
+    assert not rank1.must_checkpoint and not rank1.checkpoint_requested
+    all1 = JobContext(environ=managed_env(tmp_path, RANK="1", GPUSCHED_CHECKPOINT_MODE="all"), install_signal=False)
+    assert all1.must_checkpoint and all1.checkpoint_requested and all1.request_reason == "resize to 1 node(s)"
+    assert all1.checkpoint({"w": 1}, step=3).endswith("ckpt-000000003-rank1.msgpack")

@@ -225,7 +225,8 @@ def test_no_restarts_left_fails_the_job():
 def test_heartbeat_schema_is_exported():
     import msgspec
 
-    assert set(SCHEMAS) == {"heartbeat.schema.json", "node-control.schema.json", "node-control-reply.schema.json"}
+    assert set(SCHEMAS) == {"heartbeat.schema.json", "node-control.schema.json", "node-control-reply.schema.json",
+                            "node-logs.schema.json", "node-logs-reply.schema.json"}
     schema = msgspec.json.schema(SCHEMAS["heartbeat.schema.json"])
     assert "GpuSample" in schema["$defs"] and "JobReport" in schema["$defs"]
 
@@ -233,6 +234,11 @@ def test_heartbeat_schema_is_exported():
 def test_systemd_unit_runs_the_daemon():
     unit = (Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "gpusched-nodeagent.service").read_text()
     assert "gpusched service run nodeagent --backend nvml" in unit or "gpusched.services.nodeagent" in unit
+    # jobs never run as root, and a crashed daemon's jobs survive for the next one to adopt
+    assert "--job-user ${GPUSCHED_JOB_USER}" in unit and "GPUSCHED_JOB_USER=gpusched-job" in unit
+    assert "KillMode=process" in unit
+    daemonset = (Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "nodeagent.yaml").read_text()
+    assert '"--job-user", "gpusched-job"' in daemonset
 
 
 # --- the NVML backend over a stand-in for the driver -------------------------------------------
@@ -298,3 +304,37 @@ def test_nvml_backend_over_a_fake_driver(monkeypatch):
     assert [g.temperature_c for g in s] == [40.0, 41.0, 42.0, None]
     assert (s[1].xid, s[1].health) == (79, "XID 79") and s[2].health == "2 uncorrected ECC errors"
     backend.close()
+
+
+# --- what a job writes is read within bounds, never through links ---------------------------------
+
+
+def test_control_files_are_read_within_bounds_and_never_through_links(tmp_path):
+    import json as _json
+
+    from gpusched.services.nodeagent.acks import AckCoalescer, AckLimits, read_acks
+    from gpusched.services.nodeagent.launcher import EXIT_FILE, read_exit_status
+
+    secret = tmp_path / "secret"
+    secret.write_text('{"path": "/etc/shadow", "step": 1}')
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    (ctl / "ack-link.json").symlink_to(secret)
+    (ctl / "ack-big.json").write_text(_json.dumps({"path": "x" * 10000, "step": 2}))
+    (ctl / "ack-bad.json").write_text('{"path": "/c", "step": -1}')
+    (ctl / "ack-ok.json").write_text('{"path": "/c/3", "step": 3, "request": "9"}')
+    acks, problems = read_acks(ctl, AckLimits(max_bytes=4096))
+    assert [(a.step, a.path, a.request) for a in acks] == [(3, "/c/3", "9")] and len(problems) == 3
+    assert list(ctl.iterdir()) == []  # every ack is consumed, good or bad
+    (ctl / EXIT_FILE).symlink_to(secret)
+    with pytest.raises(OSError):
+        read_exit_status(ctl)
+    # coalescing: the answer to the current request at once, the rest at most once per interval
+    co = AckCoalescer(AckLimits(interval_s=5.0))
+    for step in range(10, 20):
+        co.add(type(acks[0])(step, f"/c/{step}", "r1" if step == 12 else None))
+    assert [a.step for a in co.due(100.0, "r1", set())] == [12, 19]
+    co.add(type(acks[0])(20, "/c/20", None))
+    assert co.due(101.0, "r1", set()) == [] and [a.step for a in co.due(105.0, None, set())] == [20]
+    co.add(type(acks[0])(15, "/c/15", None))  # older than what was said: dropped
+    assert co.due(200.0, None, set()) == []

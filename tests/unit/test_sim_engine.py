@@ -242,7 +242,8 @@ def test_a_job_past_its_time_limit_is_ended():
     m = sim.run()
     assert (sim.runs["a"].finish, sim.runs["a"].timed_out) == (100, True)
     assert sim.runs["b"].first_start == 100 and m["timed_out"] == 1
-    assert sim.state.jobs["a"].state == "failed" and sim.state.violations() == []
+    assert sim.state.jobs["a"].state == "timeout" and sim.state.violations() == []
+
 
 
 def test_simulate_uses_the_quotas_given():

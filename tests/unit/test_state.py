@@ -134,3 +134,65 @@ def test_replaying_the_same_log_twice_gives_identical_state(events):
     a, b = fold(events), fold(wire)
     assert msgspec.msgpack.encode(a) == msgspec.msgpack.encode(b)
     assert ClusterState.restore(a.snapshot()).summary() == a.summary()
+
+
+# --- the fence: at most one live attempt per job ------------------------------------------------
+
+def _started(attempt: int, node: str = "n0", generation: int = 0) -> ev.JobStarted:
+    return ev.JobStarted(at=5, job_id="j", attempt=attempt, node=node, generation=generation)
+
+
+def _ended(attempt: int, node: str = "n0", generation: int = 0) -> ev.ProcessesEnded:
+    return ev.ProcessesEnded(at=5, job_id="j", attempt=attempt, node=node, generation=generation)
+
+
+_RELEASE = ev.GpusReleased(at=4, job_id="j", reason="preempted")
+FENCE = {
+    "the next attempt after its daemon confirmed the end": (
+        [grant("j", "n0/0"), _started(1), _RELEASE, _ended(1), grant("j", "n1/0", attempt=2), _started(2, "n1")], []),
+    "the next attempt while the first may still run": (
+        [grant("j", "n0/0"), _started(1), _RELEASE, grant("j", "n1/0", attempt=2), _started(2, "n1")],
+        ["two_live_attempts"]),
+    "a node declared lost fences what it ran": (
+        [grant("j", "n0/0"), _started(1), ev.NodeLost(at=4, node="n0", reason="silent"),
+         grant("j", "n1/0", attempt=2), _started(2, "n1")], []),
+    "granted but never reported started still counts as maybe running": (
+        [grant("j", "n0/0"), _RELEASE, grant("j", "n1/0", attempt=2), _started(2, "n1")], ["two_live_attempts"]),
+    "a resize restarts every rank: the new generation waits for the old": (
+        [grant("j", "n0/0", "n1/0"), _started(1), _started(1, "n1"),
+         ev.JobResized(at=4, job_id="j", removed=["n1/0"]), _ended(1), _started(1, "n0", 1)],
+        ["two_live_attempts"]),
+    "a resize after every old rank ended": (
+        [grant("j", "n0/0", "n1/0"), _started(1), _started(1, "n1"),
+         ev.JobResized(at=4, job_id="j", removed=["n1/0"]), _ended(1), _ended(1, "n1"), _started(1, "n0", 1)], []),
+}
+
+
+@pytest.mark.parametrize("events, broken", FENCE.values(), ids=FENCE.keys())
+def test_at_most_one_live_attempt(events, broken):
+    state = fold([node("n0"), node("n1"), submit("j", gpus=2, min_gpus=1), *events])
+    assert [v.rule for v in state.violations()] == broken
+
+
+def _saved(rank: int, step: int, at: float = 6, generation: int = 0) -> ev.CheckpointSaved:
+    return ev.CheckpointSaved(at=at, job_id="j", attempt=1, path=f"/c/{step}-{rank}", step=step, rank=rank,
+                              generation=generation)
+
+
+CHECKPOINTS = {
+    "rank0: rank 0's save is the checkpoint": ("rank0", [_saved(0, 10)], (10, ["/c/10-0"])),
+    "rank0: other ranks' saves do not count": ("rank0", [_saved(1, 10)], None),
+    "all: one rank is only a partial checkpoint": ("all", [_saved(0, 10)], None),
+    "all: complete once both saved the same step": ("all", [_saved(0, 10), _saved(1, 10)],
+                                                    (10, ["/c/10-0", "/c/10-1"])),
+    "all: different steps never complete": ("all", [_saved(0, 10), _saved(1, 11)], None),
+    "all: an older step never replaces a newer one": (
+        "all", [_saved(0, 20), _saved(1, 20), _saved(0, 10), _saved(1, 10)], (20, ["/c/20-0", "/c/20-1"])),
+}
+
+
+@pytest.mark.parametrize("mode, saves, want", CHECKPOINTS.values(), ids=CHECKPOINTS.keys())
+def test_collective_checkpoints(mode, saves, want):
+    state = fold([node("n0"), node("n1"), submit("j", gpus=2, checkpoint=mode), grant("j", "n0/0", "n1/0"), *saves])
+    ck = state.jobs["j"].checkpoint
+    assert (None if ck is None else (ck.step, ck.paths)) == want

@@ -73,7 +73,7 @@ def alloc_shard(key: str) -> str:
 
 #: Event kinds a node daemon reports about itself (their subject carries the node when they name one).
 NODE_KINDS = frozenset({"NodeRegistered", "JobStarted", "CheckpointSaved", "JobCompleted", "JobFailed",
-                        "GpusReleased"})
+                        "GpusReleased", "ProcessesEnded"})
 
 
 def event_subject(event: ev.Event) -> str:
@@ -142,6 +142,11 @@ def node_control_subject(node: str) -> str:
     """Node daemons answer every node-control request here (admin only: it includes the
     simulated crash and stray-process hooks)."""
     return f"gpusched.node.{token(node)}.ctl"
+
+
+def node_logs_subject(node: str) -> str:
+    """Request/reply: a node daemon serves its jobs' stdout/stderr (`LogRequest`)."""
+    return f"gpusched.node.{token(node)}.logs"
 
 
 def node_kill_subject(node: str) -> str:

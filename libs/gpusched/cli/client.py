@@ -63,11 +63,26 @@ def _run(args: argparse.Namespace, call, ok_text) -> int:
     return 0
 
 
+def exported(names: str, environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The submitter's variables `--export` names (as sbatch: ALL, NONE or NAME,NAME...).
+    gpusched's own GPUSCHED_* variables are never exported."""
+    if names.upper() == "NONE":
+        return {}
+    if names.upper() == "ALL":
+        return {k: v for k, v in environ.items() if not k.startswith("GPUSCHED_")}
+    out = {}
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        if name not in environ:
+            raise SystemExit(f"gpusched submit: --export {name}: not set in your environment")
+        out[name] = environ[name]
+    return out
+
+
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
-    env = {}
+    env = exported(args.export, os.environ)  # --env wins over what is exported
     for item in args.env or []:
         key, sep, value = item.partition("=")
         if not sep:
@@ -80,6 +95,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "topology": msgspec.to_builtins(TopologyConstraint(required=TOPOLOGY[args.topology],  # type: ignore[arg-type]
                                                            preferred=args.prefer or "nvlink")),
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
+        "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
         "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
     }
     try:
@@ -172,6 +188,15 @@ def register(sub) -> None:
     p.add_argument("--prefer", choices=["nvlink", "node", "rack", "block", "cluster"], default=None,
                    help="the level placement aims for (default: nvlink)")
     p.add_argument("--checkpoint-dir", default=None, help="where the job's checkpoints live (resumed from there)")
+    p.add_argument("--checkpoint", choices=["rank0", "all"], default="rank0",
+                   help="which node ranks save a checkpoint: rank 0 alone (default) or every rank; a "
+                        "checkpoint counts once all of them saved the same step")
+    p.add_argument("--chdir", default=None, metavar="DIR",
+                   help="the job's working directory (default: the directory you submit from)")
+    p.add_argument("--export", default="NONE", metavar="NAMES",
+                   help="your environment variables to pass to the job: NAME,NAME..., ALL or NONE "
+                        "(default NONE: the job gets a clean environment plus --env; exported values "
+                        "are stored in the log, so never export secrets)")
     p.add_argument("--name", default=None, help="a name shown next to the job id")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="an environment variable of the job (repeatable; stored in plaintext in the log: no secrets)")
     p.add_argument("--secret-env", action="append", metavar="NAME=@FILE",

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "gpusched.cli.client",  # submit, cancel, quota, drain
     "gpusched.cli.views",  # jobs, show, nodes, teams, queue
     "gpusched.cli.history",  # history (accounting, like sacct)
+    "gpusched.cli.logs",  # logs
     "gpusched.cli.demo",  # demo (the chaos scene)
     "gpusched.cli.replay",  # replay (audit), schemas
     "gpusched.cli.sim",  # sim (trace simulation)

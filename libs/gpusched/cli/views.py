@@ -261,7 +261,7 @@ def _caption(meta: dict[str, Any]) -> str:
 
 
 STATE_STYLE = {"pending": "yellow", "starting": "cyan", "running": "green", "completed": "dim",
-               "failed": "red", "cancelled": "dim"}
+               "failed": "red", "cancelled": "dim", "timeout": "red"}
 
 
 def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -285,10 +285,12 @@ def print_jobs(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
             if d.get("preemption"):
                 p = d["preemption"]
                 detail += "; idle timeout: yielding" if p.get("cause") == "idle" else f"; preempting for {p['for_job']}"
+            if d.get("unhealthy_gpus"):
+                detail += f"; [red]on unhealthy GPU {compress_gpus(d['unhealthy_gpus'])}[/]"
         else:
             detail = d["end_reason"]
         since = d["started_at"] if d["state"] in ("starting", "running") else d["submitted_at"]
-        age = _dur(now - since) if d["state"] not in ("completed", "failed", "cancelled") else "-"
+        age = _dur(now - since) if d["state"] not in ("completed", "failed", "cancelled", "timeout") else "-"
         style = STATE_STYLE.get(d["state"], "")
         table.add_row(d["job_id"], d["team"] + (f"/{d['user']}" if d.get("user") else ""), f"[{style}]{d['state']}[/]", d["priority"], gpus,
                       compress_gpus(d["gpus"]), age, _use(d), detail)
@@ -651,6 +653,14 @@ def print_show(data: dict[str, Any]) -> None:
         lines.append(f"preempted {d['preemptions']}x, restarted {d['restarts']}x, lost work {d['lost_gpu_s']:.0f} GPU-s")
     if d["end_reason"]:
         lines.append(f"ended: {d['end_reason']}")
+    if d.get("unhealthy_gpus"):
+        lines.append(f"[red]runs on unhealthy GPU(s) {compress_gpus(d['unhealthy_gpus'])}: {d['unhealthy_reason']}[/]")
+    if d.get("workdir"):
+        lines.append(f"runs in {d['workdir']}; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
+    for ref in d.get("logs", [])[-8:]:
+        gen = f".{ref['generation']}" if ref["generation"] else ""
+        lines.append(f"log of attempt {ref['attempt']}{gen} rank {ref['rank']}: {ref['node']}:{ref['path']}  "
+                     f"(gpusched logs {d['job_id']} --attempt {ref['attempt']} --rank {ref['rank']})")
     console.print(Panel("\n".join(lines), title=f"job {d['job_id']}", subtitle=f"log seq {data['seq']}"))
 
     why = data.get("why_pending")

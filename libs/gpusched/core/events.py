@@ -84,12 +84,30 @@ class JobResized(Event, frozen=True, kw_only=True):
 
 
 class JobStarted(Event, frozen=True, kw_only=True):
-    """A node daemon started the job's processes for this attempt on one node."""
+    """A node daemon started the job's processes for this attempt on one node, as node rank
+    `rank`. `generation` counts the restarts of all ranks within the attempt (an elastic
+    resize restarts every rank); `log` is where the rank's stdout/stderr are kept on the node."""
 
     job_id: JobId
     attempt: int
     node: str
     pids: list[int] = []
+    rank: int = 0
+    generation: int = 0
+    log: str = ""
+
+
+class ProcessesEnded(Event, frozen=True, kw_only=True):
+    """Every process of this attempt (and generation) on this node is dead: the fence that lets
+    the next attempt start. Reported by the node daemon that ran them, also when it finds
+    them gone after a restart; a `NodeLost` fences a node's processes too."""
+
+    job_id: JobId
+    attempt: int
+    node: str
+    generation: int = 0
+    exit_code: int | None = None
+    reason: str = ""
 
 
 class PreemptionRequested(Event, frozen=True, kw_only=True):
@@ -129,13 +147,17 @@ class JobBusy(Event, frozen=True, kw_only=True):
 
 
 class CheckpointSaved(Event, frozen=True, kw_only=True):
-    """A job saved a checkpoint durably. `sha256`: the file's (or tree's) checksum as the job's
-    SDK computed it; a resume verifies it and falls back to the checkpoint before."""
+    """One node rank saved `step` durably. The checkpoint is complete (usable to resume, and
+    enough to release a preempted job) once every rank its spec's `checkpoint` mode names has
+    saved the same step. `sha256`: the file's (or tree's)
+    checksum as the job's SDK computed it; a resume verifies it and falls back to the checkpoint before."""
 
     job_id: JobId
     attempt: int
     path: str
     step: int
+    rank: int = 0
+    generation: int = 0
     #: The node daemon that reports it (its subject carries the node, so permissions can say so).
     node: str | None = None
     sha256: Annotated[str, Meta(pattern="^([0-9a-f]{64})?$")] = ""
@@ -168,6 +190,25 @@ class JobFailed(Event, frozen=True, kw_only=True):
     reason: str
     exit_code: int | None = None
     node: str | None = None  # the reporting node daemon, when a node reports it
+
+
+class JobTimedOut(Event, frozen=True, kw_only=True):
+    """The job ran past its time limit and ends (Slurm's TIMEOUT); its node daemons asked it to
+    checkpoint a grace period before."""
+
+    ALLOC: ClassVar[bool] = True
+    job_id: JobId
+    attempt: int
+    limit_s: float
+
+
+class JobOnUnhealthyGpu(Event, frozen=True, kw_only=True):
+    """A running job holds a GPU that was quarantined: the job is told (and, per policy, moved)."""
+
+    job_id: JobId
+    attempt: int
+    gpus: list[GpuId]
+    reason: str
 
 
 class JobCancelled(Event, frozen=True, kw_only=True):
@@ -273,6 +314,7 @@ AnyEvent = Union[
     GpusGranted,
     JobResized,
     JobStarted,
+    ProcessesEnded,
     PreemptionRequested,
     JobIdle,
     JobBusy,
@@ -281,6 +323,8 @@ AnyEvent = Union[
     JobCompleted,
     JobFailed,
     JobCancelled,
+    JobTimedOut,
+    JobOnUnhealthyGpu,
     NodeRegistered,
     NodeLost,
     NodeDrained,

@@ -137,6 +137,37 @@ class NodeReply(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     refused: list[int] = []
 
 
+# --- job logs (request/reply on `subjects.node_logs_subject(node)`) ------------------------------
+
+#: The most bytes one `LogReply` carries (well under NATS's max payload).
+MAX_LOG_CHUNK = 256 * 1024
+
+
+class LogRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Part of one rank's stdout/stderr of one attempt: `max_bytes` from byte `offset` (a
+    negative offset counts from the end). `generation` None: the latest of the attempt."""
+
+    job_id: str
+    attempt: int
+    rank: int = 0
+    generation: int | None = None
+    offset: int = 0
+    max_bytes: Annotated[int, Meta(ge=1, le=MAX_LOG_CHUNK)] = 64 * 1024
+    v: int = SCHEMA_VERSION
+
+
+class LogReply(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`data` (UTF-8, undecodable bytes replaced) ends at byte `offset` of a file of `size` bytes."""
+
+    ok: bool
+    node: str
+    error: str = ""
+    path: str = ""
+    data: str = ""
+    offset: int = 0
+    size: int = 0
+
+
 _heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
 _request_decoder = msgspec.json.Decoder(AnyNodeRequest)
 _reply_decoder = msgspec.json.Decoder(NodeReply)
@@ -159,4 +190,6 @@ SCHEMAS: dict[str, object] = {
     "heartbeat.schema.json": Heartbeat,
     "node-control.schema.json": AnyNodeRequest,
     "node-control-reply.schema.json": NodeReply,
+    "node-logs.schema.json": LogRequest,
+    "node-logs-reply.schema.json": LogReply,
 }

@@ -64,6 +64,10 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     #: Stored in plaintext in the log and in Redis: never put secrets here (see `secret_env`).
     env: L.Env = {}
     checkpoint_dir: L.AbsPath | None = None
+    #: Which node ranks must save for a checkpoint to be complete: rank 0 alone, or every rank.
+    checkpoint: Literal["rank0", "all"] = "rank0"
+    #: Where the job runs (absolute; `submit` records its working directory, `--chdir` overrides).
+    workdir: L.AbsPath | None = None
     on_failure: Literal["requeue", "fail"] = "requeue"
     max_restarts: L.Restarts = 3
     name: L.JobName = ""

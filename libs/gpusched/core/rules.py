@@ -134,7 +134,7 @@ class BatchCheck:
         self._hold(job.team, e.job_id, list(e.removed), list(e.added))
         return None
 
-    def _release(self, e: ev.GpusReleased | ev.JobFailed) -> str | None:
+    def _release(self, e: ev.GpusReleased | ev.JobFailed | ev.JobTimedOut) -> str | None:
         job = self.state.jobs.get(e.job_id)
         if job is None or not job.holding:
             return "release of a job that holds nothing"
@@ -152,14 +152,15 @@ class BatchCheck:
 
 
 _CHECKS: dict[type, Any] = {ev.GpusGranted: BatchCheck._grant, ev.JobResized: BatchCheck._resize,
-           ev.GpusReleased: BatchCheck._release, ev.JobFailed: BatchCheck._release}
+           ev.GpusReleased: BatchCheck._release, ev.JobFailed: BatchCheck._release,
+           ev.JobTimedOut: BatchCheck._release}
 
 
 def freed_by(state: ClusterState, events: Iterable[ev.Event]) -> set[GpuId]:
     """GPUs the events free (releases, ends, shrinks)."""
     out: set[GpuId] = set()
     for e in events:
-        if isinstance(e, (ev.GpusReleased, ev.JobFailed)) and e.job_id in state.jobs:
+        if isinstance(e, (ev.GpusReleased, ev.JobFailed, ev.JobTimedOut)) and e.job_id in state.jobs:
             out.update(state.jobs[e.job_id].gpus)
         elif isinstance(e, ev.JobResized):
             out.update(e.removed)

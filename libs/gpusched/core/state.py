@@ -19,18 +19,43 @@ from .model import GpuId, JobSpec, TeamQuota, gpu_id
 from .reasons import Reason
 from .topology import Gpu, Node, span_level
 
-JobStatus = Literal["pending", "starting", "running", "completed", "failed", "cancelled"]
+JobStatus = Literal["pending", "starting", "running", "completed", "failed", "cancelled", "timeout"]
 HOLDING = ("starting", "running")
-TERMINAL = ("completed", "failed", "cancelled")
-JOB_STATES: tuple[str, ...] = ("pending", "starting", "running", "completed", "failed", "cancelled")
+TERMINAL = ("completed", "failed", "cancelled", "timeout")
+JOB_STATES: tuple[str, ...] = ("pending", "starting", "running", "completed", "failed", "cancelled", "timeout")
+#: Partial checkpoints kept per job (steps some but not all ranks saved), newest last.
+PARTIAL_CHECKPOINTS = 8
 
 
 class Checkpoint(Struct):
+    """A complete checkpoint: every rank that must save saved `step`. `path` is rank 0's,
+    `paths` every saving rank's, by rank."""
+
     path: str
     step: int
     at: float
     attempt: int
-    sha256: str = ""  # as the job's SDK recorded it: a resume verifies the file against it
+    paths: list[str] = []
+    sha256: str = ""  # rank 0's, as the job's SDK recorded it: a resume verifies the file against it
+
+
+class Live(Struct, array_like=True):
+    """Processes of one attempt (and generation) that may exist on `node`: from the grant (or
+    resize) until its daemon reports them ended or the node is declared lost."""
+
+    node: str
+    attempt: int
+    generation: int = 0
+
+
+class LogRef(Struct, array_like=True):
+    """Where one rank's stdout/stderr of one attempt is kept (on `node`, served over NATS)."""
+
+    attempt: int
+    generation: int
+    rank: int
+    node: str
+    path: str
 
 
 class Preemption(Struct):
@@ -81,6 +106,14 @@ class Job(Struct):
     pending_why: Reason | None = None  # the typed reason of the policy's last JobPending
     nodes_started: list[str] = []
     request_id: str = ""
+    generation: int = 0  # restarts of every rank within the attempt (elastic resizes)
+    resized_at: float | None = None
+    prev_nodes: int = 0  # nodes of the generation before the latest resize (its ranks still save)
+    live: list[Live] = []  # the fence: attempts whose processes may still run
+    partial: dict[int, dict[int, str]] = {}  # step -> {rank: path}, this attempt and generation
+    unhealthy: list[GpuId] = []  # quarantined GPUs the job holds
+    unhealthy_reason: str = ""
+    logs: list[LogRef] = []
     idle: IdleStatus | None = None  # the current attempt's GPUs are idle (reconciler's JobIdle)
     idle_gpu_s: float = 0.0  # held GPU-seconds while idle, all attempts, as of `idle_at`
     idle_at: float = 0.0
@@ -128,6 +161,13 @@ class Violation(Struct, frozen=True):
     gpus: list[GpuId] = []
 
 
+def _set_checkpoint(job: Job, ck: Checkpoint) -> None:
+    """`ck` is the job's newest complete checkpoint; the one before stays as the fallback."""
+    if job.checkpoint is not None and job.checkpoint.path != ck.path:
+        job.previous_checkpoint = job.checkpoint
+    job.checkpoint = ck
+
+
 class ClusterState(Struct):
     """Nodes and topology, who holds each GPU, jobs and their lifecycle, team usage."""
 
@@ -146,6 +186,7 @@ class ClusterState(Struct):
     events: int = 0
     now: float = 0.0
     free_count: int = 0
+    node_live: dict[str, dict[str, None]] = {}  # node -> jobs with `Live` processes there
     broken: list[Violation] = []  # every invariant an event broke, in log order
 
     # --- the fold ------------------------------------------------------------------------
@@ -183,100 +224,16 @@ class ClusterState(Struct):
             job.pending_reason, job.pending_blockers, job.pending_eta_s = e.reason, list(e.blockers), e.eta_s
             job.pending_why = e.why
 
-    def _on_granted(self, e: ev.GpusGranted) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or job.state != "pending":
-            state = "unknown" if job is None else job.state
-            self._violate("grant_to_non_pending", f"grant to {state} job {e.job_id}", [e.job_id], e.gpus)
-            return
-        spec = job.spec
-        if not rules.gang_size_ok(spec, len(e.gpus)):
-            self._violate(
-                "gang_size",
-                f"job {e.job_id} granted {len(e.gpus)} GPUs, gang needs {spec.gang_min}..{spec.gpus}",
-                [e.job_id],
-                e.gpus,
-            )
-        granted = self._take(e.job_id, e.gpus, e.at)
-        del self.pending[e.job_id]
-        self.running[e.job_id] = None
-        job.state, job.attempt, job.gpus = "starting", e.attempt, granted
-        job.placer, job.level, job.backfill = e.placer, e.level, e.backfill
-        job.started_at, job.held_since, job.nodes_started = e.at, e.at, []
-        job.yielded_idle, job.idle, job.idle_at = False, None, e.at
-        if job.first_started_at is None:
-            job.first_started_at = e.at
-        job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
-        job.pending_why = None
-        self._team_held(spec.team, len(granted), e.at)
-        self._check_limit(spec.team, e.job_id, granted)
-
-    def _on_resized(self, e: ev.JobResized) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding:
-            self._violate("resize_of_idle_job", f"resize of job {e.job_id} that holds nothing", [e.job_id])
-            return
-        self._account(job, e.at)
-        not_held = [g for g in e.removed if g not in job.gpus]
-        if not_held:
-            self._violate("release_not_held", f"job {e.job_id} releases GPUs it does not hold", [e.job_id], not_held)
-        removed = [g for g in e.removed if g in job.gpus]
-        self._give_back(removed)
-        added = self._take(e.job_id, e.added, e.at)
-        job.gpus = [g for g in job.gpus if g not in removed] + added
-        self._team_held(job.team, len(added) - len(removed), e.at)
-        if job.idle is not None:
-            _team_idle(self, job.team, len(added) - len(removed), e.at)
-        if len(job.gpus) < job.spec.gang_min:
-            self._violate(
-                "below_gang_min",
-                f"job {e.job_id} holds {len(job.gpus)} GPUs, gang minimum is {job.spec.gang_min}",
-                [e.job_id],
-                job.gpus,
-            )
-        if added:
-            self._check_limit(job.team, e.job_id, added)
-
-    def _on_started(self, e: ev.JobStarted) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding or job.attempt != e.attempt:
-            return  # a late report from an attempt that already ended
-        job.state = "running"
-        if e.node not in job.nodes_started:
-            job.nodes_started = [*job.nodes_started, e.node]
-
-    def _on_preemption(self, e: ev.PreemptionRequested) -> None:
-        job = self.jobs.get(e.job_id)
-        if job is None or not job.holding:
-            return
-        if e.cause == "idle":  # the idle timeout serves the queue, not one job, and any class
-            job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at, "idle")
-            self.idle_jobs[job.job_id] = None
-            return
-        beneficiary = self.jobs.get(e.for_job)
-        if beneficiary is None:
-            self._violate("preemption_without_beneficiary", f"preemption of {e.job_id} serves no known job", [e.job_id])
-        elif job.team != beneficiary.team:
-            victim_t, for_t = self.team(job.team), self.team(beneficiary.team)
-            if not rules.fair_preemption(job.team, victim_t.quota, victim_t.held,
-                                         beneficiary.team, for_t.quota, for_t.held):
-                self._violate(
-                    "unfair_preemption",
-                    f"team {job.team} (holds {victim_t.held} <= guaranteed {victim_t.quota.guaranteed}) "
-                    f"preempted for team {beneficiary.team} (holds {for_t.held} >= guaranteed "
-                    f"{for_t.quota.guaranteed})",
-                    [e.job_id, e.for_job],
-                )
-        if not job.spec.preemptible:
-            self._violate("non_preemptible", f"job {e.job_id} is not preemptible", [e.job_id, e.for_job])
-        job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at)
-
-    def _on_checkpoint(self, e: ev.CheckpointSaved) -> None:
+    def _on_processes_ended(self, e: ev.ProcessesEnded) -> None:
         job = self.jobs.get(e.job_id)
         if job is not None:
-            if job.checkpoint is not None and job.checkpoint.path != e.path:
-                job.previous_checkpoint = job.checkpoint
-            job.checkpoint = Checkpoint(e.path, e.step, e.at, e.attempt, e.sha256)
+            self._end_live(job, lambda x: x.node == e.node and (x.attempt, x.generation) == (e.attempt, e.generation))
+
+    def _on_unhealthy(self, e: ev.JobOnUnhealthyGpu) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is not None and job.holding and job.attempt == e.attempt:
+            job.unhealthy = [g for g in dict.fromkeys([*job.unhealthy, *e.gpus]) if g in job.gpus]
+            job.unhealthy_reason = e.reason
 
     def _on_released(self, e: ev.GpusReleased) -> None:
         job = self.jobs.get(e.job_id)
@@ -293,7 +250,7 @@ class ClusterState(Struct):
         self._requeue(job, e.at, "requeued: idle timeout" if idle else f"requeued: {e.reason}")
         job.yielded_idle = idle
 
-    def _on_terminal(self, e: ev.JobCompleted | ev.JobFailed | ev.JobCancelled) -> None:
+    def _on_terminal(self, e: ev.JobCompleted | ev.JobFailed | ev.JobCancelled | ev.JobTimedOut) -> None:
         job = self.jobs.get(e.job_id)
         if job is None or job.state in TERMINAL:
             return
@@ -308,13 +265,17 @@ class ClusterState(Struct):
         job.state = _END_STATE[type(e)]
         job.finished_at = e.at
         job.preemption = None
-        job.end_reason = getattr(e, "reason", "") or f"exit code {getattr(e, 'exit_code', 0)}"
+        if isinstance(e, ev.JobTimedOut):
+            job.end_reason = f"time limit of {e.limit_s:g} s exceeded"
+        else:
+            job.end_reason = getattr(e, "reason", "") or f"exit code {getattr(e, 'exit_code', 0)}"
 
     # nodes and GPUs
 
     def _on_node_registered(self, e: ev.NodeRegistered) -> None:
         old = self.nodes.get(e.node)
         if old is not None:
+            old.registered_at = max(old.registered_at, e.at)
             if old.lost:
                 old.lost = False
                 for g in old.gpus:
@@ -331,6 +292,8 @@ class ClusterState(Struct):
         if node is None:
             return
         node.lost = True
+        for job_id in list(self.node_live.get(e.node, {})):  # fenced: the node kills them on return
+            self._end_live(self.jobs[job_id], lambda x: x.node == e.node)
         victims: dict[str, None] = {}
         for g in node.gpus:
             holder = self.gpus[g].holder
@@ -406,6 +369,28 @@ class ClusterState(Struct):
             self._refresh(g)
             taken.append(g)
         return taken
+
+    def _may_run(self, job: Job, gpus: list[GpuId]) -> None:
+        """From a grant or resize on, the job's current attempt may have processes on its nodes."""
+        for node in dict.fromkeys(g.rpartition("/")[0] for g in gpus):
+            self._add_live(job, Live(node, job.attempt, job.generation))
+
+    def _add_live(self, job: Job, live: Live) -> None:
+        if live not in job.live:
+            job.live = [*job.live, live]
+            self.node_live.setdefault(live.node, {})[job.job_id] = None
+
+    def _end_live(self, job: Job, ended) -> None:
+        gone = [x for x in job.live if ended(x)]
+        if not gone:
+            return
+        job.live = [x for x in job.live if not ended(x)]
+        for x in gone:
+            if not any(y.node == x.node for y in job.live):
+                jobs = self.node_live.get(x.node, {})
+                jobs.pop(job.job_id, None)
+                if not jobs:
+                    self.node_live.pop(x.node, None)
 
     def _give_back(self, gpus: list[GpuId]) -> None:
         for g in gpus:
@@ -594,16 +579,164 @@ def _summary(st: ClusterState) -> dict:
 _END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed: "failed",
                                      ev.JobCancelled: "cancelled"}
 
+def _clusterstate_on_granted(self, e: ev.GpusGranted) -> None:
+    job = self.jobs.get(e.job_id)
+    if job is None or job.state != "pending":
+        state = "unknown" if job is None else job.state
+        self._violate("grant_to_non_pending", f"grant to {state} job {e.job_id}", [e.job_id], e.gpus)
+        return
+    spec = job.spec
+    if not rules.gang_size_ok(spec, len(e.gpus)):
+        self._violate(
+            "gang_size",
+            f"job {e.job_id} granted {len(e.gpus)} GPUs, gang needs {spec.gang_min}..{spec.gpus}",
+            [e.job_id],
+            e.gpus,
+        )
+    granted = self._take(e.job_id, e.gpus, e.at)
+    del self.pending[e.job_id]
+    self.running[e.job_id] = None
+    job.state, job.attempt, job.gpus = "starting", e.attempt, granted
+    job.placer, job.level, job.backfill = e.placer, e.level, e.backfill
+    job.started_at, job.held_since, job.nodes_started = e.at, e.at, []
+    job.generation, job.resized_at, job.partial, job.unhealthy, job.unhealthy_reason = 0, None, {}, [], ""
+    self._may_run(job, e.gpus)
+    job.yielded_idle, job.idle, job.idle_at = False, None, e.at
+    if job.first_started_at is None:
+        job.first_started_at = e.at
+    job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
+    job.pending_why = None
+    self._team_held(spec.team, len(granted), e.at)
+    self._check_limit(spec.team, e.job_id, granted)
+
+
+def _clusterstate_on_resized(self, e: ev.JobResized) -> None:
+    job = self.jobs.get(e.job_id)
+    if job is None or not job.holding:
+        self._violate("resize_of_idle_job", f"resize of job {e.job_id} that holds nothing", [e.job_id])
+        return
+    self._account(job, e.at)
+    job.prev_nodes = len(job_node_order(job))
+    not_held = [g for g in e.removed if g not in job.gpus]
+    if not_held:
+        self._violate("release_not_held", f"job {e.job_id} releases GPUs it does not hold", [e.job_id], not_held)
+    removed = [g for g in e.removed if g in job.gpus]
+    self._give_back(removed)
+    added = self._take(e.job_id, e.added, e.at)
+    job.gpus = [g for g in job.gpus if g not in removed] + added
+    self._team_held(job.team, len(added) - len(removed), e.at)
+    if job.idle is not None:
+        _team_idle(self, job.team, len(added) - len(removed), e.at)
+    if len(job.gpus) < job.spec.gang_min:
+        self._violate(
+            "below_gang_min",
+            f"job {e.job_id} holds {len(job.gpus)} GPUs, gang minimum is {job.spec.gang_min}",
+            [e.job_id],
+            job.gpus,
+        )
+    if added:
+        self._check_limit(job.team, e.job_id, added)
+    # Every rank restarts with the new world size (checkpoint, stop all, start all).
+    job.generation += 1
+    job.resized_at, job.partial = e.at, {}
+    job.unhealthy = [g for g in job.unhealthy if g in job.gpus]
+    self._may_run(job, job.gpus)
+
+
+def _clusterstate_on_started(self, e: ev.JobStarted) -> None:
+    job = self.jobs.get(e.job_id)
+    if job is None:
+        return
+    others = [x for x in job.live if (x.attempt, x.generation) != (e.attempt, e.generation)]
+    if others:
+        self._violate("two_live_attempts",
+                      f"job {e.job_id} attempt {e.attempt}.{e.generation} started on {e.node} while "
+                      + ", ".join(f"attempt {x.attempt}.{x.generation} may run on {x.node}" for x in others),
+                      [e.job_id])
+    if not any(x.node == e.node and (x.attempt, x.generation) == (e.attempt, e.generation) for x in job.live):
+        self._add_live(job, Live(e.node, e.attempt, e.generation))
+    if e.log and len(job.logs) < 256:
+        job.logs = [*job.logs, LogRef(e.attempt, e.generation, e.rank, e.node, e.log)]
+    if not job.holding or job.attempt != e.attempt:
+        return  # a late report from an attempt that already ended
+    job.state = "running"
+    if e.node not in job.nodes_started:
+        job.nodes_started = [*job.nodes_started, e.node]
+
+
+def _clusterstate_on_preemption(self, e: ev.PreemptionRequested) -> None:
+    job = self.jobs.get(e.job_id)
+    if job is None or not job.holding:
+        return
+    if e.cause == "idle":  # the idle timeout serves the queue, not one job, and any class
+        job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at, "idle")
+        self.idle_jobs[job.job_id] = None
+        return
+    beneficiary = self.jobs.get(e.for_job)
+    if beneficiary is None:
+        self._violate("preemption_without_beneficiary", f"preemption of {e.job_id} serves no known job", [e.job_id])
+    elif job.team != beneficiary.team:
+        victim_t, for_t = self.team(job.team), self.team(beneficiary.team)
+        if not rules.fair_preemption(job.team, victim_t.quota, victim_t.held,
+                                     beneficiary.team, for_t.quota, for_t.held):
+            self._violate(
+                "unfair_preemption",
+                f"team {job.team} (holds {victim_t.held} <= guaranteed {victim_t.quota.guaranteed}) "
+                f"preempted for team {beneficiary.team} (holds {for_t.held} >= guaranteed "
+                f"{for_t.quota.guaranteed})",
+                [e.job_id, e.for_job],
+            )
+    if not job.spec.preemptible:
+        self._violate("non_preemptible", f"job {e.job_id} is not preemptible", [e.job_id, e.for_job])
+    job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at)
+
+
+def _clusterstate_on_checkpoint(self, e: ev.CheckpointSaved) -> None:
+    """A rank's save completes a checkpoint once every rank that must save has saved that
+    step in this attempt and generation; earlier or partial saves never replace it."""
+    job = self.jobs.get(e.job_id)
+    if job is None:
+        return
+    if not job.holding or job.attempt != e.attempt:
+        # A rank-0 save that lands after its attempt ended is complete in rank0 mode.
+        newer = job.checkpoint is None or e.step > job.checkpoint.step
+        if e.attempt == job.attempt and e.rank == 0 and job.spec.checkpoint == "rank0" and newer:
+            _set_checkpoint(job, Checkpoint(e.path, e.step, e.at, e.attempt, [e.path], e.sha256))
+        return
+    if e.generation == job.generation:
+        ranks = checkpoint_ranks(job)
+    elif e.generation == job.generation - 1:  # the ranks draining for a resize save for it
+        ranks = list(range(max(1, job.prev_nodes))) if job.spec.checkpoint == "all" else [0]
+    else:
+        return
+    ck = job.checkpoint
+    if e.rank not in ranks or (ck is not None and ck.attempt == e.attempt and e.step < ck.step):
+        return  # not a saving rank, or older than the attempt's complete checkpoint
+    saved = dict(job.partial.get(e.step, {}))
+    saved[e.rank] = e.path
+    if all(r in saved for r in ranks):
+        paths = [saved[r] for r in sorted(saved)]
+        sha = e.sha256 if e.rank == 0 or len(ranks) == 1 else ""
+        _set_checkpoint(job, Checkpoint(saved.get(0, paths[0]), e.step, e.at, e.attempt, paths, sha))
+        job.partial = {s: p for s, p in job.partial.items() if s > e.step}
+    else:
+        partial = {**job.partial, e.step: saved}
+        job.partial = dict(sorted(partial.items())[-PARTIAL_CHECKPOINTS:])
+
+
 _HANDLERS: dict[type, Any] = {
     ev.JobSubmitted: ClusterState._on_submitted,
     ev.JobPending: ClusterState._on_pending,
-    ev.GpusGranted: ClusterState._on_granted,
-    ev.JobResized: ClusterState._on_resized,
-    ev.JobStarted: ClusterState._on_started,
-    ev.PreemptionRequested: ClusterState._on_preemption,
+    ev.GpusGranted: _clusterstate_on_granted,
+    ev.JobResized: _clusterstate_on_resized,
+    ev.JobStarted: _clusterstate_on_started,
+    ev.ProcessesEnded: ClusterState._on_processes_ended,
+    ev.JobOnUnhealthyGpu: ClusterState._on_unhealthy,
+    ev.JobTimedOut: ClusterState._on_terminal,
+    ev.PreemptionRequested: _clusterstate_on_preemption,
     ev.JobIdle: _on_idle,
     ev.JobBusy: _on_busy,
-    ev.CheckpointSaved: ClusterState._on_checkpoint,
+    ev.CheckpointSaved: _clusterstate_on_checkpoint,
     ev.GpusReleased: ClusterState._on_released,
     ev.JobCompleted: ClusterState._on_terminal,
     ev.JobFailed: ClusterState._on_terminal,
@@ -619,6 +752,29 @@ _HANDLERS: dict[type, Any] = {
     ev.PlacementDegraded: ClusterState._on_degraded,
     ev.PlacementRecovered: ClusterState._on_recovered,
 }
+
+
+_END_STATE = {ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobCancelled: "cancelled",
+              ev.JobTimedOut: "timeout"}
+
+
+def job_node_order(job: Job) -> list[str]:
+    """The job's nodes in grant order: a node's rank is its position here."""
+    return list(dict.fromkeys(g.rpartition("/")[0] for g in job.gpus))
+
+
+def checkpoint_ranks(job: Job) -> list[int]:
+    """The node ranks whose saves make a checkpoint of the job complete."""
+    if job.spec.checkpoint == "all":
+        return list(range(max(1, len(job_node_order(job)))))
+    return [0]
+
+
+def stale_live(job: Job) -> list[Live]:
+    """Fence entries that are not the current attempt and generation of a holding job."""
+    if not job.holding:
+        return list(job.live)
+    return [x for x in job.live if (x.attempt, x.generation) != (job.attempt, job.generation)]
 
 
 def fold(events, half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:

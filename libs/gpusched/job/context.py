@@ -74,12 +74,30 @@ class JobContext:
         self.rank = int(environ.get("RANK", "0") or 0)
         self.world_size = int(environ.get("WORLD_SIZE", "1") or 1)
         self.local_rank = int(environ.get("LOCAL_RANK", "0") or 0)
+        #: "rank0": only rank 0 saves checkpoints; "all": every rank saves its own, and a
+        #: checkpoint counts once all ranks saved the same step.
+        self.checkpoint_mode = environ.get(E.CHECKPOINT_MODE, "rank0") or "rank0"
+        self.generation = int(environ.get(E.GENERATION, "0") or 0)
         self._signalled = False
         self._acked: str | None = None
         self._request: str | None = None
         self._checked = 0.0
         if install_signal and self.control_dir is not None:
             self._install_signal()
+
+    @property
+    def must_checkpoint(self) -> bool:
+        """Whether this rank saves checkpoints: rank 0, or every rank in "all" mode."""
+        return self.checkpoint_mode == "all" or self.rank == 0
+
+    @property
+    def request_reason(self) -> str:
+        """Why a checkpoint is asked for ("preempted for ...", "resize to N node(s)", "time
+        limit ..."): after a resize the job restarts with the new WORLD_SIZE."""
+        try:
+            return str(json.loads((self.control_dir / E.REQUEST).read_text())["reason"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return ""
 
     @property
     def managed(self) -> bool:
@@ -112,7 +130,7 @@ class JobContext:
     def checkpoint_requested(self) -> bool:
         """True from the moment the scheduler asks for a checkpoint until one is saved. Cheap
         enough for every step: a signal flag, and the control file at most 4 times a second."""
-        if self.control_dir is None:
+        if self.control_dir is None or not self.must_checkpoint:
             return False
         now = time.monotonic()
         if self._signalled or now - self._checked >= 0.25:
@@ -132,10 +150,12 @@ class JobContext:
             if self.checkpoint_dir is None:
                 return None
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            # every rank saving into one directory needs its own names
+            stem = f"ckpt-{step:09d}" + (f"-rank{self.rank}" if self.checkpoint_mode == "all" and self.rank else "")
             if isinstance(data, (bytes, bytearray, memoryview)):
-                path, payload = self.checkpoint_dir / f"ckpt-{step:09d}.bin", bytes(data)
+                path, payload = self.checkpoint_dir / f"{stem}.bin", bytes(data)
             else:
-                path, payload = self.checkpoint_dir / f"ckpt-{step:09d}{checkpoint_io.SUFFIX}", checkpoint_io.dumps(data)
+                path, payload = self.checkpoint_dir / f"{stem}{checkpoint_io.SUFFIX}", checkpoint_io.dumps(data)
             write_durably(path, payload)
         if self.control_dir is not None:
             ack = {"path": str(path.resolve()), "step": int(step), "request": request, "at": time.time(),

@@ -19,12 +19,14 @@ RESUME_PREVIOUS_STEP = "GPUSCHED_RESUME_PREVIOUS_STEP"
 RESUME_PREVIOUS_SHA256 = "GPUSCHED_RESUME_PREVIOUS_SHA256"
 CHECKPOINT_DIR = "GPUSCHED_CHECKPOINT_DIR"
 CONTROL_DIR = "GPUSCHED_CONTROL_DIR"
+CHECKPOINT_MODE = "GPUSCHED_CHECKPOINT_MODE"  # "rank0": only rank 0 saves; "all": every rank does
+GENERATION = "GPUSCHED_GENERATION"  # restarts of all ranks within the attempt (elastic resizes)
 
 #: Control directory files. The daemon writes REQUEST (JSON: id, reason, deadline, for_job)
-#: when the job should checkpoint and yield, and RESIZE when an elastic job's GPUs change.
+#: when the job should checkpoint and yield (for a preemption, a resize, or a time limit: an
+#: elastic resize restarts every rank with its new WORLD_SIZE, so nothing is resized in place).
 #: The SDK writes ACK_PREFIX*.json (path, step, request, sha256) after each durable checkpoint, and
 #: SDK_PREFIX<pid> to say that process handles SIGUSR1 (the daemon then also signals it).
 REQUEST = "checkpoint-request.json"
-RESIZE = "resize.json"
 ACK_PREFIX = "ack-"
 SDK_PREFIX = "sdk-"

@@ -57,6 +57,8 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     preempt_backoff_max_s: float | None = None
     #: How long a preempted job has to checkpoint before its GPUs are taken back.
     checkpoint_grace_s: float = 60.0
+    #: Jobs on a quarantined GPU are asked to checkpoint and move (preemptible ones; see unhealthy.py).
+    move_off_unhealthy: bool = True
     #: How many blocked jobs per cycle may trigger preemption (bounds the cost of a cycle).
     max_preemptors_per_cycle: int = 4
     #: Backfill: treat a running job without a time limit as ending after this long (None: never).

@@ -1,7 +1,7 @@
 """One scheduling cycle: a short list of steps over one plan, each delegating a question to a
 policy (as Volcano's actions over a session).
 
-    expire -> settle -> walk -> reclaim -> grow -> explain -> idle
+    expire -> settle -> unhealthy -> walk -> reclaim -> grow -> explain -> idle
 
 `cycle(state, now, config)` returns the events the cycle decides, valid to apply in order to
 `state`. It never mutates the state: every step changes the cycle's tentative world, the
@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from ..core import events as ev
 from ..core.state import ClusterState
+from . import unhealthy
 from .config import PRESETS, PolicyConfig
 from .plan import Context, CyclePlan, Placer
 from .running import RunningIndex
@@ -42,6 +43,7 @@ def _always(config: PolicyConfig) -> bool:
 STEPS: list[tuple[Callable[[PolicyConfig], bool], Step]] = [
     (_always, expire.run),  # jobs past their time limit end
     (lambda c: c.preemption, settle.run),  # preemptions in flight: release or wait
+    (lambda c: c.move_off_unhealthy and c.preemption, unhealthy.run),  # off quarantined GPUs
     (_always, walk.run),  # the queue in order: start, backfill, or record why not
     (lambda c: c.preemption or c.elastic, reclaim.run),  # blocked jobs: claim, shrink, preempt
     (lambda c: c.elastic, grow.run),  # nothing waits: elastic jobs grow

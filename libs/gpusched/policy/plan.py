@@ -150,6 +150,19 @@ class CyclePlan:
         self.events.append(ev.JobFailed(at=self.ctx.now, job_id=job.job_id, attempt=job.attempt, reason=reason))
         self._free(job)
 
+    def time_out(self, job: Job, limit_s: float) -> None:
+        """A running job ends: it ran past its time limit (Slurm's TIMEOUT)."""
+        self.events.append(ev.JobTimedOut(at=self.ctx.now, job_id=job.job_id, attempt=job.attempt, limit_s=limit_s))
+        self._free(job)
+
+    def move(self, job: Job, reason: str) -> None:
+        """Ask `job` to checkpoint and yield for itself (it resumes elsewhere): a preemption
+        whose beneficiary is the job, in flight like any other."""
+        ctx = self.ctx
+        self.events.append(ev.PreemptionRequested(at=ctx.now, job_id=job.job_id, for_job=job.job_id,
+                                                  reason=reason, deadline=ctx.now + ctx.config.checkpoint_grace_s))
+        self.in_flight(job, job.job_id)
+
     def request_preemption(self, victim: Job, job: Job, reason: str) -> None:
         """Ask `victim` to yield for `job`: at once without the checkpoint handshake, else it is
         in flight until it checkpoints or its grace is over (its GPUs count as coming)."""

@@ -49,7 +49,8 @@ def _service(role: str) -> tuple[list[str], list[str]]:
         sub.append(subjects.HEARTBEATS)
         pub.append("gpusched.node.*.ctl.KillProcesses")
     elif role == "dashboard":  # acts for a logged-in admin (the dashboard checks the login)
-        pub += ["gpusched.cmd.*", "gpusched.cmd.*.*", "gpusched.ctl.*", subjects.Q_SHARES]
+        pub += ["gpusched.cmd.*", "gpusched.cmd.*.*", "gpusched.ctl.*", subjects.Q_SHARES,
+                "gpusched.node.*.logs"]  # job logs, for the admin it acts for (tenants may not ask)
     return pub, sub
 
 
@@ -58,7 +59,9 @@ def _node(p: Principal) -> tuple[list[str], list[str]]:
     sub: list[str] = []
     for node in p.all_nodes():
         pub += subjects.node_event_subjects(node) + [subjects.heartbeat_subject(node)]
-        sub += [subjects.node_control_subject(node), subjects.node_kill_subject(node)]
+        # it answers its own jobs' log requests (`gpusched logs`: admin and the dashboard ask)
+        sub += [subjects.node_control_subject(node), subjects.node_kill_subject(node),
+                subjects.node_logs_subject(node)]
     return pub, sub
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from ..accounting import Ledger, gpu_hours_by_team
 from ..core import events as ev
 from ..core.model import JobSpec, TeamQuota, TopologyConstraint
-from ..core.state import ClusterState, Violation
+from ..core.state import ClusterState, Violation, stale_live
 from .metrics import Recorder, eta_error
 from .runtime import REALISTIC, RuntimeModel
 from .traces import TraceJob
@@ -118,6 +118,11 @@ class Simulation:
         self.ledger.observe(self.state, event)
         if len(self.state.broken) > broken:
             raise SimViolation(event, self.state.broken[broken:])
+        job = self.state.jobs.get(getattr(event, "job_id", ""))
+        if job is not None and job.live and not isinstance(event, ev.ProcessesEnded):
+            for x in stale_live(job):  # simulated processes end the moment they are stopped
+                self._apply(ev.ProcessesEnded(at=event.at, job_id=job.job_id, attempt=x.attempt, node=x.node,
+                                              generation=x.generation, reason="simulated"))
 
     def _push(self, t: float, kind: int, job_id: str = "", epoch: int = 0) -> None:
         self._seq += 1
@@ -212,6 +217,8 @@ class Simulation:
             elif isinstance(e, ev.GpusReleased):
                 self._dirty = True  # freed GPUs: decide again at once
                 self._stopped(self.runs[e.job_id], t, forced=e.forced)
+            elif isinstance(e, ev.JobTimedOut):  # past its time limit: killed
+                self._timed_out(self.runs[e.job_id], t)
             elif isinstance(e, ev.JobFailed):  # past its time limit (or idle timeout): processes killed
                 self._timed_out(self.runs[e.job_id], t, idle=e.reason.startswith("idle timeout"))
         for job_id in started:  # the node daemons start the processes

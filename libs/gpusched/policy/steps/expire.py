@@ -12,4 +12,4 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         job = st.jobs[jid]
         limit = job.spec.time_limit_s
         if limit is not None and job.started_at is not None and now >= job.started_at + limit:
-            plan.fail(job, f"time limit of {limit:g} s exceeded")
+            plan.time_out(job, limit)

@@ -1,0 +1,102 @@
+"""A job runs where and how its user expects: in the directory it was submitted from, with the
+variables it exported, its launch errors reported at once, its output readable with
+`gpusched logs` (and followed with -f), its time limit its own end state."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import time
+
+from gpusched.cli.client import register as register_client
+from gpusched.cli.client import spec_from_args
+from gpusched.cli.logs import run_logs
+from gpusched.core import events as ev
+from gpusched.core.model import JobSpec
+
+from .node_helpers import PY, Cluster
+
+
+def submit_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register_client(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["submit", "--team", "t", "--gpus", "1", *argv])
+
+
+def logs_args(nats_url: str, job_id: str, follow: bool = False, **kw) -> argparse.Namespace:
+    return argparse.Namespace(job_id=job_id, rank=kw.get("rank", 0), attempt=kw.get("attempt"), follow=follow,
+                              interval=0.1, timeout=3.0, nats=nats_url)
+
+
+async def test_relative_path_job_runs_in_its_submit_dir_and_logs_are_served(nats_url, tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "hello.py").write_text("import os; print('MARKER-hello', os.environ.get('MY_SETTING'))\n")
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("MY_SETTING", "exported-42")
+    monkeypatch.setenv("NOT_EXPORTED", "secret")
+    spec = spec_from_args(submit_args(["--export", "MY_SETTING", "--", PY, "hello.py"]))
+    assert spec.workdir == str(project) and spec.env == {"MY_SETTING": "exported-42"}
+    assert spec_from_args(submit_args(["--chdir", "/tmp", "--", "x"])).workdir == "/tmp"
+    assert spec_from_args(submit_args(["--", "x"])).env == {}  # default: export nothing
+    monkeypatch.chdir(tmp_path)  # the agent runs elsewhere: the job must not care
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["w0"], gpus=2)
+        await c.submit("hello", spec)
+        await c.grant("hello", ["w0/0"])
+        job = await c.wait(lambda s: s.jobs["hello"].state in ("completed", "failed") and s.jobs["hello"], "done")
+        assert job.state == "completed", job.end_reason
+        out = io.StringIO()
+        assert await run_logs(logs_args(nats_url, "hello"), out) == 0
+        assert "MARKER-hello exported-42" in out.getvalue()
+        # a missing command fails at once, with the reason, and is not retried
+        await c.submit("missing", JobSpec(team="t", gpus=1, command=["no-such-command-xyz"], workdir=str(project)))
+        await c.grant("missing", ["w0/1"])
+        job = await c.wait(lambda s: s.jobs["missing"].state == "failed" and s.jobs["missing"], "failed")
+        assert "launch error" in job.end_reason and "'no-such-command-xyz' not found in PATH" in job.end_reason
+        assert job.attempt == 1 and job.restarts == 0
+        # a working directory that does not exist is a launch error too
+        await c.submit("nodir", JobSpec(team="t", gpus=1, command=[PY, "-c", "pass"], workdir="/no/such/dir"))
+        await c.grant("nodir", ["w0/1"])
+        job = await c.wait(lambda s: s.jobs["nodir"].state == "failed" and s.jobs["nodir"], "failed")
+        assert "working directory '/no/such/dir' does not exist" in job.end_reason
+        state = await c.refold()
+        assert not c.events(ev.GpusReleased) and state.violations() == []
+
+
+async def test_logs_follow_a_running_job(nats_url, tmp_path):
+    script = ("import time\nfor i in range(8):\n    print('tick', i, flush=True); time.sleep(0.25)\n"
+              "print('MARKER-end', flush=True)\n")
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["x0"], gpus=1)
+        await c.submit("ticker", JobSpec(team="t", gpus=1, command=[PY, "-c", script]))
+        await c.grant("ticker", ["x0/0"])
+        await c.wait(lambda s: s.jobs["ticker"].logs, "running with a log")
+        out = io.StringIO()
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(run_logs(logs_args(nats_url, "ticker", follow=True), out), 30) == 0
+        text = out.getvalue()
+        assert time.monotonic() - t0 >= 1.0  # it followed the job rather than printing once
+        assert "tick 0" in text and "tick 7" in text and text.rstrip().endswith("MARKER-end")
+        assert c.state.jobs["ticker"].state == "completed"
+
+
+async def test_time_limit_asks_for_a_checkpoint_before_the_end(nats_url, tmp_path):
+    """A time-limited job is asked to checkpoint `timeout_checkpoint_s` before its limit; the
+    limit then ends it in its own state, `timeout` (the policy appends JobTimedOut)."""
+    script = ("import time, gpusched.job as J\nctx = J.context()\nwhile True:\n"
+              "    if ctx.checkpoint_requested:\n        ctx.checkpoint(b'state', 7)\n    time.sleep(0.05)\n")
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["y0"], gpus=1, timeout_checkpoint_s=1.5)
+        await c.submit("limited", JobSpec(team="t", gpus=1, time_limit_s=2.5, checkpoint_dir=str(tmp_path / "ck"),
+                                          command=[PY, "-c", script]))
+        await c.grant("limited", ["y0/0"])
+        job = await c.wait(lambda s: s.jobs["limited"].checkpoint is not None and s.jobs["limited"], "checkpoint")
+        assert job.checkpoint.step == 7 and job.checkpoint.at < job.started_at + 2.5
+        await c.append(ev.JobTimedOut(at=time.time(), job_id="limited", attempt=1, limit_s=2.5))
+        await c.wait(lambda s: not s.jobs["limited"].live, "its processes ended")
+        state = await c.refold()
+        assert state.jobs["limited"].state == "timeout"
+        assert state.jobs["limited"].end_reason == "time limit of 2.5 s exceeded"
+        assert state.violations() == []
