@@ -125,10 +125,13 @@ COMMANDS = [["jobs"], ["nodes"], ["teams"], ["queue"], ["show", "j-1"], ["histor
 
 
 @pytest.fixture
-def fail_fast_cli():
-    """`main()` switches this process's NATS connections to fail fast: undo it afterwards."""
+def fail_fast_cli(monkeypatch, tmp_path):
+    """`main()` switches this process's NATS connections to fail fast: undo it afterwards. No
+    client config (an earlier `gpusched up` in the session may have written one naming its Redis)."""
     from gpusched.bus import log
 
+    monkeypatch.setenv("GPUSCHED_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.delenv("GPUSCHED_REDIS_URL", raising=False)
     yield main
     log._client_options.clear()
 
