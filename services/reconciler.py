@@ -219,9 +219,9 @@ def _missing_processes(state: ClusterState, obs: Observations, now: float, cfg: 
         del obs.missing_since[key]
 
 
-def _gpu_facts(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, lost: set[str],
-               out: Decision) -> None:
-    strays: set[tuple[str, int]] = set()
+
+def _live_samples(state: ClusterState, obs: Observations, lost: set[str]):
+    """(node, sample, GPU id, GPU) of every GPU a live, registered node last reported."""
     for name, hb in obs.heartbeats.items():
         node = state.nodes.get(name)
         if node is None or node.lost or name in lost:
@@ -229,20 +229,25 @@ def _gpu_facts(state: ClusterState, obs: Observations, now: float, cfg: Reconcil
         for s in hb.gpus:
             gid = gpu_id(name, s.index)
             g = state.gpus.get(gid)
-            if g is None:
-                continue
-            _health(state, s, gid, now, cfg, out)
-            if g.zombie_pids is not None:
-                if not s.pids:
-                    out.events.append(ev.ZombieReclaimed(at=now, gpu=gid, pids=list(g.zombie_pids)))
-                elif now - obs.kill_sent.get(gid, -math.inf) >= cfg.kill_retry_s:
-                    out.kills.append((name, gid, list(s.pids)))
-            elif g.holder is None and s.pids:
-                first = min(obs.stray_since.setdefault((gid, p), now) for p in s.pids)
-                strays.update((gid, p) for p in s.pids)
-                if now - first >= cfg.zombie_grace_s:
-                    out.events.append(ev.ZombieDetected(at=now, gpu=gid, pids=list(s.pids)))
-                    out.kills.append((name, gid, list(s.pids)))
+            if g is not None:
+                yield name, s, gid, g
+
+def _gpu_facts(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, lost: set[str],
+               out: Decision) -> None:
+    strays: set[tuple[str, int]] = set()
+    for name, s, gid, g in _live_samples(state, obs, lost):
+        _health(state, s, gid, now, cfg, out)
+        if g.zombie_pids is not None:
+            if not s.pids:
+                out.events.append(ev.ZombieReclaimed(at=now, gpu=gid, pids=list(g.zombie_pids)))
+            elif now - obs.kill_sent.get(gid, -math.inf) >= cfg.kill_retry_s:
+                out.kills.append((name, gid, list(s.pids)))
+        elif g.holder is None and s.pids:
+            first = min(obs.stray_since.setdefault((gid, p), now) for p in s.pids)
+            strays.update((gid, p) for p in s.pids)
+            if now - first >= cfg.zombie_grace_s:
+                out.events.append(ev.ZombieDetected(at=now, gpu=gid, pids=list(s.pids)))
+                out.kills.append((name, gid, list(s.pids)))
     for key in [k for k in obs.stray_since if k not in strays]:
         del obs.stray_since[key]
 
@@ -318,32 +323,24 @@ def decide_leaks(state: ClusterState, obs: Observations, now: float, cfg: Reconc
     """GPU memory in use with no process on a GPU that nothing holds: quarantine after the
     grace period, restore once freed; optionally ask the daemon to reset an idle leaked GPU."""
     leaking: set[str] = set()
-    for name, hb in obs.heartbeats.items():
-        node = state.nodes.get(name)
-        if node is None or node.lost or name in lost:
+    for name, s, gid, g in _live_samples(state, obs, lost):
+        ours = g.quarantined is not None and g.quarantined.startswith(LEAK_PREFIX)
+        if s.memory_used_mb < cfg.leak_min_mb or s.pids or g.holder is not None or g.zombie_pids is not None:
+            if ours and s.memory_used_mb < cfg.leak_min_mb and not s.pids:
+                out.events.append(ev.GpuRestored(at=now, gpu=gid, reason="leaked memory freed"))
             continue
-        for s in hb.gpus:
-            gid = gpu_id(name, s.index)
-            g = state.gpus.get(gid)
-            if g is None:
-                continue
-            ours = g.quarantined is not None and g.quarantined.startswith(LEAK_PREFIX)
-            if s.memory_used_mb < cfg.leak_min_mb or s.pids or g.holder is not None or g.zombie_pids is not None:
-                if ours and s.memory_used_mb < cfg.leak_min_mb and not s.pids:
-                    out.events.append(ev.GpuRestored(at=now, gpu=gid, reason="leaked memory freed"))
-                continue
-            leaking.add(gid)
-            since = obs.leak_since.setdefault(gid, now)
-            if ours:
-                obs.leak_reported.add(gid)
-                if (cfg.reset_leaked and s.utilization_pct < cfg.idle_util_pct
-                        and now - obs.kill_sent.get(gid, -math.inf) >= cfg.kill_retry_s):
-                    out.resets.append((name, gid))
-            elif g.quarantined is None and gid not in obs.leak_reported and now - since >= cfg.leak_grace_s:
-                out.events.append(ev.GpuQuarantined(
-                    at=now, gpu=gid, reason=f"{LEAK_PREFIX}{s.memory_used_mb} MB in use with no process "
-                                            f"for {now - since:.0f} s"))
-                obs.leak_reported.add(gid)
+        leaking.add(gid)
+        since = obs.leak_since.setdefault(gid, now)
+        if ours:
+            obs.leak_reported.add(gid)
+            if (cfg.reset_leaked and s.utilization_pct < cfg.idle_util_pct
+                    and now - obs.kill_sent.get(gid, -math.inf) >= cfg.kill_retry_s):
+                out.resets.append((name, gid))
+        elif g.quarantined is None and gid not in obs.leak_reported and now - since >= cfg.leak_grace_s:
+            out.events.append(ev.GpuQuarantined(
+                at=now, gpu=gid, reason=f"{LEAK_PREFIX}{s.memory_used_mb} MB in use with no process "
+                                        f"for {now - since:.0f} s"))
+            obs.leak_reported.add(gid)
     for gid in [k for k in obs.leak_since if k not in leaking]:
         del obs.leak_since[gid]
         obs.leak_reported.discard(gid)
