@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("logs", help="a job's stdout/stderr (per rank and attempt, from its node)",
                        description="Print a job's output as its node keeps it: one rank of one attempt "
                                    "(default: rank 0 of the latest). -f follows a running job.")
-    p.add_argument("job_id")
+    p.add_argument("job_id", help="the job id")
     p.add_argument("--rank", type=int, default=0, help="node rank (default 0)")
     p.add_argument("--attempt", type=int, default=None, help="attempt (default: the latest)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing while the job runs")
