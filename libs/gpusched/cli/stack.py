@@ -312,6 +312,9 @@ class Stack:
                 server.restart()
             except RuntimeError as err:  # port still busy: next tick
                 print(f"gpusched up: {err}", file=sys.stderr, flush=True)
+            if server.trust is not None and server.conf is not None:  # `user add/revoke` reloads this pid
+                server.trust.remember_server(server.conf, server.proc.pid, server.port, server.workdir,
+                                             getattr(server, "tls", None), "127.0.0.1")
             self.write_state()
 
     def supervise(self, stop: asyncio.Event) -> None:

@@ -101,8 +101,20 @@ class TrustStore:
             return False
         s = json.loads(self.server_file.read_text())
         self.render(s["conf"], port=s["port"], store_dir=s["store_dir"], tls=s.get("tls"), host=s.get("host", "127.0.0.1"))
+        pid = int(s["pid"])
+        if not _runs_config(pid, s["conf"]):
+            return False  # a stale pid (the server was restarted, or died): never signal a stranger
         try:
-            os.kill(int(s["pid"]), signal.SIGHUP)
+            os.kill(pid, signal.SIGHUP)
         except ProcessLookupError:
             return False
         return True
+
+
+def _runs_config(pid: int, conf: str) -> bool:
+    """The process `pid` is a nats-server started with `conf` (its command line says so)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return conf.encode() in argv and any(b"nats-server" in a for a in argv[:1])
