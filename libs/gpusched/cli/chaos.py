@@ -85,6 +85,7 @@ class Load:
     rng: random.Random
     acked: dict[str, str] = field(default_factory=dict)  # request id -> job id
     unanswered: int = 0
+    refused: dict[str, str] = field(default_factory=dict)  # request id -> admission's reason
 
     def spec(self, i: int) -> JobSpec:
         return JobSpec(team=f"t{i % 4}", gpus=self.rng.choice(SIZES),
@@ -100,6 +101,10 @@ class Load:
             if reply.ok:
                 self.acked[request_id] = reply.job_id
                 return reply.job_id
+            if str(reply.error).startswith("internal error"):  # e.g. the stream between leaders: retry
+                await asyncio.sleep(0.2)
+                continue
+            self.refused[request_id] = str(reply.error)
             return None
         self.unanswered += 1
         return None
@@ -224,14 +229,24 @@ async def probe(load: Load, fold: Fold, tag: str, timeout: float) -> float | Non
     return None
 
 
-async def verdict(target: Target, load: Load, drill: str, recovery_s: float | None) -> Result:
-    """The whole log, as `replay --verify` checks it, against the submits admission acknowledged."""
+async def verdict(target: Target, load: Load, drill: str, recovery_s: float | None, tries: int = 6) -> Result:
+    """The whole log, as `replay --verify` checks it, against the submits admission acknowledged.
+    A read that times out (the cluster still electing after the fault) is read again."""
+    from nats.errors import Error as NatsError
+
     from gpusched.cli.replay import audit_stream
     from gpusched.security import keyring
     from gpusched.security.audit import Audit
 
-    audit = Audit(keyring.load(target.data_dir / "trust" / "keys.json"))
-    await audit_stream(target.nats, audit)
+    for attempt in range(tries):
+        audit = Audit(keyring.load(target.data_dir / "trust" / "keys.json"))
+        try:
+            await asyncio.wait_for(audit_stream(target.nats, audit), 60)
+            break
+        except (TimeoutError, NatsError):
+            if attempt == tries - 1:
+                raise
+            await asyncio.sleep(2.0)
     state = audit.state
     rules = [v.rule for v in state.violations()]
     lost = [j for j in load.acked.values() if j not in state.jobs]
@@ -279,7 +294,7 @@ def expand(drills: str, services: list[str]) -> list[str]:
     return out
 
 
-async def drill_all(target: Target, args: argparse.Namespace) -> list[Result]:
+async def drill_all(target: Target, args: argparse.Namespace) -> tuple[list[Result], Load]:
     """Run the load and, meanwhile, each drill `--runs` times at random moments."""
     rng = random.Random(args.seed)
     creds = target.creds
@@ -307,7 +322,7 @@ async def drill_all(target: Target, args: argparse.Namespace) -> list[Result]:
         loading.cancel()
         await client.close()
         await log.close()
-    return results
+    return results, load
 
 
 def pct(values: list[float], p: float) -> float:
@@ -345,19 +360,22 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     data = Path(args.attach) if args.attach else Path(tempfile.mkdtemp(prefix="gpusched-chaos-"))
     up = start_stack(data, args.nodes, args.nats_cluster, args.gpus_per_node) if own else None
     try:
-        results = asyncio.run(drill_all(Target(data), args))
+        results, load = asyncio.run(drill_all(Target(data), args))
     finally:
         if up is not None:
             stop_stack(up)
     table = summary(results)
     if args.json:
-        print(json.dumps({"drills": table, "acked": results[-1].acked}, indent=2))
+        print(json.dumps({"drills": table, "acked": results[-1].acked, "refused": load.refused,
+                          "unanswered": load.unanswered}, indent=2))
     else:
         for drill, row in table.items():
             print(f"{drill:14s} runs {row['runs']:3d} clean {row['clean']:3d}  recovery p50 {row['recovery_p50_s']} s "
                   f"p99 {row['recovery_p99_s']} s  lost {row['lost']}  double-booked {row['double_booked']}  "
                   f"duplicates {row['duplicate_processes']}  violations {row['violations']}")
-    return 0 if all(r.clean for r in results) else 1
+    if load.refused and not args.json:
+        print(f"refused by admission: {len(load.refused)} (first: {next(iter(load.refused.values()))})")
+    return 0 if all(r.clean for r in results) and not load.refused else 1
 
 
 def register(sub) -> None:
