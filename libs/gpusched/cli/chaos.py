@@ -384,7 +384,7 @@ def register(sub) -> None:
     p.add_argument("--attach", default=None, metavar="DATA",
                    help="drill the running `gpusched up` of this data dir (default: start one of its own)")
     p.add_argument("--nodes", type=int, default=128, help="simulated nodes of its own stack (default 128)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node of its own stack")
     p.add_argument("--nats-cluster", type=int, default=3, help="NATS servers of its own stack (default 3)")
     p.add_argument("--jobs", type=int, default=1000, help="jobs of the load (default 1000)")
     p.add_argument("--rate", type=float, default=20.0, help="submits per second (default 20)")
@@ -395,7 +395,8 @@ def register(sub) -> None:
     p.add_argument("--gap-s", type=float, default=3.0, help="a drill strikes within this many seconds (default 3)")
     p.add_argument("--settle-s", type=float, default=1.0, help="wait after recovery before the verdict")
     p.add_argument("--partition-s", type=float, default=5.0, help="how long a NATS server stays stopped")
-    p.add_argument("--recovery-timeout-s", type=float, default=60.0)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--recovery-timeout-s", type=float, default=60.0,
+                   help="a drill not recovered by then is a failed verdict (default 60)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the random moments and victims")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_chaos)
