@@ -66,7 +66,16 @@ DEAD_MAX_MSG_BYTES = 64 * 1024  # a dead letter keeps at most this much of the b
 
 
 def nats_url(url: str | None = None) -> str:
+    """The NATS URL to use: one server, or a cluster's seed list, comma-separated."""
     return clientconfig.resolve("nats", url, "GPUSCHED_NATS_URL") or DEFAULT_NATS_URL
+
+
+def seed_list(url: str) -> list[str]:
+    """A comma-separated seed list (`nats://a:4222,nats://b:4222`) as the servers to try."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError(f"no NATS server in {url!r}")
+    return servers
 
 
 class Unreachable(ConnectionError):
@@ -134,7 +143,8 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         ident = load_identity(path)
         kwargs.setdefault("nkeys_seed", str(path))
         kwargs.setdefault("inbox_prefix", ident.inbox_prefix)
-    if url.startswith("tls://") and "tls" not in kwargs:
+    servers = seed_list(url)
+    if any(s.startswith("tls://") for s in servers) and "tls" not in kwargs:
         kwargs["tls"] = tls_context(url)
     for key, value in _client_options.items():  # fail_fast(): one quiet try, then Unreachable
         kwargs.setdefault(key, value)
@@ -157,7 +167,7 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         else:
             _log.warning("nats_error", error=str(err), connection=name)
 
-    attempt = asyncio.ensure_future(nats.connect(url, name=name, error_cb=on_error, **kwargs))
+    attempt = asyncio.ensure_future(nats.connect(servers, name=name, error_cb=on_error, **kwargs))
     no = asyncio.ensure_future(refused.wait())
     limit = kwargs["connect_timeout"] + 1 if _client_options else None
     try:
@@ -186,6 +196,26 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         await nc.close()
         raise ServerUnsuitable(problem)
     return nc
+
+
+def cluster_size(nc: NATS) -> int:
+    """How many servers the connected cluster has, as its INFO says (1: a single server)."""
+    info = getattr(nc, "_server_info", None) or {}
+    return max(1, len(info.get("connect_urls") or ()))
+
+
+#: JetStream's answers to a replica count the cluster cannot hold (too few servers; not clustered).
+REPLICA_ERRORS = (10023, 10074)
+
+
+class ReplicasUnavailable(RuntimeError):
+    """The log was asked for more replicas than the NATS cluster has servers."""
+
+    def __init__(self, replicas: int, size: int, detail: str = ""):
+        super().__init__(f"the log at R{replicas} needs at least {replicas} NATS servers, but the cluster has "
+                         f"{size}{f' ({detail})' if detail else ''}; start more servers (`gpusched up "
+                         f"--nats-cluster {replicas}`) or lower --replicas")
+        self.replicas, self.size = replicas, size
 
 
 class EventTooLarge(ValueError):
@@ -246,7 +276,10 @@ class EventLog:
         self.signer = signer
         self._idle_chains: list[signing.Chain] = []  # a sequential writer keeps reusing one
         self.js: JetStreamContext = nc.jetstream()
-        # R3 in a NATS cluster: every service must agree, so it comes from one variable
+        # R3 in a NATS cluster. Given (`up --replicas`, `stream create --replicas`): the streams
+        # are created or scaled to it; not given: created at $GPUSCHED_STREAM_REPLICAS (or 1), and
+        # an existing stream keeps its count (an admin's CLI must never scale an R3 log down).
+        self.replicas_given = replicas is not None
         self.replicas = replicas if replicas is not None else int(os.environ.get("GPUSCHED_STREAM_REPLICAS", "1"))
         self.dead_letters = 0
 
@@ -317,13 +350,25 @@ class EventLog:
         await self.create_streams()
 
     async def create_streams(self) -> None:
+        size = cluster_size(self.nc)
+        if self.replicas_given and self.replicas > size:
+            raise ReplicasUnavailable(self.replicas, size)
         for config in self.stream_configs():
             try:
                 await self.js.add_stream(config)
             except APIError as err:
+                if err.err_code in REPLICA_ERRORS:
+                    raise ReplicasUnavailable(self.replicas, size, err.description or "") from err
                 if err.err_code != 10058:  # stream name already in use with a different config
                     raise
-                await self.js.update_stream(config)
+                if not self.replicas_given:
+                    config.num_replicas = (await self.js.stream_info(config.name)).config.num_replicas
+                try:
+                    await self.js.update_stream(config)
+                except APIError as err2:
+                    if err2.err_code in REPLICA_ERRORS:
+                        raise ReplicasUnavailable(self.replicas, size, err2.description or "") from err2
+                    raise
 
     # --- writing ---------------------------------------------------------------------------
 

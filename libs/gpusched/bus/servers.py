@@ -105,6 +105,8 @@ class Server:
     trust: Any = None  # security.trust.TrustStore of an authenticated NATS
     conf: Path | None = None
     password: str | None = None  # Redis
+    cluster: dict | None = None  # a member of a local NATS cluster: authz.cluster_block's fields
+    tls: dict[str, str] | None = None
 
     def restart(self) -> None:
         """Start the server again on the same port and data dir (after it died)."""
@@ -112,14 +114,16 @@ class Server:
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
         log.close()
         _wait_port(self.port, self.proc, f"{self.name}-server")
+        if self.trust is not None and self.conf is not None:  # `user add|revoke` signal the new pid
+            self.trust.remember_server(self.conf, self.proc.pid, self.port, self.workdir, self.tls, "127.0.0.1",
+                                       self.cluster)
 
     def reload(self) -> None:
         """Re-render the config from the trust store's keyring and reload it (SIGHUP): users
         added since connect, revoked ones are cut off. No restart."""
         if self.trust is None or self.conf is None:
             raise RuntimeError(f"{self.name} runs without a trust store: nothing to reload")
-        self.trust.render(self.conf, port=self.port, store_dir=self.workdir,
-                          tls=getattr(self, "tls", None))
+        self.trust.render(self.conf, port=self.port, store_dir=self.workdir, tls=self.tls, cluster=self.cluster)
         self.proc.send_signal(signal.SIGHUP)
 
     def stop(self) -> None:
@@ -140,43 +144,90 @@ class Server:
 
 
 def start_nats(port: int | None = None, store_dir: str | os.PathLike | None = None, trust: Any = None,
-               tls: dict[str, str] | None = None) -> Server:
+               tls: dict[str, str] | None = None, cluster: dict | None = None, name: str = "nats") -> Server:
     """A nats-server with JetStream on 127.0.0.1. With `trust` (a `security.trust.TrustStore`)
     every connection must authenticate as one of its identities, with its role's permissions;
     without, the server is open (benchmarks of the bare server only: the stack and the test
-    fixtures always pass a trust store). `tls`: cert_file/key_file/ca_file (clients verify)."""
+    fixtures always pass a trust store). `tls`: cert_file/key_file/ca_file (clients verify).
+    `cluster`: this server is one member of a local cluster (`start_nats_cluster`)."""
     port = port or free_port()
     owns = store_dir is None
     workdir = Path(store_dir or tempfile.mkdtemp(prefix="gpusched-nats-"))
     workdir.mkdir(parents=True, exist_ok=True)
     conf = None
     if trust is not None:
-        conf = trust.render(workdir / "nats.conf", port=port, store_dir=workdir, tls=tls)
+        conf = trust.render(workdir / "nats.conf", port=port, store_dir=workdir, tls=tls, cluster=cluster)
         cmd = [find_binary("nats-server"), "-c", str(conf)]
+    elif cluster is not None:
+        raise ValueError("a cluster member needs a trust store (its config file carries the routes)")
     else:
         cmd = [find_binary("nats-server"), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir)]
-    log = open(workdir / "nats.log", "ab")
+    log = open(workdir / f"{name}.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
     log.close()
     _wait_port(port, proc, "nats-server")
     scheme = "tls" if tls else "nats"
-    server = Server("nats", f"{scheme}://127.0.0.1:{port}", port, proc, workdir, owns, cmd, trust=trust, conf=conf)
-    server.tls = tls  # type: ignore[attr-defined]
+    server = Server(name, f"{scheme}://127.0.0.1:{port}", port, proc, workdir, owns, cmd, trust=trust, conf=conf,
+                    cluster=cluster, tls=tls)
     if trust is not None:
-        trust.remember_server(conf, proc.pid, port, workdir, tls, "127.0.0.1")
+        trust.remember_server(conf, proc.pid, port, workdir, tls, "127.0.0.1", cluster)
     return server
+
+
+def cluster_password(workdir: Path) -> str:
+    """The routes' shared password of a local cluster: generated once, kept 0600 in its dir."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return _secret(workdir / "routes.password")
+
+
+def _secret(path: Path) -> str:
+    if path.exists():
+        return path.read_text().strip()
+    value = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    return value
+
+
+def start_nats_cluster(size: int, store_dir: str | os.PathLike | None = None, trust: Any = None,
+                       ports: list[int] | None = None, route_ports: list[int] | None = None,
+                       tls: dict[str, str] | None = None) -> list[Server]:
+    """`size` JetStream servers clustered on this machine: each with its own data dir
+    (`store_dir/nats-<i>`), client port and route port, routes to all the others, and the same
+    authorization as a single server. Clients connect with `seed_urls(servers)`. JetStream
+    elects its meta leader a moment after they all listen: `bootstrap.create_streams` waits."""
+    if size < 1:
+        raise ValueError(f"a cluster needs at least one server, got {size}")
+    root = Path(store_dir or tempfile.mkdtemp(prefix="gpusched-nats-cluster-"))
+    ports = ports or [free_port() for _ in range(size)]
+    route_ports = route_ports or [free_port() for _ in range(size)]
+    password = cluster_password(root)
+    servers: list[Server] = []
+    try:
+        for i in range(size):
+            member = {"name": "gpusched", "server_name": f"gpusched-{i}", "port": route_ports[i],
+                      "routes": [p for j, p in enumerate(route_ports) if j != i], "password": password}
+            servers.append(start_nats(ports[i], store_dir=root / f"nats-{i}", trust=trust, tls=tls, cluster=member,
+                                      name=f"nats-{i}"))
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    if store_dir is None:
+        for server in servers:  # the temp root goes with the last of them
+            server.owns_workdir = True
+    return servers
+
+
+def seed_urls(servers: list[Server]) -> str:
+    """A cluster's client URLs as one comma-separated list: what every client connects with."""
+    return ",".join(s.url for s in servers)
 
 
 def redis_password(workdir: Path) -> str:
     """The Redis password of a data dir: generated once, kept 0600 beside its data."""
-    path = workdir / "redis.password"
-    if path.exists():
-        return path.read_text().strip()
-    password = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(password + "\n")
-    return password
+    return _secret(workdir / "redis.password")
 
 
 def start_redis(port: int | None = None, workdir: str | os.PathLike | None = None) -> Server:

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "gpusched.cli.replay",  # replay (audit), schemas
     "gpusched.cli.sim",  # sim (trace simulation)
     "gpusched.cli.users",  # user add|list|revoke
+    "gpusched.cli.chaos",  # chaos (fault drills with a verdict)
 )
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.bus.log import connect
-from gpusched.bus.servers import Server, die_with_parent, start_nats, start_redis
+from gpusched.bus.servers import Server, die_with_parent, seed_urls, start_nats, start_nats_cluster, start_redis
 from gpusched.cli.startup import LogPump, RotatingLog, StartupNotify, choose_port, claim_data_dir, default_data_dir
 from gpusched.security import clientconfig
 from gpusched.security import trust as trust_mod
@@ -152,28 +152,47 @@ class Stack:
         a = self.args
         if a.nats:
             self.nats_url = a.nats
+            if a.replicas is not None:  # an existing cluster: scale the log as asked (caller's admin creds)
+                from gpusched.security.bootstrap import create_streams_sync
+
+                create_streams_sync(self.nats_url, None, a.replicas)
         else:
-            from gpusched.security.bootstrap import create_streams_sync
-
-            self.start_trust()
-            tls = None
-            if a.tls:
-                from gpusched.security import tlsgen
-
-                tls = tlsgen.ensure(self.data_dir / "tls")
-                self.ca = tls["ca_file"]
-                os.environ["GPUSCHED_CA"] = self.ca  # this process and its children verify the server
-            server = start_nats(choose_port(a.nats_port, 4222, "--nats-port"), store_dir=self.data_dir / "nats", trust=self.trust,
-                                tls=tls)
-            self.servers.append(server)
-            self.nats_url = server.url
-            create_streams_sync(self.nats_url, self.admin_creds)
+            self.start_nats()
         if a.redis:
             self.redis_url = a.redis
         else:
             server = start_redis(choose_port(a.redis_port, 6379, "--redis-port"), workdir=self.data_dir / "redis")
             self.servers.append(server)
             self.redis_url = server.url
+
+    def start_nats(self) -> None:
+        """The embedded NATS: one server, or `--nats-cluster N` servers clustered on this machine
+        (data in DATA/nats-cluster/nats-<i>), the log at `--replicas` (checked against N first)."""
+        from gpusched.security.bootstrap import create_streams_sync
+
+        a = self.args
+        size, replicas = cluster_shape(a.nats_cluster, a.replicas)
+        self.start_trust()
+        tls = None
+        if a.tls:
+            from gpusched.security import tlsgen
+
+            tls = tlsgen.ensure(self.data_dir / "tls")
+            self.ca = tls["ca_file"]
+            os.environ["GPUSCHED_CA"] = self.ca  # this process and its children verify the server
+        if size == 1:
+            server = start_nats(choose_port(a.nats_port, 4222, "--nats-port"), store_dir=self.data_dir / "nats",
+                                trust=self.trust, tls=tls)
+            self.servers.append(server)
+            self.nats_url = server.url
+        else:
+            pick = None if a.nats_port is None else 0  # an explicit first port: the others any free one
+            ports = [choose_port(a.nats_port if i == 0 else pick, 4222 + i, "--nats-port") for i in range(size)]
+            routes = [choose_port(pick, 6222 + i, "--nats-port") for i in range(size)]
+            members = start_nats_cluster(size, self.data_dir / "nats-cluster", self.trust, ports, routes, tls)
+            self.servers.extend(members)
+            self.nats_url = seed_urls(members)
+        create_streams_sync(self.nats_url, self.admin_creds, replicas)
 
     def plan(self) -> None:
         from gpusched.services import registry
@@ -232,6 +251,8 @@ class Stack:
             "data_dir": str(self.data_dir), "pid": os.getpid(),
             "services": {n: c.proc.pid for n, c in self.children.items() if c.proc is not None},
             "servers": {srv.name: srv.proc.pid for srv in self.servers},
+            "nats_servers": [{"name": srv.name, "url": srv.url, "pid": srv.proc.pid, "data": str(srv.workdir)}
+                             for srv in self.servers if srv.name.startswith("nats")],
         }
         if self.trust is not None:
             state["admin_creds"] = self.admin_creds
@@ -312,9 +333,6 @@ class Stack:
                 server.restart()
             except RuntimeError as err:  # port still busy: next tick
                 print(f"gpusched up: {err}", file=sys.stderr, flush=True)
-            if server.trust is not None and server.conf is not None:  # `user add/revoke` reloads this pid
-                server.trust.remember_server(server.conf, server.proc.pid, server.port, server.workdir,
-                                             getattr(server, "tls", None), "127.0.0.1")
             self.write_state()
 
     def supervise(self, stop: asyncio.Event) -> None:
@@ -343,6 +361,21 @@ class Stack:
             pump.join(timeout=2)
         if self.notify is not None:
             self.notify.close()
+
+
+def cluster_shape(size: int, replicas: int | None) -> tuple[int, int]:
+    """(servers, log replicas) of the embedded NATS: replicas default to 1 on one server and to
+    3 (at most the cluster's size) on a cluster; more replicas than servers is refused up front."""
+    if size < 1:
+        raise RuntimeError(f"--nats-cluster {size}: at least one server")
+    if replicas is None:
+        replicas = 1 if size == 1 else min(3, size)
+    if replicas < 1:
+        raise RuntimeError(f"--replicas {replicas}: at least 1")
+    if replicas > size:
+        raise RuntimeError(f"--replicas {replicas} needs at least {replicas} NATS servers, but --nats-cluster is "
+                           f"{size}; pass --nats-cluster {replicas} (or lower --replicas)")
+    return size, replicas
 
 
 async def close_quietly(nc, timeout: float = 2.0) -> None:
@@ -498,7 +531,14 @@ def register(sub) -> None:
     up.add_argument("--nodes-per-rack", type=int, default=4, help="simulated nodes per rack (default 4)")
     up.add_argument("--nvlink", choices=["all", "pairs", "quads", "none"], default="all",
                     help="NVLink layout inside a simulated node (default: all)")
-    up.add_argument("--nats", default=None, help="use this NATS server instead of starting one")
+    up.add_argument("--nats", default=None,
+                    help="use this NATS server (or cluster: a comma-separated seed list) instead of starting one")
+    up.add_argument("--nats-cluster", type=int, default=1, metavar="N",
+                    help="start N JetStream servers clustered on this machine (default 1: one server); every "
+                         "service and the client config get the seed list")
+    up.add_argument("--replicas", type=int, default=None,
+                    help="replicas of the log's stream (default 1 on one server, 3 on a cluster); more than "
+                         "the cluster's servers is refused at start")
     up.add_argument("--redis", default=None, help="use this Redis instead of starting one")
     up.add_argument("--nats-port", type=int, default=None,
                     help="port of the embedded NATS (default 4222, or any free one if busy; 0: any free one; "

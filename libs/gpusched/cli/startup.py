@@ -17,7 +17,7 @@ from typing import IO
 from gpusched.bus.servers import free_port, port_free
 
 #: What `--fresh` deletes from a data dir (everything `up` writes there).
-STORE_PARTS = ("nats", "redis", "logs", "work", "stack.json", "stack.json.tmp")
+STORE_PARTS = ("nats", "nats-cluster", "redis", "logs", "work", "stack.json", "stack.json.tmp")
 
 
 def default_data_dir() -> Path:

@@ -98,11 +98,13 @@ def auth_include(ring: KeyRing) -> str:
 
 
 def server_config(ring: KeyRing, *, port: int, store_dir: str | os.PathLike, host: str = "127.0.0.1",
-                  tls: dict[str, str] | None = None, name: str = "gpusched") -> str:
+                  tls: dict[str, str] | None = None, name: str = "gpusched", cluster: dict | None = None) -> str:
     """A complete nats-server config: JetStream, auth on for every connection, no monitoring
-    port. `tls`: {"cert_file", "key_file", "ca_file"} paths."""
+    port. `tls`: {"cert_file", "key_file", "ca_file"} paths. `cluster`: {"name", "server_name",
+    "port", "routes": [port, ...], "password"}: one member of a local JetStream cluster, its
+    routes authenticated by the cluster's own password (a route bypasses client auth)."""
     conf: dict = {
-        "server_name": name,
+        "server_name": cluster["server_name"] if cluster else name,
         "listen": f"{host}:{port}",
         "jetstream": {"store_dir": str(store_dir)},
         "max_payload": 8 * 1024 * 1024,
@@ -110,8 +112,22 @@ def server_config(ring: KeyRing, *, port: int, store_dir: str | os.PathLike, hos
     }
     if tls:
         conf["tls"] = {**tls, "timeout": 5}
+    if cluster:
+        conf["cluster"] = cluster_block(cluster, host)
     # nats-server reads JSON: a config is a JSON object without the outer braces, or with them
     return json.dumps(conf, indent=2) + "\n"
+
+
+def cluster_block(cluster: dict, host: str) -> dict:
+    """The `cluster {}` block: listen on the member's route port, routes to every member (its
+    own is ignored by the server), each route authenticated."""
+    user, password = "route", cluster["password"]
+    return {
+        "name": cluster["name"],
+        "listen": f"{host}:{cluster['port']}",
+        "authorization": {"user": user, "password": password, "timeout": 5},
+        "routes": [f"nats-route://{user}:{password}@{host}:{p}" for p in cluster["routes"]],
+    }
 
 
 def write_server_config(ring: KeyRing, path: str | os.PathLike, **kwargs) -> Path:

@@ -87,28 +87,43 @@ class TrustStore:
     # --- the server -----------------------------------------------------------------------
 
     def render(self, conf: str | os.PathLike, *, port: int, store_dir: str | os.PathLike,
-               tls: dict[str, str] | None = None, host: str = "127.0.0.1") -> Path:
-        return authz.write_server_config(self.ring(), conf, port=port, store_dir=store_dir, tls=tls, host=host)
+               tls: dict[str, str] | None = None, host: str = "127.0.0.1", cluster: dict | None = None) -> Path:
+        return authz.write_server_config(self.ring(), conf, port=port, store_dir=store_dir, tls=tls, host=host,
+                                         cluster=cluster)
 
-    def remember_server(self, conf: Path, pid: int, port: int, store_dir: Path, tls: dict | None, host: str) -> None:
-        self.server_file.write_text(json.dumps({"conf": str(conf), "pid": pid, "port": port, "host": host,
-                                                "store_dir": str(store_dir), "tls": tls}, indent=2))
+    def remember_server(self, conf: Path, pid: int, port: int, store_dir: Path, tls: dict | None, host: str,
+                        cluster: dict | None = None) -> None:
+        """Note a running server (one of a cluster's members: each is noted) for `reload_server`."""
+        entry = {"conf": str(conf), "pid": pid, "port": port, "host": host, "store_dir": str(store_dir), "tls": tls,
+                 "cluster": cluster}
+        known = [s for s in self._servers() if cluster is not None and s.get("cluster")
+                 and s["cluster"].get("server_name") != cluster.get("server_name")]
+        self.server_file.write_text(json.dumps({"servers": [*known, entry]}, indent=2))
+        os.chmod(self.server_file, 0o600)  # a cluster's route password
+
+    def _servers(self) -> list[dict]:
+        if not self.server_file.exists():
+            return []
+        data = json.loads(self.server_file.read_text())
+        return data.get("servers", [data]) if "servers" in data else [data]
 
     def reload_server(self) -> bool:
-        """Re-render the running server's config from the keyring and make it reload (SIGHUP):
-        a new user may connect, a revoked one is disconnected and refused. False: no server."""
-        if not self.server_file.exists():
-            return False
-        s = json.loads(self.server_file.read_text())
-        self.render(s["conf"], port=s["port"], store_dir=s["store_dir"], tls=s.get("tls"), host=s.get("host", "127.0.0.1"))
-        pid = int(s["pid"])
-        if not _runs_config(pid, s["conf"]):
-            return False  # a stale pid (the server was restarted, or died): never signal a stranger
-        try:
-            os.kill(pid, signal.SIGHUP)
-        except ProcessLookupError:
-            return False
-        return True
+        """Re-render the running servers' configs (every member of a cluster) from the keyring and
+        make them reload (SIGHUP): a new user may connect, a revoked one is disconnected and
+        refused. False: no server."""
+        reloaded = False
+        for s in self._servers():
+            self.render(s["conf"], port=s["port"], store_dir=s["store_dir"], tls=s.get("tls"),
+                        host=s.get("host", "127.0.0.1"), cluster=s.get("cluster"))
+            pid = int(s["pid"])
+            if not _runs_config(pid, s["conf"]):
+                continue  # a stale pid (the server was restarted, or died): never signal a stranger
+            try:
+                os.kill(pid, signal.SIGHUP)
+                reloaded = True
+            except ProcessLookupError:
+                continue
+        return reloaded
 
 
 def _runs_config(pid: int, conf: str) -> bool:
