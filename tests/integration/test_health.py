@@ -91,3 +91,22 @@ def test_liveness_fails_when_the_loop_is_wedged():
     assert health.liveness() == (False, "event loop closed")
     health.reset()
     assert health.readiness()[0] is False
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name, extra", [
+    ("nodeagent", ["--backend", "sim", "--count", "1", "--gpus", "2"]),
+    ("dashboard", ["--port", "0"]),
+])
+def test_node_agent_and_dashboard_probes(name, extra, nats_url, redis_url, tmp_path):
+    """The node daemon and the dashboard serve the same probes once started."""
+    port = free_port()
+    log_path = tmp_path / f"{name}.log"
+    if name == "nodeagent":
+        extra = [*extra, "--work-dir", str(tmp_path / "work")]
+    proc = spawn_service(name, nats_url, redis_url, [*extra, "--metrics-port", str(port)], log_path=log_path)
+    try:
+        wait_status(port, "/readyz", 200, proc, log_path)
+        assert probe(port, "/healthz") == (200, "ok\n")
+    finally:
+        stop_processes([proc], timeout=5)
