@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from gpusched import metrics, store, telemetry
+from gpusched import health, metrics, store, telemetry
 from gpusched.bus import subjects
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
@@ -81,6 +81,7 @@ class FoldedLog:
         self._task = asyncio.create_task(self._follow(target), name="fold-follow")
         self._task.add_done_callback(self._follow_ended)
         self._watch = asyncio.create_task(self._watch_stream(), name="fold-watch")
+        health.watch(self)  # /readyz: this fold's connection and follow must stay alive
         await self._caught_up.wait()
 
     async def _adopt(self, snapshot: ClusterState) -> None:
@@ -132,6 +133,7 @@ class FoldedLog:
             self._saw(rec.seq, rec.subject, target)
 
     async def stop(self) -> None:
+        health.unwatch(self)  # stopped on purpose: no longer a reason to be unready
         tasks = [t for t in (self._task, self._watch) if t is not None]
         if tasks:
             await cancel_tasks(tasks)
@@ -216,10 +218,12 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
 def notify_ready() -> None:
     """Tell the supervisor this service is ready (it logs `<service>_ready` just before): the
     systemd notify protocol (`READY=1` on the datagram socket `$NOTIFY_SOCKET`), which is what
-    `gpusched up` listens on too. Readiness does not depend on log format or level."""
+    `gpusched up` listens on too. Readiness does not depend on log format or level. Also turns
+    `/readyz` (`gpusched.health`, on the `--metrics-port` server) ready."""
     import os
     import socket
 
+    health.mark_ready()
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return

@@ -19,7 +19,7 @@ import structlog
 from nats.errors import ConnectionClosedError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from gpusched import metrics, telemetry
+from gpusched import health, metrics, telemetry
 from gpusched.bus import connection
 from gpusched.bus.log import ServerUnsuitable
 from gpusched.services import runtime
@@ -35,7 +35,11 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", default=None,
                         help="Redis URL (default: $GPUSCHED_REDIS_URL or redis://127.0.0.1:6379/0)")
     parser.add_argument("--log-level", default=os.environ.get("GPUSCHED_LOG_LEVEL", "info"))
-    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve Prometheus /metrics and the probes /healthz, /readyz here (0: off)")
+    parser.add_argument("--metrics-addr", default=os.environ.get("GPUSCHED_METRICS_ADDR", "127.0.0.1"),
+                        help="address of the --metrics-port server (default: $GPUSCHED_METRICS_ADDR or "
+                             "127.0.0.1; 0.0.0.0 in a container, for the kubelet's probes)")
 
 
 #: Exit codes: the supervisor (`gpusched up`, systemd, Kubernetes) restarts on any non-zero.
@@ -69,7 +73,7 @@ def run(serve: Serve, args: argparse.Namespace, service: str) -> int:
     telemetry.setup(service)
 
     if getattr(args, "metrics_port", 0):
-        metrics.start_metrics_server(args.metrics_port)
+        metrics.start_metrics_server(args.metrics_port, getattr(args, "metrics_addr", "127.0.0.1"))
         metrics.ENABLED = True  # every fold this process starts drives the cluster gauges
 
     try:
@@ -85,6 +89,7 @@ async def _main(serve: Serve, args: argparse.Namespace, service: str) -> int:
     telemetry.set_service(service)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    health.bind_loop(loop)  # /healthz: this loop still turning
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     dead: asyncio.Future[str] = loop.create_future()

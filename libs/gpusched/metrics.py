@@ -25,8 +25,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from gpusched import health
 from gpusched.core import events as ev
 from gpusched.core.model import PRIORITY_RANK
 
@@ -124,11 +125,21 @@ _servers: dict[int, Any] = {}
 
 
 def start_metrics_server(port: int, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY) -> int:
-    """Serve `/metrics` on `port` (0: any free port) in a daemon thread; idempotent per port.
-    Returns the port."""
+    """Serve `/metrics`, and the probes `/healthz` and `/readyz` (`gpusched.health`), on `port`
+    (0: any free port) in a daemon thread; idempotent per port. Returns the port."""
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: no access log
+            pass
+
     if port and port in _servers:
         return port
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    server = make_server(addr, port, health.wsgi(make_wsgi_app(registry)), ThreadingWSGIServer, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, name=f"metrics-{port}", daemon=True).start()
     bound = server.server_address[1]
     _servers[bound] = server
     return bound

@@ -1,6 +1,6 @@
-"""deploy/nats/*.conf are configs nats-server accepts (`nats-server -t`), with the generated
-users and TLS files in place, and they carry the security model: no unauthenticated listener,
-monitoring on localhost only."""
+"""Every NATS config in deploy/ (deploy/nats/*.conf and the Kubernetes copy in deploy/k8s) is
+one nats-server accepts (`nats-server -t`), with the generated users and TLS files in place,
+and they carry the security model: no unauthenticated listener, monitoring on localhost only."""
 
 from __future__ import annotations
 
@@ -15,12 +15,18 @@ from gpusched.bus.servers import find_binary
 from gpusched.security import authz, tlsgen
 from gpusched.security.trust import TrustStore
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+CONFIGS = sorted(str(p.relative_to(DEPLOY)) for p in DEPLOY.rglob("*.conf"))
 
 
-@pytest.mark.parametrize("name", ["single.conf", "cluster.conf"])
-def test_deploy_nats_config_is_valid_and_authenticated(name, tmp_path):
-    text = (DEPLOY / name).read_text()
+def test_every_nats_config_is_checked():
+    assert {"nats/single.conf", "nats/cluster.conf", "k8s/nats-cluster.conf"} <= set(CONFIGS)
+
+
+@pytest.mark.parametrize("conf", CONFIGS)
+def test_deploy_nats_config_is_valid_and_authenticated(conf, tmp_path):
+    name = Path(conf).name
+    text = (DEPLOY / conf).read_text()
     assert re.search(r"^http: 127\.0\.0\.1:", text, re.M), "monitoring must listen on localhost only"
     assert "include ./auth.conf" in text and "tls {" in text
     trust = TrustStore(tmp_path / "trust")
