@@ -203,7 +203,11 @@ async def fold_log(event_log: EventLog, state: ClusterState | None = None, until
                    half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
     """Fold the log (from a snapshot's sequence when given one) up to `until` (default: now)."""
     state = state or ClusterState(half_life_s=half_life_s)
-    last = await event_log.last_seq() if until is None else until
+    info = (await event_log.js.stream_info(subjects.STREAM)).state
+    last = info.last_seq if until is None else until
+    if info.first_seq > state.last_seq + 1 and last > state.last_seq:
+        raise RuntimeError(f"the stream starts at seq {info.first_seq} (older facts aged out): folding from "
+                           f"seq {state.last_seq + 1} needs a snapshot or the exported segments")
     if last > state.last_seq:
         async for rec in event_log.records(state.last_seq + 1, last):
             state.apply(rec.event, rec.seq)

@@ -188,7 +188,7 @@ async def test_export_verifies_offline_and_tampering_with_the_file_is_named(nats
     dump = run_cli("log", "export", "--nats", nats_url)
     assert dump.returncode == 0, dump.stderr
     lines = dump.stdout.splitlines()
-    assert json.loads(lines[0])["format"] == "gpusched-log-export" and len(lines) == 11
+    assert json.loads(lines[0])["format"] == "gpusched-log-export" and len(lines) == 12  # + the seal line
     exported = tmp_path / "log.jsonl"
     exported.write_text(dump.stdout)
     offline = {"GPUSCHED_NATS_URL": "nats://127.0.0.1:1"}  # no NATS on the auditor's machine
@@ -197,11 +197,17 @@ async def test_export_verifies_offline_and_tampering_with_the_file_is_named(nats
     trust = json.loads(ok.stdout)["trust"]
     assert trust["first"] is None and trust["signed"] == 10
 
-    docs = [json.loads(line) for line in lines[1:]]
+    docs = [json.loads(line) for line in lines[1:-1]]
 
     def tampered(name: str, msgs: list[dict]) -> dict:
+        """The file as a forger writes it: the export's seal recomputed (it guards against a file
+        cut short; the signatures are what a forger cannot redo)."""
+        import hashlib
+
+        body = "".join(json.dumps(m) + "\n" for m in msgs)
+        seal = {"end": True, "messages": len(msgs), "sha256": hashlib.sha256(body.encode()).hexdigest()}
         path = tmp_path / f"{name}.jsonl"
-        path.write_text("\n".join([lines[0], *(json.dumps(m) for m in msgs)]) + "\n")
+        path.write_text(lines[0] + "\n" + body + json.dumps(seal) + "\n")
         result = run_replay_file(path, keys, offline)
         assert result.returncode == 1, result.stdout + result.stderr
         trust = json.loads(result.stdout)["trust"]
@@ -223,7 +229,7 @@ async def test_export_verifies_offline_and_tampering_with_the_file_is_named(nats
     assert first["all"][:2] == [(7, "missing"), (8, "reordered")]
     # an export cut at a sequence verifies as the prefix it is
     head = run_cli("log", "export", "--nats", nats_url, "--until", "5")
-    assert len(head.stdout.splitlines()) == 6
+    assert len(head.stdout.splitlines()) == 7
 
 
 def run_replay_file(path, keys, env_extra: dict) -> subprocess.CompletedProcess:
