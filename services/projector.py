@@ -245,8 +245,13 @@ class Projector:
         self.written_seq = seq
         self.writes += 1
         if self.snapshot_every and seq - self.snapshot_seq >= self.snapshot_every:
-            await save_snapshot(self.r, state, seal_log=self.seal_log)
-            self.snapshot_seq = seq
+            self.snapshot_seq = seq  # a failed snapshot is tried again after as many events
+            try:
+                await save_snapshot(self.r, state, seal_log=self.seal_log)
+            except (aioredis.RedisError, OSError):
+                raise
+            except Exception as err:  # noqa: BLE001 - NATS trouble: the views are written, processes replay more
+                log.warning("snapshot_failed", seq=seq, error=f"{type(err).__name__}: {err}"[:300])
         return seq
 
     def _delete_views(self, pipe) -> None:
