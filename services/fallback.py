@@ -26,7 +26,6 @@ import structlog
 
 from gpusched.core import events as ev
 from gpusched.services.runtime import FoldedLog, notify_ready
-from gpusched.store import load_snapshot
 
 from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, connect_redis, lease_holder, owner_id
 from .shell import common_arguments, wait_wake
@@ -121,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     redis = connect_redis(args.redis)
-    folded = await FoldedLog.open(args.nats, name="gpusched-fallback", snapshot=await load_snapshot(redis))
+    folded = await FoldedLog.open(args.nats, name="gpusched-fallback")
     own = Lease(redis, args.lease_key, owner_id("fallback"), args.lease_ttl_ms)
     grace_s = (args.grace_ms if args.grace_ms is not None else args.lease_ttl_ms) / 1000.0
     fallback = Fallback(folded, redis, own, args.placement_lease_key, grace_s)

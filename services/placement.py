@@ -22,7 +22,6 @@ import structlog
 
 from gpusched.core import events as ev
 from gpusched.services.runtime import FoldedLog, notify_ready
-from gpusched.store import load_snapshot
 
 from .lease import PLACEMENT_LEASE_KEY, Lease, connect_redis, owner_id
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
@@ -132,9 +131,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = policy_config(args.policy, args.policy_set)
     decide = topo_decider(args.policy, args.policy_set)
     redis = connect_redis(args.redis)
-    # snapshot + tail: a restarted (or standby) placement is ready in the time of the tail
-    folded = await FoldedLog.open(args.nats, name="gpusched-placement", half_life_s=config.half_life_s,
-                                  snapshot=await load_snapshot(redis, config.half_life_s))
+    # snapshot (JetStream's, verified) + tail: a restarted (or standby) placement is ready in the time of the tail
+    folded = await FoldedLog.open(args.nats, name="gpusched-placement", half_life_s=config.half_life_s)
     lease = Lease(redis, args.lease_key, owner_id("placement"), args.lease_ttl_ms)
     placement = Placement(folded, lease, decide, debounce_s=args.debounce_ms / 1000.0, tick_s=args.tick_ms / 1000.0,
                           max_reasons=args.max_reasons)

@@ -19,7 +19,6 @@ import structlog
 
 from gpusched.core import events as ev
 from gpusched.services.runtime import FoldedLog, notify_ready
-from gpusched.store import load_snapshot_from
 
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
 from .writer import decide_and_append
@@ -66,8 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = policy_of(args)
-    folded = await FoldedLog.open(args.nats, name="gpusched-preemptor", half_life_s=config.half_life_s,
-                                  snapshot=await load_snapshot_from(args.redis, config.half_life_s))
+    folded = await FoldedLog.open(args.nats, name="gpusched-preemptor", half_life_s=config.half_life_s)
     preemptor = Preemptor(folded, config, tick_s=args.tick_ms / 1000.0)
     log.info("preemptor_ready", seq=folded.seen_seq, policy=args.policy)
     notify_ready()

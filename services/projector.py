@@ -3,7 +3,8 @@
 It follows the log into a fold and, a few times a second, writes what changed as JSON documents
 (`gpusched.readmodel`): one hash field per job, node and team, the queue in policy order, the
 health of the control plane, the event tail, a time series of team shares, and now and then a
-whole-state snapshot (snapshot + tail makes a restart fast). Every document carries `seq`, the
+whole-state snapshot, sealed in the log and stored in JetStream (`gpusched.store`; a copy in
+Redis for the CLI): every process starts from the latest verified one plus the tail. Every document carries `seq`, the
 log sequence it covers, and `gpusched:v:meta` says which sequence the whole view covers. Nothing
 here is a source of truth: `rebuild_views` wipes it all and derives it again from the log.
 
@@ -123,6 +124,13 @@ class Projector:
 
     # --- from the fold -------------------------------------------------------------------
 
+    def seed(self, state: ClusterState) -> None:
+        """Where jobs hold GPUs in a fold that started from a snapshot (the listener has not
+        seen those grants)."""
+        for job_id, job in state.jobs.items():
+            if job.gpus:
+                self._job_nodes[job_id] = {split_gpu_id(g)[0] for g in job.gpus}
+
     def listener(self, rec: Record, state: ClusterState) -> None:
         e = rec.event
         job_id = getattr(e, "job_id", None)
@@ -237,8 +245,13 @@ class Projector:
         self.written_seq = seq
         self.writes += 1
         if self.snapshot_every and seq - self.snapshot_seq >= self.snapshot_every:
-            await save_snapshot(self.r, state, seal_log=self.seal_log)
-            self.snapshot_seq = seq
+            self.snapshot_seq = seq  # a failed snapshot is tried again after as many events
+            try:
+                await save_snapshot(self.r, state, seal_log=self.seal_log)
+            except (aioredis.RedisError, OSError):
+                raise
+            except Exception as err:  # noqa: BLE001 - NATS trouble: the views are written, processes replay more
+                log.warning("snapshot_failed", seq=seq, error=f"{type(err).__name__}: {err}"[:300])
         return seq
 
     def _delete_views(self, pipe) -> None:
@@ -290,7 +303,8 @@ async def run(nats_url: str | None = None, redis_url: str | None = None, stop: a
     metrics.export_cluster()  # the one process that serves the cluster-wide metrics
     metrics.attach(folded)
     try:
-        await folded.start()
+        await folded.start()  # from the latest verified snapshot in JetStream, then the tail
+        projector.seed(folded.state)
         await _write_retrying(projector, folded.state, full=True, stop=stop)
         log.info("projector_ready", seq=folded.state.last_seq)
         notify_ready()

@@ -72,10 +72,16 @@ class FoldedLog:
         from beyond the end of this stream (a stream created anew) is ignored."""
         if metrics.ENABLED:
             metrics.attach(self)
-        target = await self.log.last_seq()
+        info = (await self.log.js.stream_info(subjects.STREAM)).state
+        target, first = info.last_seq, info.first_seq
         if snapshot is not None and self.seen_seq == 0 and 0 < snapshot.last_seq <= target:
             if snapshot.half_life_s == self.state.half_life_s:
                 await self._adopt(snapshot)
+        if self.seen_seq == 0 and snapshot is None:
+            await self._adopt_stored(first, target)
+        if first > self.seen_seq + 1 and target > 0:
+            raise RuntimeError(f"the stream starts at seq {first} (older facts aged out) and no verified "
+                               f"snapshot covers seq {first - 1}: this process cannot rebuild its state")
         if self.seen_seq >= target:
             self._caught_up.set()
         self._task = asyncio.create_task(self._follow(target), name="fold-follow")
@@ -94,6 +100,19 @@ class FoldedLog:
         self.state = snapshot
         self.seen_seq, self.alloc_seq = snapshot.last_seq, snapshot.last_alloc_seq
         log.info("snapshot_adopted", seq=snapshot.last_seq)
+
+    async def _adopt_stored(self, first: int, last: int) -> None:
+        """Start from the newest snapshot in JetStream that passes verification (refused ones
+        are logged with why, and an older one is tried); none: replay from the start."""
+        state, refused = await store.SnapshotStore(self.log).latest(self.state.half_life_s, first, last)
+        if state is None:
+            if refused:
+                log.warning("snapshot_none_adopted", refused=len(refused), hint="replaying the log from the start")
+            return
+        self.state = state
+        self.seen_seq, self.alloc_seq = state.last_seq, state.last_alloc_seq
+        log.info("snapshot_adopted", seq=state.last_seq, source="jetstream", refused=len(refused))
+
     def _follow_ended(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             err = task.exception()

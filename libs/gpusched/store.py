@@ -1,6 +1,12 @@
-"""The fold's persistence outside the log: the snapshot store in Redis (the whole fold, tagged
-with the sequence it covers) and folding the log from a snapshot. The projector writes
-snapshots; every service, the CLI and the dashboard start from one and replay the tail.
+"""The fold's persistence outside the log: sealed snapshots of the whole fold (tagged with the
+sequence they cover) in JetStream's object store `GPUSCHED_SNAPSHOTS` (`SnapshotStore`), a copy
+in Redis as a cache for the CLI, and folding the log from a snapshot. The projector writes
+snapshots; every service, node agent and the dashboard start from the latest verified one in
+JetStream and replay the tail, so start time does not grow with history, and the head of the
+stream may be aged out behind a snapshot (docs/operating.md, "Retention").
+
+Why the object store and not a KV bucket: a snapshot is the whole fold (megabytes at scale),
+larger than one message may be; the object store chunks it and checks its SHA-256 on read.
 
 A snapshot is sealed: after writing it the projector appends its digest to the log
 (`SnapshotTaken`, see `security.snapshots`), and a service adopts one only if the log's latest
@@ -9,22 +15,156 @@ service a state in which held GPUs look free."""
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
+import hashlib
+import json
+from dataclasses import dataclass
 
+import msgspec
+import redis.asyncio as aioredis
+import structlog
+from nats.js.errors import NotFoundError
+
+from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
+from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.security import snapshots
 
+log = structlog.get_logger()
+
 SNAPSHOT_KEY = "gpusched:snapshot"
+#: Snapshots kept in the object store: the newest and older ones to fall back to when the newest
+#: fails verification. Names rotate (`fold-0`..), so the bucket stays bounded forever.
+KEEP = 3
 
 
-async def save_snapshot(r: aioredis.Redis, state: ClusterState, seal_log: EventLog | None = None) -> None:
-    """The whole fold, tagged with the log sequence it covers; with `seal_log`, its seal is
-    appended there (an unsealed snapshot is never adopted by a service)."""
-    await r.hset(SNAPSHOT_KEY, mapping={"seq": state.last_seq, "half_life_s": str(state.half_life_s),
-                                         "data": state.snapshot()})
+@dataclass(frozen=True)
+class SnapshotMeta:
+    """What an object's description says about it; verified against the log, never trusted."""
+
+    name: str
+    seq: int
+    half_life_s: str
+    digest: str
+    seal_seq: int
+
+
+class Refused(Exception):
+    """A snapshot that must not be adopted, with why."""
+
+
+class SnapshotStore:
+    """Sealed snapshots of the fold in JetStream. The writer appends the seal (`SnapshotTaken`:
+    seq, SHA-256) to the log first, then stores the snapshot naming its seal's sequence; a reader
+    adopts a snapshot only if that log message is a seal for exactly its sequence and digest:
+    the bucket alone (anyone who could write it) cannot make a process adopt a forged state."""
+
+    def __init__(self, event_log: EventLog):
+        self.log = event_log
+
+    async def _bucket(self):
+        return await self.log.js.object_store(subjects.SNAPSHOT_BUCKET)
+
+    async def metas(self) -> list[SnapshotMeta]:
+        """The stored snapshots, newest first (empty: no bucket, none stored, or not readable)."""
+        try:
+            infos = await (await self._bucket()).list(ignore_deletes=True)
+        except NotFoundError:
+            return []
+        out = []
+        for info in infos:
+            try:
+                d = json.loads(info.description or "")
+                out.append(SnapshotMeta(info.name, int(d["seq"]), str(d["half_life_s"]), str(d["digest"]),
+                                        int(d["seal_seq"])))
+            except (ValueError, KeyError, TypeError):
+                log.warning("snapshot_unreadable", name=info.name, reason="its description is not snapshot metadata")
+        return sorted(out, key=lambda m: m.seq, reverse=True)
+
+    async def save(self, state: ClusterState) -> SnapshotMeta:
+        """Seal `state` in the log, then store it in the slot of the oldest snapshot."""
+        data = state.snapshot()
+        digest = hashlib.sha256(data).hexdigest()
+        sealed = ev.SnapshotTaken(at=state.now, seq=state.last_seq, digest=digest)
+        seal_seq = await self.log.append(sealed, msg_id=f"snapshot-{sealed.seq}-{digest[:32]}")
+        stored = await self.metas()
+        used = {m.name for m in stored}
+        free = [f"fold-{i}" for i in range(KEEP) if f"fold-{i}" not in used]
+        name = free[0] if free else stored[-1].name
+        meta = SnapshotMeta(name, state.last_seq, str(state.half_life_s), digest, seal_seq)
+        description = json.dumps({"seq": meta.seq, "half_life_s": meta.half_life_s, "digest": digest,
+                                  "seal_seq": seal_seq})
+        from nats.js.api import ObjectMeta
+
+        await (await self._bucket()).put(name, data, meta=ObjectMeta(name=name, description=description))
+        return meta
+
+    async def load(self, meta: SnapshotMeta, first_seq: int, last_seq: int) -> ClusterState:
+        """The snapshot `meta` names, verified; raises `Refused` saying why not."""
+        if meta.seq > last_seq:
+            raise Refused(f"it covers seq {meta.seq}, beyond the stream's last {last_seq} (a stream created anew?)")
+        if meta.seq < first_seq - 1:
+            raise Refused(f"it covers seq {meta.seq}, but the stream now starts at {first_seq}: the events "
+                          "between are gone")
+        await self._check_seal(meta)
+        try:
+            result = await (await self._bucket()).get(meta.name)
+        except Exception as err:  # noqa: BLE001 - missing, chunks altered (DigestMismatchError), unreadable
+            raise Refused(f"it could not be read ({type(err).__name__}: {err})") from None
+        try:
+            state = ClusterState.restore(result.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            raise Refused(f"it does not decode as a fold ({err})") from None
+        state.last_seq = meta.seq
+        if snapshots.digest(state) != meta.digest:  # re-encoded: vouches for the object in hand
+            raise Refused(f"its digest does not match the log's seal at seq {meta.seal_seq} (altered)")
+        return state
+
+    async def _check_seal(self, meta: SnapshotMeta) -> None:
+        try:
+            msg = await self.log.js.get_msg(subjects.STREAM, meta.seal_seq)
+        except NotFoundError:
+            raise Refused(f"its seal (seq {meta.seal_seq}) is not in the log") from None
+        except Exception as err:  # noqa: BLE001 - cannot check: do not trust
+            raise Refused(f"its seal (seq {meta.seal_seq}) could not be read ({type(err).__name__})") from None
+        try:
+            sealed = ev.decode_event(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            sealed = None
+        if msg.subject != snapshots.SEAL_SUBJECT or not isinstance(sealed, ev.SnapshotTaken):
+            raise Refused(f"log seq {meta.seal_seq} is not a snapshot seal")
+        if sealed.seq != meta.seq or sealed.digest != meta.digest:
+            raise Refused(f"the log's seal at seq {meta.seal_seq} is for seq {sealed.seq} with another digest")
+
+    async def latest(self, half_life_s: float | None, first_seq: int,
+                     last_seq: int) -> tuple[ClusterState | None, list[str]]:
+        """The newest snapshot that passes verification for a fold with `half_life_s`, and the
+        reasons each newer one was refused (each is also logged)."""
+        refused: list[str] = []
+        try:
+            metas = await self.metas()
+        except Exception as err:  # noqa: BLE001 - no store, no snapshot: replay
+            metas = []
+            refused.append(f"the snapshot store could not be listed ({type(err).__name__}: {err})")
+        for meta in metas:
+            try:
+                if meta.half_life_s != str(half_life_s):
+                    raise Refused(f"it folds with half-life {meta.half_life_s}, this process with {half_life_s}")
+                return await self.load(meta, first_seq, last_seq), refused
+            except Refused as why:
+                refused.append(f"{meta.name} (seq {meta.seq}): {why}")
+                log.warning("snapshot_rejected", name=meta.name, seq=meta.seq, reason=str(why))
+        return None, refused
+
+
+async def save_snapshot(r: aioredis.Redis | None, state: ClusterState, seal_log: EventLog | None = None) -> None:
+    """The whole fold, tagged with the log sequence it covers: with `seal_log`, sealed in its log
+    and stored in JetStream (where processes start from); with `r`, cached in Redis (the CLI's)."""
     if seal_log is not None:
-        await snapshots.append_seal(seal_log, state)
+        await SnapshotStore(seal_log).save(state)
+    if r is not None:
+        await r.hset(SNAPSHOT_KEY, mapping={"seq": state.last_seq, "half_life_s": str(state.half_life_s),
+                                             "data": state.snapshot()})
 
 
 async def untrusted(event_log: EventLog, state: ClusterState) -> str | None:
@@ -63,11 +203,15 @@ async def fold_log(event_log: EventLog, state: ClusterState | None = None, until
                    half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
     """Fold the log (from a snapshot's sequence when given one) up to `until` (default: now)."""
     state = state or ClusterState(half_life_s=half_life_s)
-    last = await event_log.last_seq() if until is None else until
+    info = (await event_log.js.stream_info(subjects.STREAM)).state
+    last = info.last_seq if until is None else until
+    if info.first_seq > state.last_seq + 1 and last > state.last_seq:
+        raise RuntimeError(f"the stream starts at seq {info.first_seq} (older facts aged out): folding from "
+                           f"seq {state.last_seq + 1} needs a snapshot or the exported segments")
     if last > state.last_seq:
         async for rec in event_log.records(state.last_seq + 1, last):
             state.apply(rec.event, rec.seq)
     return state
 
 
-__all__ = ["SNAPSHOT_KEY", "fold_log", "load_snapshot", "load_snapshot_from", "save_snapshot", "untrusted"]
+__all__ = ["KEEP", "Refused", "SnapshotMeta", "SnapshotStore", "SNAPSHOT_KEY", "fold_log", "load_snapshot", "load_snapshot_from", "save_snapshot", "untrusted"]

@@ -1,18 +1,19 @@
-"""A poisoned snapshot in Redis (the issue's attack): held GPUs shown free, at the current
-sequence, so placement's compare-and-set would pass. The restarting placement service must
-reject it (no seal in the log vouches for it), replay the log, and double-book nothing; a
-snapshot the log's seal vouches for is adopted."""
+"""A poisoned snapshot in the JetStream snapshot store (the issue's attack, by whoever could write
+the bucket): held GPUs shown free, at the current sequence, so placement's compare-and-set would
+pass. The restarting placement service must reject it (the log's seal vouches for other bytes),
+replay the log, and double-book nothing; a snapshot the log's seal vouches for is adopted."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
-import redis.asyncio as aioredis
+from nats.js.api import ObjectMeta
 
+from gpusched.bus import subjects
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
-from gpusched.security import snapshots
-from gpusched.services.projector import save_snapshot
+from gpusched.store import SnapshotStore
 
 from .harness import harness  # noqa: F401
 
@@ -45,23 +46,21 @@ async def test_a_poisoned_snapshot_is_rejected_and_nothing_is_double_booked(harn
 
     # an honest, sealed snapshot of the log as it is: adopted on restart
     honest = await _fold_without(h, set())
-    r = aioredis.Redis.from_url(h.redis_url)
-    try:
-        await save_snapshot(r, honest)
-        await snapshots.append_seal(h.log, honest)
-        h.start("placement", alias="placement-honest")
-        await h.ready("placement-honest")
-        assert "snapshot_adopted" in h.service_log("placement-honest")
-        h.kill9("placement-honest")
+    meta = await SnapshotStore(h.log).save(honest)
+    h.start("placement", alias="placement-honest")
+    await h.ready("placement-honest")
+    assert "snapshot_adopted" in h.service_log("placement-honest")
+    h.kill9("placement-honest")
 
-        # the poison: the sealed state without the first job, so its 8 GPUs look free, at the
-        # very sequence the seal names (so the compare-and-set would pass)
-        about_first = {seq for seq, e in h.records if getattr(e, "job_id", None) == first}
-        poisoned = await _fold_without(h, about_first, until=honest.last_seq)
-        assert poisoned.free_count == 8 and poisoned.last_seq == honest.last_seq
-        await save_snapshot(r, poisoned)
-    finally:
-        await r.aclose()
+    # the poison: the sealed state without the first job, so its 8 GPUs look free, at the
+    # very sequence the seal names (so the compare-and-set would pass), in the honest one's place
+    about_first = {seq for seq, e in h.records if getattr(e, "job_id", None) == first}
+    poisoned = await _fold_without(h, about_first, until=honest.last_seq)
+    assert poisoned.free_count == 8 and poisoned.last_seq == honest.last_seq
+    bucket = await h.log.js.object_store(subjects.SNAPSHOT_BUCKET)
+    description = json.dumps({"seq": meta.seq, "half_life_s": meta.half_life_s, "digest": meta.digest,
+                               "seal_seq": meta.seal_seq})
+    await bucket.put(meta.name, poisoned.snapshot(), meta=ObjectMeta(name=meta.name, description=description))
 
     h.start("placement", alias="placement-again")
     await h.ready("placement-again")

@@ -96,9 +96,20 @@ def publish_cases(who: str) -> dict[str, bool]:
         f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}": admin or reads_log,
         "$JS.API.STREAM.LIST": admin,
         "gpusched.anything.else": admin,
+        # the snapshot store: the projector writes it; services, nodes and auditors read it
+        f"$O.{subjects.SNAPSHOT_BUCKET}.C.probe": admin or role == "projector",  # a forged snapshot
+        f"$O.{subjects.SNAPSHOT_BUCKET}.M.probe": admin or role == "projector",
+        f"$JS.API.STREAM.PURGE.{subjects.SNAPSHOT_STREAM}": admin or role == "projector",
+        f"$JS.API.STREAM.INFO.{subjects.SNAPSHOT_STREAM}": admin or reads_log,
+        f"$JS.API.STREAM.MSG.GET.{subjects.SNAPSHOT_STREAM}": admin or reads_log,
+        f"$JS.API.DIRECT.GET.{subjects.SNAPSHOT_STREAM}": admin or reads_log,
+        f"$JS.API.CONSUMER.CREATE.{subjects.SNAPSHOT_STREAM}": admin or reads_log,
+        "$JS.API.STREAM.NAMES": admin or reads_log,
     })
     for api in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "SNAPSHOT", "RESTORE"):
-        for stream in (subjects.STREAM, subjects.DEAD_STREAM):  # only admin changes a stream
+        for stream in (subjects.STREAM, subjects.DEAD_STREAM, subjects.SNAPSHOT_STREAM):  # only admin changes one
+            if api == "PURGE" and stream == subjects.SNAPSHOT_STREAM:
+                continue  # the projector drops a replaced snapshot's chunks (above)
             cases[f"$JS.API.STREAM.{api}.{stream}"] = admin
     cases[f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.x"] = admin
     return cases

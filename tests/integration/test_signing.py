@@ -164,16 +164,26 @@ async def test_a_message_deleted_from_the_middle_is_named_missing(nats_url, writ
     dump = run_cli("log", "export", "--nats", nats_url)
     assert dump.returncode == 0, dump.stderr
     lines = dump.stdout.splitlines()
-    kept = [line for line in lines if not line.startswith("{") or json.loads(line).get("seq") != 7]
-    assert len(kept) == len(lines) - 1  # j2's grant, in the middle of a batch
+    kept = [line for line in lines[1:-1] if json.loads(line).get("seq") != 7]
+    assert len(kept) == len(lines) - 3  # j2's grant, in the middle of a batch
     path = tmp_path / "deleted.jsonl"
-    path.write_text("\n".join(kept) + "\n")
+    path.write_text(resealed(lines[0], kept))  # as an attacker would: the export's seal redone
     result = run_replay_file(path, keys, {"GPUSCHED_NATS_URL": "nats://127.0.0.1:1"})
     assert result.returncode == 1, result.stdout + result.stderr
     findings = json.loads(result.stdout)["trust"]["findings"]
     assert [(f["seq"], f["rule"]) for f in findings][:2] == [(7, "missing"), (8, "missing")]
     assert "sequence 7 missing" in findings[0]["detail"]
     assert "facts 2..2 of writer chain" in findings[1]["detail"]  # placement's own chain skips one
+
+
+def resealed(head: str, message_lines: list[str]) -> str:
+    """An export file with its seal line recomputed: the seal guards against a file cut short;
+    the signatures are what a forger cannot redo."""
+    import hashlib
+
+    body = "".join(line + "\n" for line in message_lines)
+    seal = {"end": True, "messages": len(message_lines), "sha256": hashlib.sha256(body.encode()).hexdigest()}
+    return head + "\n" + body + json.dumps(seal) + "\n"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -188,7 +198,7 @@ async def test_export_verifies_offline_and_tampering_with_the_file_is_named(nats
     dump = run_cli("log", "export", "--nats", nats_url)
     assert dump.returncode == 0, dump.stderr
     lines = dump.stdout.splitlines()
-    assert json.loads(lines[0])["format"] == "gpusched-log-export" and len(lines) == 11
+    assert json.loads(lines[0])["format"] == "gpusched-log-export" and len(lines) == 12  # + the seal line
     exported = tmp_path / "log.jsonl"
     exported.write_text(dump.stdout)
     offline = {"GPUSCHED_NATS_URL": "nats://127.0.0.1:1"}  # no NATS on the auditor's machine
@@ -197,11 +207,11 @@ async def test_export_verifies_offline_and_tampering_with_the_file_is_named(nats
     trust = json.loads(ok.stdout)["trust"]
     assert trust["first"] is None and trust["signed"] == 10
 
-    docs = [json.loads(line) for line in lines[1:]]
+    docs = [json.loads(line) for line in lines[1:-1]]
 
     def tampered(name: str, msgs: list[dict]) -> dict:
         path = tmp_path / f"{name}.jsonl"
-        path.write_text("\n".join([lines[0], *(json.dumps(m) for m in msgs)]) + "\n")
+        path.write_text(resealed(lines[0], [json.dumps(m) for m in msgs]))  # as a forger writes it
         result = run_replay_file(path, keys, offline)
         assert result.returncode == 1, result.stdout + result.stderr
         trust = json.loads(result.stdout)["trust"]
@@ -223,7 +233,7 @@ async def test_export_verifies_offline_and_tampering_with_the_file_is_named(nats
     assert first["all"][:2] == [(7, "missing"), (8, "reordered")]
     # an export cut at a sequence verifies as the prefix it is
     head = run_cli("log", "export", "--nats", nats_url, "--until", "5")
-    assert len(head.stdout.splitlines()) == 6
+    assert len(head.stdout.splitlines()) == 7
 
 
 def run_replay_file(path, keys, env_extra: dict) -> subprocess.CompletedProcess:

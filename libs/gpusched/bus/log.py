@@ -361,6 +361,8 @@ class EventLog:
                     raise ReplicasUnavailable(self.replicas, size, err.description or "") from err
                 if err.err_code != 10058:  # stream name already in use with a different config
                     raise
+                if config.name == subjects.STREAM:  # an operator's retention limits stay as set
+                    await self._keep_limits(config)
                 if not self.replicas_given:
                     config.num_replicas = (await self.js.stream_info(config.name)).config.num_replicas
                 try:
@@ -369,6 +371,43 @@ class EventLog:
                     if err2.err_code in REPLICA_ERRORS:
                         raise ReplicasUnavailable(self.replicas, size, err2.description or "") from err2
                     raise
+        await self.create_snapshot_store()
+
+    async def _keep_limits(self, config: StreamConfig) -> None:
+        current = (await self.js.stream_info(config.name)).config
+        config.max_age, config.max_msgs, config.max_bytes = current.max_age, current.max_msgs, current.max_bytes
+
+    async def create_snapshot_store(self) -> None:
+        """The object store of sealed fold snapshots (`gpusched.store.SnapshotStore`); bounded by
+        its rotating names, so no limits of its own."""
+        from nats.js.api import ObjectStoreConfig
+
+        try:
+            await self.js.create_object_store(subjects.SNAPSHOT_BUCKET, config=ObjectStoreConfig(
+                description="gpusched: sealed snapshots of the fold", storage=StorageType.FILE,
+                replicas=self.replicas))
+        except APIError as err:
+            if err.err_code != 10058:  # exists (with other settings): keep it
+                raise
+
+    async def set_retention(self, max_age_s: float | None = None, max_msgs: int | None = None,
+                            max_bytes: int | None = None) -> StreamConfig:
+        """Admin: bound the log by age, count or size (None: leave as is; 0: unbounded). The
+        server drops the oldest facts past a limit; purge and delete stay denied. A process
+        starts from a snapshot, so the limits must leave every fact after the newest verified
+        snapshot in the stream (see docs/operating.md, "Retention")."""
+        config = (await self.js.stream_info(subjects.STREAM)).config
+        if max_age_s is not None:
+            config.max_age = max_age_s or None
+        if max_msgs is not None:
+            config.max_msgs = max_msgs or -1
+        if max_bytes is not None:
+            config.max_bytes = max_bytes or -1
+        return (await self.js.update_stream(config)).config
+
+    async def first_seq(self) -> int:
+        """The oldest sequence still in the stream (> 1 once its head has aged out)."""
+        return (await self.js.stream_info(subjects.STREAM)).state.first_seq
 
     # --- writing ---------------------------------------------------------------------------
 

@@ -28,6 +28,10 @@ from gpusched.core import events as ev
 
 STREAM = "GPUSCHED"
 DEAD_STREAM = "GPUSCHED_DEAD"
+#: The JetStream object store of sealed fold snapshots (its stream is OBJ_<bucket>); only the
+#: projector writes it, every service, node agent, the dashboard and auditors read it.
+SNAPSHOT_BUCKET = "GPUSCHED_SNAPSHOTS"
+SNAPSHOT_STREAM = "OBJ_" + SNAPSHOT_BUCKET
 EVENTS = "gpusched.evt.>"
 ALLOC_TREE = "gpusched.evt.alloc.>"
 DEAD = "gpusched.dead.>"

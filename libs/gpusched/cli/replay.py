@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import schemas
 from gpusched.core.state import ClusterState
@@ -34,6 +35,7 @@ async def rebuild(nats_url: str | None, until_seq: int | None = None, until_time
     log = await EventLog.open(nats_url, name="gpusched-replay")
     state = ClusterState()
     try:
+        await _whole_stream(log, 1)
         if until_time is not None:
             until_seq = await log.seq_at_time(until_time)
         if until_seq is None or until_seq > 0:
@@ -44,15 +46,25 @@ async def rebuild(nats_url: str | None, until_seq: int | None = None, until_time
     return state
 
 
-async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None = None) -> None:
-    """Feed the stored messages, as they are, to the audit (up to a sequence or `audit.until_time`)."""
+async def _whole_stream(log: EventLog, start: int) -> None:
+    """Refuse a replay that would silently skip facts aged out of a bounded stream."""
+    first = await log.first_seq()
+    if first > start and await log.last_seq() > 0:
+        raise SystemExit(f"gpusched replay: the stream starts at seq {first} (older facts aged out behind a "
+                         f"snapshot); replay the exported segments: --from-file SEG ... [--and-stream]")
+
+
+async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None = None, start: int = 1) -> None:
+    """Feed the stored messages from `start`, as they are, to the audit (up to a sequence or
+    `audit.until_time`)."""
     log = await EventLog.open(nats_url, name="gpusched-replay", signer=None)
     try:
+        await _whole_stream(log, start)
         if until_seq is None and audit.until_time is not None:  # what the server had stored by then
             until_seq = await log.seq_at_time(audit.until_time)
         last = await log.last_seq() if until_seq is None else until_seq
-        if last >= 1:
-            async for msg in log.raw(1, last):
+        if last >= start:
+            async for msg in log.raw(start, last):
                 if not audit.feed(msg):
                     break
     finally:
@@ -60,20 +72,23 @@ async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None
     audit.finish()
 
 
-def audit_file(path: str, audit: Audit, until_seq: int | None = None) -> None:
-    """The same audit over an export (`gpusched log export`): no NATS needed."""
+def audit_file(paths: str | list[str], audit: Audit, until_seq: int | None = None, finish: bool = True) -> bool:
+    """The same audit over exports (`gpusched log export`), segments in order: no NATS needed.
+    False when it stopped early (at `until_seq` or the audit's time)."""
     from gpusched.bus.export import ExportError, read_export
 
     try:
-        _, messages = read_export(path)
-        for msg in messages:
-            if until_seq is not None and msg.seq > until_seq:
-                break
-            if not audit.feed(msg):
-                break
+        for path in [paths] if isinstance(paths, str) else paths:
+            _, messages = read_export(path)
+            for msg in messages:
+                if (until_seq is not None and msg.seq > until_seq) or not audit.feed(msg):
+                    return False
     except (ExportError, OSError) as err:
         raise SystemExit(f"gpusched replay: {err}") from None
-    audit.finish()
+    finally:
+        if finish:
+            audit.finish()
+    return True
 
 
 def default_keys_path() -> Path:
@@ -150,7 +165,12 @@ def cmd_replay(args) -> int:
     if args.verify or args.from_file:
         ring, source = load_keys(args.keys) if args.verify else (None, "")
         audit = Audit(ring, allow_unsigned=args.allow_unsigned, trust=args.verify, until_time=until_time)
-        if args.from_file:
+        if args.from_file and args.and_stream:  # archived segments, then the live stream after them
+            if audit_file(args.from_file, audit, until_seq, finish=False):
+                asyncio.run(audit_stream(args.nats, audit, until_seq, start=audit.last_seq + 1))
+            else:
+                audit.finish()
+        elif args.from_file:
             audit_file(args.from_file, audit, until_seq)
         else:
             asyncio.run(audit_stream(args.nats, audit, until_seq))
@@ -174,16 +194,56 @@ def cmd_replay(args) -> int:
 def cmd_export(args) -> int:
     from gpusched.bus.export import export
 
+    until_seq, until_time = parse_until(args.until)
+
     async def run() -> int:
         log = await EventLog.open(args.nats, name="gpusched-export", signer=None)
         try:
-            return await export(log, sys.stdout, args.until)
+            until = await log.seq_at_time(until_time) if until_time is not None else until_seq
+            return await export(log, sys.stdout, until, start=args.start)
         finally:
             await log.close()
 
     count = asyncio.run(run())
     sys.stdout.flush()
     print(f"gpusched log export: {count} messages", file=sys.stderr)
+    return 0
+
+
+def parse_duration(text: str) -> float:
+    """`90d`, `12h`, `30m`, `45s` or plain seconds; 0: no limit."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise SystemExit(f"gpusched log retention: --max-age {text!r}: give e.g. 90d, 12h or seconds") from None
+
+
+def cmd_retention(args) -> int:
+    """Admin: show or set the live stream's limits (the server drops the oldest facts past them)."""
+    async def run() -> dict:
+        log = await EventLog.open(args.nats, name="gpusched-retention", signer=None)
+        try:
+            if args.max_age is not None or args.max_msgs is not None or args.max_bytes is not None:
+                await log.set_retention(None if args.max_age is None else parse_duration(args.max_age),
+                                        args.max_msgs, args.max_bytes)
+            info = await log.js.stream_info(subjects.STREAM)
+            from gpusched.store import SnapshotStore
+
+            metas = await SnapshotStore(log).metas()
+            return {"max_age_s": info.config.max_age or 0, "max_msgs": info.config.max_msgs,
+                    "max_bytes": info.config.max_bytes, "first_seq": info.state.first_seq,
+                    "last_seq": info.state.last_seq, "bytes": info.state.bytes,
+                    "newest_snapshot_seq": metas[0].seq if metas else None}
+        finally:
+            await log.close()
+
+    doc = asyncio.run(run())
+    print(json.dumps(doc, indent=2))
+    covered = doc["newest_snapshot_seq"] is not None and doc["newest_snapshot_seq"] >= doc["first_seq"] - 1
+    if doc["first_seq"] > 1 and not covered:
+        print("warning: the stream's head is gone and no snapshot covers it: processes cannot start", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -214,7 +274,11 @@ def register(sub) -> None:
                         "exit 1 naming the first broken invariant or untrusted fact")
     p.add_argument("--keys", metavar="FILE", help="public keys to verify against (default: $GPUSCHED_KEYS, "
                    "$GPUSCHED_DATA_DIR/keys.json or ~/.config/gpusched/keys.json)")
-    p.add_argument("--from-file", metavar="FILE", help="replay an export (`gpusched log export`) instead of NATS")
+    p.add_argument("--from-file", metavar="FILE", action="append",
+                   help="replay an export (`gpusched log export`) instead of NATS; repeat for segments, in order")
+    p.add_argument("--and-stream", action="store_true",
+                   help="with --from-file: go on with the live stream after the last exported sequence "
+                        "(the whole history of a bounded log)")
     p.add_argument("--allow-unsigned", action="store_true",
                    help="count unsigned facts instead of naming them (logs written before signing)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -225,8 +289,17 @@ def register(sub) -> None:
     lsub = lg.add_subparsers(dest="log_command", required=True, metavar="ACTION")
     e = lsub.add_parser("export", parents=[CONNECTION], help="write the stream as JSON lines to stdout (verify with "
                         "`replay --from-file FILE --verify`)")
-    e.add_argument("--until", type=int, metavar="SEQ", help="stop at this sequence")
+    e.add_argument("--from", dest="start", type=int, metavar="SEQ",
+                   help="start at this sequence (a segment; default: the stream's first)")
+    e.add_argument("--until", metavar="SEQ|TIME",
+                   help="stop at this sequence, or at what the server had stored at this time (ISO-8601, or an age: 90d)")
     e.set_defaults(func=cmd_export)
+    r = lsub.add_parser("retention", parents=[CONNECTION], help="admin: show or bound the live stream "
+                        "(max age/messages/bytes; the oldest facts go once exported and behind a snapshot)")
+    r.add_argument("--max-age", metavar="AGE", help="keep facts this long (90d, 12h, seconds; 0: forever)")
+    r.add_argument("--max-msgs", type=int, metavar="N", help="keep at most N facts (0: no limit)")
+    r.add_argument("--max-bytes", type=int, metavar="N", help="keep at most N bytes (0: no limit)")
+    r.set_defaults(func=cmd_retention)
 
     s = sub.add_parser("schemas", help="write (or --check) the JSON Schemas and the AsyncAPI document of the bus")
     s.add_argument("--dir", default="schemas", help="the directory to write (default: schemas)")

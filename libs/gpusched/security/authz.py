@@ -3,7 +3,8 @@ and the server configuration (`authorization { users: [...] }`) that `gpusched u
 fixtures and `gpusched user add|revoke` write and the server reloads.
 
 Everything not allowed is refused by the server. Who may append an event kind is
-`roles.EVENT_WRITERS`; only admin reaches the stream-changing JetStream API.
+`roles.EVENT_WRITERS`; only admin reaches the stream-changing JetStream API. The snapshot store
+is written by the projector alone and read by every service, node and auditor (not tenants).
 """
 
 from __future__ import annotations
@@ -32,6 +33,21 @@ def read_log() -> list[str]:
     return out
 
 
+def read_snapshots() -> list[str]:
+    """Reading the snapshot object store (`gpusched.store.SnapshotStore`): its info, its
+    objects' metadata (message get) and chunks (ordered consumers; the client finds their stream
+    by subject: STREAM.NAMES, which lists stream names only). Nothing that writes it."""
+    s = subjects.SNAPSHOT_STREAM
+    return ["$JS.API.STREAM.NAMES", f"$JS.API.STREAM.INFO.{s}", f"$JS.API.STREAM.MSG.GET.{s}", f"$JS.API.DIRECT.GET.{s}",
+            f"$JS.API.DIRECT.GET.{s}.>", f"$JS.API.CONSUMER.CREATE.{s}", f"$JS.API.CONSUMER.CREATE.{s}.>",
+            f"$JS.API.CONSUMER.INFO.{s}.>", f"$JS.API.CONSUMER.DELETE.{s}.>", f"$JS.FC.{s}.>"]
+
+
+def write_snapshots() -> list[str]:
+    """The one snapshotting service (the projector): store objects and drop a replaced one's chunks."""
+    return [f"$O.{subjects.SNAPSHOT_BUCKET}.>", f"$JS.API.STREAM.PURGE.{subjects.SNAPSHOT_STREAM}"]
+
+
 def event_subjects(kind: str) -> list[str]:
     """The service-form subjects of one kind, in both trees (a kind lives in one; both are
     harmless and keep this table independent of the ALLOC flags)."""
@@ -39,9 +55,12 @@ def event_subjects(kind: str) -> list[str]:
 
 
 def _service(role: str) -> tuple[list[str], list[str]]:
-    pub = read_log() + ["gpusched.dead.>"] + [s for k in sorted(kinds_of(role)) for s in event_subjects(k)]
+    pub = read_log() + read_snapshots() + ["gpusched.dead.>"] + [s for k in sorted(kinds_of(role))
+                                                                  for s in event_subjects(k)]
     sub: list[str] = []
-    if role == "admission":
+    if role == "projector":
+        pub += write_snapshots()
+    elif role == "admission":
         sub.append(f"{subjects.CMD_ANY} admission")  # only in admission's queue group
     elif role == "quota_ledger":
         sub.append(f"{subjects.Q_SHARES} quota_ledger")
@@ -55,7 +74,7 @@ def _service(role: str) -> tuple[list[str], list[str]]:
 
 
 def _node(p: Principal) -> tuple[list[str], list[str]]:
-    pub = read_log() + ["gpusched.dead.>"]
+    pub = read_log() + read_snapshots() + ["gpusched.dead.>"]
     sub: list[str] = []
     for node in p.all_nodes():
         pub += subjects.node_event_subjects(node) + [subjects.heartbeat_subject(node)]
@@ -75,7 +94,7 @@ def permissions(public_key: str, p: Principal) -> dict:
     elif p.role == "node":
         pub, more = _node(p)
     elif p.role == "auditor":
-        pub, more = read_log(), []
+        pub, more = read_log() + read_snapshots(), []
     elif p.role in ("tenant", "platform"):
         pub = [subjects.command_subject(kind, team, p.name) for team in p.teams for kind in subjects.TENANT_COMMANDS]
         pub.append(subjects.Q_SHARES)

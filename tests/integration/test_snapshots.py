@@ -1,0 +1,163 @@
+"""Snapshots in the log's own store: sealed in the log, kept in JetStream's object store, adopted
+by a starting process only when verified (an altered one is refused with why, and an older one
+or a full replay is used), and enough to start after the head of the stream has aged out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import structlog
+from nats.js.api import ObjectMeta
+
+from gpusched.bus import subjects
+from gpusched.bus.log import EventLog
+from gpusched.core import events as ev
+from gpusched.core.model import JobSpec
+from gpusched.core.state import ClusterState
+from gpusched.services.runtime import FoldedLog
+from gpusched.store import KEEP, SnapshotStore, fold_log
+
+
+def submitted(i: int) -> ev.JobSubmitted:
+    return ev.JobSubmitted(at=float(i), job_id=f"j-{i}", spec=JobSpec(team="t", gpus=1), user="u")
+
+
+async def append_jobs(log: EventLog, start: int, count: int) -> None:
+    for i in range(start, start + count):
+        await log.append(submitted(i))
+
+
+async def started(url: str) -> FoldedLog:
+    folded = FoldedLog(await EventLog.open(url, name="snapshot-test"))
+    await folded.start()
+    return folded
+
+
+async def test_a_process_starts_from_the_sealed_snapshot_and_folds_only_the_tail(event_log, nats_url):
+    await append_jobs(event_log, 0, 30)
+    meta = await SnapshotStore(event_log).save(await fold_log(event_log))
+    await append_jobs(event_log, 30, 5)
+    with structlog.testing.capture_logs() as logs:
+        folded = await started(nats_url)
+    try:
+        assert any(e["event"] == "snapshot_adopted" and e["seq"] == meta.seq for e in logs)
+        whole = await fold_log(event_log)
+        assert folded.state.snapshot() == whole.snapshot()  # the same fold as a replay from the start
+        assert len(folded.state.jobs) == 35
+    finally:
+        await folded.close()
+
+
+async def test_an_altered_snapshot_is_refused_with_why_and_an_older_one_is_used(event_log, nats_url):
+    store = SnapshotStore(event_log)
+    await append_jobs(event_log, 0, 10)
+    older = await store.save(await fold_log(event_log))
+    await append_jobs(event_log, 10, 10)
+    newer = await store.save(await fold_log(event_log))
+    assert older.name != newer.name and len(await store.metas()) == 2
+    # someone who can write the bucket swaps in a state with fewer jobs, keeping the metadata
+    forged = await fold_log(event_log, until=older.seq)
+    forged.last_seq = newer.seq
+    bucket = await event_log.js.object_store(subjects.SNAPSHOT_BUCKET)
+    description = json.dumps({"seq": newer.seq, "half_life_s": newer.half_life_s, "digest": newer.digest,
+                              "seal_seq": newer.seal_seq})
+    await bucket.put(newer.name, forged.snapshot(), meta=ObjectMeta(name=newer.name, description=description))
+    with structlog.testing.capture_logs() as logs:
+        folded = await started(nats_url)
+    try:
+        rejected = [e for e in logs if e["event"] == "snapshot_rejected"]
+        assert rejected and rejected[0]["seq"] == newer.seq and "altered" in rejected[0]["reason"]
+        assert any(e["event"] == "snapshot_adopted" and e["seq"] == older.seq for e in logs)
+        assert len(folded.state.jobs) == 20 and folded.state.snapshot() == (await fold_log(event_log)).snapshot()
+    finally:
+        await folded.close()
+
+
+async def test_with_every_snapshot_refused_the_process_replays_the_whole_log(event_log, nats_url):
+    store = SnapshotStore(event_log)
+    await append_jobs(event_log, 0, 8)
+    meta = await store.save(await fold_log(event_log))
+    bucket = await event_log.js.object_store(subjects.SNAPSHOT_BUCKET)
+    # metadata that names a log message that is no seal
+    description = json.dumps({"seq": meta.seq, "half_life_s": meta.half_life_s, "digest": meta.digest,
+                              "seal_seq": 1})
+    await bucket.put(meta.name, (await fold_log(event_log)).snapshot(),
+                     meta=ObjectMeta(name=meta.name, description=description))
+    with structlog.testing.capture_logs() as logs:
+        folded = await started(nats_url)
+    try:
+        assert any(e["event"] == "snapshot_rejected" and "not a snapshot seal" in e["reason"] for e in logs)
+        assert not any(e["event"] == "snapshot_adopted" for e in logs)
+        assert len(folded.state.jobs) == 8  # replayed from seq 1
+    finally:
+        await folded.close()
+
+
+async def test_the_store_keeps_a_bounded_number_of_snapshots(event_log):
+    store = SnapshotStore(event_log)
+    for round_ in range(KEEP + 2):
+        await append_jobs(event_log, round_ * 3, 3)
+        await store.save(await fold_log(event_log))
+    metas = await store.metas()
+    assert len(metas) == KEEP
+    assert metas[0].seq == await event_log.last_seq() - 1  # the newest (its seal came after it)
+
+
+async def test_start_up_works_after_the_head_of_the_stream_aged_out_behind_a_snapshot(event_log, nats_url):
+    await append_jobs(event_log, 0, 40)
+    await SnapshotStore(event_log).save(await fold_log(event_log))
+    await append_jobs(event_log, 40, 10)
+    whole = await fold_log(event_log)
+    # the operator bounds the log (purge is denied; limits are how it shrinks)
+    await event_log.set_retention(max_msgs=20)
+    assert await event_log.first_seq() > 1
+    info = (await event_log.js.stream_info(subjects.STREAM)).config
+    assert info.deny_purge and info.deny_delete
+    folded = await started(nats_url)
+    try:
+        assert folded.state.snapshot() == whole.snapshot()
+    finally:
+        await folded.close()
+    # the limits survive the admin's next start (`gpusched up` re-applies the stream config)
+    await event_log.create_streams()
+    assert (await event_log.js.stream_info(subjects.STREAM)).config.max_msgs == 20
+
+
+async def test_a_process_refuses_to_start_when_aged_out_facts_are_covered_by_no_snapshot(event_log, nats_url):
+    await append_jobs(event_log, 0, 30)
+    await event_log.set_retention(max_msgs=10)
+    folded = FoldedLog(await EventLog.open(nats_url, name="snapshot-test"))
+    try:
+        with pytest.raises(RuntimeError, match="no verified snapshot covers"):
+            await folded.start()
+    finally:
+        await folded.close()
+
+
+async def test_readers_read_snapshots_and_only_the_projector_writes_them(event_log, nats_url, trust):
+    await append_jobs(event_log, 0, 5)
+    projector = await EventLog.open(nats_url, name="projector", creds=trust.creds("projector"))
+    try:
+        meta = await SnapshotStore(projector).save(await fold_log(projector))
+    finally:
+        await projector.close()
+    for who in ("nodeagent", "dashboard", "reconciler"):
+        reader = await EventLog.open(nats_url, name=f"reader-{who}", creds=trust.creds(who))
+        try:
+            store = SnapshotStore(reader)
+            state = await store.load((await store.metas())[0], 1, await reader.last_seq())
+            assert state.last_seq == meta.seq and len(state.jobs) == 5
+            bucket = await reader.js.object_store(subjects.SNAPSHOT_BUCKET)
+            with pytest.raises(Exception):  # noqa: B017 - no permission: no ack ever comes
+                await bucket.put("fold-9", b"forged", meta=ObjectMeta(name="fold-9"))
+        finally:
+            await reader.close()
+    assert [m.name for m in await SnapshotStore(event_log).metas()] == [meta.name]
+
+
+def test_a_restored_fold_re_encodes_to_its_digest():
+    state = ClusterState()
+    for i in range(3):
+        state.apply(submitted(i), i + 1)
+    assert ClusterState.restore(state.snapshot()).snapshot() == state.snapshot()
