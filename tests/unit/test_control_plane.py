@@ -220,3 +220,17 @@ def test_policy_overrides():
         policy_config("full", ["no_such_knob=1"])
     with pytest.raises(SystemExit):
         policy_config("nope")
+
+
+def test_every_service_that_folds_usage_takes_the_running_half_life():
+    """`--policy-set half_life_s=...` means the same to every live fold that decays usage."""
+    import argparse
+
+    from gpusched.services import placement, preemptor, projector, quota_ledger
+    from gpusched.services.shell import policy_of
+
+    for service in (placement, preemptor, projector, quota_ledger):
+        parser = argparse.ArgumentParser()
+        service.add_arguments(parser)
+        args = parser.parse_args(["--policy-set", "half_life_s=3600"])
+        assert policy_of(args).half_life_s == 3600.0, service.__name__

@@ -189,6 +189,7 @@ class Stack:
             "placement": [*policy, *ttl],
             "preemptor": policy,
             "projector": policy,  # its fold and queue order follow the running policy
+            "quota_ledger": policy,  # usage decays with the running policy's half-life
             "reconciler": policy,  # idle_util_pct, idle_after_s
             "fallback": ttl,
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
