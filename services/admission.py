@@ -101,9 +101,10 @@ def caller_problem(state: ClusterState, cmd: Command, caller: Caller) -> str | N
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    #: Refuse jobs of teams that have no quota yet (otherwise a team starts with the default
-    #: terms: nothing guaranteed, weight 1, no limit but the cluster).
-    strict_teams: bool = False
+    #: A job of a team nobody created (no `gpusched quota` yet) creates it with the default terms
+    #: (nothing guaranteed, weight 1, no limit but the cluster). Off by default: a typo in a team
+    #: name is refused instead of starting an unlimited team. `gpusched up` turns it on.
+    auto_create_teams: bool = False
     #: Jobs without a command (simulated placeholders that hold GPUs without a process):
     #: "refuse" (real clusters), "bounded" (only with a time limit or GPUSCHED_SIM_DURATION_S:
     #: `gpusched up`), "any" (tests that play the node daemon).
@@ -183,8 +184,9 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
         return (f"spec.topology.preferred ({topo.preferred}) is wider than spec.topology.required "
                 f"({topo.required})")
     team = state.teams.get(spec.team)
-    if team is None and config.strict_teams:
-        return f"unknown team {spec.team!r} (strict teams: set its quota first with `gpusched quota {spec.team} ...`)"
+    if team is None and not config.auto_create_teams:
+        return (f"unknown team {spec.team!r}: nobody created it (create it with `gpusched quota {spec.team} ...`, "
+                "or run admission with --auto-create-teams)")
     need = spec.gang_min
     if team is not None and team.quota.limit is not None and need > team.quota.limit:
         return f"team {spec.team!r} has a limit of {team.quota.limit} GPUs; the job needs {need}"
@@ -395,8 +397,11 @@ class Admission:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser)
-    parser.add_argument("--strict-teams", action="store_true",
-                        help="refuse jobs of teams without a quota (default: new teams get default terms)")
+    teams = parser.add_mutually_exclusive_group()
+    teams.add_argument("--auto-create-teams", action="store_true",
+                       help="a job of a team nobody created creates it with default terms (default: refused)")
+    teams.add_argument("--strict-teams", action="store_true",
+                       help="refuse jobs of teams nobody created (the default; kept for scripts)")
     parser.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="refuse",
                         help="jobs without a command (simulated clusters only): refuse (default), bounded "
                              "(need a time limit or GPUSCHED_SIM_DURATION_S), any")
@@ -404,7 +409,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     folded = await FoldedLog.open(args.nats, name="gpusched-admission")
-    admission = Admission(folded, AdmissionConfig(strict_teams=getattr(args, "strict_teams", False),
+    admission = Admission(folded, AdmissionConfig(auto_create_teams=getattr(args, "auto_create_teams", False),
                                                       placeholders=getattr(args, "placeholders", "refuse")))
     sub = await folded.log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
                                        pending_msgs_limit=100_000, pending_bytes_limit=64 * 2**20)  # bounded memory

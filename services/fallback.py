@@ -44,6 +44,7 @@ class Fallback:
     def __init__(self, folded: FoldedLog, redis, own: Lease, placement_key: str, grace_s: float,
                  debounce_s: float = 0.005, tick_s: float | None = None):
         from gpusched.policy.cycle import naive_cycle
+        from gpusched.policy.memo import Indexes
 
         self.folded = folded
         self.redis = redis
@@ -52,7 +53,8 @@ class Fallback:
         self.grace_s = grace_s
         self.debounce_s = debounce_s
         self.tick_s = tick_s if tick_s is not None else max(0.05, grace_s / 4)
-        self.decide = naive_cycle
+        self.indexes = Indexes()  # its indexes of its fold, kept across its rounds
+        self.decide = lambda state, now: naive_cycle(state, now, self.indexes)
         self.tracker = Tracker(folded)
         self.started = time.monotonic()
         self.last_seen_placement = time.monotonic()

@@ -122,9 +122,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def topo_decider(policy: str, overrides: list[str] | None = None) -> Decide:
     from gpusched.policy.cycle import cycle
+    from gpusched.policy.memo import Indexes
 
     config = policy_config(policy, overrides)
-    return lambda state, now: cycle(state, now, config)
+    indexes = Indexes()  # this service's indexes of its fold, kept across its cycles
+    return lambda state, now: cycle(state, now, config, indexes)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:

@@ -32,9 +32,11 @@ PREEMPTOR_KINDS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobFailed, ev.Job
 class Preemptor:
     def __init__(self, folded: FoldedLog, config, debounce_s: float = 0.01, tick_s: float = 0.5):
         from gpusched.policy.cycle import cycle
+        from gpusched.policy.memo import Indexes
 
         self.folded = folded
-        self.decide = lambda state, now: cycle(state, now, config)
+        self.indexes = Indexes()  # its indexes of its fold, kept across its cycles
+        self.decide = lambda state, now: cycle(state, now, config, self.indexes)
         self.debounce_s = debounce_s
         self.tick_s = tick_s
         self.appended = 0

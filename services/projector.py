@@ -42,32 +42,15 @@ from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import policy_arguments, policy_of
 from gpusched.store import SNAPSHOT_KEY, fold_log, load_snapshot, load_snapshot_from, save_snapshot  # noqa: F401
+from gpusched.views import PREFIX, SHARES_LEN, TAIL_LEN, UPDATES_CHANNEL, USAGE_KEY, K, Views, redis_client  # noqa: F401
 
 log = structlog.get_logger()
-
-PREFIX = "gpusched:v:"
-#: The used-versus-held read model: job id -> mean utilization and memory over the last window.
-#: Written by the reconciler (it holds the heartbeats), read by `jobs`, `show` and the dashboard.
-USAGE_KEY = "gpusched:usage"
-UPDATES_CHANNEL = "gpusched:v:updates"
-TAIL_LEN = 200
-SHARES_LEN = 900
-K = {name: PREFIX + name for name in
-     ("meta", "jobs", "jobs:order", "nodes", "teams", "queue", "queue:docs", "health", "tail", "shares")}
 
 _json = msgspec.json.Encoder()
 
 
 def _enc(doc: Any) -> bytes:
     return _json.encode(doc)
-
-
-def _redis(url: str | None) -> aioredis.Redis:
-    try:
-        from gpusched.services.lease import connect_redis
-    except ImportError:  # pragma: no cover - the control plane provides it
-        return aioredis.Redis.from_url(url or "redis://127.0.0.1:6379/0", socket_timeout=2.0)
-    return connect_redis(url)
 
 
 class ShareSeries:
@@ -265,7 +248,7 @@ async def rebuild_views(nats_url: str | None, redis_url: str | None) -> dict[str
     """Wipe the read models and derive them again from the whole log (`gpusched replay
     --rebuild-views`). Returns what was written."""
     event_log = await EventLog.open(nats_url, name="projector-rebuild")
-    r = _redis(redis_url)
+    r = redis_client(redis_url)
     try:
         projector = Projector(r, snapshot_every=1)
         state = ClusterState()
@@ -296,7 +279,7 @@ async def run(nats_url: str | None = None, redis_url: str | None = None, stop: a
     telemetry.set_service("projector")
     stop = stop or asyncio.Event()
     event_log = await EventLog.open(nats_url, name="projector")
-    r = _redis(redis_url)
+    r = redis_client(redis_url)
     projector = Projector(r, snapshot_every=snapshot_every, config=config, seal_log=event_log)
     folded = FoldedLog(event_log, half_life_s=config.half_life_s)
     folded.listeners.append(projector.listener)
@@ -368,79 +351,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     await run(getattr(args, "nats", None), getattr(args, "redis", None), stop,
               flush_s=getattr(args, "flush_s", 0.1), snapshot_every=getattr(args, "snapshot_every", 5000),
               config=policy_of(args))
-
-
-# --- reading the views back (CLI, dashboard) --------------------------------------------------
-
-
-class Views:
-    """Read access to the read models. `available()` is False when Redis does not answer or no
-    projector has written yet; callers then fold the log instead."""
-
-    def __init__(self, r: aioredis.Redis):
-        self.r = r
-
-    @classmethod
-    def connect(cls, redis_url: str | None) -> Views:
-        return cls(_redis(redis_url))
-
-    async def close(self) -> None:
-        await self.r.aclose()
-
-    async def meta(self) -> dict[str, Any] | None:
-        try:
-            raw = await self.r.hgetall(K["meta"])
-        except (aioredis.RedisError, OSError):
-            return None
-        if not raw:
-            return None
-        return {"seq": int(raw[b"seq"]), "at": float(raw[b"at"]), "written_at": float(raw[b"written_at"])}
-
-    async def _hash_docs(self, key: str) -> list[dict[str, Any]]:
-        raw = await self.r.hgetall(key)
-        return [msgspec.json.decode(v) for _, v in sorted(raw.items())]
-
-    async def jobs(self) -> list[dict[str, Any]]:
-        ids = [j.decode() for j in await self.r.zrange(K["jobs:order"], 0, -1)]
-        if not ids:
-            return []
-        raw = await self.r.hmget(K["jobs"], ids)
-        return [msgspec.json.decode(v) for v in raw if v is not None]
-
-    async def job(self, job_id: str) -> dict[str, Any] | None:
-        raw = await self.r.hget(K["jobs"], job_id)
-        return None if raw is None else msgspec.json.decode(raw)
-
-    async def nodes(self) -> list[dict[str, Any]]:
-        return await self._hash_docs(K["nodes"])
-
-    async def teams(self) -> list[dict[str, Any]]:
-        return await self._hash_docs(K["teams"])
-
-    async def queue(self) -> list[dict[str, Any]]:
-        ids = [j.decode() for j in await self.r.zrange(K["queue"], 0, -1)]
-        if not ids:
-            return []
-        raw = await self.r.hmget(K["queue:docs"], ids)
-        return [msgspec.json.decode(v) for v in raw if v is not None]
-
-    async def health(self) -> dict[str, Any] | None:
-        raw = await self.r.hget(K["health"], "doc")
-        return None if raw is None else msgspec.json.decode(raw)
-
-    async def tail(self, n: int = 50) -> list[dict[str, Any]]:
-        return [msgspec.json.decode(v) for v in await self.r.lrange(K["tail"], -n, -1)]
-
-    async def shares(self) -> list[dict[str, Any]]:
-        return [msgspec.json.decode(v) for v in await self.r.lrange(K["shares"], 0, -1)]
-
-    async def usage(self) -> dict[str, dict[str, Any]]:
-        """Running jobs' mean utilization and memory (empty without a reconciler writing it)."""
-        try:
-            raw = await self.r.hgetall(USAGE_KEY)
-        except (aioredis.RedisError, OSError):
-            return {}
-        return {k.decode(): msgspec.json.decode(v) for k, v in raw.items()}
 
 
 __all__ = ["Projector", "Views", "rebuild_views", "run", "serve", "add_arguments", "load_snapshot",

@@ -19,7 +19,7 @@ the alloc tree with deterministic message ids):
   it is idle. After an admin restores such a GPU it is not quarantined again for the same leak.
 
 It also keeps each running job's mean utilization and memory over the last `usage_window_s`
-(the used-versus-held read model, written to Redis when it has one: `projector.USAGE_KEY`).
+(the used-versus-held read model, written to Redis when it has one: `gpusched.views.USAGE_KEY`).
 
 `decide` is the pure part (the state, what heartbeats showed, `now`); `Reconciler` is the shell.
 Grace periods must exceed a couple of heartbeat intervals, and `zombie_grace_s` the node
@@ -469,11 +469,11 @@ class Reconciler:
 
     async def _write_usage(self, docs: dict[str, dict]) -> None:
         """Replace the used-versus-held read model (best effort: it is telemetry, not a fact)."""
-        from gpusched.services.projector import USAGE_KEY, _redis
+        from gpusched.views import USAGE_KEY, redis_client
 
         try:
             if self._redis is None:
-                self._redis = _redis(self.redis_url)
+                self._redis = redis_client(self.redis_url)
             pipe = self._redis.pipeline(transaction=True)
             pipe.delete(USAGE_KEY)
             if docs:

@@ -62,10 +62,13 @@ def own_decisions(state: ClusterState, events: Iterable[ev.Event], kinds: tuple[
 
     Expected drops: a grant may use GPUs an earlier event frees on behalf of another writer (a
     forced release is the preemptor's); appended before that release is in the log, it would
-    double-book, so it waits for the next cycle. Anything else is a bug, logged as an error."""
+    double-book, so it waits for the next cycle. Likewise a preemption request that is fair only
+    once another writer's grants of the same cycle are in the log. Anything else is a bug,
+    logged as an error."""
     events = list(events)
     check = rules.BatchCheck(state)
-    foreign_freed = rules.freed_by(state, [e for e in events if not isinstance(e, kinds)])
+    foreign = [e for e in events if not isinstance(e, kinds) and e.ALLOC]
+    foreign_freed = rules.freed_by(state, foreign)
     out: list[ev.Event] = []
     for e in events:
         if not isinstance(e, kinds):
@@ -75,7 +78,7 @@ def own_decisions(state: ClusterState, events: Iterable[ev.Event], kinds: tuple[
             out.append(e)
             continue
         uses = getattr(e, "gpus", None) or getattr(e, "added", None) or []
-        expected = any(g in foreign_freed for g in uses)
+        expected = any(g in foreign_freed for g in uses) or (isinstance(e, ev.PreemptionRequested) and bool(foreign))
         (log.debug if expected else log.error)(
             "decision_dropped", kind=e.kind, job_id=getattr(e, "job_id", None), problem=problem,
             waits_for_other_writer=expected)
@@ -107,7 +110,8 @@ def budget_reasons(events: list[ev.Event], max_reasons: int | None) -> tuple[lis
 
 async def decide_and_append(folded: FoldedLog, decide: Decide, kinds: tuple[type, ...],
                             transform: Callable[[ev.Event], ev.Event] = lambda e: e,
-                            rebase: tuple[type, ...] = (), max_reasons: int | None = None) -> tuple[int, bool]:
+                            rebase: tuple[type, ...] = (), max_reasons: int | None = None,
+                            clock: Callable[[], float] = time.time) -> tuple[int, bool]:
     """One decision round: decide on the fold as it is, keep this writer's (legal) kinds, and
     append them as atomic compare-and-set batches against the view they were decided at
     (`append_cas` returns once the fold includes them, so a decision is never repeated).
@@ -118,12 +122,13 @@ async def decide_and_append(folded: FoldedLog, decide: Decide, kinds: tuple[type
     cycle again. Under steady churn (completions landing every millisecond) a full cycle rarely
     wins the race; a re-check of a few hundred decisions takes microseconds and does. Safety is
     unchanged: the re-check and the compare-and-set see the same view. Returns (appended,
-    conflicted): conflicted when decisions were dropped for a new cycle to redo."""
+    conflicted): conflicted when decisions were dropped for a new cycle to redo. `clock`: the
+    wall clock (the simulator passes its virtual one)."""
     state = folded.state
     view = folded.alloc_seq
     t0 = time.perf_counter()
     with metrics.decision_timer(telemetry.current_service()):
-        decided = decide(state, max(time.time(), state.now))
+        decided = decide(state, max(clock(), state.now))
     events, deferred = budget_reasons(own_decisions(state, decided, kinds), max_reasons)
     log.debug("decided", events=len(events), deferred_reasons=deferred, seconds=round(time.perf_counter() - t0, 4),
               pending=len(state.pending))

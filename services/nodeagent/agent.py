@@ -133,7 +133,7 @@ def job_nodes(job: Job) -> list[str]:
     return job_node_order(job)
 
 
-def _nodeagent_launch_spec(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> launcher.Launch:
+def _launch_spec_for(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> launcher.Launch:
     nodes = job_nodes(job)
     first = state.nodes.get(nodes[0])
     ck = job.checkpoint
@@ -164,7 +164,7 @@ def _nodeagent_launch_spec(self, job: Job, mine: tuple[int, ...], state: Cluster
     )
 
 
-def _nodeagent_request_checkpoint(self, run: RunningJob, request: str, reason: str, deadline: float, for_job: str) -> None:
+def _ask_to_checkpoint(self, run: RunningJob, request: str, reason: str, deadline: float, for_job: str) -> None:
     """Write the request to the job's control dir and SIGUSR1 the processes that asked for
     it, if they are members of the job's own process group."""
     run.request = request
@@ -196,7 +196,7 @@ def _nodeagent_request_checkpoint(self, run: RunningJob, request: str, reason: s
              signalled=signalled, refused=refused)
 
 
-def _nodeagent_watch(self, run: RunningJob, state: ClusterState, now: float) -> None:
+def _watch_run(self, run: RunningJob, state: ClusterState, now: float) -> None:
     """A live run: SIGKILL after the grace; a draining one stops once its checkpoint is
     complete; a time-limited one is asked to checkpoint before its limit."""
     if run.state == "stopping":
@@ -222,7 +222,7 @@ def _nodeagent_watch(self, run: RunningJob, state: ClusterState, now: float) -> 
                                  job.started_at + limit, "")
 
 
-def _nodeagent_adopt(self, state: ClusterState) -> None:
+def _adopt_running(self, state: ClusterState) -> None:
     """A restarted daemon takes back the runs its state files record, each only if the OS
     proves the process is the one it started; a run of a job the fold no longer runs here
     is stopped; one that ended meanwhile is reported as ended (its exit too)."""
@@ -258,7 +258,7 @@ def _nodeagent_adopt(self, state: ClusterState) -> None:
             self.converge(key[0], state, False)
 
 
-def _nodeagent_control(self, data: bytes, kill_only: bool = False) -> NodeReply:
+def _handle_control(self, data: bytes, kill_only: bool = False) -> NodeReply:
     """One node-control request. `kill_only`: it came on the kill subject (what the
     reconciler may send), where every other request is refused."""
     try:
@@ -410,7 +410,7 @@ class NodeAgent:
         wanted = set(gpus)
         return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) for r in self.jobs.values())
 
-    _launch_spec = _nodeagent_launch_spec
+    _launch_spec = _launch_spec_for
 
     def _launch(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> None:
         spec = self._launch_spec(job, mine, state)
@@ -515,7 +515,7 @@ class NodeAgent:
 
     # --- checkpoints ------------------------------------------------------------------------
 
-    _request_checkpoint = _nodeagent_request_checkpoint
+    _request_checkpoint = _ask_to_checkpoint
 
     def _collect_acks(self, run: RunningJob, state: ClusterState) -> None:
         if run.proc.virtual:
@@ -565,7 +565,7 @@ class NodeAgent:
             self._swept = now
             self._sweep(state)
 
-    _watch = _nodeagent_watch
+    _watch = _watch_run
 
     def _sweep(self, state: ClusterState) -> None:
         """Report as ended what the fold says may run here but this daemon does not run (a
@@ -618,7 +618,7 @@ class NodeAgent:
 
     # --- adoption after a restart -------------------------------------------------------------
 
-    adopt = _nodeagent_adopt
+    adopt = _adopt_running
 
     def _adopt_dead(self, rec: dict, key: RunKey, current: bool) -> None:
         """A recorded run whose process is gone: its exit status (from the wrapper) is reported
@@ -651,7 +651,7 @@ class NodeAgent:
         return Heartbeat(node=self.node, at=time.time(), agent_id=self.agent_id, seq=self.heartbeats,
                          backend=self.backend.name, gpus=self.backend.sample(), jobs=jobs)
 
-    control = _nodeagent_control
+    control = _handle_control
 
     def logs(self, data: bytes, state: ClusterState) -> LogReply:
         """Serve part of one rank's log of one attempt (`gpusched logs`)."""

@@ -64,6 +64,8 @@ class Harness:
             extra = (*extra, *FAST_POLICY)
         if name == "admission" and not any(a.startswith("--placeholders") for a in extra):
             extra = (*extra, "--placeholders", "any")  # the tests play the node daemon
+        if name == "admission" and "--strict-teams" not in extra and "--auto-create-teams" not in extra:
+            extra = (*extra, "--auto-create-teams")  # the tests submit to teams they never created
         key = alias or name
         proc = spawn_service(name, self.nats_url, self.redis_url, list(extra), log_path=self.tmp / f"{key}.log")
         self.procs[key] = proc

@@ -52,7 +52,7 @@ async def test_dashboard_live_and_controls(nats_url, browser, artifacts):
     # the real admission service answers the page's submit
     from gpusched.services import admission
 
-    adm = asyncio.create_task(admission.serve(argparse.Namespace(nats=nats_url, redis=None, strict_teams=False, placeholders="bounded"), stop))
+    adm = asyncio.create_task(admission.serve(argparse.Namespace(nats=nats_url, redis=None, auto_create_teams=True, placeholders="bounded"), stop))
     # the supervisor's side of the placement control (what `gpusched up` wires to its child)
     actions: list[str] = []
     await control.serve_controls(log.nc, {"placement": lambda a: actions.append(a) or a != "stop"})

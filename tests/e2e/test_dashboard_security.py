@@ -83,7 +83,7 @@ async def test_dashboard_refuses_strangers_forgeries_and_rebinding(nats_url, reb
     stop = asyncio.Event()
     from gpusched.services import admission
 
-    adm = asyncio.create_task(admission.serve(argparse.Namespace(nats=nats_url, redis=None, strict_teams=False), stop))
+    adm = asyncio.create_task(admission.serve(argparse.Namespace(nats=nats_url, redis=None, auto_create_teams=True), stop))
     actions: list[str] = []
     await control.serve_controls(log.nc, {"placement": lambda a: actions.append(a) or a != "stop"})
     port, evil_port = free_port(), free_port()

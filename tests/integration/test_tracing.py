@@ -156,7 +156,7 @@ async def test_real_services_continue_the_submit_trace(nats_url, redis_url, span
         await coro
 
     tasks = [
-        asyncio.create_task(as_service("admission", admission.serve(_service_args(admission, nats_url, redis_url, "--placeholders", "any"), stop))),
+        asyncio.create_task(as_service("admission", admission.serve(_service_args(admission, nats_url, redis_url, "--placeholders", "any", "--auto-create-teams"), stop))),
         asyncio.create_task(as_service("placement", placement.serve(
             _service_args(placement, nats_url, redis_url, "--lease-ttl-ms", "1000"), stop))),
     ]

@@ -11,6 +11,7 @@ from gpusched.cli.main import main
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota, TopologyConstraint
 from gpusched.services import projector
+from gpusched.views import Views
 
 
 def _scenario() -> list[ev.Event]:
@@ -76,7 +77,7 @@ def test_projector_follows_live(nats_url, redis_url):
         await _append_all(nats_url, events[:6])
         stop = asyncio.Event()
         task = asyncio.create_task(projector.run(nats_url, redis_url, stop, flush_s=0.02))
-        views = projector.Views.connect(redis_url)
+        views = Views.connect(redis_url)
         try:
             async def seq_reaches(n):
                 for _ in range(200):

@@ -82,10 +82,13 @@ def test_admit(name):
         assert d.event.job_id == job_id_for("r1", ClusterState()) and d.msg_id == "submit-r1"
 
 
-def test_strict_teams_refuse_unknown_teams():
-    d = admit(_state_for_admission(), SubmitJob(request_id="r", spec=JobSpec(team="ghost", gpus=1)), 1.0,
-              AdmissionConfig(strict_teams=True, placeholders="any"), Capacity())
-    assert not d.reply.ok and "unknown team 'ghost'" in d.reply.error
+def test_unknown_teams_are_refused_unless_auto_created():
+    submit = SubmitJob(request_id="r", spec=JobSpec(team="ghost", gpus=1))
+    d = admit(_state_for_admission(), submit, 1.0, AdmissionConfig(placeholders="any"), Capacity())
+    assert not d.reply.ok and "unknown team 'ghost'" in d.reply.error and "--auto-create-teams" in d.reply.error
+    d = admit(_state_for_admission(), submit, 1.0, AdmissionConfig(auto_create_teams=True, placeholders="any"),
+              Capacity())
+    assert d.reply.ok and d.event.spec.team == "ghost"
 
 
 def _quota_state() -> ClusterState:
@@ -217,3 +220,17 @@ def test_policy_overrides():
         policy_config("full", ["no_such_knob=1"])
     with pytest.raises(SystemExit):
         policy_config("nope")
+
+
+def test_every_service_that_folds_usage_takes_the_running_half_life():
+    """`--policy-set half_life_s=...` means the same to every live fold that decays usage."""
+    import argparse
+
+    from gpusched.services import placement, preemptor, projector, quota_ledger
+    from gpusched.services.shell import policy_of
+
+    for service in (placement, preemptor, projector, quota_ledger):
+        parser = argparse.ArgumentParser()
+        service.add_arguments(parser)
+        args = parser.parse_args(["--policy-set", "half_life_s=3600"])
+        assert policy_of(args).half_life_s == 3600.0, service.__name__

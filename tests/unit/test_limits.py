@@ -22,7 +22,7 @@ def _submit(spec: dict, subject: str = "gpusched.cmd.submit") -> str | None:
     cmd = decode(subject, raw)
     if isinstance(cmd, str):
         return cmd
-    d = admit(ClusterState(), cmd, 1.0, AdmissionConfig(), Capacity())
+    d = admit(ClusterState(), cmd, 1.0, AdmissionConfig(auto_create_teams=True), Capacity())
     return None if d.reply.ok else d.reply.error
 
 
@@ -95,7 +95,7 @@ def test_sane_specs_still_pass():
 ])
 def test_placeholder_jobs_only_where_allowed(mode, spec, ok):
     cmd = SubmitJob(request_id="r", spec=msgspec.convert(spec, JobSpec))
-    d = admit(ClusterState(), cmd, 1.0, AdmissionConfig(placeholders=mode), Capacity())
+    d = admit(ClusterState(), cmd, 1.0, AdmissionConfig(auto_create_teams=True, placeholders=mode), Capacity())
     assert d.reply.ok is ok, d.reply.error
 
 

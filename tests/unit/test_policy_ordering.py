@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpusched.policy.config import PRESETS
-from gpusched.policy.ordering import ordered, queue_index
+from gpusched.policy.memo import Indexes
+from gpusched.policy.ordering import ordered
 
 from .policy_helpers import Scenario, gpus
 
@@ -95,8 +96,9 @@ def test_index_follows_the_fold_incrementally_and_matches_a_fresh_sort():
     config = PRESETS["fairshare"].replace(las=True)
     for i in range(20):
         s.submit(f"j{i}", 1, team=f"t{i % 3}", at=i, priority=("low", "normal", "high")[i % 3])
+    indexes = Indexes()  # one index kept across the steps, as a service keeps it across cycles
     for step in range(12):
-        idx = queue_index(s.state, config)
+        idx = indexes.queue(s.state, config)
         got = [j.job_id for j in idx.ordered(s.now, lambda t: s.state.teams[t].held)]
         assert got == _order(s, config)
         jid = got[step % len(got)]

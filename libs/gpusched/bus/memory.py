@@ -75,6 +75,14 @@ class MemoryEventLog:
         async with self._appended:
             self._appended.notify_all()
 
+    def append_now(self, event: Event, msg_id: str | None = None, headers: dict[str, str] | None = None) -> int:
+        """`append` without compare-and-set and without waking readers: for a caller that owns
+        the loop and reads `records_` itself (the simulator's world)."""
+        mid = self._msg_id(event, msg_id)
+        if mid in self.msg_ids:
+            return self.msg_ids[mid]
+        return self._store(event, mid, headers)
+
     async def append(self, event: Event, *, msg_id: str | None = None, expect_alloc_seq: int | None = None,
                      headers: dict[str, str] | None = None) -> int:
         """Append one fact; a repeated message id returns the stored sequence. The

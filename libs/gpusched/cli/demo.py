@@ -146,61 +146,7 @@ async def run_scene(args) -> dict[str, Any]:
             if not reply.ok:
                 raise RuntimeError(f"demo: quota of {team} refused: {reply.error}")
 
-        # 2. fill
-        plan = _fill_plan(args)
-        _say(args, f"demo: filling {args.nodes * args.gpus_per_node} GPUs with {len(plan)} batch jobs of vision and nlp")
-        scene.marks["fill"] = time.time()
-        replies = await asyncio.gather(*[client.submit(JobSpec(team=t, gpus=g, preemptible=True, name=f"batch-{t}-{i}"))
-                                         for i, (t, g) in enumerate(plan)])
-        scene.fill_jobs = [r.job_id for r in replies if r.ok and r.job_id]
-        scene.acked += scene.fill_jobs
-        await _wait(lambda s: all(s.jobs.get(j) is not None and s.jobs[j].holding for j in scene.fill_jobs),
-                    args.step_timeout, folded, "filling the cluster")
-        scene.marks["filled"] = time.time()
-
-        # 3. kill placement
-        _say(args, "demo: killing the placement service (SIGKILL)")
-        proc = stack.children["placement"].proc
-        scene.marks["kill"] = time.time()
-        proc.kill()
-        proc.wait()
-        scene.marks["degraded_after_s"] = await _wait(lambda s: s.placement_degraded, args.step_timeout, folded,
-                                                      "the fallback taking over")
-        scene.marks["degraded"] = time.time()
-        _say(args, f"demo: placement degraded after {scene.marks['degraded_after_s']:.1f}s: naive fallback places")
-
-        # 4. flood
-        _say(args, f"demo: flooding {args.flood} interactive jobs from team {args.flood_team}")
-        scene.flood_window = True
-        state = folded.state
-        scene.samples.append((state.now, {t: u.held for t, u in state.teams.items()}))
-        scene.marks["flood"] = time.time()
-        replies = await asyncio.gather(*[client.submit(JobSpec(team=args.flood_team, gpus=1, priority="interactive",
-                                                               name=f"flood-{i}")) for i in range(args.flood)])
-        scene.flood_jobs = [r.job_id for r in replies if r.ok and r.job_id]
-        scene.acked += scene.flood_jobs
-        entitled = _teams(args)[args.flood_team].guaranteed
-        want = min(len(scene.flood_jobs), entitled)
-        try:
-            await _wait(lambda s: sum(1 for j in scene.flood_jobs if s.jobs.get(j) is not None
-                                      and s.jobs[j].first_started_at is not None) >= want,
-                        args.step_timeout, folded, f"{want} flood jobs getting GPUs")
-        except TimeoutError as err:
-            _say(args, str(err))
-        await asyncio.sleep(args.settle_s)  # let the flood settle: who else gets what
-        scene.flood_window = False
-        scene.marks["flood_end"] = time.time()
-        scene.flood_end_seq = folded.seen_seq
-
-        # 5. restart placement
-        _say(args, "demo: restarting placement")
-        scene.marks["restart"] = time.time()
-        stack.spawn(stack.children["placement"])
-        try:
-            await _wait(lambda s: not s.placement_degraded, args.step_timeout, folded, "placement recovering")
-            scene.marks["recovered"] = time.time()
-        except TimeoutError as err:
-            _say(args, str(err))
+        await _play(args, stack, client, folded, scene)
         await asyncio.sleep(min(2.0, args.settle_s))
         await folded.stop()
         result = await verdict(log, scene, args)
@@ -225,8 +171,68 @@ async def run_scene(args) -> dict[str, Any]:
         stack.stop()
 
 
-async def verdict(log, scene: Scene, args) -> dict[str, Any]:
-    """Fold the whole log from scratch and judge the scene."""
+async def _play(args, stack, client, folded, scene: Scene) -> None:
+    """The scene after the quotas: fill the cluster, kill placement, flood, restart placement."""
+    # 2. fill
+    plan = _fill_plan(args)
+    _say(args, f"demo: filling {args.nodes * args.gpus_per_node} GPUs with {len(plan)} batch jobs of vision and nlp")
+    scene.marks["fill"] = time.time()
+    replies = await asyncio.gather(*[client.submit(JobSpec(team=t, gpus=g, preemptible=True, name=f"batch-{t}-{i}"))
+                                     for i, (t, g) in enumerate(plan)])
+    scene.fill_jobs = [r.job_id for r in replies if r.ok and r.job_id]
+    scene.acked += scene.fill_jobs
+    await _wait(lambda s: all(s.jobs.get(j) is not None and s.jobs[j].holding for j in scene.fill_jobs),
+                args.step_timeout, folded, "filling the cluster")
+    scene.marks["filled"] = time.time()
+
+    # 3. kill placement
+    _say(args, "demo: killing the placement service (SIGKILL)")
+    proc = stack.children["placement"].proc
+    scene.marks["kill"] = time.time()
+    proc.kill()
+    proc.wait()
+    scene.marks["degraded_after_s"] = await _wait(lambda s: s.placement_degraded, args.step_timeout, folded,
+                                                  "the fallback taking over")
+    scene.marks["degraded"] = time.time()
+    _say(args, f"demo: placement degraded after {scene.marks['degraded_after_s']:.1f}s: naive fallback places")
+
+    # 4. flood
+    _say(args, f"demo: flooding {args.flood} interactive jobs from team {args.flood_team}")
+    scene.flood_window = True
+    state = folded.state
+    scene.samples.append((state.now, {t: u.held for t, u in state.teams.items()}))
+    scene.marks["flood"] = time.time()
+    replies = await asyncio.gather(*[client.submit(JobSpec(team=args.flood_team, gpus=1, priority="interactive",
+                                                           name=f"flood-{i}")) for i in range(args.flood)])
+    scene.flood_jobs = [r.job_id for r in replies if r.ok and r.job_id]
+    scene.acked += scene.flood_jobs
+    entitled = _teams(args)[args.flood_team].guaranteed
+    want = min(len(scene.flood_jobs), entitled)
+    try:
+        await _wait(lambda s: sum(1 for j in scene.flood_jobs if s.jobs.get(j) is not None
+                                  and s.jobs[j].first_started_at is not None) >= want,
+                    args.step_timeout, folded, f"{want} flood jobs getting GPUs")
+    except TimeoutError as err:
+        _say(args, str(err))
+    await asyncio.sleep(args.settle_s)  # let the flood settle: who else gets what
+    scene.flood_window = False
+    scene.marks["flood_end"] = time.time()
+    scene.flood_end_seq = folded.seen_seq
+
+    # 5. restart placement
+    _say(args, "demo: restarting placement")
+    scene.marks["restart"] = time.time()
+    stack.spawn(stack.children["placement"])
+    try:
+        await _wait(lambda s: not s.placement_degraded, args.step_timeout, folded, "placement recovering")
+        scene.marks["recovered"] = time.time()
+    except TimeoutError as err:
+        _say(args, str(err))
+
+
+async def _replay(log, scene: Scene, args):
+    """Fold the whole log from scratch: the state, every grant, when placement degraded and
+    recovered, and who waited under their guarantee when the flood had settled."""
     from gpusched.core.state import ClusterState
 
     state = ClusterState()
@@ -244,12 +250,34 @@ async def verdict(log, scene: Scene, args) -> dict[str, Any]:
         elif isinstance(e, ev.PlacementRecovered) and degraded_at is not None and recovered_at is None:
             recovered_at = e.at
 
-    def locality(gs: list[ev.GpusGranted]) -> dict[str, Any]:
-        multi = [g for g in gs if len(g.gpus) > 1]
-        tight = sum(1 for g in multi if g.level in TIGHT)
-        return {"grants": len(gs), "placers": sorted({g.placer for g in gs}),
-                "multi_gpu_grants": len(multi), "within_one_node": tight,
-                "tight_fraction": None if not multi else round(tight / len(multi), 3)}
+    return state, grants, degraded_at, recovered_at, at_flood_end
+
+
+def _locality(gs: list[ev.GpusGranted]) -> dict[str, Any]:
+    multi = [g for g in gs if len(g.gpus) > 1]
+    tight = sum(1 for g in multi if g.level in TIGHT)
+    return {"grants": len(gs), "placers": sorted({g.placer for g in gs}),
+            "multi_gpu_grants": len(multi), "within_one_node": tight,
+            "tight_fraction": None if not multi else round(tight / len(multi), 3)}
+
+
+def _shares(scene: Scene, state, quotas: dict[str, TeamQuota]) -> dict[str, dict[str, Any]]:
+    """Each team's lowest and highest holding during the flood against its guarantee and limit."""
+    start = scene.samples[0][1] if scene.samples else {}
+    shares = {}
+    for team, q in quotas.items():
+        held = [s.get(team, 0) for _, s in scene.samples] or [state.teams[team].held if team in state.teams else 0]
+        at_start = start.get(team, 0)
+        floor = min(q.guaranteed, at_start)
+        shares[team] = {"guaranteed": q.guaranteed, "limit": q.limit, "held_at_flood": at_start,
+                        "min_during_flood": min(held), "max_during_flood": max(held),
+                        "kept_guarantee": min(held) >= floor, "within_limit": max(held) <= (q.limit or 10**9)}
+    return shares
+
+
+async def verdict(log, scene: Scene, args) -> dict[str, Any]:
+    """Fold the whole log from scratch and judge the scene."""
+    state, grants, degraded_at, recovered_at, at_flood_end = await _replay(log, scene, args)
 
     fill = set(scene.fill_jobs)
     before = [g for g in grants if g.job_id in fill and g.attempt == 1]
@@ -272,17 +300,7 @@ async def verdict(log, scene: Scene, args) -> dict[str, Any]:
     restart = scene.marks.get("restart", math.inf)
     during_outage = [j for j, at in first_grant.items() if at < restart]
 
-    # shares during the flood: each team's lowest holding vs its guarantee
-    quotas = _teams(args)
-    start = scene.samples[0][1] if scene.samples else {}
-    shares = {}
-    for team, q in quotas.items():
-        held = [s.get(team, 0) for _, s in scene.samples] or [state.teams[team].held if team in state.teams else 0]
-        at_start = start.get(team, 0)
-        floor = min(q.guaranteed, at_start)
-        shares[team] = {"guaranteed": q.guaranteed, "limit": q.limit, "held_at_flood": at_start,
-                        "min_during_flood": min(held), "max_during_flood": max(held),
-                        "kept_guarantee": min(held) >= floor, "within_limit": max(held) <= (q.limit or 10**9)}
+    shares = _shares(scene, state, _teams(args))
 
     violations = state.violations()
     double_booked = sorted({g for v in violations if v.rule == "double_booking" for g in v.gpus})
@@ -307,7 +325,7 @@ async def verdict(log, scene: Scene, args) -> dict[str, Any]:
     return {
         "ok": all(checks.values()),
         "checks": checks,
-        "locality": {"before": locality(before), "during_outage": locality(during), "after_recovery": locality(after)},
+        "locality": {"before": _locality(before), "during_outage": _locality(during), "after_recovery": _locality(after)},
         "degraded_after_kill_s": round(degraded_at - scene.marks["kill"], 3) if degraded_at and "kill" in scene.marks else None,
         "interactive_wait_s": {"jobs": len(scene.flood_jobs), "granted": len(granted_waits),
                                "over": "all flood jobs (queued ones with their wait so far)",

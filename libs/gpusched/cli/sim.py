@@ -13,6 +13,7 @@ examples:
   gpusched sim --compare fifo,gang,topo,preempt,fairshare,full --runtime-model ideal
   gpusched sim --trace ../shared/traces/tiresias-sample/60_job.csv --cluster 1x16x4 --compare all
   gpusched sim --format alibaba --trace openb_pod_list_default.csv --cluster 1x8x8 --json
+  gpusched sim --services --policy full              # placement, preemptor, fallback on an in-memory log
   gpusched sim --interactive-burst team=6c71a0,at=86400,count=200,gpus=1,duration=600 --out out/burst
 
 --format csv: header job_id,submit_time_s,duration_s,num_gpus,team and optional
@@ -46,6 +47,11 @@ def register(sub) -> None:
     p.add_argument("--quotas", type=Path, metavar="FILE",
                    help="team quotas, CSV team,guaranteed,weight,limit (default: shares of the trace's GPU-hours)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a PolicyConfig knob (repeatable)")
+    p.add_argument("--services", action="store_true",
+                   help="run the live services' composition (placement, preemptor and fallback deciding and "
+                        "appending separately, with compare-and-set) on an in-memory log, not one whole cycle")
+    p.add_argument("--placement-down", metavar="START:END",
+                   help="with --services: placement decides nothing from START to END seconds (the fallback places)")
     p.add_argument("--tick", type=float, help="also run the policy every TICK seconds while jobs wait")
     p.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
@@ -71,10 +77,16 @@ def run(args) -> int:
         overrides = parse_overrides(args.set)
         jobs, burst = load_jobs(args.trace, args.format, args.limit, args.interactive_burst)
         quotas = load_quotas(args.quotas) if args.quotas else None
+        down = _window(args.placement_down) if args.placement_down else None
+        if args.services or down:
+            from ..telemetry import configure_logging
+
+            configure_logging(level="WARNING")  # the writers log every round at debug
         names = _presets(args.compare) if args.compare else [args.policy]
         results, sims = {}, {}
         for name in names:
-            sim = simulate(jobs, cluster, name, model, overrides, burst, args.tick, args.topology, quotas)
+            sim = simulate(jobs, cluster, name, model, overrides, burst, args.tick, args.topology, quotas,
+                           services=args.services, placement_down=down)
             results[name], sims[name] = sim.summary(), sim
     except (TraceError, ValueError) as err:
         print(f"gpusched sim: {err}", file=sys.stderr)
@@ -106,3 +118,14 @@ def _presets(text: str) -> list[str]:
     if text.strip() == "all":
         return list(PRESETS)
     return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _window(text: str) -> tuple[float, float]:
+    start, sep, end = text.partition(":")
+    try:
+        window = (float(start), float(end))
+    except ValueError:
+        raise ValueError(f"--placement-down {text!r}: expected START:END in seconds") from None
+    if not sep or window[1] <= window[0]:
+        raise ValueError(f"--placement-down {text!r}: expected START:END with START < END")
+    return window

@@ -203,10 +203,12 @@ class Stack:
         ttl = ["--lease-ttl-ms", str(a.lease_ttl_ms)]
         policy = ["--policy", a.policy] + [f"--policy-set={kv}" for kv in a.policy_set]
         extra: dict[str, list[str]] = {
-            "admission": ["--placeholders", a.placeholders],
+            "admission": ["--placeholders", a.placeholders,
+                          *(["--auto-create-teams"] if a.teams == "auto" else [])],
             "placement": [*policy, *ttl],
             "preemptor": policy,
             "projector": policy,  # its fold and queue order follow the running policy
+            "quota_ledger": policy,  # usage decays with the running policy's half-life
             "reconciler": policy,  # idle_util_pct, idle_after_s
             "fallback": ttl,
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
@@ -571,6 +573,9 @@ def register(sub) -> None:
     up.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="bounded",
                     help="jobs without a command on the simulated nodes: bounded (default: they need a time limit "
                          "or GPUSCHED_SIM_DURATION_S), any, or refuse")
+    up.add_argument("--teams", choices=["auto", "strict"], default="auto",
+                    help="auto (default for this dev stack): a job of a team nobody created creates it; strict: "
+                         "refused until `gpusched quota TEAM` creates it (a deployed admission's default)")
     up.set_defaults(func=cmd_up)
 
     service = sub.add_parser("service", help="run one service (the form deploy files use)")

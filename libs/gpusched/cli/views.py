@@ -100,16 +100,16 @@ def _redis_configured(redis: str | None) -> bool:
 
 
 def _redis_client(redis: str | None):
-    from gpusched.services.projector import _redis
+    from gpusched.views import redis_client
 
-    return _redis(redis)
+    return redis_client(redis)
 
 
 async def _views(args) -> Any:
     """The Redis views when they answer and have been written; else None."""
     if getattr(args, "fold", False) or not _redis_configured(args.redis):
         return None
-    from gpusched.services.projector import Views
+    from gpusched.views import Views
 
     views = Views.connect(args.redis)
     try:
@@ -163,7 +163,7 @@ async def usage(redis: str | None) -> dict[str, dict[str, Any]]:
     """The reconciler's used-versus-held read model (empty without Redis or a reconciler)."""
     if not _redis_configured(redis):
         return {}
-    from gpusched.services.projector import Views
+    from gpusched.views import Views
 
     views = Views.connect(redis)
     try:

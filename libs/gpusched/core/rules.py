@@ -87,6 +87,7 @@ class BatchCheck:
         self.job_gpus: dict[str, list[GpuId]] = {}  # job -> its GPUs after this batch
         self.team_delta: dict[str, int] = {}
         self.granted: set[str] = set()
+        self.released: set[str] = set()
 
     def placeable(self, g: GpuId) -> bool:
         if g not in self.holder:
@@ -139,6 +140,29 @@ class BatchCheck:
         if job is None or not job.holding:
             return "release of a job that holds nothing"
         self._hold(job.team, e.job_id, self.gpus_of(e.job_id), [])
+        self.released.add(e.job_id)
+        return None
+
+    def _preempt(self, e: ev.PreemptionRequested) -> str | None:
+        """The fold's rules for a request (a holder, a known beneficiary, preemptible, fair by the
+        teams' holdings after this batch's earlier decisions); an idle-timeout request serves the
+        queue, not one job."""
+        job = self.state.jobs.get(e.job_id)
+        if job is None or not job.holding or e.job_id in self.released:
+            return "preemption of a job that holds nothing"
+        if e.cause == "idle":
+            return None
+        beneficiary = self.state.jobs.get(e.for_job)
+        if beneficiary is None:
+            return "preemption that serves no known job"
+        if not job.spec.preemptible:
+            return "preemption of a job that is not preemptible"
+        vt, ft = self.state.teams.get(job.team), self.state.teams.get(beneficiary.team)
+        v_held = (vt.held if vt else 0) + self.team_delta.get(job.team, 0)
+        f_held = (ft.held if ft else 0) + self.team_delta.get(beneficiary.team, 0)
+        if not fair_preemption(job.team, vt.quota if vt else None, v_held,
+                               beneficiary.team, ft.quota if ft else None, f_held):
+            return f"unfair preemption of team {job.team} for team {beneficiary.team}"
         return None
 
     def _hold(self, team: str, job_id: str, removed: list[GpuId], added: list[GpuId]) -> None:
@@ -153,7 +177,7 @@ class BatchCheck:
 
 _CHECKS: dict[type, Any] = {ev.GpusGranted: BatchCheck._grant, ev.JobResized: BatchCheck._resize,
            ev.GpusReleased: BatchCheck._release, ev.JobFailed: BatchCheck._release,
-           ev.JobTimedOut: BatchCheck._release}
+           ev.JobTimedOut: BatchCheck._release, ev.PreemptionRequested: BatchCheck._preempt}
 
 
 def freed_by(state: ClusterState, events: Iterable[ev.Event]) -> set[GpuId]:

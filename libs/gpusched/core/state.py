@@ -579,7 +579,7 @@ def _summary(st: ClusterState) -> dict:
 _END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed: "failed",
                                      ev.JobCancelled: "cancelled"}
 
-def _clusterstate_on_granted(self, e: ev.GpusGranted) -> None:
+def _fold_granted(self, e: ev.GpusGranted) -> None:
     job = self.jobs.get(e.job_id)
     if job is None or job.state != "pending":
         state = "unknown" if job is None else job.state
@@ -610,7 +610,7 @@ def _clusterstate_on_granted(self, e: ev.GpusGranted) -> None:
     self._check_limit(spec.team, e.job_id, granted)
 
 
-def _clusterstate_on_resized(self, e: ev.JobResized) -> None:
+def _fold_resized(self, e: ev.JobResized) -> None:
     job = self.jobs.get(e.job_id)
     if job is None or not job.holding:
         self._violate("resize_of_idle_job", f"resize of job {e.job_id} that holds nothing", [e.job_id])
@@ -643,7 +643,7 @@ def _clusterstate_on_resized(self, e: ev.JobResized) -> None:
     self._may_run(job, job.gpus)
 
 
-def _clusterstate_on_started(self, e: ev.JobStarted) -> None:
+def _fold_started(self, e: ev.JobStarted) -> None:
     job = self.jobs.get(e.job_id)
     if job is None:
         return
@@ -664,7 +664,7 @@ def _clusterstate_on_started(self, e: ev.JobStarted) -> None:
         job.nodes_started = [*job.nodes_started, e.node]
 
 
-def _clusterstate_on_preemption(self, e: ev.PreemptionRequested) -> None:
+def _fold_preemption(self, e: ev.PreemptionRequested) -> None:
     job = self.jobs.get(e.job_id)
     if job is None or not job.holding:
         return
@@ -691,7 +691,7 @@ def _clusterstate_on_preemption(self, e: ev.PreemptionRequested) -> None:
     job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at)
 
 
-def _clusterstate_on_checkpoint(self, e: ev.CheckpointSaved) -> None:
+def _fold_checkpoint(self, e: ev.CheckpointSaved) -> None:
     """A rank's save completes a checkpoint once every rank that must save has saved that
     step in this attempt and generation; earlier or partial saves never replace it."""
     job = self.jobs.get(e.job_id)
@@ -727,16 +727,16 @@ def _clusterstate_on_checkpoint(self, e: ev.CheckpointSaved) -> None:
 _HANDLERS: dict[type, Any] = {
     ev.JobSubmitted: ClusterState._on_submitted,
     ev.JobPending: ClusterState._on_pending,
-    ev.GpusGranted: _clusterstate_on_granted,
-    ev.JobResized: _clusterstate_on_resized,
-    ev.JobStarted: _clusterstate_on_started,
+    ev.GpusGranted: _fold_granted,
+    ev.JobResized: _fold_resized,
+    ev.JobStarted: _fold_started,
     ev.ProcessesEnded: ClusterState._on_processes_ended,
     ev.JobOnUnhealthyGpu: ClusterState._on_unhealthy,
     ev.JobTimedOut: ClusterState._on_terminal,
-    ev.PreemptionRequested: _clusterstate_on_preemption,
+    ev.PreemptionRequested: _fold_preemption,
     ev.JobIdle: _on_idle,
     ev.JobBusy: _on_busy,
-    ev.CheckpointSaved: _clusterstate_on_checkpoint,
+    ev.CheckpointSaved: _fold_checkpoint,
     ev.GpusReleased: ClusterState._on_released,
     ev.JobCompleted: ClusterState._on_terminal,
     ev.JobFailed: ClusterState._on_terminal,

@@ -23,6 +23,7 @@ from ..core import events as ev
 from ..core.state import ClusterState
 from . import unhealthy
 from .config import PRESETS, PolicyConfig
+from .memo import Indexes
 from .plan import Context, CyclePlan, Placer
 from .running import RunningIndex
 from .steps import expire, explain, grow, idle, reclaim, settle, walk
@@ -53,11 +54,13 @@ STEPS: list[tuple[Callable[[PolicyConfig], bool], Step]] = [
 
 
 def decide(state: ClusterState, now: float, config: PolicyConfig, placer: str | None = None,
-           running: RunningIndex | None = None) -> CyclePlan:
+           running: RunningIndex | None = None, indexes: Indexes | None = None) -> CyclePlan:
     """Run one cycle and return its plan: the events (`plan.events`) and the typed reason
     recorded for every job it looked at (`plan.reasons`). The placement strategy is chosen
-    here, once: `placer` "topo" or "naive" (default: by `config.topology`)."""
-    ctx = Context(state, now, config, Placer(placer or ("topo" if config.topology else "naive")), running)  # type: ignore[arg-type]
+    here, once: `placer` "topo" or "naive" (default: by `config.topology`). `indexes`: the
+    caller's indexes of `state`, kept across its cycles (default: built for this one)."""
+    ctx = Context(state, now, config, Placer(placer or ("topo" if config.topology else "naive")),  # type: ignore[arg-type]
+                  running, indexes)
     plan = CyclePlan(ctx)
     for enabled, step in STEPS:
         if enabled(config):
@@ -65,15 +68,16 @@ def decide(state: ClusterState, now: float, config: PolicyConfig, placer: str | 
     return plan
 
 
-def cycle(state: ClusterState, now: float, config: PolicyConfig) -> list[ev.Event]:
-    """Decide one cycle. Returned events are valid to apply to `state` in order."""
-    return decide(state, now, config).events
+def cycle(state: ClusterState, now: float, config: PolicyConfig, indexes: Indexes | None = None) -> list[ev.Event]:
+    """Decide one cycle. Returned events are valid to apply to `state` in order. A caller that
+    runs cycles on one fold passes its `Indexes` (see `policy.memo`)."""
+    return decide(state, now, config, indexes=indexes).events
 
 
-def naive_cycle(state: ClusterState, now: float) -> list[ev.Event]:
+def naive_cycle(state: ClusterState, now: float, indexes: Indexes | None = None) -> list[ev.Event]:
     """Gangs on the first free GPUs in priority and fair-share order, no preemption: what runs
     while placement is dead."""
-    return decide(state, now, _NAIVE, "naive").events
+    return decide(state, now, _NAIVE, "naive", indexes=indexes).events
 
 
 __all__ = ["STEPS", "cycle", "decide", "naive_cycle"]

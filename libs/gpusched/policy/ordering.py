@@ -29,7 +29,6 @@ from .fairshare import team_rank
 #: Every this many calls the index forgets which reasons it has seen settled and checks them
 #: all again (a guard against reasons appended by another writer).
 REVERIFY_EVERY = 256
-_MAX_INDEXES = 8
 #: The queue of jobs yielded by their idle timeout (with fair share: after every team's queue).
 _YIELDED = "\x00yielded"
 
@@ -116,19 +115,14 @@ class QueueIndex:
             yield jobs[key[-1]]
 
 
-_INDEXES: dict[tuple, QueueIndex] = {}
+def queue_mode(config: PolicyConfig) -> tuple:
+    """The config knobs the queue order depends on: one `QueueIndex` per mode."""
+    return (config.priority, config.las, config.fairshare, config.strict_fifo or not config.gang, config.elastic)
 
 
 def queue_index(state: ClusterState, config: PolicyConfig) -> QueueIndex:
-    """The (updated) queue index of `state` for the ordering knobs of `config`."""
-    mode = (config.priority, config.las, config.fairshare, config.strict_fifo or not config.gang, config.elastic)
-    key = (id(state), mode)
-    idx = _INDEXES.get(key)
-    if idx is None or idx.state is not state:
-        idx = QueueIndex(state, config, mode)
-        if len(_INDEXES) >= _MAX_INDEXES:
-            del _INDEXES[next(iter(_INDEXES))]
-        _INDEXES[key] = idx
+    """A fresh, updated queue index of `state` (cycles reuse one: `policy.memo.Indexes`)."""
+    idx = QueueIndex(state, config, queue_mode(config))
     idx.update()
     return idx
 

@@ -69,19 +69,6 @@ class Topology:
         self.max_node = max((len(n.gpus) for n in state.nodes.values()), default=0)
 
 
-_TOPOLOGIES: dict[int, Topology] = {}
-
-
-def topology(state: ClusterState) -> Topology:
-    """The state's topology index (nodes only ever register, never leave: a count suffices)."""
-    t = _TOPOLOGIES.get(id(state))
-    if t is None or t.nodes is not state.nodes or len(t.names) != len(state.nodes):
-        if len(_TOPOLOGIES) >= 8:
-            del _TOPOLOGIES[next(iter(_TOPOLOGIES))]
-        t = _TOPOLOGIES[id(state)] = Topology(state)
-    return t
-
-
 class Pool:
     """Placeable GPUs as one cycle sees them: the fold's free sets, less the GPUs this cycle has
     granted (`take`), plus the GPUs it has released (`add`). Never mutates the state.
@@ -93,9 +80,9 @@ class Pool:
 
     __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack", "fails")
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, topo: Topology | None = None) -> None:
         self.state = state
-        self.topo = topology(state)
+        self.topo = topo if topo is not None else Topology(state)
         self.taken: set[GpuId] = set()
         self.added: dict[str, list[GpuId]] = {}  # node -> GPUs released this cycle, in order
         self.delta: dict[str, int] = {}  # node -> change of its free count
@@ -474,4 +461,4 @@ def explain_no_fit(pool: Pool, n: int, required: str) -> str:
     return no_fit(pool, n, required).text
 
 
-__all__ = ["Placement", "Pool", "Topology", "explain_no_fit", "no_fit", "first_free", "place", "topology"]
+__all__ = ["Placement", "Pool", "Topology", "explain_no_fit", "no_fit", "first_free", "place"]

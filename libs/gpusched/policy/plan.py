@@ -7,8 +7,8 @@ all of these in step, so a step never does the bookkeeping itself; `touchable(jo
 answer to "may this running job still be taken from or grown?". The plan never mutates the
 state: the fold is the only writer of state, and applies `plan.events` in order.
 
-`Context` holds what a cycle reads but never changes: the state, `now`, the config and the
-placement strategy, chosen once.
+`Context` holds what a cycle reads but never changes: the state, `now`, the config, the
+placement strategy, chosen once, and the caller's indexes of the state (`memo.Indexes`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from ..core.state import ClusterState, Job
 from .backfill import Reservation
 from .config import PolicyConfig
 from .fairshare import limit_room
+from .memo import Indexes
 from .placement import Placement, Pool, first_free, place
-from .running import RunningIndex, running_index
+from .running import RunningIndex
 
 #: What a cycle has done to a job so far (absent: untouched).
 Status = Literal["granted", "borrowed", "released", "preempting", "shrunk"]
@@ -50,12 +51,13 @@ class Placer:
 class Context:
     """What a cycle reads and never changes."""
 
-    __slots__ = ("state", "now", "config", "placer", "running", "strict", "grace")
+    __slots__ = ("state", "now", "config", "placer", "indexes", "running", "strict", "grace")
 
     def __init__(self, state: ClusterState, now: float, config: PolicyConfig, placer: Placer,
-                 running: RunningIndex | None = None) -> None:
+                 running: RunningIndex | None = None, indexes: Indexes | None = None) -> None:
         self.state, self.now, self.config, self.placer = state, now, config, placer
-        self.running = running if running is not None else running_index(state)
+        self.indexes = indexes if indexes is not None else Indexes()
+        self.running = running if running is not None else self.indexes.running(state)
         #: Nothing behind a blocked job may start (strict FIFO, or gangs may not skip ahead).
         self.strict = config.strict_fifo or not config.gang
         #: How long a job asked to yield may take to checkpoint.
@@ -73,7 +75,7 @@ class CyclePlan:
         self.ctx = ctx
         state = ctx.state
         self.events: list[ev.Event] = []
-        self.pool = Pool(state)
+        self.pool = Pool(state, ctx.indexes.topology(state))
         #: The pool plus the GPUs of preemptions in flight, less claims on them (reclaim only).
         self.coming: Pool | None = None
         self.status: dict[str, Status] = {}

@@ -9,8 +9,6 @@ from __future__ import annotations
 from ..core.model import PRIORITY_RANK
 from ..core.state import ClusterState, Job
 
-_MAX_INDEXES = 8
-
 
 class RunningIndex:
     def __init__(self, state: ClusterState) -> None:
@@ -67,15 +65,8 @@ class RunningIndex:
             self._insert(jobs[jid])
 
 
-_INDEXES: dict[int, RunningIndex] = {}
-
-
 def running_index(state: ClusterState) -> RunningIndex:
-    idx = _INDEXES.get(id(state))
-    if idx is None or idx.state is not state:
-        idx = RunningIndex(state)
-        if len(_INDEXES) >= _MAX_INDEXES:
-            del _INDEXES[next(iter(_INDEXES))]
-        _INDEXES[id(state)] = idx
+    """A fresh, updated index of `state` (cycles reuse one: `policy.memo.Indexes`)."""
+    idx = RunningIndex(state)
     idx.update()
     return idx

@@ -78,7 +78,11 @@ class Simulation:
         stall_cycles: int = 1000,
     ):
         if cycle is None:
-            from ..policy.cycle import cycle
+            from ..policy.cycle import cycle as policy_cycle
+            from ..policy.memo import Indexes
+
+            indexes = Indexes()  # the simulator's indexes of its fold, kept across cycles
+            cycle = lambda state, now, config: policy_cycle(state, now, config, indexes)  # noqa: E731
         self.cycle = cycle
         self.cluster, self.config, self.runtime = cluster, config, runtime
         self.policy_name = policy_name
@@ -203,25 +207,33 @@ class Simulation:
         started: list[str] = []
         for e in decided:
             self._apply(e)
-            if isinstance(e, ev.GpusGranted):
-                started.append(e.job_id)
-                self._granted(self.runs[e.job_id], e, t)
-                self.eta_errors.extend(t - predicted for predicted in self._eta.pop(e.job_id, ()))
-            elif isinstance(e, ev.JobPending) and e.eta_s is not None:
-                # a later withdrawal ("ETA unknown") does not excuse what a user was shown
-                self._eta.setdefault(e.job_id, []).append(e.at + e.eta_s)
-            elif isinstance(e, ev.JobResized):
-                self._resized(self.runs[e.job_id], e, t)
-            elif isinstance(e, ev.PreemptionRequested):
-                self._preempt_requested(self.runs[e.job_id], e, t)
-            elif isinstance(e, ev.GpusReleased):
-                self._dirty = True  # freed GPUs: decide again at once
-                self._stopped(self.runs[e.job_id], t, forced=e.forced)
-            elif isinstance(e, ev.JobTimedOut):  # past its time limit: killed
-                self._timed_out(self.runs[e.job_id], t)
-            elif isinstance(e, ev.JobFailed):  # past its time limit (or idle timeout): processes killed
-                self._timed_out(self.runs[e.job_id], t, idle=e.reason.startswith("idle timeout"))
-        for job_id in started:  # the node daemons start the processes
+            self._react(e, t, started)
+        self._start(started, t)
+
+    def _react(self, e: ev.Event, t: float, started: list[str]) -> None:
+        """The world's reaction to one decision already in the fold (`started`: jobs granted)."""
+        if isinstance(e, ev.GpusGranted):
+            started.append(e.job_id)
+            self._granted(self.runs[e.job_id], e, t)
+            self.eta_errors.extend(t - predicted for predicted in self._eta.pop(e.job_id, ()))
+        elif isinstance(e, ev.JobPending) and e.eta_s is not None:
+            # a later withdrawal ("ETA unknown") does not excuse what a user was shown
+            self._eta.setdefault(e.job_id, []).append(e.at + e.eta_s)
+        elif isinstance(e, ev.JobResized):
+            self._resized(self.runs[e.job_id], e, t)
+        elif isinstance(e, ev.PreemptionRequested):
+            self._preempt_requested(self.runs[e.job_id], e, t)
+        elif isinstance(e, ev.GpusReleased):
+            self._dirty = True  # freed GPUs: decide again at once
+            self._stopped(self.runs[e.job_id], t, forced=e.forced)
+        elif isinstance(e, ev.JobTimedOut):  # past its time limit: killed
+            self._timed_out(self.runs[e.job_id], t)
+        elif isinstance(e, ev.JobFailed):  # past its time limit (or idle timeout): processes killed
+            self._timed_out(self.runs[e.job_id], t, idle=e.reason.startswith("idle timeout"))
+
+    def _start(self, started: list[str], t: float) -> None:
+        """The node daemons start the processes of the jobs just granted."""
+        for job_id in started:
             job = self.state.jobs[job_id]
             for node in dict.fromkeys(g.rpartition("/")[0] for g in job.gpus):
                 self._apply(ev.JobStarted(at=t, job_id=job_id, attempt=job.attempt, node=node))

@@ -53,16 +53,25 @@ def load_jobs(trace: str | None, fmt: str | None, limit: int | None, burst: str 
 def simulate(jobs: list[TraceJob], cluster: Cluster, policy: str, runtime: RuntimeModel,
              overrides: dict[str, str] | None = None, burst: list[TraceJob] | None = None,
              tick_s: float | None = None, topology: str = "pack",
-             quotas: dict[str, TeamQuota] | None = None) -> Simulation:
-    """Run one simulation. `quotas`: the teams' terms (default: shares of the trace's GPU-hours)."""
+             quotas: dict[str, TeamQuota] | None = None, services: bool = False,
+             placement_down: tuple[float, float] | None = None) -> Simulation:
+    """Run one simulation. `quotas`: the teams' terms (default: shares of the trace's GPU-hours).
+    `services`: run the live services' composition on an in-memory log (`sim.composed`) instead
+    of applying each whole cycle; `placement_down` (with it): when placement is gone."""
     from .engine import default_quotas
 
     config = policy_config(policy, overrides)
     if quotas is None:
         quotas = default_quotas([j for j in jobs if j.gpus <= cluster.total_gpus], cluster.total_gpus)
     all_jobs = merge(jobs, burst) if burst else jobs
-    sim = Simulation(all_jobs, cluster, config, runtime, quotas=quotas, policy_name=policy, tick_s=tick_s,
-                     topology=topology)
+    kind: type[Simulation] = Simulation
+    extra: dict = {}
+    if services or placement_down:
+        from .composed import ComposedSimulation
+
+        kind, extra = ComposedSimulation, {"placement_down": placement_down}
+    sim = kind(all_jobs, cluster, config, runtime, quotas=quotas, policy_name=policy, tick_s=tick_s,
+               topology=topology, **extra)
     sim.run()
     return sim
 

@@ -10,7 +10,7 @@ import functools
 
 from ...core.reasons import BehindReservation, NoRoom, QueuedBehind, Reason, TeamLimit
 from ...core.state import Job
-from ..ordering import QueueIndex, queue_index
+from ..ordering import QueueIndex
 from ..placement import Placement
 from ..plan import Context, CyclePlan
 from .reservation import due_soon, head_reservation
@@ -18,7 +18,7 @@ from .reservation import due_soon, head_reservation
 
 def run(plan: CyclePlan, ctx: Context) -> None:
     st, config, pool = ctx.state, ctx.config, plan.pool
-    idx = queue_index(st, config)
+    idx = ctx.indexes.queue(st, config)
     processed: dict[str, None] = {}
     reclaimers = config.max_preemptors_per_cycle if (config.preemption or config.elastic) else 0
     limit_stop = False

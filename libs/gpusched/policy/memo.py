@@ -1,0 +1,61 @@
+"""The indexes a cycle keeps across cycles of one fold, owned by whoever runs the cycles.
+
+A service or the simulator runs many cycles on one `ClusterState` that its fold moves on; the
+queue order (`ordering.QueueIndex`), the running jobs (`running.RunningIndex`) and the topology
+(`placement.Topology`) are each an incremental memo of that state, not state: each gives what a
+full scan would. The caller makes one `Indexes` per fold and passes it to every cycle
+(`cycle(state, now, config, indexes)`); a cycle without one builds its own (correct, slower).
+Each index is checked against the state it was built for and rebuilt when it cannot prove it is
+current (another state object, e.g. a fold that adopted a snapshot); `forget()` drops them all.
+"""
+
+from __future__ import annotations
+
+from ..core.state import ClusterState
+from .config import PolicyConfig
+from .ordering import QueueIndex, queue_mode
+from .placement import Topology
+from .running import RunningIndex
+
+
+class Indexes:
+    """The derived indexes of one fold (see the module docstring)."""
+
+    __slots__ = ("queues", "running_", "topology_")
+
+    def __init__(self) -> None:
+        self.queues: dict[tuple, QueueIndex] = {}  # one per ordering mode (config knobs)
+        self.running_: RunningIndex | None = None
+        self.topology_: Topology | None = None
+
+    def forget(self) -> None:
+        """Drop every index: the next cycle rebuilds them from its state."""
+        self.queues.clear()
+        self.running_ = self.topology_ = None
+
+    def queue(self, state: ClusterState, config: PolicyConfig) -> QueueIndex:
+        """The (updated) queue index of `state` for the ordering knobs of `config`."""
+        mode = queue_mode(config)
+        idx = self.queues.get(mode)
+        if idx is None or idx.state is not state:
+            idx = self.queues[mode] = QueueIndex(state, config, mode)
+        idx.update()
+        return idx
+
+    def running(self, state: ClusterState) -> RunningIndex:
+        """The (updated) index of the running jobs of `state`."""
+        idx = self.running_
+        if idx is None or idx.state is not state:
+            idx = self.running_ = RunningIndex(state)
+        idx.update()
+        return idx
+
+    def topology(self, state: ClusterState) -> Topology:
+        """The topology of `state` (nodes only ever register, never leave: a count suffices)."""
+        t = self.topology_
+        if t is None or t.nodes is not state.nodes or len(t.names) != len(state.nodes):
+            t = self.topology_ = Topology(state)
+        return t
+
+
+__all__ = ["Indexes"]

@@ -1,0 +1,103 @@
+"""Reading and naming the read models in Redis: the keys the projector writes and `Views`, the
+read access the CLI, the dashboard and the services share (so none of them imports the
+projector's internals). The documents themselves are built in `gpusched.readmodel`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+
+PREFIX = "gpusched:v:"
+#: The used-versus-held read model: job id -> mean utilization and memory over the last window.
+#: Written by the reconciler (it holds the heartbeats), read by `jobs`, `show` and the dashboard.
+USAGE_KEY = "gpusched:usage"
+UPDATES_CHANNEL = "gpusched:v:updates"
+TAIL_LEN = 200
+SHARES_LEN = 900
+K = {name: PREFIX + name for name in
+     ("meta", "jobs", "jobs:order", "nodes", "teams", "queue", "queue:docs", "health", "tail", "shares")}
+
+
+
+def redis_client(url: str | None) -> aioredis.Redis:
+    """A Redis client with the control plane's timeouts (`services.lease.connect_redis`)."""
+    try:
+        from gpusched.services.lease import connect_redis
+    except ImportError:  # pragma: no cover - the control plane provides it
+        return aioredis.Redis.from_url(url or "redis://127.0.0.1:6379/0", socket_timeout=2.0)
+    return connect_redis(url)
+
+
+class Views:
+    """Read access to the read models. `available()` is False when Redis does not answer or no
+    projector has written yet; callers then fold the log instead."""
+
+    def __init__(self, r: aioredis.Redis):
+        self.r = r
+
+    @classmethod
+    def connect(cls, redis_url: str | None) -> Views:
+        return cls(redis_client(redis_url))
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    async def meta(self) -> dict[str, Any] | None:
+        try:
+            raw = await self.r.hgetall(K["meta"])
+        except (aioredis.RedisError, OSError):
+            return None
+        if not raw:
+            return None
+        return {"seq": int(raw[b"seq"]), "at": float(raw[b"at"]), "written_at": float(raw[b"written_at"])}
+
+    async def _hash_docs(self, key: str) -> list[dict[str, Any]]:
+        raw = await self.r.hgetall(key)
+        return [msgspec.json.decode(v) for _, v in sorted(raw.items())]
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        ids = [j.decode() for j in await self.r.zrange(K["jobs:order"], 0, -1)]
+        if not ids:
+            return []
+        raw = await self.r.hmget(K["jobs"], ids)
+        return [msgspec.json.decode(v) for v in raw if v is not None]
+
+    async def job(self, job_id: str) -> dict[str, Any] | None:
+        raw = await self.r.hget(K["jobs"], job_id)
+        return None if raw is None else msgspec.json.decode(raw)
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        return await self._hash_docs(K["nodes"])
+
+    async def teams(self) -> list[dict[str, Any]]:
+        return await self._hash_docs(K["teams"])
+
+    async def queue(self) -> list[dict[str, Any]]:
+        ids = [j.decode() for j in await self.r.zrange(K["queue"], 0, -1)]
+        if not ids:
+            return []
+        raw = await self.r.hmget(K["queue:docs"], ids)
+        return [msgspec.json.decode(v) for v in raw if v is not None]
+
+    async def health(self) -> dict[str, Any] | None:
+        raw = await self.r.hget(K["health"], "doc")
+        return None if raw is None else msgspec.json.decode(raw)
+
+    async def tail(self, n: int = 50) -> list[dict[str, Any]]:
+        return [msgspec.json.decode(v) for v in await self.r.lrange(K["tail"], -n, -1)]
+
+    async def shares(self) -> list[dict[str, Any]]:
+        return [msgspec.json.decode(v) for v in await self.r.lrange(K["shares"], 0, -1)]
+
+    async def usage(self) -> dict[str, dict[str, Any]]:
+        """Running jobs' mean utilization and memory (empty without a reconciler writing it)."""
+        try:
+            raw = await self.r.hgetall(USAGE_KEY)
+        except (aioredis.RedisError, OSError):
+            return {}
+        return {k.decode(): msgspec.json.decode(v) for k, v in raw.items()}
+
+
+__all__ = ["K", "PREFIX", "SHARES_LEN", "TAIL_LEN", "UPDATES_CHANNEL", "USAGE_KEY", "Views", "redis_client"]
