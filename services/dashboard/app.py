@@ -103,7 +103,7 @@ class Dashboard:
         self.series = Series()
         self.version = 0
         self.moved = asyncio.Event()
-        self.versions = Versions()
+        self.versions = Versions(epoch=uuid.uuid4().hex[:8])
         self._redis = None
         self.lease: dict[str, Any] = {}
         self.started_at = time.time()
@@ -187,33 +187,25 @@ async def api_state(request: web.Request) -> web.Response:
     return web.Response(body=versions.full, content_type="application/json")
 
 
-def _held_version(request: web.Request) -> int | None:
-    """The version the page already holds: the last event id on a reconnect, else `?since=`."""
-    raw = request.headers.get("Last-Event-ID") or request.query.get("since")
-    try:
-        return int(raw) if raw is not None else None
-    except ValueError:
-        return None
-
-
 async def _send_since(resp: web.StreamResponse, versions: Versions, held: int | None) -> None:
-    chain = None if held is None else versions.since(held)
+    chain = versions.since(held)
     if chain is None:
-        await resp.write(b"id: %d\nevent: full\ndata: " % versions.version + versions.full + b"\n\n")
+        await resp.write(f"id: {versions.event_id(versions.version)}\nevent: full\ndata: ".encode() + versions.full + b"\n\n")
         return
     for version, data in chain:
-        await resp.write(b"id: %d\nevent: delta\ndata: " % version + data + b"\n\n")
+        await resp.write(f"id: {versions.event_id(version)}\nevent: delta\ndata: ".encode() + data + b"\n\n")
 
 
 async def api_events(request: web.Request) -> web.StreamResponse:
-    """Server-Sent Events: the whole model once (`full`, unless `?since=VERSION` or
-    `Last-Event-ID` names one still held), then `delta` events, each keyed by the version it
-    applies to (`base`) and the one it makes (`version`, also the event id)."""
+    """Server-Sent Events: the whole model once (`full`, unless `?since=EPOCH-VERSION` or
+    `Last-Event-ID` names a version still held), then `delta` events, each keyed by the version
+    it applies to (`base`) and the one it makes (`version`; the event id is `EPOCH-VERSION`)."""
     dash: Dashboard = request.app[DASH]
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
-    held = _held_version(request)
+    # the version the page holds: the last event id on a reconnect, else `?since=EPOCH-VERSION`
+    held = dash.versions.held(request.headers.get("Last-Event-ID") or request.query.get("since"))
     stop: asyncio.Event = request.app[STOP]
     try:
         while not stop.is_set():

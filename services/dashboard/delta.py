@@ -125,7 +125,8 @@ class Stale(ValueError):
 class Versions:
     """The latest whole model and the deltas between the last `keep` versions."""
 
-    def __init__(self, keep: int = KEEP_DELTAS):
+    def __init__(self, keep: int = KEEP_DELTAS, epoch: str = ""):
+        self.epoch = epoch  # names this server's run: a version held from another one is unknown here
         self.version = -1
         self.model: dict[str, Any] | None = None
         self.full = b""
@@ -140,7 +141,7 @@ class Versions:
             delta = diff(self.model, self._index, model, new_index)
             self.deltas.append((self.model["version"], model["version"], msgspec.json.encode(delta)))
         self.model, self._index, self.version = model, new_index, model["version"]
-        self.full = msgspec.json.encode({"kind": "full", **model})
+        self.full = msgspec.json.encode({"kind": "full", "epoch": self.epoch, **model})
         self._gzipped = None
 
     def gzipped(self) -> bytes:
@@ -149,9 +150,21 @@ class Versions:
             self._gzipped = gzip.compress(self.full, compresslevel=5)
         return self._gzipped
 
-    def since(self, version: int) -> list[tuple[int, bytes]] | None:
+    def event_id(self, version: int) -> str:
+        return f"{self.epoch}-{version}"
+
+    def held(self, event_id: str | None) -> int | None:
+        """The version an event id of this run names (None: another run's, or no id)."""
+        epoch, _, version = (event_id or "").rpartition("-")
+        if epoch != self.epoch or not version.isdigit():
+            return None
+        return int(version)
+
+    def since(self, version: int | None) -> list[tuple[int, bytes]] | None:
         """The deltas that bring a holder of `version` to the latest, oldest first, as
         (version, encoded); [] when it is current; None when they are gone (send it the whole model)."""
+        if version is None:
+            return None
         if version == self.version:
             return []
         chain: list[tuple[int, bytes]] = []
