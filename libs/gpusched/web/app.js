@@ -88,11 +88,18 @@ function applyDelta(m, d) {
   return [out, changedNodes];
 }
 
+// Deltas that arrive while the whole model is being refetched wait for it, then apply in order.
 let refetching = null;
+let waiting = [];
 function refetch() {
   if (!refetching) {
     stats.refetches += 1;
-    refetching = loadFull().finally(() => { refetching = null; });
+    refetching = loadFull().catch(() => null).finally(() => {
+      refetching = null;
+      const queued = waiting;
+      waiting = [];
+      for (const text of queued) onDelta(text);
+    });
   }
   return refetching;
 }
@@ -117,6 +124,7 @@ function showFull(m) {
 
 function onDelta(text) {
   if (!model) return;
+  if (refetching) { waiting.push(text); return; }
   const d = JSON.parse(text);
   if (d.version <= model.version) return;  // already held (a refetch overtook it)
   if (d.base !== model.version) { refetch(); return; }  // a version was missed
