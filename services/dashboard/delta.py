@@ -129,7 +129,7 @@ class Versions:
         self.epoch = epoch  # names this server's run: a version held from another one is unknown here
         self.version = -1
         self.model: dict[str, Any] | None = None
-        self.full = b""
+        self._full: bytes | None = None
         self._gzipped: bytes | None = None
         self._index: dict[str, dict[str, dict[str, Any]]] = {}
         self.deltas: deque[tuple[int, int, bytes]] = deque(maxlen=keep)  # (base, version, encoded)
@@ -141,8 +141,14 @@ class Versions:
             delta = diff(self.model, self._index, model, new_index)
             self.deltas.append((self.model["version"], model["version"], msgspec.json.encode(delta)))
         self.model, self._index, self.version = model, new_index, model["version"]
-        self.full = msgspec.json.encode({"kind": "full", "epoch": self.epoch, **model})
-        self._gzipped = None
+        self._full = self._gzipped = None
+
+    @property
+    def full(self) -> bytes:
+        """The whole model, encoded once per version and only when a page asks for it."""
+        if self._full is None:
+            self._full = msgspec.json.encode({"kind": "full", "epoch": self.epoch, **(self.model or {})})
+        return self._full
 
     def gzipped(self) -> bytes:
         """The whole model, gzipped once per version however many pages load it."""
