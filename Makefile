@@ -38,6 +38,7 @@ bench: install
 	$(PY) bench/bench_e2e.py --quick
 	$(PY) bench/bench_sign.py --quick
 	$(PY) bench/bench_rss.py --quick
+	$(PY) bench/bench_dashboard.py --updates 5
 
 schemas: install
 	$(VENV)/bin/gpusched schemas

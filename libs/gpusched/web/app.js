@@ -1,13 +1,26 @@
-// gpusched dashboard: plain JS, no build step. The server pushes the page's whole model over
-// Server-Sent Events (/api/events); the page re-renders from it. Controls POST to /api/*.
+// gpusched dashboard: plain JS, no build step. The page loads the whole model once
+// (GET /api/state, with its version), then the server pushes only what changed over Server-Sent
+// Events (/api/events?since=VERSION: `delta` events keyed by version; see
+// services/dashboard/delta.py). A delta for another version than the one held means one was
+// missed: the page refetches the whole model. Controls POST to /api/*.
 "use strict";
 
 const HUES = [205, 330, 140, 38, 265, 8, 175, 88, 300, 55];
+const KEYED = {nodes: "node", running: "job_id", finished: "job_id", queue: "job_id"};
+const SERIES = {tail: ["seq", 120], shares: ["at", 1200]};
+const STATE_COLORS = {held: "#4f7fd6", free: "#222a33", idle: "#d4a72c", quarantined: "#c0443e", zombie: "#c0443e",
+  lost: "#101317", drained: "#5b6470"};
 const $ = (id) => document.getElementById(id);
 let model = null;
 let teamIndex = {};
-let gpuIndex = {};
+let gpuIndex = {};     // gpu id -> its document, with node and rack
+let cells = {};        // gpu id -> its cell element
 let jobIndex = {};
+let layoutKey = "";    // the racks, nodes and GPUs the cluster view was built for
+const filter = {q: "", team: "", state: ""};
+let colorBy = "team";
+const stats = {loads: 0, fullRenderMs: 0, deltas: 0, lastDeltaMs: 0, lastDeltaBytes: 0, fullBytes: 0, refetches: 0};
+window.gpuschedStats = stats;  // what the browser test and bench/bench_dashboard.py read
 const explained = {};  // job id -> {seq, data}: explanations fetched on hover
 
 function esc(s) {
@@ -17,6 +30,9 @@ function hash(s) { let h = 0; for (const c of s) h = (h * 31 + c.charCodeAt(0)) 
 function teamHue(team) { return HUES[(teamIndex[team] ?? hash(team)) % HUES.length]; }
 function teamColor(team, light = 55) { return `hsl(${teamHue(team)} 62% ${light}%)`; }
 function jobColor(team, job) { return teamColor(team, 40 + (hash(job) % 5) * 6); }
+// rack2 < rack10 < rack100, as readmodel.natural_key orders them
+const collator = new Intl.Collator(undefined, {numeric: true});
+const natural = (a, b) => collator.compare(a, b);
 // Ages against the wall clock on a live cluster, against the log's time when it is old.
 function nowSec() {
   const wall = Date.now() / 1000;
@@ -30,23 +46,114 @@ function dur(s) {
   if (s < 3600) return Math.floor(s / 60) + "m" + String(Math.floor(s % 60)).padStart(2, "0") + "s";
   return (s / 3600).toFixed(1) + "h";
 }
+// A job's GPU-hours held and busy as of the log's time (readmodel.accounting): a job document is
+// resent only when it changes, so what its GPUs accrued since is extrapolated here.
+function accounted(doc) {
+  const g = doc && doc.gpu_s;
+  if (!g || !model) return doc;
+  const dt = Math.max(0, model.now - g.at);
+  const held = g.held + g.gpus * dt, busy = g.busy + (g.gpus - g.idle_gpus) * dt;
+  return {...doc, gpu_hours_held: held / 3600, gpu_hours_busy: busy / 3600, efficiency: held > 0 ? busy / held : null};
+}
+
+// --- the model: whole, then deltas ----------------------------------------------------------
+
+function applyDelta(m, d) {
+  const out = {...m};
+  for (const [k, v] of Object.entries(d)) if (!(k in KEYED) && !(k in SERIES) && k !== "kind" && k !== "base") out[k] = v;
+  const changedNodes = [];
+  for (const [section, key] of Object.entries(KEYED)) {
+    const ch = d[section];
+    if (!ch) continue;
+    const docs = new Map(m[section].map((doc) => [doc[key], doc]));
+    for (const gone of ch.del || []) docs.delete(gone);
+    for (const doc of ch.set || []) { docs.set(doc[key], doc); if (section === "nodes") changedNodes.push(doc.node); }
+    if (section === "nodes" && (ch.del || []).length) changedNodes.push(...ch.del);
+    const order = ch.order ? ch.order.filter((k) => docs.has(k)) : m[section].map((doc) => doc[key]).filter((k) => docs.has(k));
+    const placed = new Set(order);
+    for (const k of docs.keys()) if (!placed.has(k)) order.push(k);
+    out[section] = order.map((k) => docs.get(k));
+  }
+  if (d.nodes) out.nodes.sort((a, b) => natural(a.node, b.node));
+  if (d.finished) out.finished.sort((a, b) => (b.finished_at || 0) - (a.finished_at || 0));
+  for (const [section, [field, keep]] of Object.entries(SERIES)) {
+    if (!d[section]) continue;
+    const points = m[section].slice();
+    for (const p of d[section]) {
+      if (points.length && p[field] === points[points.length - 1][field]) points[points.length - 1] = p;
+      else if (!points.length || p[field] > points[points.length - 1][field]) points.push(p);
+    }
+    out[section] = points.slice(-keep);
+  }
+  return [out, changedNodes];
+}
+
+// Deltas that arrive while the whole model is being refetched wait for it, then apply in order.
+let refetching = null;
+let waiting = [];
+function refetch() {
+  if (!refetching) {
+    stats.refetches += 1;
+    refetching = loadFull().catch(() => null).finally(() => {
+      refetching = null;
+      const queued = waiting;
+      waiting = [];
+      for (const text of queued) onDelta(text);
+    });
+  }
+  return refetching;
+}
+
+async function loadFull() {
+  const r = await fetch("/api/state");
+  if (!r.ok) throw new Error(`HTTP ${r.status}`);
+  const text = await r.text();
+  stats.fullBytes = text.length;
+  const m = JSON.parse(text);
+  if (!model || m.version >= model.version) showFull(m);
+  return m;
+}
+
+function showFull(m) {
+  const t0 = performance.now();
+  model = m;
+  render(m, null);
+  stats.loads += 1;
+  stats.fullRenderMs = performance.now() - t0;
+}
+
+function onDelta(text) {
+  if (!model) return;
+  if (refetching) { waiting.push(text); return; }
+  const d = JSON.parse(text);
+  if (d.version <= model.version) return;  // already held (a refetch overtook it)
+  if (d.base !== model.version) { refetch(); return; }  // a version was missed
+  const t0 = performance.now();
+  const [m, changedNodes] = applyDelta(model, d);
+  model = m;
+  render(m, changedNodes);
+  stats.deltas += 1;
+  stats.lastDeltaBytes = text.length;
+  stats.lastDeltaMs = performance.now() - t0;
+}
 
 // --- rendering ---------------------------------------------------------------------------
 
-function render(m) {
-  model = m;
+function render(m, changedNodes) {
   teamIndex = {};
   m.teams.forEach((t, i) => { teamIndex[t.team] = i; });
-  gpuIndex = {};
   jobIndex = {};
   for (const j of m.running) jobIndex[j.job_id] = j;
   for (const q of m.queue) jobIndex[q.job_id] = jobIndex[q.job_id] || {...q, state: "pending"};
   for (const j of m.finished) jobIndex[j.job_id] = jobIndex[j.job_id] || j;
   renderHealth(m);
-  renderCluster(m);
+  renderCluster(m, changedNodes);
   renderTeams(m);
+  renderTeamOptions(m);
   renderQueue(m);
   renderTail(m);
+  document.body.dataset.seq = String(m.seq);
+  document.body.dataset.version = String(m.version);
 }
 
 function renderHealth(m) {
@@ -65,38 +172,219 @@ function renderHealth(m) {
   $("seq-badge").textContent = `log seq ${m.seq}` + (h.violations ? ` · ${h.violations} VIOLATIONS` : "");
 }
 
-function renderCluster(m) {
-  const parts = [];
-  for (const rack of m.racks) {
-    parts.push(`<div class="rack" data-rack="${esc(rack.rack)}"><h3>${esc(rack.rack)}</h3>`);
-    for (const n of rack.nodes) {
-      const cls = n.lost ? "node lost" : n.drained ? "node drained" : "node";
-      parts.push(`<div class="${cls}" data-node="${esc(n.node)}"><span class="name" title="${n.free}/${n.total} free">${esc(n.node)}</span><span class="gpus">`);
-      let dom = null;
-      for (const g of n.gpus) {
-        gpuIndex[g.gpu] = {...g, node: n.node, rack: n.rack};
-        if (g.nvlink_domain !== dom) {
-          if (dom !== null) parts.push("</span>");
-          parts.push(`<span class="dom" title="NVLink domain ${g.nvlink_domain}">`);
-          dom = g.nvlink_domain;
-        }
-        const style = g.status === "held" && g.team ? ` style="background:${jobColor(g.team, g.job_id)}"` : "";
-        parts.push(`<span class="gpu" data-gpu="${esc(g.gpu)}" data-status="${g.status}"` + (g.idle ? ` data-idle="1"` : "") +
-          (g.job_id ? ` data-job="${esc(g.job_id)}" data-team="${esc(g.team)}"` : "") + `${style}></span>`);
-      }
+// The cluster view: one cell per GPU, nodes grouped in racks (natural order), built once per
+// layout and then updated cell by cell; its cell size shrinks until the view fits the screen.
+function racksOf(nodes) {
+  const racks = new Map();
+  for (const n of nodes) { if (!racks.has(n.rack)) racks.set(n.rack, []); racks.get(n.rack).push(n); }
+  return [...racks.entries()].sort((a, b) => natural(a[0], b[0]));
+}
+
+function cellAttrs(g) {
+  const style = colorBy === "team" && g.status === "held" && g.team ? ` style="background:${jobColor(g.team, g.job_id)}"` : "";
+  return `data-gpu="${esc(g.gpu)}" data-status="${g.status}"` + (g.idle ? ` data-idle="1"` : "") +
+    (g.job_id ? ` data-job="${esc(g.job_id)}" data-team="${esc(g.team)}"` : "") + style;
+}
+
+function nodeHtml(n) {
+  const cls = n.lost ? "node lost" : n.drained ? "node drained" : "node";
+  const parts = [`<div class="${cls}" data-node="${esc(n.node)}"><span class="name" title="${n.free}/${n.total} free">${esc(n.node)}</span><span class="gpus">`];
+  let dom = null;
+  for (const g of n.gpus) {
+    if (g.nvlink_domain !== dom) {
       if (dom !== null) parts.push("</span>");
-      parts.push(`</span></div>`);
+      parts.push(`<span class="dom">`);
+      dom = g.nvlink_domain;
     }
-    parts.push(`</div>`);
+    parts.push(`<span class="gpu" ${cellAttrs(g)}></span>`);
   }
-  $("cluster").innerHTML = parts.join("") || `<p class="dim">no nodes registered yet</p>`;
-  const nodes = m.racks.reduce((a, r) => a + r.nodes.length, 0);
-  $("cluster-summary").textContent = `${m.racks.length} rack(s), ${nodes} node(s), ${m.health.gpus.total} GPUs`;
-  $("legend").innerHTML = m.teams.map((t) => `<span><span class="sw" style="background:${teamColor(t.team)}"></span>${esc(t.team)}</span>`).join("") +
+  if (dom !== null) parts.push("</span>");
+  parts.push("</span></div>");
+  return parts.join("");
+}
+
+function indexNode(n) {
+  for (const g of n.gpus) gpuIndex[g.gpu] = {...g, node: n.node, rack: n.rack};
+}
+
+function buildCluster(m) {
+  const parts = [];
+  gpuIndex = {};
+  for (const [rack, nodes] of racksOf(m.nodes)) {
+    parts.push(`<div class="rack" data-rack="${esc(rack)}"><h3>${esc(rack)}</h3><div class="rnodes" style="grid-template-rows:repeat(${Math.min(nodes.length, 8)},auto)">`);
+    for (const n of nodes) { indexNode(n); parts.push(nodeHtml(n)); }
+    parts.push(`</div></div>`);
+  }
+  const el = $("cluster");
+  el.innerHTML = parts.join("") || `<p class="dim">no nodes registered yet</p>`;
+  cells = {};
+  for (const c of el.querySelectorAll(".gpu")) cells[c.dataset.gpu] = c;
+  fitCluster();
+}
+
+function layoutOf(m) {
+  return m.nodes.map((n) => `${n.rack}/${n.node}/${n.gpus.length}`).join(",");
+}
+
+function updateNode(n) {
+  indexNode(n);
+  const el = document.querySelector(`.node[data-node="${CSS.escape(n.node)}"]`);
+  if (!el) return;
+  el.className = n.lost ? "node lost" : n.drained ? "node drained" : "node";
+  el.querySelector(".name").title = `${n.free}/${n.total} free`;
+  for (const g of n.gpus) {
+    const c = cells[g.gpu];
+    if (!c) continue;
+    c.dataset.status = g.status;
+    if (g.idle) c.dataset.idle = "1"; else delete c.dataset.idle;
+    if (g.job_id) { c.dataset.job = g.job_id; c.dataset.team = g.team; } else { delete c.dataset.job; delete c.dataset.team; }
+    c.style.background = colorBy === "team" && g.status === "held" && g.team ? jobColor(g.team, g.job_id) : "";
+    matchCell(c);
+  }
+}
+
+function renderCluster(m, changedNodes) {
+  const key = layoutOf(m);
+  if (changedNodes === null || key !== layoutKey) {
+    layoutKey = key;
+    buildCluster(m);
+    applyFilter();
+  } else if (changedNodes.length) {
+    const byName = new Map(m.nodes.map((n) => [n.node, n]));
+    for (const name of changedNodes) if (byName.has(name)) updateNode(byName.get(name));
+    countMatches();
+  }
+  const total = m.health.gpus.total;
+  $("cluster-summary").textContent = `${racksOf(m.nodes).length} rack(s), ${m.nodes.length} node(s), ${total} GPUs`;
+  renderLegend(m);
+}
+
+function renderLegend(m) {
+  const sw = (bg, label, extra = "") => `<span><span class="sw${extra}" style="background:${bg}"></span>${esc(label)}</span>`;
+  if (colorBy === "state") {
+    $("legend").innerHTML = Object.entries(STATE_COLORS).filter(([s]) => s !== "zombie").map(([s, c]) => sw(c, s === "quarantined" ? "quarantined / zombie" : s === "idle" ? "held but idle" : s)).join("");
+    return;
+  }
+  $("legend").innerHTML = m.teams.map((t) => sw(teamColor(t.team), t.team)).join("") +
     `<span><span class="sw" style="background:var(--free);border:1px solid #2d3641"></span>free</span>` +
     `<span><span class="sw" style="background:#5a2422"></span>quarantined / zombie</span>` +
     `<span><span class="sw idle"></span>held but idle</span>`;
 }
+
+// Shrink the cells until the cluster view fits the screen below its top (8,000 GPUs fit 1080 px).
+function fitCluster() {
+  const el = $("cluster");
+  const total = Object.keys(cells).length;
+  if (!total) return;
+  const avail = Math.max(200, window.innerHeight - el.getBoundingClientRect().top - window.scrollY + window.scrollY - 24);
+  const width = Math.max(200, el.clientWidth);
+  let size = total <= 512 ? 20 : Math.max(3, Math.min(20, Math.floor(Math.sqrt((width * avail) / (total * 2.6))) - 1));
+  const apply = () => {
+    el.style.setProperty("--cell", size + "px");
+    el.classList.toggle("dense", size < 12);
+  };
+  apply();
+  while (size > 3 && el.scrollHeight > avail) { size -= 1; apply(); }
+  el.dataset.cell = String(size);
+}
+window.addEventListener("resize", () => { clearTimeout(fitCluster.timer); fitCluster.timer = setTimeout(fitCluster, 150); });
+
+// --- search and filter ------------------------------------------------------------------------
+
+function matches(g) {
+  if (filter.team && g.team !== filter.team) return false;
+  if (filter.state && (filter.state === "idle" ? !g.idle : g.status !== filter.state)) return false;
+  if (filter.q) {
+    const q = filter.q;
+    return g.node.toLowerCase().includes(q) || g.rack.toLowerCase().includes(q) ||
+      (g.job_id || "").toLowerCase().includes(q) || (g.team || "").toLowerCase().includes(q);
+  }
+  return true;
+}
+const filtering = () => Boolean(filter.q || filter.team || filter.state);
+
+function matchCell(c) {
+  const g = gpuIndex[c.dataset.gpu];
+  c.classList.toggle("off", Boolean(g) && filtering() && !matches(g));
+}
+
+function countMatches() {
+  const total = Object.keys(cells).length;
+  const off = filtering() ? $("cluster").querySelectorAll(".gpu.off").length : 0;
+  $("filter-count").textContent = filtering() ? `${total - off} of ${total} GPUs match` : "";
+  $("cluster").dataset.matching = String(total - off);
+}
+
+function applyFilter() {
+  $("cluster").classList.toggle("filtering", filtering());
+  for (const c of Object.values(cells)) matchCell(c);
+  countMatches();
+  if (model) renderQueue(model);
+}
+
+function jobMatches(j) {
+  if (filter.team && j.team !== filter.team) return false;
+  if (filter.q && !(j.job_id.toLowerCase().includes(filter.q) || (j.team || "").toLowerCase().includes(filter.q))) return false;
+  return !filter.state || filter.state === "pending";
+}
+
+function renderTeamOptions(m) {
+  const sel = $("filter-team");
+  const want = ["", ...m.teams.map((t) => t.team)];
+  if (filter.team && !want.includes(filter.team)) want.push(filter.team);
+  const have = [...sel.options].map((o) => o.value);
+  if (have.join("\n") === want.join("\n")) return;
+  sel.innerHTML = want.map((t) => `<option value="${esc(t)}">${t ? esc(t) : "all teams"}</option>`).join("");
+  sel.value = filter.team;
+}
+
+function readFilter() {
+  filter.q = $("filter-q").value.trim().toLowerCase();
+  filter.team = $("filter-team").value;
+  filter.state = $("filter-state").value;
+  const h = new URLSearchParams();
+  for (const [k, v] of Object.entries(filter)) if (v) h.set(k, v);
+  if (colorBy !== "team") h.set("color", colorBy);
+  history.replaceState(null, "", h.toString() ? "#" + h.toString() : location.pathname);
+  applyFilter();
+}
+
+function restoreFilter() {
+  const h = new URLSearchParams(location.hash.slice(1));
+  $("filter-q").value = h.get("q") || "";
+  const team = h.get("team") || "";
+  if (team) $("filter-team").innerHTML += `<option value="${esc(team)}">${esc(team)}</option>`;
+  $("filter-team").value = team;
+  $("filter-state").value = h.get("state") || "";
+  colorBy = h.get("color") === "state" ? "state" : "team";
+  $("color-by").value = colorBy;
+  $("cluster").classList.toggle("by-state", colorBy === "state");
+  filter.q = $("filter-q").value.trim().toLowerCase();
+  filter.team = team;
+  filter.state = $("filter-state").value;
+}
+
+$("filter-q").addEventListener("input", readFilter);
+$("filter-team").addEventListener("change", readFilter);
+$("filter-state").addEventListener("change", readFilter);
+$("color-by").addEventListener("change", () => {
+  colorBy = $("color-by").value;
+  $("cluster").classList.toggle("by-state", colorBy === "state");
+  if (model) { layoutKey = ""; renderCluster(model, null); }
+  readFilter();
+});
+$("filter-clear").addEventListener("click", () => {
+  $("filter-q").value = ""; $("filter-team").value = ""; $("filter-state").value = "";
+  readFilter();
+});
+// a click on a GPU narrows the view to its job (or, when free, its node)
+$("cluster").addEventListener("click", (ev) => {
+  const c = ev.target.closest ? ev.target.closest(".gpu") : null;
+  if (!c) return;
+  const g = gpuIndex[c.dataset.gpu];
+  $("filter-q").value = g && g.job_id ? g.job_id : (g ? g.node : "");
+  readFilter();
+});
 
 function renderTeams(m) {
   const rows = [`<tr><th>team</th><th class="num">held</th><th class="num">guar.</th><th class="num">limit</th><th>share vs guarantee</th><th class="num">queued</th><th class="num" title="GPU-hours held / busy; efficiency = busy / held">GPU-h (eff.)</th></tr>`];
@@ -150,9 +438,11 @@ function renderShares(m) {
 }
 
 function renderQueue(m) {
-  $("queue-count").textContent = m.queue_len ? `${m.queue_len} waiting, in policy order` : "empty";
+  $("queue-count").textContent = m.queue_len ? `${m.queue_len} waiting, in policy order` + (filtering() ? " (filtered)" : "") : "empty";
+  m.queue.forEach((q, i) => { q.position = i + 1; });
   const rows = [`<tr><th>#</th><th>job</th><th>team</th><th>prio</th><th class="num">GPUs</th><th class="num">wait</th><th>reason</th></tr>`];
   for (const q of m.queue) {
+    if (filtering() && !jobMatches(q)) continue;
     rows.push(`<tr data-job="${esc(q.job_id)}"><td class="num">${q.position}</td><td>${esc(q.job_id)}</td>` +
       `<td style="color:${teamColor(q.team, 68)}">${esc(q.team)}</td><td class="prio-${q.priority}">${q.priority}</td>` +
       `<td class="num">${q.gpus}</td><td class="num">${dur(nowSec() - q.submitted_at)}</td><td class="reason">${esc(q.reason || "next cycle")}</td></tr>`);
@@ -169,6 +459,7 @@ function renderTail(m) {
 
 function jobDetails(job) {
   if (!job) return "";
+  job = accounted(job);
   const lines = [`<b>${esc(job.job_id)}</b> ${esc(job.name || "")}`,
     `<span class="k">team</span> ${esc(job.team)} · <span class="k">priority</span> ${esc(job.priority)} · <span class="k">state</span> ${esc(job.state)}`];
   if (job.gpus && job.gpus.length) lines.push(`<span class="k">holds</span> ${job.gpus.length} GPU(s) · ${esc(job.level)} via ${esc(job.placer)}${job.backfill ? " (backfill)" : ""}`);
@@ -202,12 +493,19 @@ function explain(jobId) {
 }
 
 let hovered = null;
+let highlighted = null;
+// outline the hovered job's GPUs (looked up only when the hovered job changes: 8,000 cells)
+function highlight(jobId) {
+  if (jobId === highlighted) return;
+  document.querySelectorAll(".gpu.hl").forEach((e) => e.classList.remove("hl"));
+  if (jobId) document.querySelectorAll(`.gpu[data-job="${CSS.escape(jobId)}"]`).forEach((e) => e.classList.add("hl"));
+  highlighted = jobId;
+}
 let lastEvent = null;
 function showTip(ev) {
   const tip = $("tooltip");
   const t = ev && ev.target && ev.target.closest ? ev.target.closest("[data-gpu],[data-job]") : null;
-  document.querySelectorAll(".gpu.hl").forEach((e) => e.classList.remove("hl"));
-  if (!t) { tip.hidden = true; hovered = null; return; }
+  if (!t) { tip.hidden = true; highlight(null); hovered = null; return; }
   let html = "";
   const jobId = t.dataset.job;
   if (t.dataset.gpu) {
@@ -220,7 +518,7 @@ function showTip(ev) {
     if (job && job.state === "pending") explain(jobId);
     html = jobDetails(job || {job_id: jobId});
   }
-  if (jobId) document.querySelectorAll(`.gpu[data-job="${CSS.escape(jobId)}"]`).forEach((e) => e.classList.add("hl"));
+  highlight(jobId || null);
   hovered = jobId || null;
   tip.innerHTML = html;
   tip.hidden = false;
@@ -283,19 +581,20 @@ $("flood-button").addEventListener("click", async () => {
 
 // --- live updates -----------------------------------------------------------------------
 
-function connect() {
-  const es = new EventSource("/api/events");
+let source = null;
+function connect(since) {
+  // on a reconnect the browser sends Last-Event-ID (the last version it got): the server
+  // answers with the deltas from there, or the whole model when it no longer holds them
+  source = new EventSource(`/api/events?since=${since}`);
   const conn = $("conn-badge");
-  es.addEventListener("state", (ev) => {
-    conn.dataset.state = "live";
-    conn.textContent = "live";
-    render(JSON.parse(ev.data));
-    document.body.dataset.seq = String(model.seq);
-  });
-  es.onerror = () => { conn.dataset.state = "lost"; conn.textContent = "reconnecting…"; };
+  const live = () => { conn.dataset.state = "live"; conn.textContent = "live"; };
+  source.addEventListener("open", live);
+  source.addEventListener("full", (ev) => { live(); showFull(JSON.parse(ev.data)); });
+  source.addEventListener("delta", (ev) => { live(); onDelta(ev.data); });
+  source.onerror = () => { conn.dataset.state = "lost"; conn.textContent = "reconnecting…"; };
 }
-fetch("/api/state").then((r) => r.json()).then((m) => { if (!model) render(m); }).catch(() => {});
+restoreFilter();
 getSession().then((s) => { document.body.dataset.role = s.role || ""; }).catch(() => {});
-connect();
+loadFull().then((m) => connect(`${m.epoch}-${m.version}`)).catch(() => connect(""));
 // ages move with the wall clock even when the log is quiet
 setInterval(() => { if (model) { renderQueue(model); renderShares(model); } }, 1000);
