@@ -1,4 +1,4 @@
-"""Client commands: `gpusched submit`, `cancel`, `quota`, `drain`. Each is one request/reply
+"""Client commands: `gpusched submit`, `cancel`, `hold`, `release`, `update`, `quota`, `drain`. Each is one request/reply
 to admission (`gpusched.bus.client`); the connection comes from `--nats` or `GPUSCHED_NATS_URL`.
 Exit codes: 0 accepted, 1 refused (the reason on stderr), 2 no control plane answering."""
 
@@ -97,6 +97,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
         "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
         "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
+        "dependency": dependencies_from_arg(getattr(args, "dependency", None)),
     }
     try:
         spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
@@ -106,6 +107,19 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if problem:
         raise SystemExit(f"gpusched submit: invalid job: {problem}")
     return spec
+
+
+def dependencies_from_arg(text: str | None) -> list[dict[str, str]]:
+    """`--dependency afterok:J1:J2,afterany:J3` (Slurm's form) as the spec's list."""
+    out = []
+    for part in (text or "").split(","):
+        if not part:
+            continue
+        kind, _, jobs = part.partition(":")
+        if kind not in ("afterok", "afterany") or not jobs:
+            raise SystemExit(f"gpusched submit: --dependency {part!r} is not afterok:JOB or afterany:JOB")
+        out += [{"kind": kind, "job": j} for j in jobs.split(":") if j]
+    return out
 
 
 def secret_env_from_args(items: list[str] | None) -> dict[str, str]:
@@ -130,16 +144,33 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return _run(args, lambda c: c.cancel(args.job, reason=args.reason), lambda r: f"cancelled {r.job_id}")
 
 
+def cmd_hold(args: argparse.Namespace) -> int:
+    hold = args.command == "hold"
+    return _run(args, lambda c: c.hold(args.job, hold=hold, reason=getattr(args, "reason", "")),
+                lambda r: f"{'held' if hold else 'released'} {r.job_id}")
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    if args.priority is None and args.time_limit is None:
+        raise SystemExit("gpusched update: nothing to change (give --priority and/or --time-limit)")
+    changed = ", ".join(x for x in (args.priority and f"priority {args.priority}",
+                                    args.time_limit is not None and f"time limit {args.time_limit:g} s") if x)
+    return _run(args, lambda c: c.update(args.job, priority=args.priority, time_limit_s=args.time_limit),
+                lambda r: f"updated {r.job_id}: {changed}")
+
+
 def cmd_quota(args: argparse.Namespace) -> int:
     """Change only the fields given (`--weight 2` keeps the guarantee and the limit)."""
-    given = {"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit}
+    given = {"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit,
+             "default_time_limit_s": args.default_time_limit, "max_time_limit_s": args.max_time_limit}
     only = [f for f, v in given.items() if v is not None]
     if args.no_limit:
         if args.limit is not None:
             raise SystemExit("gpusched quota: --limit and --no-limit exclude each other")
         only.append("limit")
     if not only:
-        raise SystemExit("gpusched quota: nothing to change (give --guaranteed, --weight, --limit or --no-limit)")
+        raise SystemExit("gpusched quota: nothing to change (give --guaranteed, --weight, --limit, --no-limit, "
+                         "--default-time-limit or --max-time-limit)")
     try:
         quota = msgspec.convert({k: v for k, v in given.items() if v is not None}, TeamQuota)
     except msgspec.ValidationError as err:
@@ -167,6 +198,29 @@ def _client_parent() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for admission's reply")
     p.add_argument("--json", action="store_true", help="print admission's reply as JSON")
     return p
+
+
+def _register_job_edits(sub, common: list) -> None:
+    """`hold`, `release`, `update`: changes to a pending job."""
+    for verb, text in (("hold", "hold a pending job: it is never placed until released (a tenant: its own team's)"),
+                       ("release", "release a held job: it may be placed again")):
+        p = sub.add_parser(verb, parents=common, help=text)
+        p.add_argument("job", help="the job id")
+        p.add_argument("--team", dest="as_team", default=None,
+                       help="a platform's credentials: the team whose job it is (default: its first)")
+        if verb == "hold":
+            p.add_argument("--reason", default="", help="why (kept in the log, shown by `gpusched show`)")
+        p.set_defaults(func=cmd_hold)
+
+    p = sub.add_parser("update", parents=common, help="change a pending job's priority class or time limit")
+    p.add_argument("job", help="the job id")
+    p.add_argument("--priority", choices=["interactive", "high", "normal", "low"], default=None,
+                   help="its new priority class")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="its new time limit (at most the team's maximum)")
+    p.add_argument("--team", dest="as_team", default=None,
+                   help="a platform's credentials: the team whose job it is (default: its first)")
+    p.set_defaults(func=cmd_update)
 
 
 def register(sub) -> None:
@@ -205,6 +259,9 @@ def register(sub) -> None:
     p.add_argument("--on-failure", choices=["requeue", "fail"], default="requeue",
                    help="what a failed attempt does: requeue (up to --max-restarts) or fail the job")
     p.add_argument("--max-restarts", type=int, default=3, help="attempts after a failure before the job fails")
+    p.add_argument("--dependency", default=None, metavar="afterok:JOB,afterany:JOB",
+                   help="start only after these jobs ended: afterok (completed successfully) or afterany "
+                        "(ended any way); several jobs as afterok:J1:J2 (Slurm's form)")
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)
@@ -222,7 +279,13 @@ def register(sub) -> None:
     p.add_argument("--weight", type=float, default=None, help="its weight in sharing what is left")
     p.add_argument("--limit", type=int, default=None, help="a hard limit it never exceeds")
     p.add_argument("--no-limit", action="store_true", help="remove its hard limit")
+    p.add_argument("--default-time-limit", type=float, default=None, metavar="SECONDS",
+                   help="the time limit its jobs get when submitted without one")
+    p.add_argument("--max-time-limit", type=float, default=None, metavar="SECONDS",
+                   help="the longest time limit its jobs may ask for (longer submits are refused)")
     p.set_defaults(func=cmd_quota)
+
+    _register_job_edits(sub, common)
 
     p = sub.add_parser("drain", parents=common, help="keep new work off a node (--undo: allow it again)")
     p.add_argument("node", help="the node name")

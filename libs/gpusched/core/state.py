@@ -120,6 +120,8 @@ class Job(Struct):
     idle_requeues: int = 0
     yielded_idle: bool = False  # requeued by an idle timeout: waits behind the queue until granted
     user: str = ""
+    hold: str | None = None  # held (`gpusched hold`): who held it and why; None: not held
+    updates: int = 0  # `JobUpdated` applied (the queue index re-sorts a job whose count moved)
 
     @property
     def team(self) -> str:
@@ -724,8 +726,34 @@ def _clusterstate_on_checkpoint(self, e: ev.CheckpointSaved) -> None:
         job.partial = dict(sorted(partial.items())[-PARTIAL_CHECKPOINTS:])
 
 
+def _on_held(st: ClusterState, e: ev.JobHeld) -> None:
+    """Only a pending job is held or released (admission refuses the rest; a late one is a no-op)."""
+    job = st.jobs.get(e.job_id)
+    if job is not None and job.state == "pending":
+        job.hold = (f"{e.user or 'admin'}: {e.reason}" if e.reason else (e.user or "admin")) if e.held else None
+
+
+def _on_updated(st: ClusterState, e: ev.JobUpdated) -> None:
+    """A pending job's spec changes; it moves to the end of `pending` so that the queue index
+    (which finds changed jobs there) re-sorts it."""
+    job = st.jobs.get(e.job_id)
+    if job is None or job.state != "pending":
+        return
+    changes: dict[str, object] = {}
+    if e.priority is not None:
+        changes["priority"] = e.priority
+    if e.time_limit_s is not None:
+        changes["time_limit_s"] = e.time_limit_s
+    job.spec = msgspec.structs.replace(job.spec, **changes)
+    job.updates += 1
+    del st.pending[job.job_id]
+    st.pending[job.job_id] = None
+
+
 _HANDLERS: dict[type, Any] = {
     ev.JobSubmitted: ClusterState._on_submitted,
+    ev.JobHeld: _on_held,
+    ev.JobUpdated: _on_updated,
     ev.JobPending: ClusterState._on_pending,
     ev.GpusGranted: _clusterstate_on_granted,
     ev.JobResized: _clusterstate_on_resized,

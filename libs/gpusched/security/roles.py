@@ -21,6 +21,8 @@ EVENT_WRITERS: dict[str, frozenset[str]] = {
     "JobSubmitted": frozenset({"admission"}),
     "JobRejected": frozenset({"admission"}),
     "JobCancelled": frozenset({"admission"}),
+    "JobHeld": frozenset({"admission"}),
+    "JobUpdated": frozenset({"admission"}),
     "TeamQuotaSet": frozenset({"admission"}),
     "NodeDrained": frozenset({"admission"}),
     "JobPending": frozenset({"placement", "fallback"}),

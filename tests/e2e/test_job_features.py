@@ -1,0 +1,49 @@
+"""Job features through real admission and placement on NATS: hold/release, update, dependencies
+and per-team time limits, each decided by admission, kept in the log and honoured by placement,
+with the reason `gpusched show` prints."""
+
+from __future__ import annotations
+
+from gpusched.core.model import JobSpec, TeamQuota
+from gpusched.core.reasons import DependencyWait, Held
+
+from .harness import harness  # noqa: F401
+
+
+async def test_hold_release_update_dependency_and_team_time_limits(harness):
+    h = harness
+    h.start("admission")
+    h.start("placement")
+    await h.ready("admission", "placement")
+    await h.nodes(1, 8)
+    c = h.client
+    # per-team time limits: the default is filled in, over the maximum is refused
+    assert (await c.set_quota("a", TeamQuota(default_time_limit_s=600.0, max_time_limit_s=3600.0),
+                              only=["default_time_limit_s", "max_time_limit_s"])).ok
+
+    refused = await c.submit(JobSpec(team="a", gpus=1, time_limit_s=7200.0))
+    assert refused.error == "spec.time_limit_s (7200 s) exceeds the team's maximum time limit (3600 s)"
+
+    big = await h.submit(team="a", gpus=8)
+    await h.wait_for("big placed", lambda s: h.holding(big))
+    assert h.state.jobs[big].spec.time_limit_s == 600.0
+    held = await h.submit(team="a", gpus=8)
+    assert (await c.hold(held, reason="data not ready")).ok
+    after = await h.submit(team="a", gpus=8, dependency=[{"kind": "afterok", "job": big}])
+    assert (await c.update(after, priority="high", time_limit_s=900.0)).ok
+    st = await h.wait_for("reasons", lambda s: s.jobs[held].pending_why is not None
+                          and s.jobs[after].pending_why is not None and s)
+    assert st.jobs[held].pending_why == Held("admin: data not ready")
+    assert st.jobs[after].pending_why == DependencyWait([f"afterok:{big}"])
+    assert (st.jobs[after].spec.priority, st.jobs[after].spec.time_limit_s) == ("high", 900.0)
+    # precise refusals: not pending, already held
+    assert (await c.hold(big)).error == f"cannot hold job {big}: it is starting, not pending"
+    assert (await c.hold(held)).error == f"job {held} is already held"
+    assert (await c.update(big, priority="low")).error.startswith(f"cannot update job {big}: it is ")
+
+    await h.complete(big)  # the dependency is satisfied: `after` starts, the held job does not
+    await h.wait_for("after placed", lambda s: h.holding(after))
+    assert h.state.jobs[held].state == "pending"
+    await h.complete(after)
+    assert (await c.hold(held, hold=False)).ok
+    await h.wait_for("released job placed", lambda s: h.holding(held))
