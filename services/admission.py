@@ -33,13 +33,16 @@ from gpusched.core.commands import (
     CommandReply,
     DrainNode,
     HoldJob,
+    LabelNode,
     RestoreGpu,
     SetTeamQuota,
     SubmitJob,
     UpdateJob,
 )
 from gpusched.core.model import LEVEL_RANK, TeamQuota
-from gpusched.core.state import TERMINAL, ClusterState
+from gpusched.core.reasons import NoMatchingNode
+from gpusched.core.state import TERMINAL, ClusterState, Job
+from gpusched.policy.eligibility import not_eligible
 from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import common_arguments
 
@@ -54,6 +57,7 @@ SUBJECT_COMMANDS: dict[str, type[Command]] = {
     subjects.CMD_RESTORE: RestoreGpu,
     subjects.CMD_HOLD: HoldJob,
     subjects.CMD_UPDATE: UpdateJob,
+    subjects.CMD_LABEL: LabelNode,
 }
 _DECODERS = {subject: msgspec.json.Decoder(cls) for subject, cls in SUBJECT_COMMANDS.items()}
 _encode_reply = msgspec.json.Encoder().encode
@@ -99,7 +103,7 @@ def caller_problem(state: ClusterState, cmd: Command, caller: Caller) -> str | N
         job = state.jobs.get(cmd.job_id)
         if job is not None and job.spec.team != caller.team:
             return f"job {cmd.job_id} belongs to team {job.spec.team!r}; these credentials act for {caller.team!r}"
-    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu)):
+    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu, LabelNode)):
         return f"{type(cmd).__name__} needs the admin role"
     return None
 
@@ -196,6 +200,10 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
     problem = dependency_problem(state, spec)
     if problem:
         return problem
+    if (spec.gpu_type is not None or spec.constraints) and state.gpus:
+        barred = not_eligible(state, Job("", spec, 0.0))
+        if isinstance(barred, NoMatchingNode):
+            return f"{barred.text} (nodes register their GPU model; labels: `gpusched node label`)"
     need = spec.gang_min
     if team is not None and team.quota.limit is not None and need > team.quota.limit:
         return f"team {spec.team!r} has a limit of {team.quota.limit} GPUs; the job needs {need}"
@@ -326,6 +334,15 @@ def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionCo
     return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{rid}")
 
 
+def _label(state: ClusterState, cmd: LabelNode, now: float) -> Decision:
+    if cmd.node not in state.nodes:
+        return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
+    if not cmd.labels and not cmd.remove:
+        return Decision(CommandReply(ok=False, error="nothing to change: give labels and/or remove"))
+    return Decision(CommandReply(ok=True), ev.NodeLabeled(at=now, node=cmd.node, labels=dict(cmd.labels),
+                                                          remove=list(cmd.remove)), f"label-{cmd.request_id}")
+
+
 def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig, capacity: Capacity,
           taken: set[str] | frozenset[str] = frozenset(), caller: Caller = ADMIN) -> Decision:
     """Decide one well-formed command from `caller` against the fold."""
@@ -346,6 +363,8 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
         return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"cancel-{rid}")
     if isinstance(cmd, (HoldJob, UpdateJob)):
         return pending_job_command(state, cmd, now, caller)
+    if isinstance(cmd, LabelNode):
+        return _label(state, cmd, now)
     if isinstance(cmd, SetTeamQuota):
         return _set_quota(state, cmd, now)
     if isinstance(cmd, DrainNode):

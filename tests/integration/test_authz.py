@@ -84,6 +84,8 @@ def publish_cases(who: str) -> dict[str, bool]:
         "gpusched.cmd.update.nlp.alice": admin or who == "alice",
         "gpusched.cmd.hold.vision.alice": admin,
         "gpusched.cmd.update.vision.alice": admin,
+        "gpusched.cmd.label.nlp.alice": admin,  # node labels are admin's
+        subjects.CMD_LABEL: admin or role == "dashboard",
         "gpusched.cmd.submit.vision.alice": admin,  # alice submitting for another team
         "gpusched.cmd.submit.vision.bob": admin or who == "bob",
         "gpusched.cmd.quota.nlp.alice": admin,  # quotas are admin's

@@ -245,3 +245,78 @@ def test_show_explains_held_and_dependency_waits():
     s.cycle("full", now=6.0)
     z = explain_pending(s.state, "post", 6.0)
     assert z["summary"] == "dependency can never be satisfied: pre failed (cancel the job)"
+
+
+# --- GPU type and node labels -----------------------------------------------------------------------
+
+def _mixed() -> Scenario:
+    """Two nodes: r0n0 with A100s, r0n1 with H100s labelled zone=b."""
+    from gpusched.core.model import GpuInfo
+
+    s = Scenario(racks=0)
+    for name, model in (("r0n0", "NVIDIA A100-SXM4-80GB"), ("r0n1", "NVIDIA H100 80GB HBM3")):
+        s.apply(ev.NodeRegistered(at=0.0, node=name, rack="r0", nvlink="all",
+                                  gpus=[GpuInfo(index=i, uuid=f"{name}-{i}", model=model) for i in range(8)]))
+    s.apply(ev.NodeLabeled(at=0.0, node="r0n1", labels={"zone": "b", "x": "1"}, remove=["x"]))
+    s.team("a")
+    return s
+
+
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_gpu_type_and_constraints_place_only_on_matching_nodes(preset):
+    s = _mixed()
+    assert s.state.nodes["r0n1"].labels == {"zone": "b"}
+    s.submit("h", gpus=2, at=1.0, gpu_type="h100")
+    s.submit("z", gpus=2, at=1.0, constraints={"zone": "b"})
+    s.submit("a", gpus=2, at=1.0, gpu_type="A100")
+    g = grants(s.cycle(preset, now=2.0))
+    assert {n.split("/")[0] for n in g["h"] + g["z"]} == {"r0n1"}
+    assert {n.split("/")[0] for n in g["a"]} == {"r0n0"}
+
+
+def test_a_constrained_job_waits_for_its_nodes_and_a_job_nobody_matches_says_so():
+    from gpusched.core.reasons import NoMatchingNode
+
+    s = _mixed()
+    s.run("busy", [f"r0n1/{i}" for i in range(8)], at=1.0, time_limit_s=100.0)
+    s.submit("h", gpus=4, at=2.0, gpu_type="H100")
+    s.submit("never", gpus=1, at=2.0, constraints={"zone": "c"})
+    s.submit("big", gpus=9, at=2.0, gpu_type="H100")
+    s.submit("free", gpus=4, at=3.0, time_limit_s=1000.0)
+    out = s.cycle("full", now=4.0)
+    g = grants(out)
+    assert "h" not in g and "never" not in g  # 8 A100s free, but it asked for H100s
+    assert {n.split("/")[0] for n in g["free"]} == {"r0n0"}
+    assert s.state.jobs["h"].pending_reason.startswith("waiting for 4 GPUs; 0 free")  # free on its nodes
+    assert s.state.jobs["never"].pending_why == NoMatchingNode("zone=c", 1)
+    assert s.state.jobs["never"].pending_reason == "no node matches constraint zone=c with 1 GPUs"
+    assert s.state.jobs["big"].pending_why == NoMatchingNode("gpu_type=H100", 9)
+    s.finish("busy", at=5.0)
+    assert "h" in grants(s.cycle("full", now=6.0))
+
+
+def test_the_reservation_of_a_constrained_head_is_on_its_nodes():
+    s = _mixed()
+    s.run("a-job", [f"r0n0/{i}" for i in range(8)], at=1.0, time_limit_s=50.0)
+    s.run("h-job", [f"r0n1/{i}" for i in range(8)], at=1.0, time_limit_s=500.0)
+    s.submit("head", gpus=8, at=2.0, gpu_type="H100")
+    s.cycle("full", now=3.0)
+    assert s.state.jobs["head"].pending_blockers == ["h-job"]  # not the A100 job that ends sooner
+    s.finish("a-job", at=60.0)
+    s.submit("short", gpus=8, at=60.0, time_limit_s=100.0)
+    assert "short" in grants(s.cycle("full", now=61.0))  # the A100s are not reserved for the head
+
+
+def test_admission_labels_nodes_and_refuses_constraints_nobody_matches():
+    from gpusched.core.commands import LabelNode
+
+    st = _mixed().state
+    d = _admit(st, LabelNode(request_id="l1", node="r0n0", labels={"zone": "a"}, remove=["old"]))
+    assert d.reply.ok and d.event == ev.NodeLabeled(at=10.0, node="r0n0", labels={"zone": "a"}, remove=["old"])
+    assert _admit(st, LabelNode(request_id="l2", node="ghost", labels={"k": "v"})).reply.error == "unknown node 'ghost'"
+    d = _admit(st, LabelNode(request_id="l3", node="r0n0", labels={"k": "v"}), Caller("alice", "a"))
+    assert d.reply.error == "LabelNode needs the admin role"
+    d = _admit(st, SubmitJob(request_id="s1", spec=JobSpec(team="a", gpus=1, gpu_type="V100")))
+    assert d.reply.error.startswith("no node matches constraint gpu_type=V100 with 1 GPUs")
+    assert _admit(st, SubmitJob(request_id="s2", spec=JobSpec(team="a", gpus=8, gpu_type="H100",
+                                                               constraints={"zone": "b"}))).reply.ok

@@ -22,6 +22,7 @@ from gpusched.core.commands import (
     CommandReply,
     DrainNode,
     HoldJob,
+    LabelNode,
     RestoreGpu,
     SetTeamQuota,
     SubmitJob,
@@ -41,6 +42,7 @@ COMMAND_SUBJECTS: dict[type[Command], str] = {
     RestoreGpu: subjects.CMD_RESTORE,
     HoldJob: subjects.CMD_HOLD,
     UpdateJob: subjects.CMD_UPDATE,
+    LabelNode: subjects.CMD_LABEL,
 }
 #: Roles that send commands in admin's form (any team): the dashboard acts for a logged-in admin.
 ADMIN_FORM = ("admin", "dashboard")
@@ -131,6 +133,12 @@ class Client:
         """Change a pending job's priority class and/or time limit."""
         return await self.send(UpdateJob(request_id=request_id or new_request_id(), job_id=job_id,
                                          priority=priority, time_limit_s=time_limit_s))  # type: ignore[arg-type]
+
+    async def label_node(self, node: str, labels: dict[str, str] | None = None, remove: list[str] | None = None,
+                         request_id: str | None = None) -> CommandReply:
+        """Set and/or remove labels of a node (admin)."""
+        return await self.send(LabelNode(request_id=request_id or new_request_id(), node=node,
+                                         labels=labels or {}, remove=remove or []))
 
     async def cancel(self, job_id: str, reason: str = "cancelled by user", request_id: str | None = None) -> CommandReply:
         return await self.send(CancelJob(request_id=request_id or new_request_id(), job_id=job_id, reason=reason))

@@ -98,6 +98,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
         "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
         "dependency": dependencies_from_arg(getattr(args, "dependency", None)),
+        "gpu_type": getattr(args, "gpu_type", None),
+        "constraints": pairs_from_args(getattr(args, "constraint", None), "submit: --constraint"),
     }
     try:
         spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
@@ -120,6 +122,26 @@ def dependencies_from_arg(text: str | None) -> list[dict[str, str]]:
             raise SystemExit(f"gpusched submit: --dependency {part!r} is not afterok:JOB or afterany:JOB")
         out += [{"kind": kind, "job": j} for j in jobs.split(":") if j]
     return out
+
+
+def pairs_from_args(items: list[str] | None, where: str) -> dict[str, str]:
+    """KEY=VALUE items (repeatable options) as a mapping."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"gpusched {where} {item!r} is not KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def cmd_node_label(args: argparse.Namespace) -> int:
+    labels = pairs_from_args(args.labels, "node label:")
+    if not labels and not args.remove:
+        raise SystemExit("gpusched node label: nothing to change (give KEY=VALUE and/or --remove KEY)")
+    return _run(args, lambda c: c.label_node(args.node, labels, args.remove or []),
+                lambda r: f"node {args.node}: " + ", ".join([f"{k}={v}" for k, v in labels.items()]
+                                                            + [f"-{k}" for k in args.remove or []]))
 
 
 def secret_env_from_args(items: list[str] | None) -> dict[str, str]:
@@ -222,6 +244,14 @@ def _register_job_edits(sub, common: list) -> None:
                    help="a platform's credentials: the team whose job it is (default: its first)")
     p.set_defaults(func=cmd_update)
 
+    node = sub.add_parser("node", help="change a node: gpusched node label NODE KEY=VALUE... (admin)")
+    actions = node.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = actions.add_parser("label", parents=common, help="set or remove a node's labels (jobs' --constraint)")
+    p.add_argument("node", help="the node name")
+    p.add_argument("labels", nargs="*", metavar="KEY=VALUE", help="labels to set")
+    p.add_argument("--remove", action="append", metavar="KEY", help="a label to remove (repeatable)")
+    p.set_defaults(func=cmd_node_label)
+
 
 def register(sub) -> None:
     from .output import CONNECTION
@@ -262,6 +292,10 @@ def register(sub) -> None:
     p.add_argument("--dependency", default=None, metavar="afterok:JOB,afterany:JOB",
                    help="start only after these jobs ended: afterok (completed successfully) or afterany "
                         "(ended any way); several jobs as afterok:J1:J2 (Slurm's form)")
+    p.add_argument("--gpu-type", default=None, metavar="MODEL",
+                   help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100)")
+    p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
+                   help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)

@@ -71,7 +71,15 @@ class UpdateJob(Command, frozen=True, kw_only=True):
     time_limit_s: L.TimeLimit | None = None
 
 
-AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode, RestoreGpu, HoldJob, UpdateJob]
+class LabelNode(Command, frozen=True, kw_only=True):
+    """Set (`labels`) or remove (`remove`) key=value labels of a node (admin)."""
+
+    node: L.NodeName
+    labels: L.Labels = {}
+    remove: Annotated[list[L.LabelKey], Meta(max_length=32)] = []
+
+
+AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode, RestoreGpu, HoldJob, UpdateJob, LabelNode]
 COMMAND_TYPES: dict[str, type[Command]] = {c.__name__: c for c in AnyCommand.__args__}  # type: ignore[attr-defined]
 
 

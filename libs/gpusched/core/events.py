@@ -249,6 +249,17 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
     block: str | None = None
     nvlink: NvlinkLayout | Literal["custom"] = "custom"
     address: str = ""
+    #: key=value labels the node announces (agent `--label`); an admin's `NodeLabeled` wins.
+    labels: dict[str, str] = {}
+
+
+class NodeLabeled(Event, frozen=True, kw_only=True):
+    """An admin sets (`labels`) or removes (`remove`) labels of a node, matched against jobs'
+    `constraints`."""
+
+    node: str
+    labels: dict[str, str] = {}
+    remove: list[str] = []
 
 
 class NodeLost(Event, frozen=True, kw_only=True):
@@ -347,6 +358,7 @@ AnyEvent = Union[
     JobTimedOut,
     JobOnUnhealthyGpu,
     NodeRegistered,
+    NodeLabeled,
     NodeLost,
     NodeDrained,
     GpuQuarantined,

@@ -87,6 +87,10 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     secret_env: L.SecretEnv = {}
     #: Jobs that must end (afterok: successfully) before this one may start.
     dependency: Annotated[list[Dependency], Meta(max_length=64)] = []
+    #: Only on nodes whose GPU model contains this (case-insensitive: "H100", "A100-SXM4-80GB").
+    gpu_type: L.GpuType | None = None
+    #: Only on nodes carrying every one of these labels (`gpusched node label`, agent `--label`).
+    constraints: L.Labels = {}
 
     @property
     def gang_min(self) -> int:

@@ -157,8 +157,20 @@ class DependencyNever(_Reason, frozen=True, tag="dependency_never"):
         return f"dependency can never be satisfied: {', '.join(self.failed)} (cancel the job)"
 
 
-Reason = Union[QueuedBehind, NoRoom, TeamLimit, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
-               Held, DependencyWait, DependencyNever]
+class NoMatchingNode(_Reason, frozen=True, tag="no_matching_node"):
+    """No registered node can ever hold the job: none matches its GPU type and labels with
+    enough GPUs (`wants`: the constraint as the user wrote it)."""
 
-__all__ = ["BehindReservation", "ComingFree", "DependencyNever", "DependencyWait", "Held", "NoRoom",
+    wants: str
+    need: int
+
+    @property
+    def text(self) -> str:
+        return f"no node matches constraint {self.wants} with {self.need} GPUs"
+
+
+Reason = Union[QueuedBehind, NoRoom, TeamLimit, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
+               Held, DependencyWait, DependencyNever, NoMatchingNode]
+
+__all__ = ["BehindReservation", "ComingFree", "DependencyNever", "DependencyWait", "Held", "NoMatchingNode", "NoRoom",
            "QueuedBehind", "Reason", "TeamLimit", "Topology", "WaitingForCheckpoint"]

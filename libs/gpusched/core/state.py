@@ -189,6 +189,7 @@ class ClusterState(Struct):
     now: float = 0.0
     free_count: int = 0
     node_live: dict[str, dict[str, None]] = {}  # node -> jobs with `Live` processes there
+    label_changes: int = 0  # node labels or nodes changed (placement's constraint memo)
     broken: list[Violation] = []  # every invariant an event broke, in log order
 
     # --- the fold ------------------------------------------------------------------------
@@ -276,15 +277,19 @@ class ClusterState(Struct):
 
     def _on_node_registered(self, e: ev.NodeRegistered) -> None:
         old = self.nodes.get(e.node)
+        self.label_changes += 1
         if old is not None:
             old.registered_at = max(old.registered_at, e.at)
+            if e.labels:
+                old.labels = {**old.labels, **e.labels}
             if old.lost:
                 old.lost = False
                 for g in old.gpus:
                     self._refresh(g)
             return  # re-registration after a restart keeps what the log already knows
         ids = [gpu_id(e.node, g.index) for g in e.gpus]
-        self.nodes[e.node] = Node(e.node, e.rack, e.block, ids, e.address, e.nvlink, e.at, free={})
+        self.nodes[e.node] = Node(e.node, e.rack, e.block, ids, e.address, e.nvlink, e.at, free={},
+                                  labels=dict(e.labels))
         for gid, info in zip(ids, e.gpus):
             self.gpus[gid] = Gpu(gid, e.node, info.index, info.uuid, info.model, info.memory_mb, info.nvlink_domain)
             self._refresh(gid)
@@ -750,7 +755,18 @@ def _on_updated(st: ClusterState, e: ev.JobUpdated) -> None:
     st.pending[job.job_id] = None
 
 
+def _on_labeled(st: ClusterState, e: ev.NodeLabeled) -> None:
+    node = st.nodes.get(e.node)
+    if node is not None:
+        labels = {**node.labels, **e.labels}
+        for k in e.remove:
+            labels.pop(k, None)
+        node.labels = labels
+        st.label_changes += 1
+
+
 _HANDLERS: dict[type, Any] = {
+    ev.NodeLabeled: _on_labeled,
     ev.JobSubmitted: ClusterState._on_submitted,
     ev.JobHeld: _on_held,
     ev.JobUpdated: _on_updated,

@@ -8,8 +8,10 @@ backfill stay untouched for jobs that use none of these features.
 
 from __future__ import annotations
 
-from ..core.reasons import DependencyNever, DependencyWait, Held, Reason
+from ..core.model import GpuId, JobSpec
+from ..core.reasons import DependencyNever, DependencyWait, Held, NoMatchingNode, Reason
 from ..core.state import ClusterState, Job
+from .placement import Pool
 
 #: End states that satisfy each dependency kind.
 _SATISFIED = {"afterok": ("completed",), "afterany": ("completed", "failed", "cancelled", "timeout")}
@@ -20,10 +22,71 @@ def not_eligible(state: ClusterState, job: Job) -> Reason | None:
     """Why `job` may not start whatever the room (None: it may)."""
     if job.hold is not None:
         return Held(job.hold)
-    deps = job.spec.dependency
-    if deps:
-        return dependency_reason(state, job)
+    spec = job.spec
+    if spec.dependency:
+        r = dependency_reason(state, job)
+        if r is not None:
+            return r
+    if (spec.gpu_type is not None or spec.constraints) and state.gpus:
+        m = matching(state, spec)
+        if not any(len(state.nodes[n].gpus) >= spec.gang_min for n in m) and \
+                sum(len(state.nodes[n].gpus) for n in m) < spec.gang_min:
+            return NoMatchingNode(wants(spec), spec.gang_min)
     return None
+
+
+def wants(spec: JobSpec) -> str:
+    """The job's constraint as the user wrote it: `gpu_type=H100,zone=a`."""
+    parts = ([f"gpu_type={spec.gpu_type}"] if spec.gpu_type is not None else []) + \
+        [f"{k}={v}" for k, v in sorted(spec.constraints.items())]
+    return ",".join(parts)
+
+
+def constrained(spec: JobSpec) -> bool:
+    return spec.gpu_type is not None or bool(spec.constraints)
+
+
+def node_matches(state: ClusterState, node: str, spec: JobSpec) -> bool:
+    """A node matches when one of its GPUs' model contains `gpu_type` (case-insensitive) and it
+    carries every label of `constraints`."""
+    n = state.nodes[node]
+    if any(n.labels.get(k) != v for k, v in spec.constraints.items()):
+        return False
+    if spec.gpu_type is None:
+        return True
+    want = spec.gpu_type.lower()
+    return any(want in state.gpus[g].model.lower() for g in n.gpus)
+
+
+_MATCHING: dict[tuple, tuple[list[str], list[GpuId]]] = {}
+
+
+def _memo(state: ClusterState, spec: JobSpec) -> tuple[list[str], list[GpuId]]:
+    """(matching nodes, GPUs of the other nodes), kept until a node registers or is labelled."""
+    key = (id(state), state.label_changes, len(state.nodes), spec.gpu_type, tuple(sorted(spec.constraints.items())))
+    hit = _MATCHING.get(key)
+    if hit is None:
+        if len(_MATCHING) >= 256:
+            _MATCHING.clear()
+        yes = [n for n in state.nodes if node_matches(state, n, spec)]
+        ok = set(yes)
+        other = [g for n, node in state.nodes.items() if n not in ok for g in node.gpus]
+        hit = _MATCHING[key] = (yes, other)
+    return hit
+
+
+def matching(state: ClusterState, spec: JobSpec) -> list[str]:
+    """The nodes that may hold the job (every node when it asks for nothing)."""
+    return _memo(state, spec)[0] if constrained(spec) else list(state.nodes)
+
+
+def restrict(pool: Pool, spec: JobSpec) -> Pool:
+    """The pool the job may be placed on: the filter of its constraints, applied once per
+    placement question; the pool itself for a job that asks for nothing."""
+    if not constrained(spec):
+        return pool
+    other = _memo(pool.state, spec)[1]
+    return pool.without(other) if other else pool
 
 
 def dependency_reason(state: ClusterState, job: Job) -> Reason | None:

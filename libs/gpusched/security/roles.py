@@ -25,6 +25,7 @@ EVENT_WRITERS: dict[str, frozenset[str]] = {
     "JobUpdated": frozenset({"admission"}),
     "TeamQuotaSet": frozenset({"admission"}),
     "NodeDrained": frozenset({"admission"}),
+    "NodeLabeled": frozenset({"admission"}),
     "JobPending": frozenset({"placement", "fallback"}),
     "GpusGranted": frozenset({"placement", "fallback"}),
     "JobResized": frozenset({"placement"}),
