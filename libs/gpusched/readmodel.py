@@ -125,6 +125,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
         })
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
+        "labels": dict(node.labels),
         "lost": node.lost, "drained": node.drained, "total": len(node.gpus), "free": len(node.free),
         "held": sum(1 for x in gpus if x["status"] == "held"), "gpus": gpus,
     }

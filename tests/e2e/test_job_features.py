@@ -47,3 +47,23 @@ async def test_hold_release_update_dependency_and_team_time_limits(harness):
     await h.complete(after)
     assert (await c.hold(held, hold=False)).ok
     await h.wait_for("released job placed", lambda s: h.holding(held))
+
+
+async def test_node_labels_and_constraints_through_admission_and_placement(harness):
+    h = harness
+    h.start("admission")
+    h.start("placement")
+    await h.ready("admission", "placement")
+    await h.nodes(2, 8)
+    st = await h.sync()
+    first, second = sorted(st.nodes)
+    assert (await h.client.label_node(second, {"zone": "b"})).ok
+    assert (await h.client.label_node("node-x", {"zone": "b"})).error == "unknown node 'node-x'"
+    refused = await h.client.submit(JobSpec(team="a", gpus=1, constraints={"zone": "c"}))
+    assert refused.error.startswith("no node matches constraint zone=c with 1 GPUs")
+    jobs = [await h.submit(team="a", gpus=4, constraints={"zone": "b"}) for _ in range(3)]
+    st = await h.wait_for("two placed", lambda s: sum(h.holding(j) for j in jobs) == 2 and s)
+    assert {g.split("/")[0] for j in jobs for g in st.jobs[j].gpus} == {second}  # never on the other node
+    waiting = next(j for j in jobs if not h.holding(j))
+    assert st.nodes[second].labels == {"zone": "b"} and not st.nodes[first].labels
+    await h.wait_for("its reason", lambda s: s.jobs[waiting].pending_reason.startswith("waiting for 4 GPUs; 0 free"))
