@@ -197,7 +197,7 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
     problem = time_limit_problem(team.quota if team is not None else None, spec.time_limit_s)
     if problem:
         return problem
-    problem = dependency_problem(state, spec)
+    problem = dependency_problem(state, spec) or array_problem(spec)
     if problem:
         return problem
     if (spec.gpu_type is not None or spec.constraints) and state.gpus:
@@ -235,6 +235,17 @@ def dependency_problem(state: ClusterState, spec) -> str | None:
     for d in spec.dependency:
         if d.job not in state.jobs:
             return f"spec.dependency: unknown job {d.job!r} ({d.kind}:{d.job})"
+    return None
+
+
+def array_problem(spec) -> str | None:
+    arr = spec.array
+    if arr is None:
+        return None
+    if arr.first > arr.last:
+        return f"spec.array: first index {arr.first} is after the last {arr.last}"
+    if arr.size > L.MAX_ARRAY_TASKS:
+        return f"spec.array has {arr.size} tasks; at most {L.MAX_ARRAY_TASKS}"
     return None
 
 

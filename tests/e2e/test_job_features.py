@@ -67,3 +67,22 @@ async def test_node_labels_and_constraints_through_admission_and_placement(harne
     waiting = next(j for j in jobs if not h.holding(j))
     assert st.nodes[second].labels == {"zone": "b"} and not st.nodes[first].labels
     await h.wait_for("its reason", lambda s: s.jobs[waiting].pending_reason.startswith("waiting for 4 GPUs; 0 free"))
+
+
+async def test_a_job_array_through_admission_and_placement(harness):
+    h = harness
+    h.start("admission")
+    h.start("placement")
+    await h.ready("admission", "placement")
+    await h.nodes(1, 8)
+    arr = await h.submit(team="a", gpus=1, array={"first": 0, "last": 9, "max_running": 3})
+    tasks = [f"{arr}_{i}" for i in range(10)]
+    st = await h.wait_for("three tasks placed", lambda s: sum(h.holding(t) for t in tasks) == 3 and s)
+    assert st.jobs[tasks[7]].spec.env["GPUSCHED_ARRAY_INDEX"] == "7"
+    first = next(t for t in tasks if h.holding(t))
+    await h.complete(first)
+    await h.wait_for("a fourth task placed", lambda s: sum(1 for t in tasks if s.jobs[t].state != "pending") == 4)
+    st = await h.sync()
+    assert sum(h.holding(t) for t in tasks) == 3
+    waiting = next(t for t in tasks if st.jobs[t].state == "pending")
+    await h.wait_for("its reason", lambda s: s.jobs[waiting].pending_reason == f"array {arr} has 3 tasks running, its limit")

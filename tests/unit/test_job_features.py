@@ -320,3 +320,41 @@ def test_admission_labels_nodes_and_refuses_constraints_nobody_matches():
     assert d.reply.error.startswith("no node matches constraint gpu_type=V100 with 1 GPUs")
     assert _admit(st, SubmitJob(request_id="s2", spec=JobSpec(team="a", gpus=8, gpu_type="H100",
                                                                constraints={"zone": "b"}))).reply.ok
+
+
+# --- job arrays ----------------------------------------------------------------------------------
+
+def test_an_array_folds_into_tasks_with_their_index_and_runs_at_most_max_at_once():
+    from gpusched.core.model import ArraySpec
+    from gpusched.core.reasons import ArrayLimit
+
+    s = _scene()
+    s.apply(ev.JobSubmitted(at=1.0, job_id="arr", request_id="r1",
+                            spec=JobSpec(team="a", gpus=1, env={"A": "1"}, array=ArraySpec(0, 5, 2))))
+    tasks = [f"arr_{i}" for i in range(6)]
+    assert list(s.state.pending) == tasks and s.state.requests["r1"] == "arr"
+    t3 = s.state.jobs["arr_3"]
+    assert (t3.array_job, t3.spec.env["GPUSCHED_ARRAY_INDEX"], t3.spec.env["SLURM_ARRAY_TASK_ID"],
+            t3.spec.env["A"]) == ("arr", "3", "3", "1")
+    assert set(grants(s.cycle("full", now=2.0))) == {"arr_0", "arr_1"}  # 8 GPUs free, at most 2 running
+    assert s.state.jobs["arr_2"].pending_why == ArrayLimit("arr", 2)
+    assert s.state.jobs["arr_2"].pending_reason == "array arr has 2 tasks running, its limit"
+    s.finish("arr_0", at=3.0)
+    assert set(grants(s.cycle("full", now=4.0))) == {"arr_2"}
+
+
+def test_array_parsing_and_admission_bounds():
+    from gpusched.cli.client import array_from_arg
+    from gpusched.core.model import ArraySpec
+
+    assert array_from_arg("0-99%10") == {"first": 0, "last": 99, "max_running": 10}
+    assert array_from_arg("7") == {"first": 7, "last": 7}
+    with pytest.raises(SystemExit, match="is not FIRST-LAST"):
+        array_from_arg("a-b")
+    st = _admission_state()
+    d = _admit(st, SubmitJob(request_id="a1", spec=JobSpec(team="a", gpus=1, array=ArraySpec(5, 1))))
+    assert d.reply.error == "spec.array: first index 5 is after the last 1"
+    d = _admit(st, SubmitJob(request_id="a2", spec=JobSpec(team="a", gpus=1, array=ArraySpec(0, 1000))))
+    assert d.reply.error == "spec.array has 1001 tasks; at most 1000"
+    d = _admit(st, SubmitJob(request_id="a3", spec=JobSpec(team="a", gpus=1, array=ArraySpec(0, 9, 3))))
+    assert d.reply.ok and d.event.spec.array == ArraySpec(0, 9, 3)

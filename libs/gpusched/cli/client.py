@@ -100,6 +100,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "dependency": dependencies_from_arg(getattr(args, "dependency", None)),
         "gpu_type": getattr(args, "gpu_type", None),
         "constraints": pairs_from_args(getattr(args, "constraint", None), "submit: --constraint"),
+        "array": array_from_arg(getattr(args, "array", None)),
     }
     try:
         spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
@@ -121,6 +122,21 @@ def dependencies_from_arg(text: str | None) -> list[dict[str, str]]:
         if kind not in ("afterok", "afterany") or not jobs:
             raise SystemExit(f"gpusched submit: --dependency {part!r} is not afterok:JOB or afterany:JOB")
         out += [{"kind": kind, "job": j} for j in jobs.split(":") if j]
+    return out
+
+
+def array_from_arg(text: str | None) -> dict[str, int] | None:
+    """`--array 0-99%10` (Slurm's form: first-last, optional %max running; `7` is one task)."""
+    if not text:
+        return None
+    span, _, limit = text.partition("%")
+    first, sep, last = span.partition("-")
+    try:
+        out = {"first": int(first), "last": int(last) if sep else int(first)}
+        if limit:
+            out["max_running"] = int(limit)
+    except ValueError:
+        raise SystemExit(f"gpusched submit: --array {text!r} is not FIRST-LAST[%MAX_RUNNING]") from None
     return out
 
 
@@ -158,8 +174,10 @@ def secret_env_from_args(items: list[str] | None) -> dict[str, str]:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    arr = spec.array
+    tasks = f" (tasks {{0}}_{arr.first}..{{0}}_{arr.last})" if arr is not None else ""
     return _run(args, lambda c: c.submit(spec, request_id=args.request_id),
-                lambda r: r.job_id + (" (already submitted)" if r.duplicate else ""))
+                lambda r: r.job_id + tasks.format(r.job_id) + (" (already submitted)" if r.duplicate else ""))
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -296,6 +314,9 @@ def register(sub) -> None:
                    help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100)")
     p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
                    help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
+    p.add_argument("--array", default=None, metavar="FIRST-LAST[%MAX]",
+                   help="a job array: one task per index (job JOB_i, index in GPUSCHED_ARRAY_INDEX and "
+                        "SLURM_ARRAY_TASK_ID), at most MAX running at once")
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)

@@ -46,6 +46,7 @@ MAX_ARGS = 1_024  # command: the program and its arguments
 MAX_ARG_CHARS = 8_192
 MAX_COMMAND_BYTES = 64 * 1024  # all arguments, UTF-8
 MAX_ENV = 128
+MAX_ARRAY_TASKS = 1_000  # tasks of one job array (`submit --array`)
 MAX_ENV_KEY_CHARS = 128
 MAX_ENV_VALUE_CHARS = 8_192
 MAX_ENV_BYTES = 64 * 1024  # all keys and values, UTF-8

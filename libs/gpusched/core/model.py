@@ -60,6 +60,19 @@ class Dependency(Struct, frozen=True, forbid_unknown_fields=True):
     job: Annotated[str, Meta(min_length=1, max_length=L.NAME_MAX + 2, pattern=L.NO_NUL_PATTERN)]
 
 
+class ArraySpec(Struct, frozen=True, forbid_unknown_fields=True):
+    """A job array: one task per index `first..last`, each a job `<id>_<index>` with the index in
+    GPUSCHED_ARRAY_INDEX (and SLURM_ARRAY_TASK_ID); at most `max_running` tasks hold GPUs at once."""
+
+    first: Annotated[int, Meta(ge=0, le=1_000_000)]
+    last: Annotated[int, Meta(ge=0, le=1_000_000)]
+    max_running: PositiveInt | None = None
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+
 class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     """What a user asks for. `gpus` is the gang size (the most an elastic job uses);
     `min_gpus` below `gpus` makes the job elastic: it may start and run with fewer."""
@@ -91,6 +104,8 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     gpu_type: L.GpuType | None = None
     #: Only on nodes carrying every one of these labels (`gpusched node label`, agent `--label`).
     constraints: L.Labels = {}
+    #: A job array: admission's one `JobSubmitted` folds into one job per index.
+    array: ArraySpec | None = None
 
     @property
     def gang_min(self) -> int:

@@ -169,8 +169,19 @@ class NoMatchingNode(_Reason, frozen=True, tag="no_matching_node"):
         return f"no node matches constraint {self.wants} with {self.need} GPUs"
 
 
-Reason = Union[QueuedBehind, NoRoom, TeamLimit, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
-               Held, DependencyWait, DependencyNever, NoMatchingNode]
+class ArrayLimit(_Reason, frozen=True, tag="array_limit"):
+    """A task of a job array whose `max_running` tasks already hold GPUs (`--array 0-99%10`)."""
 
-__all__ = ["BehindReservation", "ComingFree", "DependencyNever", "DependencyWait", "Held", "NoMatchingNode", "NoRoom",
+    array: str
+    max_running: int
+
+    @property
+    def text(self) -> str:
+        return f"array {self.array} has {self.max_running} tasks running, its limit"
+
+
+Reason = Union[QueuedBehind, NoRoom, TeamLimit, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
+               Held, DependencyWait, DependencyNever, NoMatchingNode, ArrayLimit]
+
+__all__ = ["ArrayLimit", "BehindReservation", "ComingFree", "DependencyNever", "DependencyWait", "Held", "NoMatchingNode", "NoRoom",
            "QueuedBehind", "Reason", "TeamLimit", "Topology", "WaitingForCheckpoint"]

@@ -122,6 +122,7 @@ class Job(Struct):
     user: str = ""
     hold: str | None = None  # held (`gpusched hold`): who held it and why; None: not held
     updates: int = 0  # `JobUpdated` applied (the queue index re-sorts a job whose count moved)
+    array_job: str = ""  # a task of a job array: the array's id (the task's id is `<array>_<index>`)
 
     @property
     def team(self) -> str:
@@ -212,6 +213,8 @@ class ClusterState(Struct):
     # jobs
 
     def _on_submitted(self, e: ev.JobSubmitted) -> None:
+        if e.spec.array is not None:
+            return _submit_array(self, e)
         if e.job_id in self.jobs:
             self._violate("duplicate_job", f"job {e.job_id} submitted twice", [e.job_id])
             return
@@ -729,6 +732,31 @@ def _clusterstate_on_checkpoint(self, e: ev.CheckpointSaved) -> None:
     else:
         partial = {**job.partial, e.step: saved}
         job.partial = dict(sorted(partial.items())[-PARTIAL_CHECKPOINTS:])
+
+
+def array_task_id(array_job: str, index: int) -> str:
+    return f"{array_job}_{index}"
+
+
+def _submit_array(st: ClusterState, e: ev.JobSubmitted) -> None:
+    """One job per index of the array, each with its index in its environment; the request id
+    names the array."""
+    arr = e.spec.array
+    assert arr is not None
+    ids = [array_task_id(e.job_id, i) for i in range(arr.first, arr.last + 1)]
+    clash = [j for j in ids if j in st.jobs]
+    if clash:
+        st._violate("duplicate_job", f"array {e.job_id} submitted over existing jobs", clash[:8])
+        return
+    for i, jid in zip(range(arr.first, arr.last + 1), ids):
+        env = {**e.spec.env, "GPUSCHED_ARRAY_JOB_ID": e.job_id, "GPUSCHED_ARRAY_INDEX": str(i),
+               "SLURM_ARRAY_JOB_ID": e.job_id, "SLURM_ARRAY_TASK_ID": str(i)}
+        spec = msgspec.structs.replace(e.spec, env=env)
+        st.jobs[jid] = Job(jid, spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user, array_job=e.job_id)
+        st.pending[jid] = None
+    if e.request_id:
+        st.requests[e.request_id] = e.job_id
+    st.team(e.spec.team)
 
 
 def _on_held(st: ClusterState, e: ev.JobHeld) -> None:

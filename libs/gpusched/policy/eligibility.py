@@ -9,7 +9,7 @@ backfill stay untouched for jobs that use none of these features.
 from __future__ import annotations
 
 from ..core.model import GpuId, JobSpec
-from ..core.reasons import DependencyNever, DependencyWait, Held, NoMatchingNode, Reason
+from ..core.reasons import ArrayLimit, DependencyNever, DependencyWait, Held, NoMatchingNode, Reason
 from ..core.state import ClusterState, Job
 from .placement import Pool
 
@@ -33,6 +33,24 @@ def not_eligible(state: ClusterState, job: Job) -> Reason | None:
                 sum(len(state.nodes[n].gpus) for n in m) < spec.gang_min:
             return NoMatchingNode(wants(spec), spec.gang_min)
     return None
+
+
+def array_full(plan, job: Job) -> Reason | None:
+    """A task of an array whose `max_running` tasks hold GPUs (as this cycle sees it: grants of
+    this cycle count) waits; `plan` is the cycle's `CyclePlan`."""
+    arr = job.spec.array
+    if not job.array_job or arr is None or arr.max_running is None:
+        return None
+    if plan.array_running is None:
+        st = plan.ctx.state
+        counts: dict[str, int] = {}
+        for jid in st.running:
+            a = st.jobs[jid].array_job
+            if a:
+                counts[a] = counts.get(a, 0) + 1
+        plan.array_running = counts
+    running = plan.array_running.get(job.array_job, 0) + sum(1 for j, _ in plan.started if j.array_job == job.array_job)
+    return ArrayLimit(job.array_job, arr.max_running) if running >= arr.max_running else None
 
 
 def wants(spec: JobSpec) -> str:
@@ -109,4 +127,4 @@ def dependency_reason(state: ClusterState, job: Job) -> Reason | None:
     return None
 
 
-__all__ = ["dependency_reason", "not_eligible"]
+__all__ = ["array_full", "constrained", "dependency_reason", "matching", "not_eligible", "restrict", "wants"]

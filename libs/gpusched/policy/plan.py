@@ -93,6 +93,7 @@ class CyclePlan:
         self.reservation: Reservation | None = None
         self.outside: Pool | None = None  # the pool less the reservation
         self.fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
+        self.array_running: dict[str, int] | None = None  # job array -> its tasks holding GPUs (eligibility)
 
     # --- what the plan says ------------------------------------------------------------------
 

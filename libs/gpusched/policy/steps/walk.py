@@ -10,7 +10,7 @@ import functools
 
 from ...core.reasons import BehindReservation, NoRoom, QueuedBehind, Reason, TeamLimit
 from ...core.state import Job
-from ..eligibility import not_eligible
+from ..eligibility import array_full, not_eligible
 from ..ordering import QueueIndex, queue_index
 from ..placement import Placement
 from ..plan import Context, CyclePlan
@@ -37,8 +37,8 @@ def run(plan: CyclePlan, ctx: Context) -> None:
 
 def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
     """Start `job`, or record why it waits. True: a strict queue stops at its team's limit."""
-    barred = not_eligible(ctx.state, job)
-    if barred is not None:  # held, or its dependencies: it blocks nobody and is reserved nothing
+    barred = not_eligible(ctx.state, job) or array_full(plan, job)
+    if barred is not None:  # held, dependencies, array limit: it blocks nobody and is reserved nothing
         plan.note(job, barred)
         return False
     pool = plan.pool
