@@ -240,6 +240,20 @@ def _client_parent() -> argparse.ArgumentParser:
     return p
 
 
+def _job_feature_options(p: argparse.ArgumentParser) -> None:
+    """`submit` options of the Slurm-like job features (docs/jobs.md)."""
+    p.add_argument("--dependency", default=None, metavar="afterok:JOB,afterany:JOB",
+                   help="start only after these jobs ended: afterok (completed successfully) or afterany "
+                        "(ended any way); several jobs as afterok:J1:J2 (Slurm's form)")
+    p.add_argument("--gpu-type", default=None, metavar="MODEL",
+                   help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100)")
+    p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
+                   help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
+    p.add_argument("--array", default=None, metavar="FIRST-LAST[%MAX]",
+                   help="a job array: one task per index (job JOB_i, index in GPUSCHED_ARRAY_INDEX and "
+                        "SLURM_ARRAY_TASK_ID), at most MAX running at once")
+
+
 def _register_job_edits(sub, common: list) -> None:
     """`hold`, `release`, `update`: changes to a pending job."""
     for verb, text in (("hold", "hold a pending job: it is never placed until released (a tenant: its own team's)"),
@@ -307,16 +321,7 @@ def register(sub) -> None:
     p.add_argument("--on-failure", choices=["requeue", "fail"], default="requeue",
                    help="what a failed attempt does: requeue (up to --max-restarts) or fail the job")
     p.add_argument("--max-restarts", type=int, default=3, help="attempts after a failure before the job fails")
-    p.add_argument("--dependency", default=None, metavar="afterok:JOB,afterany:JOB",
-                   help="start only after these jobs ended: afterok (completed successfully) or afterany "
-                        "(ended any way); several jobs as afterok:J1:J2 (Slurm's form)")
-    p.add_argument("--gpu-type", default=None, metavar="MODEL",
-                   help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100)")
-    p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
-                   help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
-    p.add_argument("--array", default=None, metavar="FIRST-LAST[%MAX]",
-                   help="a job array: one task per index (job JOB_i, index in GPUSCHED_ARRAY_INDEX and "
-                        "SLURM_ARRAY_TASK_ID), at most MAX running at once")
+    _job_feature_options(p)
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)
