@@ -59,6 +59,11 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "pending_reason": job.pending_reason,
         "pending_blockers": list(job.pending_blockers),
         "pending_eta_s": job.pending_eta_s,
+        "held": job.hold,  # who held it and why (`gpusched hold`), None when not held
+        "array_job": job.array_job or None,
+        "dependency": [f"{d.kind}:{d.job}" for d in spec.dependency],
+        "gpu_type": spec.gpu_type,
+        "constraints": dict(spec.constraints),
         "checkpoint": msgspec.to_builtins(job.checkpoint) if job.checkpoint else None,
         "preemption": msgspec.to_builtins(job.preemption) if job.preemption else None,
         "checkpoint_mode": spec.checkpoint,

@@ -358,3 +358,16 @@ def test_array_parsing_and_admission_bounds():
     assert d.reply.error == "spec.array has 1001 tasks; at most 1000"
     d = _admit(st, SubmitJob(request_id="a3", spec=JobSpec(team="a", gpus=1, array=ArraySpec(0, 9, 3))))
     assert d.reply.ok and d.event.spec.array == ArraySpec(0, 9, 3)
+
+
+def test_the_job_read_model_shows_the_features():
+    from gpusched import readmodel
+
+    s = _mixed()
+    s.submit("pre", gpus=1, at=1.0)
+    s.submit("j", gpus=1, at=1.0, gpu_type="H100", constraints={"zone": "b"}, dependency=_dep("afterok", "pre"))
+    s.apply(ev.JobHeld(at=2.0, job_id="j", user="bob"))
+    doc = readmodel.job_doc(s.state, s.state.jobs["j"])
+    assert (doc["held"], doc["dependency"], doc["gpu_type"], doc["constraints"], doc["array_job"]) == (
+        "bob", ["afterok:pre"], "H100", {"zone": "b"}, None)
+    assert readmodel.node_doc(s.state, "r0n1")["labels"] == {"zone": "b"}
