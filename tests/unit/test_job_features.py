@@ -371,3 +371,14 @@ def test_the_job_read_model_shows_the_features():
     assert (doc["held"], doc["dependency"], doc["gpu_type"], doc["constraints"], doc["array_job"]) == (
         "bob", ["afterok:pre"], "H100", {"zone": "b"}, None)
     assert readmodel.node_doc(s.state, "r0n1")["labels"] == {"zone": "b"}
+
+
+def test_the_writers_recheck_refuses_a_grant_to_a_job_held_meanwhile():
+    from gpusched.core.rules import BatchCheck
+
+    s = _scene()
+    s.submit("j", gpus=1, at=1.0)
+    grant = ev.GpusGranted(at=2.0, job_id="j", attempt=1, gpus=["r0n0/0"])
+    assert BatchCheck(s.state).problem(grant) is None
+    s.apply(ev.JobHeld(at=2.0, job_id="j", user="alice"))
+    assert BatchCheck(s.state).problem(grant) == "grant to a held job (alice)"
