@@ -1,4 +1,5 @@
-"""Admission: answers the commands (`SubmitJob`, `CancelJob`, `SetTeamQuota`, `DrainNode`) on
+"""Admission: answers the commands (`SubmitJob`, `CancelJob`, `HoldJob`, `UpdateJob`,
+`SetTeamQuota`, `DrainNode`, `RestoreGpu`) on
 request/reply subjects and appends the accepted facts.
 
 Several instances may run: they share the queue group `admission`. The decision (`admit`) is a
@@ -31,12 +32,17 @@ from gpusched.core.commands import (
     Command,
     CommandReply,
     DrainNode,
+    HoldJob,
+    LabelNode,
     RestoreGpu,
     SetTeamQuota,
     SubmitJob,
+    UpdateJob,
 )
 from gpusched.core.model import LEVEL_RANK, TeamQuota
-from gpusched.core.state import TERMINAL, ClusterState
+from gpusched.core.reasons import NoMatchingNode
+from gpusched.core.state import TERMINAL, ClusterState, Job
+from gpusched.policy.eligibility import not_eligible
 from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import common_arguments
 
@@ -49,6 +55,9 @@ SUBJECT_COMMANDS: dict[str, type[Command]] = {
     subjects.CMD_QUOTA: SetTeamQuota,
     subjects.CMD_DRAIN: DrainNode,
     subjects.CMD_RESTORE: RestoreGpu,
+    subjects.CMD_HOLD: HoldJob,
+    subjects.CMD_UPDATE: UpdateJob,
+    subjects.CMD_LABEL: LabelNode,
 }
 _DECODERS = {subject: msgspec.json.Decoder(cls) for subject, cls in SUBJECT_COMMANDS.items()}
 _encode_reply = msgspec.json.Encoder().encode
@@ -90,11 +99,11 @@ def caller_problem(state: ClusterState, cmd: Command, caller: Caller) -> str | N
     if isinstance(cmd, SubmitJob) and cmd.spec.team != caller.team:
         return (f"spec.team {cmd.spec.team!r} is not the team these credentials submit for "
                 f"({caller.team!r} by the subject the server allowed)")
-    if isinstance(cmd, CancelJob):
+    if isinstance(cmd, (CancelJob, HoldJob, UpdateJob)):
         job = state.jobs.get(cmd.job_id)
         if job is not None and job.spec.team != caller.team:
             return f"job {cmd.job_id} belongs to team {job.spec.team!r}; these credentials act for {caller.team!r}"
-    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu)):
+    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu, LabelNode)):
         return f"{type(cmd).__name__} needs the admin role"
     return None
 
@@ -187,6 +196,16 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
     if team is None and not config.auto_create_teams:
         return (f"unknown team {spec.team!r}: nobody created it (create it with `gpusched quota {spec.team} ...`, "
                 "or run admission with --auto-create-teams)")
+    problem = time_limit_problem(team.quota if team is not None else None, spec.time_limit_s)
+    if problem:
+        return problem
+    problem = dependency_problem(state, spec) or array_problem(spec)
+    if problem:
+        return problem
+    if (spec.gpu_type is not None or spec.constraints) and state.gpus:
+        barred = not_eligible(state, Job("", spec, 0.0))
+        if isinstance(barred, NoMatchingNode):
+            return f"{barred.text} (nodes register their GPU model; labels: `gpusched node label`)"
     need = spec.gang_min
     if team is not None and team.quota.limit is not None and need > team.quota.limit:
         return f"team {spec.team!r} has a limit of {team.quota.limit} GPUs; the job needs {need}"
@@ -198,6 +217,76 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
             return (f"spec.topology.required is {topo.required}, but the largest {_LEVEL_NAMES[topo.required]} "
                     f"has {largest[topo.required]} GPUs; the job needs {need}")
     return None
+
+
+def time_limit_problem(quota: TeamQuota | None, limit_s: float | None) -> str | None:
+    """A time limit over the team's maximum (a job without one gets the default; see `with_defaults`)."""
+    if quota is None or quota.max_time_limit_s is None:
+        return None
+    top = quota.max_time_limit_s
+    if limit_s is None and quota.default_time_limit_s is None:
+        return (f"team's maximum time limit is {top:g} s and it has no default: give spec.time_limit_s "
+                f"(--time-limit) of at most {top:g} s")
+    if limit_s is not None and limit_s > top:
+        return f"spec.time_limit_s ({limit_s:g} s) exceeds the team's maximum time limit ({top:g} s)"
+    return None
+
+
+def dependency_problem(state: ClusterState, spec) -> str | None:
+    """Dependencies must name jobs the log knows (their end state is checked when it comes)."""
+    for d in spec.dependency:
+        if d.job not in state.jobs:
+            return f"spec.dependency: unknown job {d.job!r} ({d.kind}:{d.job})"
+    return None
+
+
+def array_problem(spec) -> str | None:
+    arr = spec.array
+    if arr is None:
+        return None
+    if arr.first > arr.last:
+        return f"spec.array: first index {arr.first} is after the last {arr.last}"
+    if arr.size > L.MAX_ARRAY_TASKS:
+        return f"spec.array has {arr.size} tasks; at most {L.MAX_ARRAY_TASKS}"
+    return None
+
+
+def with_defaults(state: ClusterState, spec):
+    """The spec as admitted: the team's default time limit when it gives none."""
+    team = state.teams.get(spec.team)
+    default = team.quota.default_time_limit_s if team is not None else None
+    if spec.time_limit_s is None and default is not None:
+        return msgspec.structs.replace(spec, time_limit_s=default)
+    return spec
+
+
+def pending_job_command(state: ClusterState, cmd: HoldJob | UpdateJob, now: float, caller: Caller) -> Decision:
+    """Hold, release or update a job: only while it is pending (a precise refusal otherwise)."""
+    job = state.jobs.get(cmd.job_id)
+    verb = ("hold" if cmd.hold else "release") if isinstance(cmd, HoldJob) else "update"
+    if job is None:
+        return Decision(CommandReply(ok=False, error=f"unknown job {cmd.job_id!r}"))
+    if job.state != "pending":
+        return Decision(CommandReply(ok=False, job_id=job.job_id,
+                                     error=f"cannot {verb} job {job.job_id}: it is {job.state}, not pending"))
+    event: ev.Event
+    if isinstance(cmd, HoldJob):
+        if (job.hold is not None) == cmd.hold:
+            return Decision(CommandReply(ok=False, job_id=job.job_id,
+                                         error=f"job {job.job_id} is {'already' if cmd.hold else 'not'} held"))
+        event = ev.JobHeld(at=now, job_id=job.job_id, held=cmd.hold, reason=cmd.reason, user=caller.user)
+    else:
+        if cmd.priority is None and cmd.time_limit_s is None:
+            return Decision(CommandReply(ok=False, job_id=job.job_id,
+                                         error="nothing to update: give priority and/or time_limit_s"))
+        team = state.teams.get(job.team)
+        if cmd.time_limit_s is not None:
+            problem = time_limit_problem(team.quota if team is not None else None, cmd.time_limit_s)
+            if problem:
+                return Decision(CommandReply(ok=False, job_id=job.job_id, error=problem))
+        event = ev.JobUpdated(at=now, job_id=job.job_id, priority=cmd.priority, time_limit_s=cmd.time_limit_s,
+                              user=caller.user)
+    return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"{verb}-{cmd.request_id}")
 
 
 def placeholder_problem(spec, config: AdmissionConfig) -> str | None:
@@ -226,6 +315,10 @@ def _set_quota(state: ClusterState, cmd: SetTeamQuota, now: float) -> Decision:
     q = merged_quota(state, cmd)
     if q.limit is not None and q.guaranteed > q.limit:
         return Decision(CommandReply(ok=False, error=f"quota.guaranteed ({q.guaranteed}) exceeds quota.limit ({q.limit})"))
+    if (q.default_time_limit_s is not None and q.max_time_limit_s is not None
+            and q.default_time_limit_s > q.max_time_limit_s):
+        return Decision(CommandReply(ok=False, error=f"quota.default_time_limit_s ({q.default_time_limit_s:g}) "
+                                                     f"exceeds quota.max_time_limit_s ({q.max_time_limit_s:g})"))
     promised = q.guaranteed + sum(t.quota.guaranteed for name, t in state.teams.items() if name != cmd.team)
     warning = ""
     if state.gpus and promised > state.total_gpus:
@@ -233,6 +326,34 @@ def _set_quota(state: ClusterState, cmd: SetTeamQuota, now: float) -> Decision:
                    f"not every team can get its guarantee at once")
     return Decision(CommandReply(ok=True, warning=warning), ev.TeamQuotaSet(at=now, team=cmd.team, quota=q),
                     f"quota-{cmd.request_id}")
+
+
+def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionConfig, capacity: Capacity,
+            taken: set[str] | frozenset[str], caller: Caller) -> Decision:
+    rid = cmd.request_id
+    known = state.requests.get(rid)
+    if known is not None:
+        owner = state.jobs.get(known)
+        if caller.team is not None and owner is not None and owner.spec.team != caller.team:
+            return Decision(CommandReply(ok=False, error=f"request id {rid!r} is already used by another team"))
+        return Decision(CommandReply(ok=True, job_id=known, duplicate=True))
+    problem = submit_problem(state, cmd, config, capacity)
+    if problem is not None:
+        event = ev.JobRejected(at=now, request_id=rid, team=cmd.spec.team, reason=problem)
+        return Decision(CommandReply(ok=False, error=problem), event, f"reject-{rid}")
+    job_id = job_id_for(rid, state, taken)
+    event = ev.JobSubmitted(at=now, job_id=job_id, spec=with_defaults(state, cmd.spec), request_id=rid,
+                            user=caller.user)
+    return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{rid}")
+
+
+def _label(state: ClusterState, cmd: LabelNode, now: float) -> Decision:
+    if cmd.node not in state.nodes:
+        return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
+    if not cmd.labels and not cmd.remove:
+        return Decision(CommandReply(ok=False, error="nothing to change: give labels and/or remove"))
+    return Decision(CommandReply(ok=True), ev.NodeLabeled(at=now, node=cmd.node, labels=dict(cmd.labels),
+                                                          remove=list(cmd.remove)), f"label-{cmd.request_id}")
 
 
 def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig, capacity: Capacity,
@@ -243,19 +364,7 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
     if refused is not None:
         return Decision(CommandReply(ok=False, error=refused))
     if isinstance(cmd, SubmitJob):
-        known = state.requests.get(rid)
-        if known is not None:
-            owner = state.jobs.get(known)
-            if caller.team is not None and owner is not None and owner.spec.team != caller.team:
-                return Decision(CommandReply(ok=False, error=f"request id {rid!r} is already used by another team"))
-            return Decision(CommandReply(ok=True, job_id=known, duplicate=True))
-        problem = submit_problem(state, cmd, config, capacity)
-        if problem is not None:
-            event = ev.JobRejected(at=now, request_id=rid, team=cmd.spec.team, reason=problem)
-            return Decision(CommandReply(ok=False, error=problem), event, f"reject-{rid}")
-        job_id = job_id_for(rid, state, taken)
-        event = ev.JobSubmitted(at=now, job_id=job_id, spec=cmd.spec, request_id=rid, user=caller.user)
-        return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{rid}")
+        return _submit(state, cmd, now, config, capacity, taken, caller)
     if isinstance(cmd, CancelJob):
         job = state.jobs.get(cmd.job_id)
         if job is None:
@@ -265,6 +374,10 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
                                          error=f"job {job.job_id} already {job.state} ({job.end_reason})"))
         event = ev.JobCancelled(at=now, job_id=job.job_id, reason=cmd.reason)
         return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"cancel-{rid}")
+    if isinstance(cmd, (HoldJob, UpdateJob)):
+        return pending_job_command(state, cmd, now, caller)
+    if isinstance(cmd, LabelNode):
+        return _label(state, cmd, now)
     if isinstance(cmd, SetTeamQuota):
         return _set_quota(state, cmd, now)
     if isinstance(cmd, DrainNode):

@@ -59,6 +59,11 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "pending_reason": job.pending_reason,
         "pending_blockers": list(job.pending_blockers),
         "pending_eta_s": job.pending_eta_s,
+        "held": job.hold,  # who held it and why (`gpusched hold`), None when not held
+        "array_job": job.array_job or None,
+        "dependency": [f"{d.kind}:{d.job}" for d in spec.dependency],
+        "gpu_type": spec.gpu_type,
+        "constraints": dict(spec.constraints),
         "checkpoint": msgspec.to_builtins(job.checkpoint) if job.checkpoint else None,
         "preemption": msgspec.to_builtins(job.preemption) if job.preemption else None,
         "checkpoint_mode": spec.checkpoint,
@@ -125,6 +130,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
         })
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
+        "labels": dict(node.labels),
         "lost": node.lost, "drained": node.drained, "total": len(node.gpus), "free": len(node.free),
         "held": sum(1 for x in gpus if x["status"] == "held"), "gpus": gpus,
     }

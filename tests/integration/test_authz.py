@@ -80,6 +80,12 @@ def publish_cases(who: str) -> dict[str, bool]:
         subjects.node_logs_subject(OTHER): admin or role == "dashboard",
         "gpusched.cmd.submit.nlp.alice": admin or who == "alice",
         "gpusched.cmd.cancel.nlp.alice": admin or who == "alice",
+        "gpusched.cmd.hold.nlp.alice": admin or who == "alice",  # hold/release/update: own team's jobs
+        "gpusched.cmd.update.nlp.alice": admin or who == "alice",
+        "gpusched.cmd.hold.vision.alice": admin,
+        "gpusched.cmd.update.vision.alice": admin,
+        "gpusched.cmd.label.nlp.alice": admin,  # node labels are admin's
+        subjects.CMD_LABEL: admin or role == "dashboard",
         "gpusched.cmd.submit.vision.alice": admin,  # alice submitting for another team
         "gpusched.cmd.submit.vision.bob": admin or who == "bob",
         "gpusched.cmd.quota.nlp.alice": admin,  # quotas are admin's
@@ -315,6 +321,9 @@ async def test_tenants_act_only_for_their_team_and_jobs_carry_their_user(people,
         assert not reply["ok"] and "is not the team these credentials submit for" in reply["error"]
         refused = await alice.cancel(theirs.job_id)
         assert not refused.ok and "belongs to team 'vision'" in refused.error
+        for refused in (await alice.hold(theirs.job_id), await alice.update(theirs.job_id, priority="high")):
+            assert not refused.ok and "belongs to team 'vision'" in refused.error
+        assert (await alice.hold(mine.job_id)).ok and (await alice.update(mine.job_id, priority="low")).ok
         assert (await alice.cancel(mine.job_id)).ok
     async with await Client.connect(url) as admin:  # admin cancels anyone's
         assert (await admin.cancel(theirs.job_id)).ok

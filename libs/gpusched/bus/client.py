@@ -21,9 +21,12 @@ from gpusched.core.commands import (
     Command,
     CommandReply,
     DrainNode,
+    HoldJob,
+    LabelNode,
     RestoreGpu,
     SetTeamQuota,
     SubmitJob,
+    UpdateJob,
 )
 from gpusched.core.model import JobSpec, TeamQuota
 
@@ -37,6 +40,9 @@ COMMAND_SUBJECTS: dict[type[Command], str] = {
     SetTeamQuota: subjects.CMD_QUOTA,
     DrainNode: subjects.CMD_DRAIN,
     RestoreGpu: subjects.CMD_RESTORE,
+    HoldJob: subjects.CMD_HOLD,
+    UpdateJob: subjects.CMD_UPDATE,
+    LabelNode: subjects.CMD_LABEL,
 }
 #: Roles that send commands in admin's form (any team): the dashboard acts for a logged-in admin.
 ADMIN_FORM = ("admin", "dashboard")
@@ -115,6 +121,24 @@ class Client:
 
     async def submit(self, spec: JobSpec, request_id: str | None = None) -> CommandReply:
         return await self.send(SubmitJob(request_id=request_id or new_request_id(), spec=spec))
+
+    async def hold(self, job_id: str, hold: bool = True, reason: str = "",
+                   request_id: str | None = None) -> CommandReply:
+        """Hold a pending job (`hold=False`: release it)."""
+        return await self.send(HoldJob(request_id=request_id or new_request_id(), job_id=job_id, hold=hold,
+                                       reason=reason))
+
+    async def update(self, job_id: str, priority: str | None = None, time_limit_s: float | None = None,
+                     request_id: str | None = None) -> CommandReply:
+        """Change a pending job's priority class and/or time limit."""
+        return await self.send(UpdateJob(request_id=request_id or new_request_id(), job_id=job_id,
+                                         priority=priority, time_limit_s=time_limit_s))  # type: ignore[arg-type]
+
+    async def label_node(self, node: str, labels: dict[str, str] | None = None, remove: list[str] | None = None,
+                         request_id: str | None = None) -> CommandReply:
+        """Set and/or remove labels of a node (admin)."""
+        return await self.send(LabelNode(request_id=request_id or new_request_id(), node=node,
+                                         labels=labels or {}, remove=remove or []))
 
     async def cancel(self, job_id: str, reason: str = "cancelled by user", request_id: str | None = None) -> CommandReply:
         return await self.send(CancelJob(request_id=request_id or new_request_id(), job_id=job_id, reason=reason))

@@ -43,10 +43,13 @@ CMD_CANCEL = "gpusched.cmd.cancel"
 CMD_QUOTA = "gpusched.cmd.quota"
 CMD_DRAIN = "gpusched.cmd.drain"
 CMD_RESTORE = "gpusched.cmd.restore"
+CMD_HOLD = "gpusched.cmd.hold"
+CMD_UPDATE = "gpusched.cmd.update"
+CMD_LABEL = "gpusched.cmd.label"
 CMD_ANY = "gpusched.cmd.>"
 #: Command kinds as the subject names them, and those a tenant or platform may send.
-COMMAND_KINDS = ("submit", "cancel", "quota", "drain", "restore")
-TENANT_COMMANDS = ("submit", "cancel")
+COMMAND_KINDS = ("submit", "cancel", "quota", "drain", "restore", "hold", "update", "label")
+TENANT_COMMANDS = ("submit", "cancel", "hold", "update")
 
 #: Request/reply subject of the quota ledger's team standings (read models, not facts).
 Q_SHARES = "gpusched.q.shares"

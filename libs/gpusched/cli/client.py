@@ -1,4 +1,4 @@
-"""Client commands: `gpusched submit`, `cancel`, `quota`, `drain`. Each is one request/reply
+"""Client commands: `gpusched submit`, `cancel`, `hold`, `release`, `update`, `quota`, `drain`. Each is one request/reply
 to admission (`gpusched.bus.client`); the connection comes from `--nats` or `GPUSCHED_NATS_URL`.
 Exit codes: 0 accepted, 1 refused (the reason on stderr), 2 no control plane answering."""
 
@@ -97,6 +97,10 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
         "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
         "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
+        "dependency": dependencies_from_arg(getattr(args, "dependency", None)),
+        "gpu_type": getattr(args, "gpu_type", None),
+        "constraints": pairs_from_args(getattr(args, "constraint", None), "submit: --constraint"),
+        "array": array_from_arg(getattr(args, "array", None)),
     }
     try:
         spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
@@ -106,6 +110,54 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if problem:
         raise SystemExit(f"gpusched submit: invalid job: {problem}")
     return spec
+
+
+def dependencies_from_arg(text: str | None) -> list[dict[str, str]]:
+    """`--dependency afterok:J1:J2,afterany:J3` (Slurm's form) as the spec's list."""
+    out = []
+    for part in (text or "").split(","):
+        if not part:
+            continue
+        kind, _, jobs = part.partition(":")
+        if kind not in ("afterok", "afterany") or not jobs:
+            raise SystemExit(f"gpusched submit: --dependency {part!r} is not afterok:JOB or afterany:JOB")
+        out += [{"kind": kind, "job": j} for j in jobs.split(":") if j]
+    return out
+
+
+def array_from_arg(text: str | None) -> dict[str, int] | None:
+    """`--array 0-99%10` (Slurm's form: first-last, optional %max running; `7` is one task)."""
+    if not text:
+        return None
+    span, _, limit = text.partition("%")
+    first, sep, last = span.partition("-")
+    try:
+        out = {"first": int(first), "last": int(last) if sep else int(first)}
+        if limit:
+            out["max_running"] = int(limit)
+    except ValueError:
+        raise SystemExit(f"gpusched submit: --array {text!r} is not FIRST-LAST[%MAX_RUNNING]") from None
+    return out
+
+
+def pairs_from_args(items: list[str] | None, where: str) -> dict[str, str]:
+    """KEY=VALUE items (repeatable options) as a mapping."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"gpusched {where} {item!r} is not KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def cmd_node_label(args: argparse.Namespace) -> int:
+    labels = pairs_from_args(args.labels, "node label:")
+    if not labels and not args.remove:
+        raise SystemExit("gpusched node label: nothing to change (give KEY=VALUE and/or --remove KEY)")
+    return _run(args, lambda c: c.label_node(args.node, labels, args.remove or []),
+                lambda r: f"node {args.node}: " + ", ".join([f"{k}={v}" for k, v in labels.items()]
+                                                            + [f"-{k}" for k in args.remove or []]))
 
 
 def secret_env_from_args(items: list[str] | None) -> dict[str, str]:
@@ -122,24 +174,43 @@ def secret_env_from_args(items: list[str] | None) -> dict[str, str]:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    arr = spec.array
+    tasks = f" (tasks {{0}}_{arr.first}..{{0}}_{arr.last})" if arr is not None else ""
     return _run(args, lambda c: c.submit(spec, request_id=args.request_id),
-                lambda r: r.job_id + (" (already submitted)" if r.duplicate else ""))
+                lambda r: r.job_id + tasks.format(r.job_id) + (" (already submitted)" if r.duplicate else ""))
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     return _run(args, lambda c: c.cancel(args.job, reason=args.reason), lambda r: f"cancelled {r.job_id}")
 
 
+def cmd_hold(args: argparse.Namespace) -> int:
+    hold = args.command == "hold"
+    return _run(args, lambda c: c.hold(args.job, hold=hold, reason=getattr(args, "reason", "")),
+                lambda r: f"{'held' if hold else 'released'} {r.job_id}")
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    if args.priority is None and args.time_limit is None:
+        raise SystemExit("gpusched update: nothing to change (give --priority and/or --time-limit)")
+    changed = ", ".join(x for x in (args.priority and f"priority {args.priority}",
+                                    args.time_limit is not None and f"time limit {args.time_limit:g} s") if x)
+    return _run(args, lambda c: c.update(args.job, priority=args.priority, time_limit_s=args.time_limit),
+                lambda r: f"updated {r.job_id}: {changed}")
+
+
 def cmd_quota(args: argparse.Namespace) -> int:
     """Change only the fields given (`--weight 2` keeps the guarantee and the limit)."""
-    given = {"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit}
+    given = {"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit,
+             "default_time_limit_s": args.default_time_limit, "max_time_limit_s": args.max_time_limit}
     only = [f for f, v in given.items() if v is not None]
     if args.no_limit:
         if args.limit is not None:
             raise SystemExit("gpusched quota: --limit and --no-limit exclude each other")
         only.append("limit")
     if not only:
-        raise SystemExit("gpusched quota: nothing to change (give --guaranteed, --weight, --limit or --no-limit)")
+        raise SystemExit("gpusched quota: nothing to change (give --guaranteed, --weight, --limit, --no-limit, "
+                         "--default-time-limit or --max-time-limit)")
     try:
         quota = msgspec.convert({k: v for k, v in given.items() if v is not None}, TeamQuota)
     except msgspec.ValidationError as err:
@@ -167,6 +238,51 @@ def _client_parent() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for admission's reply")
     p.add_argument("--json", action="store_true", help="print admission's reply as JSON")
     return p
+
+
+def _job_feature_options(p: argparse.ArgumentParser) -> None:
+    """`submit` options of the Slurm-like job features (docs/jobs.md)."""
+    p.add_argument("--dependency", default=None, metavar="afterok:JOB,afterany:JOB",
+                   help="start only after these jobs ended: afterok (completed successfully) or afterany "
+                        "(ended any way); several jobs as afterok:J1:J2 (Slurm's form)")
+    p.add_argument("--gpu-type", default=None, metavar="MODEL",
+                   help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100)")
+    p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
+                   help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
+    p.add_argument("--array", default=None, metavar="FIRST-LAST[%MAX]",
+                   help="a job array: one task per index (job JOB_i, index in GPUSCHED_ARRAY_INDEX and "
+                        "SLURM_ARRAY_TASK_ID), at most MAX running at once")
+
+
+def _register_job_edits(sub, common: list) -> None:
+    """`hold`, `release`, `update`: changes to a pending job."""
+    for verb, text in (("hold", "hold a pending job: it is never placed until released (a tenant: its own team's)"),
+                       ("release", "release a held job: it may be placed again")):
+        p = sub.add_parser(verb, parents=common, help=text)
+        p.add_argument("job", help="the job id")
+        p.add_argument("--team", dest="as_team", default=None,
+                       help="a platform's credentials: the team whose job it is (default: its first)")
+        if verb == "hold":
+            p.add_argument("--reason", default="", help="why (kept in the log, shown by `gpusched show`)")
+        p.set_defaults(func=cmd_hold)
+
+    p = sub.add_parser("update", parents=common, help="change a pending job's priority class or time limit")
+    p.add_argument("job", help="the job id")
+    p.add_argument("--priority", choices=["interactive", "high", "normal", "low"], default=None,
+                   help="its new priority class")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="its new time limit (at most the team's maximum)")
+    p.add_argument("--team", dest="as_team", default=None,
+                   help="a platform's credentials: the team whose job it is (default: its first)")
+    p.set_defaults(func=cmd_update)
+
+    node = sub.add_parser("node", help="change a node: gpusched node label NODE KEY=VALUE... (admin)")
+    actions = node.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = actions.add_parser("label", parents=common, help="set or remove a node's labels (jobs' --constraint)")
+    p.add_argument("node", help="the node name")
+    p.add_argument("labels", nargs="*", metavar="KEY=VALUE", help="labels to set")
+    p.add_argument("--remove", action="append", metavar="KEY", help="a label to remove (repeatable)")
+    p.set_defaults(func=cmd_node_label)
 
 
 def register(sub) -> None:
@@ -205,6 +321,7 @@ def register(sub) -> None:
     p.add_argument("--on-failure", choices=["requeue", "fail"], default="requeue",
                    help="what a failed attempt does: requeue (up to --max-restarts) or fail the job")
     p.add_argument("--max-restarts", type=int, default=3, help="attempts after a failure before the job fails")
+    _job_feature_options(p)
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)
@@ -222,7 +339,13 @@ def register(sub) -> None:
     p.add_argument("--weight", type=float, default=None, help="its weight in sharing what is left")
     p.add_argument("--limit", type=int, default=None, help="a hard limit it never exceeds")
     p.add_argument("--no-limit", action="store_true", help="remove its hard limit")
+    p.add_argument("--default-time-limit", type=float, default=None, metavar="SECONDS",
+                   help="the time limit its jobs get when submitted without one")
+    p.add_argument("--max-time-limit", type=float, default=None, metavar="SECONDS",
+                   help="the longest time limit its jobs may ask for (longer submits are refused)")
     p.set_defaults(func=cmd_quota)
+
+    _register_job_edits(sub, common)
 
     p = sub.add_parser("drain", parents=common, help="keep new work off a node (--undo: allow it again)")
     p.add_argument("node", help="the node name")

@@ -597,6 +597,10 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
                  + " ".join(f"{k}={v}" for k, v in typed.items() if k != "kind"))
     if why["policy"]["blockers"]:
         w.append(f"blockers (policy): {', '.join(why['policy']['blockers'])}")
+    if why.get("held"):
+        w.append(f"[red]held by {why['held']}[/]")
+    if why.get("dependency"):
+        w.append(f"dependencies: {', '.join(why['dependency'])}")
     tq = why["team_quota"]
     lim = "none" if tq["limit"] is None else tq["limit"]
     w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"

@@ -9,7 +9,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from . import limits as L
-from .model import SCHEMA_VERSION, JobId, JobSpec, Team, TeamQuota
+from .model import SCHEMA_VERSION, JobId, JobSpec, Priority, Team, TeamQuota
 
 RequestId = Annotated[str, Meta(min_length=1, max_length=L.MAX_REQUEST_ID_CHARS, pattern=L.NO_NUL_PATTERN)]
 JobRef = Annotated[str, Meta(min_length=1, max_length=L.NAME_MAX + 2, pattern=L.NO_NUL_PATTERN)]
@@ -36,7 +36,7 @@ class SetTeamQuota(Command, frozen=True, kw_only=True):
 
     team: Team
     quota: TeamQuota
-    only: list[Literal["guaranteed", "weight", "limit"]] = []
+    only: list[Literal["guaranteed", "weight", "limit", "default_time_limit_s", "max_time_limit_s"]] = []
 
 
 class DrainNode(Command, frozen=True, kw_only=True):
@@ -53,7 +53,33 @@ class RestoreGpu(Command, frozen=True, kw_only=True):
     reason: str = ""
 
 
-AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode, RestoreGpu]
+class HoldJob(Command, frozen=True, kw_only=True):
+    """Keep a pending job from being placed (`hold=False`: release it). A tenant may hold its
+    own team's jobs only; admin any."""
+
+    job_id: JobRef
+    hold: bool = True
+    reason: L.Reason = ""
+
+
+class UpdateJob(Command, frozen=True, kw_only=True):
+    """Change a pending job: its priority class and/or its time limit (None: unchanged). The
+    team's maximum time limit applies as at submit."""
+
+    job_id: JobRef
+    priority: Priority | None = None
+    time_limit_s: L.TimeLimit | None = None
+
+
+class LabelNode(Command, frozen=True, kw_only=True):
+    """Set (`labels`) or remove (`remove`) key=value labels of a node (admin)."""
+
+    node: L.NodeName
+    labels: L.Labels = {}
+    remove: Annotated[list[L.LabelKey], Meta(max_length=32)] = []
+
+
+AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode, RestoreGpu, HoldJob, UpdateJob, LabelNode]
 COMMAND_TYPES: dict[str, type[Command]] = {c.__name__: c for c in AnyCommand.__args__}  # type: ignore[attr-defined]
 
 

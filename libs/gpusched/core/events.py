@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from .model import SCHEMA_VERSION, GpuId, GpuInfo, JobId, JobSpec, Level, NvlinkLayout, TeamQuota
+from .model import SCHEMA_VERSION, GpuId, GpuInfo, JobId, JobSpec, Level, NvlinkLayout, Priority, TeamQuota
 from .reasons import Reason
 
 
@@ -58,6 +58,25 @@ class JobPending(Event, frozen=True, kw_only=True):
     eta_s: float | None = None
     #: The typed reason the deciding step recorded (`core/reasons.py`); `reason` is its text.
     why: Reason | None = None
+
+
+class JobHeld(Event, frozen=True, kw_only=True):
+    """A pending job is held (never placed) or, `held=False`, released again (Slurm's
+    hold/release). `user`: who asked, from the command subject."""
+
+    job_id: JobId
+    held: bool = True
+    reason: str = ""
+    user: str = ""
+
+
+class JobUpdated(Event, frozen=True, kw_only=True):
+    """A pending job's priority class and/or time limit changed (None: unchanged)."""
+
+    job_id: JobId
+    priority: Priority | None = None
+    time_limit_s: float | None = None
+    user: str = ""
 
 
 class GpusGranted(Event, frozen=True, kw_only=True):
@@ -230,6 +249,17 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
     block: str | None = None
     nvlink: NvlinkLayout | Literal["custom"] = "custom"
     address: str = ""
+    #: key=value labels the node announces (agent `--label`); an admin's `NodeLabeled` wins.
+    labels: dict[str, str] = {}
+
+
+class NodeLabeled(Event, frozen=True, kw_only=True):
+    """An admin sets (`labels`) or removes (`remove`) labels of a node, matched against jobs'
+    `constraints`."""
+
+    node: str
+    labels: dict[str, str] = {}
+    remove: list[str] = []
 
 
 class NodeLost(Event, frozen=True, kw_only=True):
@@ -311,6 +341,8 @@ AnyEvent = Union[
     JobSubmitted,
     JobRejected,
     JobPending,
+    JobHeld,
+    JobUpdated,
     GpusGranted,
     JobResized,
     JobStarted,
@@ -326,6 +358,7 @@ AnyEvent = Union[
     JobTimedOut,
     JobOnUnhealthyGpu,
     NodeRegistered,
+    NodeLabeled,
     NodeLost,
     NodeDrained,
     GpuQuarantined,

@@ -46,6 +46,7 @@ MAX_ARGS = 1_024  # command: the program and its arguments
 MAX_ARG_CHARS = 8_192
 MAX_COMMAND_BYTES = 64 * 1024  # all arguments, UTF-8
 MAX_ENV = 128
+MAX_ARRAY_TASKS = 1_000  # tasks of one job array (`submit --array`)
 MAX_ENV_KEY_CHARS = 128
 MAX_ENV_VALUE_CHARS = 8_192
 MAX_ENV_BYTES = 64 * 1024  # all keys and values, UTF-8
@@ -94,6 +95,11 @@ AbsPath = Annotated[str, Meta(min_length=1, max_length=MAX_PATH_CHARS, pattern=A
 SecretEnv = Annotated[dict[EnvKey, AbsPath], Meta(max_length=MAX_SECRET_ENV)]
 JobName = Annotated[str, Meta(max_length=MAX_JOB_NAME_CHARS, pattern=NO_NUL_PATTERN)]
 Reason = Annotated[str, Meta(max_length=MAX_REASON_CHARS, pattern=NO_NUL_PATTERN)]
+#: Node labels and job constraints: `key=value` pairs, small and printable.
+LabelKey = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-/]*$")]
+LabelValue = Annotated[str, Meta(max_length=63, pattern=r"^[A-Za-z0-9_.\-/]*$")]
+Labels = Annotated[dict[LabelKey, LabelValue], Meta(max_length=32)]
+GpuType = Annotated[str, Meta(min_length=1, max_length=63, pattern=NO_NUL_PATTERN)]
 
 
 # --- what one field cannot say alone ------------------------------------------------------------

@@ -49,6 +49,30 @@ class TopologyConstraint(Struct, frozen=True, forbid_unknown_fields=True):
     preferred: Level = "nvlink"
 
 
+DependencyKind = Literal["afterok", "afterany"]
+
+
+class Dependency(Struct, frozen=True, forbid_unknown_fields=True):
+    """Start only after job `job` ended: `afterok` completed successfully (exit code 0),
+    `afterany` ended in any way (Slurm's names)."""
+
+    kind: DependencyKind
+    job: Annotated[str, Meta(min_length=1, max_length=L.NAME_MAX + 2, pattern=L.NO_NUL_PATTERN)]
+
+
+class ArraySpec(Struct, frozen=True, forbid_unknown_fields=True):
+    """A job array: one task per index `first..last`, each a job `<id>_<index>` with the index in
+    GPUSCHED_ARRAY_INDEX (and SLURM_ARRAY_TASK_ID); at most `max_running` tasks hold GPUs at once."""
+
+    first: Annotated[int, Meta(ge=0, le=1_000_000)]
+    last: Annotated[int, Meta(ge=0, le=1_000_000)]
+    max_running: PositiveInt | None = None
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+
 class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     """What a user asks for. `gpus` is the gang size (the most an elastic job uses);
     `min_gpus` below `gpus` makes the job elastic: it may start and run with fewer."""
@@ -74,6 +98,14 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     #: Variable name -> absolute path of a file on the node; the node agent reads the file at
     #: launch and passes its content to the job. Only the path is ever stored.
     secret_env: L.SecretEnv = {}
+    #: Jobs that must end (afterok: successfully) before this one may start.
+    dependency: Annotated[list[Dependency], Meta(max_length=64)] = []
+    #: Only on nodes whose GPU model contains this (case-insensitive: "H100", "A100-SXM4-80GB").
+    gpu_type: L.GpuType | None = None
+    #: Only on nodes carrying every one of these labels (`gpusched node label`, agent `--label`).
+    constraints: L.Labels = {}
+    #: A job array: admission's one `JobSubmitted` folds into one job per index.
+    array: ArraySpec | None = None
 
     @property
     def gang_min(self) -> int:
@@ -102,6 +134,10 @@ class TeamQuota(Struct, frozen=True, forbid_unknown_fields=True):
     guaranteed: L.QuotaGpus = 0
     weight: L.Weight = 1.0
     limit: L.QuotaGpus | None = None
+    #: The time limit admission gives the team's jobs submitted without one (None: none).
+    default_time_limit_s: L.TimeLimit | None = None
+    #: The longest time limit a job of the team may ask for (None: no maximum).
+    max_time_limit_s: L.TimeLimit | None = None
 
 
 def nvlink_domains(layout: str, count: int) -> list[int]:

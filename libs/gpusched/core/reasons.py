@@ -122,7 +122,66 @@ class ComingFree(_Reason, frozen=True, tag="coming_free"):
         return list(self.holders)
 
 
-Reason = Union[QueuedBehind, NoRoom, TeamLimit, BehindReservation, Topology, WaitingForCheckpoint, ComingFree]
+class Held(_Reason, frozen=True, tag="held"):
+    """Held by its owner or an admin (`gpusched hold`): never placed until released."""
 
-__all__ = ["BehindReservation", "ComingFree", "NoRoom", "QueuedBehind", "Reason", "TeamLimit", "Topology",
-           "WaitingForCheckpoint"]
+    by: str  # who held it, and why ("alice: waiting for data")
+
+    @property
+    def text(self) -> str:
+        return f"held by {self.by} (`gpusched release JOB` lets it start)"
+
+
+class DependencyWait(_Reason, frozen=True, tag="dependency"):
+    """Its dependencies have not ended yet (`waiting`: 'afterok:JOB' each, in spec order)."""
+
+    waiting: list[str]
+
+    @property
+    def text(self) -> str:
+        return f"dependency not satisfied yet: waiting for {', '.join(self.waiting)}"
+
+    @property
+    def blockers(self) -> list[str]:
+        return [w.partition(":")[2] for w in self.waiting]
+
+
+class DependencyNever(_Reason, frozen=True, tag="dependency_never"):
+    """An `afterok` dependency ended without success: the job can never start (Slurm's
+    DependencyNeverSatisfied). It stays pending, saying so, until someone cancels it."""
+
+    failed: list[str]  # 'JOB STATE' each
+
+    @property
+    def text(self) -> str:
+        return f"dependency can never be satisfied: {', '.join(self.failed)} (cancel the job)"
+
+
+class NoMatchingNode(_Reason, frozen=True, tag="no_matching_node"):
+    """No registered node can ever hold the job: none matches its GPU type and labels with
+    enough GPUs (`wants`: the constraint as the user wrote it)."""
+
+    wants: str
+    need: int
+
+    @property
+    def text(self) -> str:
+        return f"no node matches constraint {self.wants} with {self.need} GPUs"
+
+
+class ArrayLimit(_Reason, frozen=True, tag="array_limit"):
+    """A task of a job array whose `max_running` tasks already hold GPUs (`--array 0-99%10`)."""
+
+    array: str
+    max_running: int
+
+    @property
+    def text(self) -> str:
+        return f"array {self.array} has {self.max_running} tasks running, its limit"
+
+
+Reason = Union[QueuedBehind, NoRoom, TeamLimit, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
+               Held, DependencyWait, DependencyNever, NoMatchingNode, ArrayLimit]
+
+__all__ = ["ArrayLimit", "BehindReservation", "ComingFree", "DependencyNever", "DependencyWait", "Held", "NoMatchingNode", "NoRoom",
+           "QueuedBehind", "Reason", "TeamLimit", "Topology", "WaitingForCheckpoint"]

@@ -109,6 +109,8 @@ class BatchCheck:
         job = self.state.jobs.get(e.job_id)
         if job is None or job.state != "pending" or e.job_id in self.granted:
             return f"grant to a job that is not pending ({job.state if job else 'unknown'})"
+        if job.hold is not None:
+            return f"grant to a held job ({job.hold})"
         if len(set(e.gpus)) != len(e.gpus) or not all(self.placeable(g) for g in e.gpus):
             return "grant of GPUs that are not free"
         if not gang_size_ok(job.spec, len(e.gpus)):

@@ -120,6 +120,9 @@ class Job(Struct):
     idle_requeues: int = 0
     yielded_idle: bool = False  # requeued by an idle timeout: waits behind the queue until granted
     user: str = ""
+    hold: str | None = None  # held (`gpusched hold`): who held it and why; None: not held
+    updates: int = 0  # `JobUpdated` applied (the queue index re-sorts a job whose count moved)
+    array_job: str = ""  # a task of a job array: the array's id (the task's id is `<array>_<index>`)
 
     @property
     def team(self) -> str:
@@ -187,6 +190,7 @@ class ClusterState(Struct):
     now: float = 0.0
     free_count: int = 0
     node_live: dict[str, dict[str, None]] = {}  # node -> jobs with `Live` processes there
+    label_changes: int = 0  # node labels or nodes changed (placement's constraint memo)
     broken: list[Violation] = []  # every invariant an event broke, in log order
 
     # --- the fold ------------------------------------------------------------------------
@@ -209,6 +213,8 @@ class ClusterState(Struct):
     # jobs
 
     def _on_submitted(self, e: ev.JobSubmitted) -> None:
+        if e.spec.array is not None:
+            return _submit_array(self, e)
         if e.job_id in self.jobs:
             self._violate("duplicate_job", f"job {e.job_id} submitted twice", [e.job_id])
             return
@@ -274,15 +280,19 @@ class ClusterState(Struct):
 
     def _on_node_registered(self, e: ev.NodeRegistered) -> None:
         old = self.nodes.get(e.node)
+        self.label_changes += 1
         if old is not None:
             old.registered_at = max(old.registered_at, e.at)
+            if e.labels:
+                old.labels = {**old.labels, **e.labels}
             if old.lost:
                 old.lost = False
                 for g in old.gpus:
                     self._refresh(g)
             return  # re-registration after a restart keeps what the log already knows
         ids = [gpu_id(e.node, g.index) for g in e.gpus]
-        self.nodes[e.node] = Node(e.node, e.rack, e.block, ids, e.address, e.nvlink, e.at, free={})
+        self.nodes[e.node] = Node(e.node, e.rack, e.block, ids, e.address, e.nvlink, e.at, free={},
+                                  labels=dict(e.labels))
         for gid, info in zip(ids, e.gpus):
             self.gpus[gid] = Gpu(gid, e.node, info.index, info.uuid, info.model, info.memory_mb, info.nvlink_domain)
             self._refresh(gid)
@@ -724,8 +734,70 @@ def _fold_checkpoint(self, e: ev.CheckpointSaved) -> None:
         job.partial = dict(sorted(partial.items())[-PARTIAL_CHECKPOINTS:])
 
 
+def array_task_id(array_job: str, index: int) -> str:
+    return f"{array_job}_{index}"
+
+
+def _submit_array(st: ClusterState, e: ev.JobSubmitted) -> None:
+    """One job per index of the array, each with its index in its environment; the request id
+    names the array."""
+    arr = e.spec.array
+    assert arr is not None
+    ids = [array_task_id(e.job_id, i) for i in range(arr.first, arr.last + 1)]
+    clash = [j for j in ids if j in st.jobs]
+    if clash:
+        st._violate("duplicate_job", f"array {e.job_id} submitted over existing jobs", clash[:8])
+        return
+    for i, jid in zip(range(arr.first, arr.last + 1), ids):
+        env = {**e.spec.env, "GPUSCHED_ARRAY_JOB_ID": e.job_id, "GPUSCHED_ARRAY_INDEX": str(i),
+               "SLURM_ARRAY_JOB_ID": e.job_id, "SLURM_ARRAY_TASK_ID": str(i)}
+        spec = msgspec.structs.replace(e.spec, env=env)
+        st.jobs[jid] = Job(jid, spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user, array_job=e.job_id)
+        st.pending[jid] = None
+    if e.request_id:
+        st.requests[e.request_id] = e.job_id
+    st.team(e.spec.team)
+
+
+def _on_held(st: ClusterState, e: ev.JobHeld) -> None:
+    """Only a pending job is held or released (admission refuses the rest; a late one is a no-op)."""
+    job = st.jobs.get(e.job_id)
+    if job is not None and job.state == "pending":
+        job.hold = (f"{e.user or 'admin'}: {e.reason}" if e.reason else (e.user or "admin")) if e.held else None
+
+
+def _on_updated(st: ClusterState, e: ev.JobUpdated) -> None:
+    """A pending job's spec changes; it moves to the end of `pending` so that the queue index
+    (which finds changed jobs there) re-sorts it."""
+    job = st.jobs.get(e.job_id)
+    if job is None or job.state != "pending":
+        return
+    changes: dict[str, object] = {}
+    if e.priority is not None:
+        changes["priority"] = e.priority
+    if e.time_limit_s is not None:
+        changes["time_limit_s"] = e.time_limit_s
+    job.spec = msgspec.structs.replace(job.spec, **changes)
+    job.updates += 1
+    del st.pending[job.job_id]
+    st.pending[job.job_id] = None
+
+
+def _on_labeled(st: ClusterState, e: ev.NodeLabeled) -> None:
+    node = st.nodes.get(e.node)
+    if node is not None:
+        labels = {**node.labels, **e.labels}
+        for k in e.remove:
+            labels.pop(k, None)
+        node.labels = labels
+        st.label_changes += 1
+
+
 _HANDLERS: dict[type, Any] = {
+    ev.NodeLabeled: _on_labeled,
     ev.JobSubmitted: ClusterState._on_submitted,
+    ev.JobHeld: _on_held,
+    ev.JobUpdated: _on_updated,
     ev.JobPending: ClusterState._on_pending,
     ev.GpusGranted: _fold_granted,
     ev.JobResized: _fold_resized,

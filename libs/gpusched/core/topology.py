@@ -42,6 +42,8 @@ class Node(Struct):
     drained: bool = False
     #: Placeable GPUs of this node, an insertion-ordered set kept by the fold.
     free: dict[GpuId, None] = {}
+    #: key=value labels jobs may ask for (`constraints`): from registration, and from admins.
+    labels: dict[str, str] = {}
 
     @property
     def usable(self) -> bool:

@@ -20,6 +20,7 @@ from ..core.model import LEVEL_RANK, PRIORITY_RANK
 from ..core.state import ClusterState, Job
 from .backfill import expected_end
 from .config import DEFAULT, PolicyConfig
+from .eligibility import not_eligible
 from .ordering import ordered
 
 #: How many holders / domains an explanation lists (the rest are summed up).
@@ -151,6 +152,9 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         out["summary"] = f"job is {job.state}, not pending"
         return out
 
+    out["held"] = job.hold
+    out["dependency"] = [f"{d.kind}:{d.job} ({state.jobs[d.job].state if d.job in state.jobs else 'unknown'})"
+                         for d in spec.dependency]
     out["team_quota"] = _team_standing(state, job)
     out["topology"] = _where(state, job)
     out.update(_holders(state, job, now, config, out["team_quota"]["under_guarantee"]))
@@ -162,7 +166,17 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         eta = None if start is None else max(0.0, start - now)
     out["eta_s"] = None if eta is None else round(eta, 3)
     out["summary"] = _summary(out)
+    barred = not_eligible(state, job)
+    if barred is not None:  # held or waiting on dependencies: room is not the question yet
+        out["unblock"] = [_UNBAR[type(barred).__name__]]
+        out["eta_s"] = None
+        out["summary"] = barred.text
     return out
+
+
+_UNBAR = {"Held": "`gpusched release JOB` (its owner's team or an admin)",
+          "DependencyWait": "its dependencies end (afterok: successfully)",
+          "DependencyNever": "nothing: an afterok dependency did not succeed; cancel it and resubmit"}
 
 
 def _team_standing(state: ClusterState, job: Job) -> dict[str, Any]:

@@ -45,7 +45,7 @@ class QueueIndex:
 
     def __init__(self, state: ClusterState, config: PolicyConfig, mode: tuple) -> None:
         self.state, self.config, self.mode = state, config, mode
-        self.entries: dict[str, tuple[tuple, int]] = {}  # job -> (sort key, attempt)
+        self.entries: dict[str, tuple[tuple, tuple[int, int]]] = {}  # job -> (sort key, (attempt, updates))
         self.queues: dict[str | None, list[tuple]] = {}  # team (None without fair share) -> keys
         self.settled: dict[str, None] = {}  # waiting jobs whose state shows their tail reason
         self.calls = 0
@@ -57,7 +57,7 @@ class QueueIndex:
 
     def _insert(self, job: Job) -> None:
         key = job_key(job, self.config)
-        self.entries[job.job_id] = (key, job.attempt)
+        self.entries[job.job_id] = (key, (job.attempt, job.updates))
         insort(self.queues.setdefault(self._queue_of(job, key), []), key)
 
     def _remove(self, job_id: str) -> None:
@@ -78,7 +78,7 @@ class QueueIndex:
         changed = []
         for jid in reversed(pend):
             e = entries.get(jid)
-            if e is not None and e[1] == jobs[jid].attempt:
+            if e is not None and e[1] == (jobs[jid].attempt, jobs[jid].updates):
                 break
             changed.append(jid)
         fresh = sum(1 for jid in changed if jid not in entries)

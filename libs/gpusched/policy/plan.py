@@ -23,6 +23,7 @@ from ..core.reasons import Reason
 from ..core.state import ClusterState, Job
 from .backfill import Reservation
 from .config import PolicyConfig
+from .eligibility import constrained, restrict
 from .fairshare import limit_room
 from .memo import Indexes
 from .placement import Placement, Pool, first_free, place
@@ -94,6 +95,7 @@ class CyclePlan:
         self.reservation: Reservation | None = None
         self.outside: Pool | None = None  # the pool less the reservation
         self.fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
+        self.array_running: dict[str, int] | None = None  # job array -> its tasks holding GPUs (eligibility)
 
     # --- what the plan says ------------------------------------------------------------------
 
@@ -224,6 +226,7 @@ class CyclePlan:
         what fits, at least its minimum. Jobs alike in what placement reads fail alike: a failure
         is remembered on the pool until it grows, so a long queue costs one placement per shape."""
         ctx, spec = self.ctx, job.spec
+        pool = restrict(pool, spec)
         want = spec.gpus if room is None else min(spec.gpus, room)
         lo = ctx.floor(job)
         if want < lo:
@@ -251,7 +254,8 @@ class CyclePlan:
         the pool shrinks)."""
         spec = job.spec
         want = spec.gpus if room is None else min(spec.gpus, room)
-        key = (want, self.ctx.floor(job), spec.topology.required, spec.topology.preferred)
+        key = (want, self.ctx.floor(job), spec.topology.required, spec.topology.preferred,
+               spec.gpu_type, tuple(spec.constraints.items()))
         if key in self.fits_now:
             return True
         if self.fit(job, self.pool, room) is None:
@@ -264,8 +268,11 @@ class CyclePlan:
         required = job.spec.topology.required
         key = ("fits", need, required)
         placer = self.ctx.placer
+        spec = job.spec
 
         def fits(pool: Pool) -> bool:
+            if constrained(spec):
+                pool = restrict(pool, spec)
             if pool.count < need or key in pool.fails:
                 return False
             if placer.place(pool, need, required) is None:

@@ -9,6 +9,7 @@ import math
 from ...core import events as ev
 from ...core.reasons import NoRoom
 from ..backfill import reserve
+from ..eligibility import restrict
 from ..placement import no_fit
 from ..plan import Context, CyclePlan
 from .reservation import head_reservation, holders
@@ -24,15 +25,16 @@ def _head(plan: CyclePlan, ctx: Context) -> None:
     if head is None or not isinstance(plan.reason_of(head), NoRoom):
         return
     lo = ctx.floor(head)
+    pool = restrict(plan.pool, head.spec)  # a constrained head: what is free on its nodes
     if ctx.config.backfill and head is plan.head:
         res = head_reservation(plan, ctx)
         if res is not None:
             eta = None if not res.known else max(0.0, res.at - ctx.now)
-            plan.note(head, no_fit(plan.pool, lo, head.spec.topology.required, res.holders, reserved=True), eta)
+            plan.note(head, no_fit(pool, lo, head.spec.topology.required, res.holders, reserved=True), eta)
             return
     # No protected reservation: still name the jobs whose end would let it start.
     lo_res = reserve(ctx.state, plan.pool, head, lo, ctx.now, ctx.config, holders(plan, ctx), ctx.placer.place)
-    plan.note(head, no_fit(plan.pool, lo, head.spec.topology.required, lo_res.holders if lo_res is not None else []))
+    plan.note(head, no_fit(pool, lo, head.spec.topology.required, lo_res.holders if lo_res is not None else []))
 
 
 def _emit(plan: CyclePlan, ctx: Context) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from ...core.reasons import BehindReservation, ComingFree, WaitingForCheckpoint
 from ...core.state import Job
 from ..elastic import extras, shrink_plan
+from ..eligibility import constrained, restrict
 from ..placement import Pool
 from ..plan import Context, CyclePlan
 from .victims import victims
@@ -99,9 +100,10 @@ def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) 
     key = ("claim", lo, required)
     if coming is None or coming.count < lo or key in coming.fails:
         return False
-    p = ctx.placer.place(coming, lo, required)
+    p = ctx.placer.place(restrict(coming, job.spec), lo, required)
     if p is None:
-        coming.fails.add(key)
+        if not constrained(job.spec):  # a constrained job's failure says nothing of the whole pool
+            coming.fails.add(key)
         return False
     coming.take(p.gpus)
     plan.incoming[job.team] = plan.incoming.get(job.team, 0) + len(p.gpus)

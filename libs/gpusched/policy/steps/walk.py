@@ -10,6 +10,7 @@ import functools
 
 from ...core.reasons import BehindReservation, NoRoom, QueuedBehind, Reason, TeamLimit
 from ...core.state import Job
+from ..eligibility import array_full, not_eligible
 from ..ordering import QueueIndex
 from ..placement import Placement
 from ..plan import Context, CyclePlan
@@ -36,6 +37,10 @@ def run(plan: CyclePlan, ctx: Context) -> None:
 
 def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
     """Start `job`, or record why it waits. True: a strict queue stops at its team's limit."""
+    barred = not_eligible(ctx.state, job) or array_full(plan, job)
+    if barred is not None:  # held, dependencies, array limit: it blocks nobody and is reserved nothing
+        plan.note(job, barred)
+        return False
     pool = plan.pool
     room = plan.room(job.team)
     lo = ctx.floor(job)
@@ -116,6 +121,11 @@ def _tail(plan: CyclePlan, ctx: Context, idx: QueueIndex, processed: dict[str, N
     cache: dict[tuple, tuple[Reason, str, list[str]]] = {}
     for jid in sorted(rest):
         job = jobs[jid]
+        barred = not_eligible(st, job)
+        if barred is not None:  # never settled: a release or a dependency's end changes it
+            if job.pending_why != barred:
+                plan.note(job, barred)
+            continue
         r, text, blockers = _tail_reason(plan, ctx, job, cache)
         if job.pending_reason == text and job.pending_blockers == blockers:
             t = teams.get(job.team)

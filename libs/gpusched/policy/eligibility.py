@@ -1,0 +1,130 @@
+"""Whether a pending job may be considered for placement at all, before any question of room:
+not held, and its dependencies satisfied. A job that is not eligible is never placed, never
+reserved for and never preempted for; its typed reason says why (`gpusched show`).
+
+One small module called from the walk (and its tail), so the queue order, placement and
+backfill stay untouched for jobs that use none of these features.
+"""
+
+from __future__ import annotations
+
+from ..core.model import GpuId, JobSpec
+from ..core.reasons import ArrayLimit, DependencyNever, DependencyWait, Held, NoMatchingNode, Reason
+from ..core.state import ClusterState, Job
+from .placement import Pool
+
+#: End states that satisfy each dependency kind.
+_SATISFIED = {"afterok": ("completed",), "afterany": ("completed", "failed", "cancelled", "timeout")}
+_ENDED = ("completed", "failed", "cancelled", "timeout")
+
+
+def not_eligible(state: ClusterState, job: Job) -> Reason | None:
+    """Why `job` may not start whatever the room (None: it may)."""
+    if job.hold is not None:
+        return Held(job.hold)
+    spec = job.spec
+    if spec.dependency:
+        r = dependency_reason(state, job)
+        if r is not None:
+            return r
+    if (spec.gpu_type is not None or spec.constraints) and state.gpus:
+        m = matching(state, spec)
+        if not any(len(state.nodes[n].gpus) >= spec.gang_min for n in m) and \
+                sum(len(state.nodes[n].gpus) for n in m) < spec.gang_min:
+            return NoMatchingNode(wants(spec), spec.gang_min)
+    return None
+
+
+def array_full(plan, job: Job) -> Reason | None:
+    """A task of an array whose `max_running` tasks hold GPUs (as this cycle sees it: grants of
+    this cycle count) waits; `plan` is the cycle's `CyclePlan`."""
+    arr = job.spec.array
+    if not job.array_job or arr is None or arr.max_running is None:
+        return None
+    if plan.array_running is None:
+        st = plan.ctx.state
+        counts: dict[str, int] = {}
+        for jid in st.running:
+            a = st.jobs[jid].array_job
+            if a:
+                counts[a] = counts.get(a, 0) + 1
+        plan.array_running = counts
+    running = plan.array_running.get(job.array_job, 0) + sum(1 for j, _ in plan.started if j.array_job == job.array_job)
+    return ArrayLimit(job.array_job, arr.max_running) if running >= arr.max_running else None
+
+
+def wants(spec: JobSpec) -> str:
+    """The job's constraint as the user wrote it: `gpu_type=H100,zone=a`."""
+    parts = ([f"gpu_type={spec.gpu_type}"] if spec.gpu_type is not None else []) + \
+        [f"{k}={v}" for k, v in sorted(spec.constraints.items())]
+    return ",".join(parts)
+
+
+def constrained(spec: JobSpec) -> bool:
+    return spec.gpu_type is not None or bool(spec.constraints)
+
+
+def node_matches(state: ClusterState, node: str, spec: JobSpec) -> bool:
+    """A node matches when one of its GPUs' model contains `gpu_type` (case-insensitive) and it
+    carries every label of `constraints`."""
+    n = state.nodes[node]
+    if any(n.labels.get(k) != v for k, v in spec.constraints.items()):
+        return False
+    if spec.gpu_type is None:
+        return True
+    want = spec.gpu_type.lower()
+    return any(want in state.gpus[g].model.lower() for g in n.gpus)
+
+
+_MATCHING: dict[tuple, tuple[list[str], list[GpuId]]] = {}
+
+
+def _memo(state: ClusterState, spec: JobSpec) -> tuple[list[str], list[GpuId]]:
+    """(matching nodes, GPUs of the other nodes), kept until a node registers or is labelled."""
+    key = (id(state), state.label_changes, len(state.nodes), spec.gpu_type, tuple(sorted(spec.constraints.items())))
+    hit = _MATCHING.get(key)
+    if hit is None:
+        if len(_MATCHING) >= 256:
+            _MATCHING.clear()
+        yes = [n for n in state.nodes if node_matches(state, n, spec)]
+        ok = set(yes)
+        other = [g for n, node in state.nodes.items() if n not in ok for g in node.gpus]
+        hit = _MATCHING[key] = (yes, other)
+    return hit
+
+
+def matching(state: ClusterState, spec: JobSpec) -> list[str]:
+    """The nodes that may hold the job (every node when it asks for nothing)."""
+    return _memo(state, spec)[0] if constrained(spec) else list(state.nodes)
+
+
+def restrict(pool: Pool, spec: JobSpec) -> Pool:
+    """The pool the job may be placed on: the filter of its constraints, applied once per
+    placement question; the pool itself for a job that asks for nothing."""
+    if not constrained(spec):
+        return pool
+    other = _memo(pool.state, spec)[1]
+    return pool.without(other) if other else pool
+
+
+def dependency_reason(state: ClusterState, job: Job) -> Reason | None:
+    """Unsatisfied dependencies: never (an `afterok` job ended otherwise), or not yet."""
+    waiting: list[str] = []
+    never: list[str] = []
+    for d in job.spec.dependency:
+        dep = state.jobs.get(d.job)
+        dep_state = dep.state if dep is not None else "unknown"
+        if dep_state in _SATISFIED[d.kind]:
+            continue
+        if dep_state in _ENDED or dep is None:
+            never.append(f"{d.job} {dep_state}")
+        else:
+            waiting.append(f"{d.kind}:{d.job}")
+    if never:
+        return DependencyNever(never)
+    if waiting:
+        return DependencyWait(waiting)
+    return None
+
+
+__all__ = ["array_full", "constrained", "dependency_reason", "matching", "not_eligible", "restrict", "wants"]
