@@ -151,6 +151,22 @@ def _priority_hands_back(s):
     s.submit("hi", 1, team="f", at=1000)
 
 
+def _reclaim_named(name: str):
+    """Issue 12's report: a team guaranteed 8 and holding nothing wants 8 GPUs; the only
+    preemptible job is the 8-GPU job of `nlp` (guaranteed 4, so 4 over). Taking it leaves nlp 4
+    short, the reclaimer 8 short: both at 0 of their guarantee. The tie breaks toward the team
+    further below its guarantee in GPUs, whatever the teams are called (it used to break by
+    name: `avision` reclaimed at once, `vision` never)."""
+    def setup(s):
+        s.team(name, guaranteed=8)
+        s.team("nlp", guaranteed=4)
+        s.team("keep", guaranteed=4)
+        s.run("n1", N0, at=0, team="nlp", preemptible=True)
+        s.run("k1", N1, at=0, team="keep")
+        s.submit("v", 8, team=name, at=1000)
+    return setup
+
+
 def _taken_before(times: int, restart_at: float):
     """`_reclaim`, but both of rich's jobs were already taken `times` times for poor and last
     restarted at `restart_at` (r2 ten seconds later)."""
@@ -224,6 +240,14 @@ CASES = {
         _taken_before(1, 200.0), _BACKOFF, [("preempt", "r2", "p"), ("release", "r2", True), ("grant", "p")]),
     "back-off is off by default: min_runtime_s alone protects a job taken before": (
         _taken_before(2, 200.0), "fairshare", [("preempt", "r2", "p"), ("release", "r2", True), ("grant", "p")]),
+    "reclaim tie at 0 of their guarantees: team vision (8 short) reclaims from nlp (4 short once taken)": (
+        _reclaim_named("vision"), "fairshare", [("preempt", "n1", "v"), ("release", "n1", True), ("grant", "v")]),
+    "reclaim tie, the same team named avision: the same decision": (
+        _reclaim_named("avision"), "fairshare", [("preempt", "n1", "v"), ("release", "n1", True), ("grant", "v")]),
+    "reclaim tie under full (checkpoint handshake): vision asks nlp's job to yield": (
+        _reclaim_named("vision"), "full", [("preempt", "n1", "v")]),
+    "reclaim tie under full, named zvision: the same": (
+        _reclaim_named("zvision"), "full", [("preempt", "n1", "v")]),
     "chaos flood: one 4-GPU victim of the team over its share serves four 1-GPU jobs": (
         _chaos_flood, "fairshare", [("preempt", "v0", "c00"), ("release", "v0", True), ("grant", "c00"),
                                     ("grant", "c01"), ("grant", "c02"), ("grant", "c03")]),

@@ -93,7 +93,9 @@ class QueueIndex:
 
     def ordered(self, now: float, held: Callable[[str], int]) -> Iterator[Job]:
         """Pending jobs in order. With fair share the order is lazy: `held(team)` is read after
-        each job is yielded, so grants made meanwhile move the team down."""
+        each job is yielded, so grants made meanwhile move the team down. Teams of equal rank
+        go in the order of their next jobs' keys (unique: they end with the job id), never by
+        team name."""
         st, jobs = self.state, self.state.jobs
         if not self.config.fairshare:
             for key in self.queues.get(None, ()):
@@ -104,14 +106,14 @@ class QueueIndex:
         for t, q in self.queues.items():
             if q and t is not None and t != _YIELDED:  # with fair share every other queue is a team's
                 usage[t] = st.team_usage(t, now)
-                heap.append((team_rank(st, t, held(t), usage[t], self.config), t, 0))
+                heap.append((team_rank(st, t, held(t), usage[t], self.config), q[0], t, 0))
         heapq.heapify(heap)
         while heap:
-            _, t, i = heapq.heappop(heap)
+            _, _, t, i = heapq.heappop(heap)
             q = self.queues[t]
             yield jobs[q[i][-1]]
             if i + 1 < len(q):
-                heapq.heappush(heap, (team_rank(st, t, held(t), usage[t], self.config), t, i + 1))
+                heapq.heappush(heap, (team_rank(st, t, held(t), usage[t], self.config), q[i + 1], t, i + 1))
         for key in self.queues.get(_YIELDED, ()):
             yield jobs[key[-1]]
 

@@ -15,8 +15,9 @@ for the blocked job when
 
 Across teams (reclaim, or priority) preemption must converge:
 
-- with fair share, the victim's team, once the victim is gone, still ranks after the blocked
-  job's team in the queue order (`fairshare.team_rank`). Otherwise the victim's team would lead
+- with fair share, the victim's team, once the victim is gone, still ranks strictly after the
+  blocked job's team in the queue order (`fairshare.team_rank`, which holds no team name: a
+  tie keeps the victim, and never depends on what the teams are called). Otherwise the victim's team would lead
   the next walk and take the freed GPUs straight back (often with the victim itself), and the
   blocked job would ask again: the same job preempted every `min_runtime_s`, each round
   costing a checkpoint and a restore. The same holds for borrowers yielding on demand (`due`).
@@ -162,7 +163,12 @@ class _Rule:
         walk (the victim itself, requeued, among them), not to the job, and the job asks again:
         a job preempted every `min_runtime_s` for another team each round (Philly week, 194
         times), or, where borrowers are evicted on demand and checkpoints take no time, a
-        livelock within one instant."""
+        livelock within one instant.
+
+        Names never decide: the ranks hold none (a team further below its guarantee in GPUs
+        ranks first at an equal fraction of it), and an exact tie keeps the victim: the queue
+        would order the two teams by their head jobs, and the victim, requeued with its
+        original submission time, may well lead."""
         if not self.config.fairshare or team == self.job.team:
             return True
         st, config = self.state, self.config

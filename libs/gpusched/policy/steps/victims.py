@@ -71,8 +71,8 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
         else:
             ok = (under and over > 0) or (lower and may_preempt(st, team, vh, job.team, for_held))
         if ok:
-            found.append((-over, r, team, bucket))
-    found.sort(key=lambda b: b[:3])
+            found.append((-over, r, next(iter(bucket), ""), bucket))
+    found.sort(key=lambda b: b[:3])  # equal buckets: by their oldest job's id, never by team name
     return [b[3] for b in found]
 
 
