@@ -339,3 +339,43 @@ def test_overdue_preemption_is_forced_and_counts_the_lost_work():
     rel = next(e for e in out if isinstance(e, ev.GpusReleased))
     assert rel.lost_gpu_s == 8 * (1060 - 500)
     assert s.state.violations() == []
+
+
+# --- tiresias: 2D-LAS, discretized queues on attained GPU-time, preemptive --------------------
+
+
+def test_tiresias_preempts_a_job_of_a_later_las_queue():
+    """`long` ran 8 GPUs for 1000 s (8000 GPU-s: queue 2 of [3250, 7200, 18000]); a new job
+    (queue 0) of the same priority takes its GPUs. `young` (8 GPUs, 300 s: 2400 GPU-s, queue
+    0 like the new job) is left alone."""
+    s = Scenario(racks=1, nodes=2)
+    s.run("long", N0, at=0, preemptible=True)
+    s.run("young", N1, at=700, preemptible=True)
+    s.submit("new", 8, at=1000)
+    out = s.cycle("tiresias", now=1000)
+    assert summary(out)[0] == ("preempt", "long", "new")
+    assert "young" not in {e.job_id for e in out if isinstance(e, ev.PreemptionRequested)}
+    assert s.state.violations() == []
+
+
+def test_tiresias_does_not_preempt_within_a_queue():
+    s = Scenario(racks=1, nodes=2)
+    s.run("a", N0, at=800, preemptible=True)  # 1600 GPU-s by t=1000: queue 0, as the new job
+    s.run("b", N1, at=800, preemptible=True)
+    s.submit("new", 8, at=1000)
+    assert summary(s.cycle("tiresias", now=1000)) == []
+
+
+def test_tiresias_orders_by_queue_then_submission():
+    """A requeued job that attained 4000 GPU-s (queue 1) waits behind a later job of queue 0,
+    while two jobs of queue 0 keep their submission order (not least-attained first)."""
+    from gpusched.policy.ordering import ordered
+
+    s = Scenario(racks=1, nodes=1)
+    s.run("old", N0, at=0)
+    s.preempt("old", "x", at=500)  # 8 GPUs x 500 s = 4000 GPU-s: queue 1
+    s.submit("q0a", 1, at=600)
+    s.run("q0b", gpus("r0n0", 0), at=610)
+    s.preempt("q0b", "x", at=700)  # 90 GPU-s: still queue 0, submitted after q0a
+    order = [j.job_id for j in ordered(s.state, 800, PRESETS["tiresias"])]
+    assert order == ["q0a", "q0b", "old"]

@@ -18,7 +18,7 @@ give them (`settled`), so a long queue costs nothing per cycle.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator
 
 from ..core.model import PRIORITY_RANK
@@ -34,10 +34,19 @@ _MAX_INDEXES = 8
 _YIELDED = "\x00yielded"
 
 
+def las_queue(attained_gpu_s: float, config: PolicyConfig) -> float:
+    """The LAS level of a job that attained this much: its discretized queue (2D-LAS) when
+    `las_queues_gpu_s` is set, else the attained GPU-seconds themselves."""
+    if config.las_queues_gpu_s:
+        return float(bisect_right(config.las_queues_gpu_s, attained_gpu_s))
+    return attained_gpu_s
+
+
 def job_key(job: Job, config: PolicyConfig) -> tuple:
     """Lower sorts first, within one team (or the whole queue without fair share)."""
     prio = -PRIORITY_RANK[job.spec.priority] if config.priority else 0
-    attained = job.service_gpu_s if config.las else 0.0  # a pending job holds nothing: static
+    # A pending job holds nothing: its attained service is static while it waits.
+    attained = las_queue(job.service_gpu_s, config) if config.las else 0.0
     return (job.yielded_idle, prio, attained, job.submitted_at, job.job_id)
 
 
@@ -123,7 +132,8 @@ _INDEXES: dict[tuple, QueueIndex] = {}
 
 def queue_index(state: ClusterState, config: PolicyConfig) -> QueueIndex:
     """The (updated) queue index of `state` for the ordering knobs of `config`."""
-    mode = (config.priority, config.las, config.fairshare, config.strict_fifo or not config.gang, config.elastic)
+    mode = (config.priority, config.las, tuple(config.las_queues_gpu_s), config.fairshare,
+            config.strict_fifo or not config.gang, config.elastic)
     key = (id(state), mode)
     idx = _INDEXES.get(key)
     if idx is None or idx.state is not state:

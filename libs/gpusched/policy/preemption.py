@@ -11,7 +11,10 @@ for the blocked job when
   two jobs' priority classes, provided the victim's team ends less far below its guarantee than
   the blocked job's team is now (each reclaim lowers the largest shortfall: no ping-pong of a
   big job between two teams near their guarantees), or
-- (priority) it is of a lower priority class and the fold's fairness rule allows it.
+- (priority) it is of a lower priority class and the fold's fairness rule allows it, or
+- (`las_preempt`, as Tiresias's 2D-LAS) it sits in a later least-attained-service queue than
+  the blocked job, and the fold's fairness rule allows it; such victims are taken from the
+  latest queue first.
 
 Across teams (reclaim, or priority) preemption must converge:
 
@@ -49,6 +52,7 @@ from ..core.model import PRIORITY_RANK, GpuId
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .fairshare import may_preempt, over_share, team_rank
+from .ordering import las_queue
 from .placement import Pool
 
 # The one definition of the work a job loses, re-exported for the policies that import it here.
@@ -78,7 +82,9 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     lost = {v.job_id: work_since_checkpoint(v, now) for v in candidates}
     leaving = leaving or {}
     over = {t: over_share(state, t, held(t) - leaving.get(t, 0)) for t in {v.spec.team for v in candidates}}
-    cand = sorted(candidates, key=lambda v: (-over[v.spec.team], lost[v.job_id], -len(v.gpus), v.job_id))
+    level = {v.job_id: -las_queue(v.attained_gpu_s(now), config) if config.las_preempt else 0.0 for v in candidates}
+    cand = sorted(candidates, key=lambda v: (-over[v.spec.team], level[v.job_id], lost[v.job_id], -len(v.gpus),
+                                             v.job_id))
     groups = _groups(cand, scope, feasible)
     rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now)
     options = []
@@ -145,6 +151,11 @@ class _Rule:
         self.for_held = held(job.team) + incoming.get(job.team, 0)
         self.under = config.fairshare and over_share(state, job.team, self.for_held) < 0
         self._for_rank: tuple | None = None
+        self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
+
+    def las_after(self, v: Job) -> bool:
+        """With `las_preempt`: `v` sits in a later LAS queue than the job (it attained more)."""
+        return self.las_level is not None and las_queue(v.attained_gpu_s(self.now), self.config) > self.las_level
 
     def backed_off(self, v: Job) -> bool:
         """Whether `v` has run its back-off since its (re)start: `min_runtime_s` doubled per
@@ -187,7 +198,7 @@ class _Rule:
             return False, at_or_under
         if self.due:
             return self.keeps_order(v.team, vh - len(v.gpus)), at_or_under
-        lower = self.priority and PRIORITY_RANK[v.spec.priority] < self.rank
+        lower = (self.priority and PRIORITY_RANK[v.spec.priority] < self.rank) or self.las_after(v)
         if v.team == job.team:
             return lower, False
         # Reclaim, whatever the priorities: from a team over its share, and only if that team
