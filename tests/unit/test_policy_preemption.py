@@ -379,3 +379,19 @@ def test_tiresias_orders_by_queue_then_submission():
     s.preempt("q0b", "x", at=700)  # 90 GPU-s: still queue 0, submitted after q0a
     order = [j.job_id for j in ordered(s.state, 800, PRESETS["tiresias"])]
     assert order == ["q0a", "q0b", "old"]
+
+
+def test_las_preemption_stays_within_a_team_under_fair_share():
+    """With fair share, LAS preempts only the blocked job's own team: `other` (a team over its
+    guarantee of 0, queue 2) is left alone for team a's new job, `mine` (team a, queue 2) is not."""
+    config = PRESETS["fairshare"].replace(las=True, las_preempt=True, las_queues_gpu_s=[3250.0, 7200.0, 18000.0])
+    s = Scenario(racks=1, nodes=3)
+    s.team("a", guaranteed=0)
+    s.team("b", guaranteed=0)
+    s.run("big", gpus("r0n2", *range(8)), at=0, team="b")  # b stays after a in the order without `other`
+    s.run("other", N0, at=0, team="b", preemptible=True)
+    s.run("mine", N1, at=10, team="a", preemptible=True)
+    s.checkpoint("other", at=990)  # the cheaper victim, were teams not a boundary
+    s.submit("new", 8, team="a", at=1000)
+    assert summary(s.cycle(config, now=1000)) == [("preempt", "mine", "new"), ("release", "mine", True),
+                                                  ("grant", "new")]

@@ -13,8 +13,9 @@ for the blocked job when
   big job between two teams near their guarantees), or
 - (priority) it is of a lower priority class and the fold's fairness rule allows it, or
 - (`las_preempt`, as Tiresias's 2D-LAS) it sits in a later least-attained-service queue than
-  the blocked job, and the fold's fairness rule allows it; such victims are taken from the
-  latest queue first.
+  the blocked job, and is of the same team (with fair share: across teams only the fair-share
+  rules preempt), or, without fair share, the fold's fairness rule allows it; such victims are
+  taken from the latest queue first.
 
 Across teams (reclaim, or priority) preemption must converge:
 
@@ -198,7 +199,9 @@ class _Rule:
             return False, at_or_under
         if self.due:
             return self.keeps_order(v.team, vh - len(v.gpus)), at_or_under
-        lower = (self.priority and PRIORITY_RANK[v.spec.priority] < self.rank) or self.las_after(v)
+        # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
+        las = self.las_after(v) and (v.team == job.team or not self.config.fairshare)
+        lower = (self.priority and PRIORITY_RANK[v.spec.priority] < self.rank) or las
         if v.team == job.team:
             return lower, False
         # Reclaim, whatever the priorities: from a team over its share, and only if that team

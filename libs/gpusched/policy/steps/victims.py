@@ -77,11 +77,13 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     for (team, r), bucket in ctx.running.preemptible.items():
         vh = plan.held(team) - plan.leaving.get(team, 0)
         over = over_share(st, team, vh)
-        lower = (config.priority and r < rank) or (config.las and config.las_preempt)  # LAS: judged per job
+        lower = config.priority and r < rank
+        las = config.las and config.las_preempt  # judged per job (`_Rule.las_after`)
         if team == job.team:
-            ok = lower
-        else:
-            ok = (under and over > 0) or (lower and may_preempt(st, team, vh, job.team, for_held))
+            ok = lower or las
+        else:  # with fair share, LAS never preempts across teams
+            las = las and not config.fairshare
+            ok = (under and over > 0) or ((lower or las) and may_preempt(st, team, vh, job.team, for_held))
         if ok:
             found.append((-over, r, next(iter(bucket), ""), bucket))
     found.sort(key=lambda b: b[:3])  # equal buckets: by their oldest job's id, never by team name
