@@ -395,3 +395,18 @@ def test_las_preemption_stays_within_a_team_under_fair_share():
     s.submit("new", 8, team="a", at=1000)
     assert summary(s.cycle(config, now=1000)) == [("preempt", "mine", "new"), ("release", "mine", True),
                                                   ("grant", "new")]
+
+
+def test_tiresias_starvation_knob_promotes_a_job_that_waited_long_enough():
+    """`old` ran 500 s on 8 GPUs (queue 1) and was requeued at 500; at t=800 it has waited
+    300 s: with STARVE 0.5 (wait ≥ 250 s) it goes before the queue-0 job, with STARVE 1 not yet."""
+    from gpusched.policy.ordering import QueueIndex
+
+    s = Scenario(racks=1, nodes=1)
+    s.run("old", N0, at=0)
+    s.preempt("old", "x", at=500)
+    s.submit("q0", 1, at=600)
+    for factor, want in ((0.5, ["old", "q0"]), (1.0, ["q0", "old"]), (None, ["q0", "old"])):
+        idx = QueueIndex(s.state, PRESETS["tiresias"].replace(las_starve_factor=factor), ())
+        idx.update()
+        assert [j.job_id for j in idx.ordered(800, lambda t: 0)] == want, factor

@@ -50,6 +50,10 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: With `las`, a blocked job may preempt preemptible running jobs of a later LAS queue (more
     #: attained service), its own team's or, subject to the fold's fairness rule, another's.
     las_preempt: bool = False
+    #: Tiresias's starvation knob (STARVE), with discretized LAS: a job waiting (since its
+    #: submission or last requeue) at least this many times its run so far goes back to the
+    #: first queue. None: off (as in Tiresias's published runs).
+    las_starve_factor: float | None = None
 
     #: Fair share: the fold's usage half-life (the state is folded with it; kept here for reports).
     half_life_s: float = 7 * 24 * 3600.0

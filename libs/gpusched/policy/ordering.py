@@ -100,7 +100,37 @@ class QueueIndex:
                 self._remove(jid)
             self._insert(jobs[jid])
 
+    def starving(self, now: float) -> list[Job]:
+        """With `las_starve_factor`: jobs past the first LAS queue that waited at least that
+        many times their run so far, promoted to the first queue (Tiresias's STARVE), in key
+        order. Costs one pass over the queue: only when the knob is on."""
+        config, jobs = self.config, self.state.jobs
+        factor = config.las_starve_factor
+        if factor is None or not config.las or not config.las_queues_gpu_s:
+            return []
+        out = []
+        for key, _ in self.entries.values():
+            job = jobs[key[-1]]
+            if key[2] <= 0 or job.yielded_idle:
+                continue
+            since = job.held_since if job.attempt > 0 else job.submitted_at
+            ran = job.service_gpu_s / max(1, job.spec.gpus)
+            if now - since >= factor * ran:
+                out.append(job)
+        out.sort(key=lambda j: (j.submitted_at, j.job_id))
+        return out
+
     def ordered(self, now: float, held: Callable[[str], int]) -> Iterator[Job]:
+        """Pending jobs in order, the starving ones (`starving`) first."""
+        first = self.starving(now)
+        if not first:
+            yield from self._ordered(now, held)
+            return
+        yield from first
+        promoted = {j.job_id for j in first}
+        yield from (j for j in self._ordered(now, held) if j.job_id not in promoted)
+
+    def _ordered(self, now: float, held: Callable[[str], int]) -> Iterator[Job]:
         """Pending jobs in order. With fair share the order is lazy: `held(team)` is read after
         each job is yielded, so grants made meanwhile move the team down. Teams of equal rank
         go in the order of their next jobs' keys (unique: they end with the job id), never by
