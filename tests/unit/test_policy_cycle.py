@@ -103,8 +103,11 @@ def test_naive_cycle_is_fifo_with_gangs_first_free_and_marks_its_grants():
 
 
 def test_presets_tell_the_story_one_step_at_a_time():
-    assert list(PRESETS) == ["fifo", "gang", "topo", "preempt", "fairshare", "full"]
+    # the story, then the peer's policy for calibration (issue 12)
+    assert list(PRESETS) == ["fifo", "gang", "topo", "preempt", "fairshare", "full", "tiresias"]
     p = PRESETS
+    assert p["tiresias"].las and p["tiresias"].las_preempt and p["tiresias"].las_queues_gpu_s
+    assert not p["tiresias"].topology and not p["tiresias"].fairshare and not p["tiresias"].priority
     assert p["fifo"].strict_fifo and not p["fifo"].topology and not p["fifo"].preemption
     assert not p["gang"].strict_fifo and not p["gang"].topology
     assert p["topo"].topology and not p["topo"].preemption

@@ -151,6 +151,22 @@ def _priority_hands_back(s):
     s.submit("hi", 1, team="f", at=1000)
 
 
+def _reclaim_named(name: str):
+    """Issue 12's report: a team guaranteed 8 and holding nothing wants 8 GPUs; the only
+    preemptible job is the 8-GPU job of `nlp` (guaranteed 4, so 4 over). Taking it leaves nlp 4
+    short, the reclaimer 8 short: both at 0 of their guarantee. The tie breaks toward the team
+    further below its guarantee in GPUs, whatever the teams are called (it used to break by
+    name: `avision` reclaimed at once, `vision` never)."""
+    def setup(s):
+        s.team(name, guaranteed=8)
+        s.team("nlp", guaranteed=4)
+        s.team("keep", guaranteed=4)
+        s.run("n1", N0, at=0, team="nlp", preemptible=True)
+        s.run("k1", N1, at=0, team="keep")
+        s.submit("v", 8, team=name, at=1000)
+    return setup
+
+
 def _taken_before(times: int, restart_at: float):
     """`_reclaim`, but both of rich's jobs were already taken `times` times for poor and last
     restarted at `restart_at` (r2 ten seconds later)."""
@@ -224,6 +240,14 @@ CASES = {
         _taken_before(1, 200.0), _BACKOFF, [("preempt", "r2", "p"), ("release", "r2", True), ("grant", "p")]),
     "back-off is off by default: min_runtime_s alone protects a job taken before": (
         _taken_before(2, 200.0), "fairshare", [("preempt", "r2", "p"), ("release", "r2", True), ("grant", "p")]),
+    "reclaim tie at 0 of their guarantees: team vision (8 short) reclaims from nlp (4 short once taken)": (
+        _reclaim_named("vision"), "fairshare", [("preempt", "n1", "v"), ("release", "n1", True), ("grant", "v")]),
+    "reclaim tie, the same team named avision: the same decision": (
+        _reclaim_named("avision"), "fairshare", [("preempt", "n1", "v"), ("release", "n1", True), ("grant", "v")]),
+    "reclaim tie under full (checkpoint handshake): vision asks nlp's job to yield": (
+        _reclaim_named("vision"), "full", [("preempt", "n1", "v")]),
+    "reclaim tie under full, named zvision: the same": (
+        _reclaim_named("zvision"), "full", [("preempt", "n1", "v")]),
     "chaos flood: one 4-GPU victim of the team over its share serves four 1-GPU jobs": (
         _chaos_flood, "fairshare", [("preempt", "v0", "c00"), ("release", "v0", True), ("grant", "c00"),
                                     ("grant", "c01"), ("grant", "c02"), ("grant", "c03")]),
@@ -315,3 +339,74 @@ def test_overdue_preemption_is_forced_and_counts_the_lost_work():
     rel = next(e for e in out if isinstance(e, ev.GpusReleased))
     assert rel.lost_gpu_s == 8 * (1060 - 500)
     assert s.state.violations() == []
+
+
+# --- tiresias: 2D-LAS, discretized queues on attained GPU-time, preemptive --------------------
+
+
+def test_tiresias_preempts_a_job_of_a_later_las_queue():
+    """`long` ran 8 GPUs for 1000 s (8000 GPU-s: queue 2 of [3250, 7200, 18000]); a new job
+    (queue 0) of the same priority takes its GPUs. `young` (8 GPUs, 300 s: 2400 GPU-s, queue
+    0 like the new job) is left alone."""
+    s = Scenario(racks=1, nodes=2)
+    s.run("long", N0, at=0, preemptible=True)
+    s.run("young", N1, at=700, preemptible=True)
+    s.submit("new", 8, at=1000)
+    out = s.cycle("tiresias", now=1000)
+    assert summary(out)[0] == ("preempt", "long", "new")
+    assert "young" not in {e.job_id for e in out if isinstance(e, ev.PreemptionRequested)}
+    assert s.state.violations() == []
+
+
+def test_tiresias_does_not_preempt_within_a_queue():
+    s = Scenario(racks=1, nodes=2)
+    s.run("a", N0, at=800, preemptible=True)  # 1600 GPU-s by t=1000: queue 0, as the new job
+    s.run("b", N1, at=800, preemptible=True)
+    s.submit("new", 8, at=1000)
+    assert summary(s.cycle("tiresias", now=1000)) == []
+
+
+def test_tiresias_orders_by_queue_then_submission():
+    """A requeued job that attained 4000 GPU-s (queue 1) waits behind a later job of queue 0,
+    while two jobs of queue 0 keep their submission order (not least-attained first)."""
+    from gpusched.policy.ordering import ordered
+
+    s = Scenario(racks=1, nodes=1)
+    s.run("old", N0, at=0)
+    s.preempt("old", "x", at=500)  # 8 GPUs x 500 s = 4000 GPU-s: queue 1
+    s.submit("q0a", 1, at=600)
+    s.run("q0b", gpus("r0n0", 0), at=610)
+    s.preempt("q0b", "x", at=700)  # 90 GPU-s: still queue 0, submitted after q0a
+    order = [j.job_id for j in ordered(s.state, 800, PRESETS["tiresias"])]
+    assert order == ["q0a", "q0b", "old"]
+
+
+def test_las_preemption_stays_within_a_team_under_fair_share():
+    """With fair share, LAS preempts only the blocked job's own team: `other` (a team over its
+    guarantee of 0, queue 2) is left alone for team a's new job, `mine` (team a, queue 2) is not."""
+    config = PRESETS["fairshare"].replace(las=True, las_preempt=True, las_queues_gpu_s=[3250.0, 7200.0, 18000.0])
+    s = Scenario(racks=1, nodes=3)
+    s.team("a", guaranteed=0)
+    s.team("b", guaranteed=0)
+    s.run("big", gpus("r0n2", *range(8)), at=0, team="b")  # b stays after a in the order without `other`
+    s.run("other", N0, at=0, team="b", preemptible=True)
+    s.run("mine", N1, at=10, team="a", preemptible=True)
+    s.checkpoint("other", at=990)  # the cheaper victim, were teams not a boundary
+    s.submit("new", 8, team="a", at=1000)
+    assert summary(s.cycle(config, now=1000)) == [("preempt", "mine", "new"), ("release", "mine", True),
+                                                  ("grant", "new")]
+
+
+def test_tiresias_starvation_knob_promotes_a_job_that_waited_long_enough():
+    """`old` ran 500 s on 8 GPUs (queue 1) and was requeued at 500; at t=800 it has waited
+    300 s: with STARVE 0.5 (wait ≥ 250 s) it goes before the queue-0 job, with STARVE 1 not yet."""
+    from gpusched.policy.ordering import QueueIndex
+
+    s = Scenario(racks=1, nodes=1)
+    s.run("old", N0, at=0)
+    s.preempt("old", "x", at=500)
+    s.submit("q0", 1, at=600)
+    for factor, want in ((0.5, ["old", "q0"]), (1.0, ["q0", "old"]), (None, ["q0", "old"])):
+        idx = QueueIndex(s.state, PRESETS["tiresias"].replace(las_starve_factor=factor), ())
+        idx.update()
+        assert [j.job_id for j in idx.ordered(800, lambda t: 0)] == want, factor

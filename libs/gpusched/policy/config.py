@@ -43,6 +43,17 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     borrow: bool = True
     #: Least-attained-service order among jobs of equal priority (a lever for mean JCT).
     las: bool = False
+    #: Discretized LAS (Tiresias's 2D-LAS): with `las`, jobs are ordered by the queue their
+    #: attained GPU-seconds fall in (below the first threshold: queue 0, ...), FIFO by submission
+    #: within a queue, instead of by attained service itself. Empty: continuous LAS.
+    las_queues_gpu_s: list[float] = []
+    #: With `las`, a blocked job may preempt preemptible running jobs of a later LAS queue (more
+    #: attained service), its own team's or, subject to the fold's fairness rule, another's.
+    las_preempt: bool = False
+    #: Tiresias's starvation knob (STARVE), with discretized LAS: a job waiting (since its
+    #: submission or last requeue) at least this many times its run so far goes back to the
+    #: first queue. None: off (as in Tiresias's published runs).
+    las_starve_factor: float | None = None
 
     #: Fair share: the fold's usage half-life (the state is folded with it; kept here for reports).
     half_life_s: float = 7 * 24 * 3600.0
@@ -106,6 +117,15 @@ PRESETS: dict[str, PolicyConfig] = {
     # and least-attained-service order among equal jobs (measured: lower mean JCT on Philly).
     "full": PolicyConfig(las=True),
 }
+
+# Tiresias's 2D-LAS as published (Gu et al., NSDI 2019; SymbioticLab/Tiresias `dlas-gpu`):
+# queues on attained GPU-time with its simulator's default limits, preemptive, GPU-count
+# placement, no priority classes, no fair share, no backfill. For calibration against the peer.
+PRESETS["tiresias"] = _FIFO.replace(
+    strict_fifo=False, gang=True, preemption=True, checkpoint=True, las=True,
+    las_queues_gpu_s=[3250.0, 7200.0, 18000.0], las_preempt=True, min_runtime_s=0.0,
+    max_preemptors_per_cycle=64,
+)
 
 DEFAULT = PRESETS["full"]
 

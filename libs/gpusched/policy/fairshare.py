@@ -3,6 +3,12 @@
 Usage is the fold's decayed GPU-seconds (`state.team_usage`); a team's current holding counts as
 `fairshare_horizon_s` of future usage, so GPUs granted earlier in the same cycle move a team down
 the order at once. Priority only orders work *within* a team (see ordering.py).
+
+A team's name never decides anything. Among teams below their guarantee, the lowest fraction of
+its guarantee goes first, and at the same fraction the team further below it in GPUs (vision at
+0 of 8 before nlp at 0 of 4: issue 12). Teams whose ranks still tie are ordered by their queues'
+head jobs (`ordering.QueueIndex`), and a preemption across teams that would only tie the
+victim's team with the beneficiary's is not made (`preemption._Rule.keeps_order`).
 """
 
 from __future__ import annotations
@@ -13,14 +19,15 @@ from .config import PolicyConfig
 
 
 def team_rank(state: ClusterState, team: str, held: int, usage: float, config: PolicyConfig) -> tuple:
-    """Lower sorts first. `held` is the team's holding as this cycle sees it."""
+    """Lower sorts first. `held` is the team's holding as this cycle sees it. The rank holds no
+    name: equal ranks are ties for the caller to break (see the module docstring)."""
     t = state.teams.get(team)
     q = t.quota if t is not None else None
     guaranteed = q.guaranteed if q is not None else 0
     weight = q.weight if q is not None else 1.0
     if held < guaranteed:
-        return (0, held / guaranteed, team)
-    return (1, (usage + held * config.fairshare_horizon_s) / weight, team)
+        return (0, held / guaranteed, held - guaranteed)
+    return (1, (usage + held * config.fairshare_horizon_s) / weight, 0)
 
 
 def over_share(state: ClusterState, team: str, held: int) -> int:

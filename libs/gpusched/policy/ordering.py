@@ -18,7 +18,7 @@ give them (`settled`), so a long queue costs nothing per cycle.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator
 
 from ..core.model import PRIORITY_RANK
@@ -33,10 +33,19 @@ REVERIFY_EVERY = 256
 _YIELDED = "\x00yielded"
 
 
+def las_queue(attained_gpu_s: float, config: PolicyConfig) -> float:
+    """The LAS level of a job that attained this much: its discretized queue (2D-LAS) when
+    `las_queues_gpu_s` is set, else the attained GPU-seconds themselves."""
+    if config.las_queues_gpu_s:
+        return float(bisect_right(config.las_queues_gpu_s, attained_gpu_s))
+    return attained_gpu_s
+
+
 def job_key(job: Job, config: PolicyConfig) -> tuple:
     """Lower sorts first, within one team (or the whole queue without fair share)."""
     prio = -PRIORITY_RANK[job.spec.priority] if config.priority else 0
-    attained = job.service_gpu_s if config.las else 0.0  # a pending job holds nothing: static
+    # A pending job holds nothing: its attained service is static while it waits.
+    attained = las_queue(job.service_gpu_s, config) if config.las else 0.0
     return (job.yielded_idle, prio, attained, job.submitted_at, job.job_id)
 
 
@@ -90,9 +99,41 @@ class QueueIndex:
                 self._remove(jid)
             self._insert(jobs[jid])
 
+    def starving(self, now: float) -> list[Job]:
+        """With `las_starve_factor`: jobs past the first LAS queue that waited at least that
+        many times their run so far, promoted to the first queue (Tiresias's STARVE), in key
+        order. Costs one pass over the queue: only when the knob is on."""
+        config, jobs = self.config, self.state.jobs
+        factor = config.las_starve_factor
+        if factor is None or not config.las or not config.las_queues_gpu_s:
+            return []
+        out = []
+        for key, _ in self.entries.values():
+            job = jobs[key[-1]]
+            if key[2] <= 0 or job.yielded_idle:
+                continue
+            since = job.held_since if job.attempt > 0 else job.submitted_at
+            ran = job.service_gpu_s / max(1, job.spec.gpus)
+            if now - since >= factor * ran:
+                out.append(job)
+        out.sort(key=lambda j: (j.submitted_at, j.job_id))
+        return out
+
     def ordered(self, now: float, held: Callable[[str], int]) -> Iterator[Job]:
+        """Pending jobs in order, the starving ones (`starving`) first."""
+        first = self.starving(now)
+        if not first:
+            yield from self._ordered(now, held)
+            return
+        yield from first
+        promoted = {j.job_id for j in first}
+        yield from (j for j in self._ordered(now, held) if j.job_id not in promoted)
+
+    def _ordered(self, now: float, held: Callable[[str], int]) -> Iterator[Job]:
         """Pending jobs in order. With fair share the order is lazy: `held(team)` is read after
-        each job is yielded, so grants made meanwhile move the team down."""
+        each job is yielded, so grants made meanwhile move the team down. Teams of equal rank
+        go in the order of their next jobs' keys (unique: they end with the job id), never by
+        team name."""
         st, jobs = self.state, self.state.jobs
         if not self.config.fairshare:
             for key in self.queues.get(None, ()):
@@ -103,21 +144,22 @@ class QueueIndex:
         for t, q in self.queues.items():
             if q and t is not None and t != _YIELDED:  # with fair share every other queue is a team's
                 usage[t] = st.team_usage(t, now)
-                heap.append((team_rank(st, t, held(t), usage[t], self.config), t, 0))
+                heap.append((team_rank(st, t, held(t), usage[t], self.config), q[0], t, 0))
         heapq.heapify(heap)
         while heap:
-            _, t, i = heapq.heappop(heap)
+            _, _, t, i = heapq.heappop(heap)
             q = self.queues[t]
             yield jobs[q[i][-1]]
             if i + 1 < len(q):
-                heapq.heappush(heap, (team_rank(st, t, held(t), usage[t], self.config), t, i + 1))
+                heapq.heappush(heap, (team_rank(st, t, held(t), usage[t], self.config), q[i + 1], t, i + 1))
         for key in self.queues.get(_YIELDED, ()):
             yield jobs[key[-1]]
 
 
 def queue_mode(config: PolicyConfig) -> tuple:
     """The config knobs the queue order depends on: one `QueueIndex` per mode."""
-    return (config.priority, config.las, config.fairshare, config.strict_fifo or not config.gang, config.elastic)
+    return (config.priority, config.las, tuple(config.las_queues_gpu_s), config.fairshare,
+            config.strict_fifo or not config.gang, config.elastic)
 
 
 def queue_index(state: ClusterState, config: PolicyConfig) -> QueueIndex:

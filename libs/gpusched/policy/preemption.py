@@ -11,12 +11,17 @@ for the blocked job when
   two jobs' priority classes, provided the victim's team ends less far below its guarantee than
   the blocked job's team is now (each reclaim lowers the largest shortfall: no ping-pong of a
   big job between two teams near their guarantees), or
-- (priority) it is of a lower priority class and the fold's fairness rule allows it.
+- (priority) it is of a lower priority class and the fold's fairness rule allows it, or
+- (`las_preempt`, as Tiresias's 2D-LAS) it sits in a later least-attained-service queue than
+  the blocked job, and is of the same team (with fair share: across teams only the fair-share
+  rules preempt), or, without fair share, the fold's fairness rule allows it; such victims are
+  taken from the latest queue first.
 
 Across teams (reclaim, or priority) preemption must converge:
 
-- with fair share, the victim's team, once the victim is gone, still ranks after the blocked
-  job's team in the queue order (`fairshare.team_rank`). Otherwise the victim's team would lead
+- with fair share, the victim's team, once the victim is gone, still ranks strictly after the
+  blocked job's team in the queue order (`fairshare.team_rank`, which holds no team name: a
+  tie keeps the victim, and never depends on what the teams are called). Otherwise the victim's team would lead
   the next walk and take the freed GPUs straight back (often with the victim itself), and the
   blocked job would ask again: the same job preempted every `min_runtime_s`, each round
   costing a checkpoint and a restore. The same holds for borrowers yielding on demand (`due`).
@@ -48,6 +53,7 @@ from ..core.model import PRIORITY_RANK, GpuId
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .fairshare import may_preempt, over_share, team_rank
+from .ordering import las_queue
 from .placement import Pool
 
 # The one definition of the work a job loses, re-exported for the policies that import it here.
@@ -77,7 +83,9 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     lost = {v.job_id: work_since_checkpoint(v, now) for v in candidates}
     leaving = leaving or {}
     over = {t: over_share(state, t, held(t) - leaving.get(t, 0)) for t in {v.spec.team for v in candidates}}
-    cand = sorted(candidates, key=lambda v: (-over[v.spec.team], lost[v.job_id], -len(v.gpus), v.job_id))
+    level = {v.job_id: -las_queue(v.attained_gpu_s(now), config) if config.las_preempt else 0.0 for v in candidates}
+    cand = sorted(candidates, key=lambda v: (-over[v.spec.team], level[v.job_id], lost[v.job_id], -len(v.gpus),
+                                             v.job_id))
     groups = _groups(cand, scope, feasible)
     rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now)
     options = []
@@ -144,6 +152,11 @@ class _Rule:
         self.for_held = held(job.team) + incoming.get(job.team, 0)
         self.under = config.fairshare and over_share(state, job.team, self.for_held) < 0
         self._for_rank: tuple | None = None
+        self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
+
+    def las_after(self, v: Job) -> bool:
+        """With `las_preempt`: `v` sits in a later LAS queue than the job (it attained more)."""
+        return self.las_level is not None and las_queue(v.attained_gpu_s(self.now), self.config) > self.las_level
 
     def backed_off(self, v: Job) -> bool:
         """Whether `v` has run its back-off since its (re)start: `min_runtime_s` doubled per
@@ -162,7 +175,12 @@ class _Rule:
         walk (the victim itself, requeued, among them), not to the job, and the job asks again:
         a job preempted every `min_runtime_s` for another team each round (Philly week, 194
         times), or, where borrowers are evicted on demand and checkpoints take no time, a
-        livelock within one instant."""
+        livelock within one instant.
+
+        Names never decide: the ranks hold none (a team further below its guarantee in GPUs
+        ranks first at an equal fraction of it), and an exact tie keeps the victim: the queue
+        would order the two teams by their head jobs, and the victim, requeued with its
+        original submission time, may well lead."""
         if not self.config.fairshare or team == self.job.team:
             return True
         st, config = self.state, self.config
@@ -181,7 +199,9 @@ class _Rule:
             return False, at_or_under
         if self.due:
             return self.keeps_order(v.team, vh - len(v.gpus)), at_or_under
-        lower = self.priority and PRIORITY_RANK[v.spec.priority] < self.rank
+        # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
+        las = self.las_after(v) and (v.team == job.team or not self.config.fairshare)
+        lower = (self.priority and PRIORITY_RANK[v.spec.priority] < self.rank) or las
         if v.team == job.team:
             return lower, False
         # Reclaim, whatever the priorities: from a team over its share, and only if that team

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from ...core.model import PRIORITY_RANK, GpuId
 from ...core.state import Job
 from ..fairshare import may_preempt, over_share
+from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
 from ..preemption import choose_victims
@@ -32,6 +33,7 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
     # free for other jobs serve only jobs they cover entirely (`reclaim._claim`), as a job that
     # topped up scattered leftovers with victims elsewhere would span needlessly wide.
     want = max(1, need - plan.pool.count)
+    las = _las_filter(ctx, job)
     cands: list[Job] = []
     gathered = 0
     for bucket in buckets:
@@ -39,7 +41,7 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
             v = st.jobs[jid]
             if v.started_at is not None and now - v.started_at < config.min_runtime_s:
                 break  # start order: the rest are younger still
-            if not plan.touchable(v):
+            if not plan.touchable(v) or (las is not None and not las(v)):
                 continue
             cands.append(v)
             gathered += len(v.gpus)
@@ -51,6 +53,16 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
         return None
     return choose_victims(st, plan.pool, job, need, now, config, cands, plan.held, fits, scope(ctx, job),
                           plan.leaving, plan.incoming)
+
+
+def _las_filter(ctx: Context, job: Job) -> Callable[[Job], bool] | None:
+    """With `las_preempt` (and no priority classes to go by), only jobs of a later LAS queue
+    than `job` are candidates."""
+    config = ctx.config
+    if not (config.las and config.las_preempt) or config.priority:
+        return None
+    mine = las_queue(job.service_gpu_s, config)
+    return lambda v: las_queue(v.attained_gpu_s(ctx.now), config) > mine
 
 
 def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
@@ -66,13 +78,15 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
         vh = plan.held(team) - plan.leaving.get(team, 0)
         over = over_share(st, team, vh)
         lower = config.priority and r < rank
+        las = config.las and config.las_preempt  # judged per job (`_Rule.las_after`)
         if team == job.team:
-            ok = lower
-        else:
-            ok = (under and over > 0) or (lower and may_preempt(st, team, vh, job.team, for_held))
+            ok = lower or las
+        else:  # with fair share, LAS never preempts across teams
+            las = las and not config.fairshare
+            ok = (under and over > 0) or ((lower or las) and may_preempt(st, team, vh, job.team, for_held))
         if ok:
-            found.append((-over, r, team, bucket))
-    found.sort(key=lambda b: b[:3])
+            found.append((-over, r, next(iter(bucket), ""), bucket))
+    found.sort(key=lambda b: b[:3])  # equal buckets: by their oldest job's id, never by team name
     return [b[3] for b in found]
 
 
