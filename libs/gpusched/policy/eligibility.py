@@ -76,20 +76,25 @@ def node_matches(state: ClusterState, node: str, spec: JobSpec) -> bool:
     return any(want in state.gpus[g].model.lower() for g in n.gpus)
 
 
-_MATCHING: dict[tuple, tuple[list[str], list[GpuId]]] = {}
+class _Matching:
+    """The last state's node matches per constraint; the state is held and compared by identity,
+    so a new state (even at a recycled address) never sees another's answers."""
+
+    state: ClusterState | None = None
+    table: dict[tuple, tuple[list[str], list[GpuId]]] = {}
 
 
 def _memo(state: ClusterState, spec: JobSpec) -> tuple[list[str], list[GpuId]]:
     """(matching nodes, GPUs of the other nodes), kept until a node registers or is labelled."""
-    key = (id(state), state.label_changes, len(state.nodes), spec.gpu_type, tuple(sorted(spec.constraints.items())))
-    hit = _MATCHING.get(key)
+    if _Matching.state is not state or len(_Matching.table) >= 256:
+        _Matching.state, _Matching.table = state, {}
+    key = (state.label_changes, len(state.nodes), spec.gpu_type, tuple(sorted(spec.constraints.items())))
+    hit = _Matching.table.get(key)
     if hit is None:
-        if len(_MATCHING) >= 256:
-            _MATCHING.clear()
         yes = [n for n in state.nodes if node_matches(state, n, spec)]
         ok = set(yes)
         other = [g for n, node in state.nodes.items() if n not in ok for g in node.gpus]
-        hit = _MATCHING[key] = (yes, other)
+        hit = _Matching.table[key] = (yes, other)
     return hit
 
 
