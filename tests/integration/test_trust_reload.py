@@ -20,7 +20,8 @@ def test_reload_signals_only_the_remembered_nats_server(tmp_path):
         assert store.reload_server()  # the live server: reloaded
         assert server.proc.poll() is None
         saved = json.loads(store.server_file.read_text())
-        store.server_file.write_text(json.dumps({**saved, "pid": stranger.pid}))  # a stale pid, reused
+        stale = [{**entry, "pid": stranger.pid} for entry in saved["servers"]]  # a stale pid, reused
+        store.server_file.write_text(json.dumps({"servers": stale}))
         assert not store.reload_server()
         assert stranger.poll() is None  # not SIGHUPed
     finally:
