@@ -76,6 +76,7 @@ def publish_cases(who: str) -> dict[str, bool]:
         subjects.heartbeat_subject(OTHER): admin,
         subjects.node_control_subject(NODE): admin,  # SimulateCrash, InjectStray, KillProcesses...
         subjects.node_kill_subject(NODE): admin or role == "reconciler",
+        subjects.node_reset_subject(NODE): admin or role == "reconciler",  # --reset-leaked
         subjects.node_logs_subject(NODE): admin or role == "dashboard",  # job logs: not tenants, not nodes
         subjects.node_logs_subject(OTHER): admin or role == "dashboard",
         "gpusched.cmd.submit.nlp.alice": admin or who == "alice",
@@ -132,6 +133,8 @@ def subscribe_cases(who: str) -> dict[tuple[str, str | None], bool]:
         (subjects.HEARTBEATS, None): admin or role == "reconciler",
         (subjects.node_control_subject(NODE), None): admin or who in ("gpu01", "nodeagent"),
         (subjects.node_control_subject(OTHER), None): admin,
+        (subjects.node_reset_subject(NODE), None): admin or who in ("gpu01", "nodeagent"),
+        (subjects.node_reset_subject(OTHER), None): admin,
         (subjects.node_logs_subject(NODE), None): admin or who in ("gpu01", "nodeagent"),  # serving logs
         (subjects.node_logs_subject(OTHER), None): admin,
         (subjects.Q_SHARES, "quota_ledger"): admin or role == "quota_ledger",
