@@ -485,7 +485,8 @@ class Reconciler:
     async def _request(self, node: str, gid: str, request) -> None:
         what = type(request).__name__
         try:
-            msg = await self.log.nc.request(subjects.node_kill_subject(node), msgspec.json.encode(request),
+            subject = (subjects.node_reset_subject if isinstance(request, ResetGpu) else subjects.node_kill_subject)(node)
+            msg = await self.log.nc.request(subject, msgspec.json.encode(request),
                                             timeout=self.cfg.request_timeout_s)
             reply = decode_reply(msg.data)
             log.warning("node_request_reply", request=what, node=node, gpu=gid, ok=reply.ok, killed=reply.killed,

@@ -258,15 +258,16 @@ def _adopt_running(self, state: ClusterState) -> None:
             self.converge(key[0], state, False)
 
 
-def _handle_control(self, data: bytes, kill_only: bool = False) -> NodeReply:
-    """One node-control request. `kill_only`: it came on the kill subject (what the
-    reconciler may send), where every other request is refused."""
+def _handle_control(self, data: bytes, only: type | None = None) -> NodeReply:
+    """One node-control request. `only`: it came on the subject of that one request kind
+    (the kill or reset subject: what the reconciler may send), where every other is refused."""
     try:
         req = decode_request(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as err:
         return NodeReply(ok=False, node=self.node, error=str(err))
-    if kill_only and not isinstance(req, KillProcesses):
-        return NodeReply(ok=False, node=self.node, error=f"{type(req).__name__} is not accepted on the kill subject")
+    if only is not None and not isinstance(req, only):
+        return NodeReply(ok=False, node=self.node,
+                         error=f"{type(req).__name__} is not accepted on the {only.__name__} subject")
     if self.crashed:
         return NodeReply(ok=False, node=self.node, error="node is down (simulated crash)")
     try:
@@ -289,6 +290,29 @@ def _handle_control(self, data: bytes, kill_only: bool = False) -> NodeReply:
     except ValueError as err:
         return NodeReply(ok=False, node=self.node, error=str(err))
     return NodeReply(ok=True, node=self.node)
+
+
+def _register_node(self: NodeAgent) -> bool:
+    """(Re-)register, e.g. after a `NodeLost` of this node: the fold makes it usable again.
+    Not while a leftover run still lives: then retried at the next heartbeat."""
+    stopping = self.leftovers()
+    if stopping:
+        self.rejoin_at = self.heartbeats + 1
+        log.info("registration_deferred", node=self.node, stopping=[r.job_id for r in stopping])
+        return False
+    self.rejoin_at = None
+    event = self.registration()
+
+    def build(state: ClusterState) -> ev.Event | None:
+        if not self.needs_registration(state):
+            return None
+        if self.leftovers():  # a stop began meanwhile: try again at the next heartbeat
+            self.rejoin_at = self.heartbeats + 1
+            return None
+        return event
+
+    self.host.submit(build, cas=False)
+    return True
 
 
 class NodeAgent:
@@ -324,11 +348,12 @@ class NodeAgent:
         node = state.nodes.get(self.node)
         return node is None or node.lost
 
-    def register(self) -> None:
-        """Re-register after a `NodeLost` of this node: the fold makes it usable again."""
-        self.rejoin_at = None
-        event = self.registration()
-        self.host.submit(lambda s: event if self.needs_registration(s) else None, cas=False)
+    def leftovers(self) -> list[RunningJob]:
+        """Runs being stopped (SIGTERM sent, SIGKILL after the grace, see `poll`): while any
+        is alive, its GPUs are not usable and the node must not register."""
+        return [r for r in self.jobs.values() if r.state == "stopping"]
+
+    register = _register_node
 
     # --- following the log ------------------------------------------------------------------
 
@@ -783,7 +808,8 @@ class NodeHost:
         for agent in self.agents.values():
             agent._subs = [
                 await self.nc.subscribe(subjects.node_control_subject(agent.node), cb=self._control_cb(agent)),
-                await self.nc.subscribe(subjects.node_kill_subject(agent.node), cb=self._control_cb(agent, kill_only=True)),
+                await self.nc.subscribe(subjects.node_kill_subject(agent.node), cb=self._control_cb(agent, KillProcesses)),
+                await self.nc.subscribe(subjects.node_reset_subject(agent.node), cb=self._control_cb(agent, ResetGpu)),
                 await self.nc.subscribe(subjects.node_logs_subject(agent.node), cb=self._logs_cb(agent)),
             ]
         await self.nc.flush()
@@ -796,7 +822,17 @@ class NodeHost:
         notify_ready()
 
     async def _register_all(self, state: ClusterState) -> None:
-        todo = [a.registration() for a in self.agents.values() if a.needs_registration(state)]
+        """Register the nodes the log does not know or holds lost, except those whose adopted
+        leftovers are still being stopped: they register from `heartbeat` once those are dead."""
+        todo = []
+        for a in self.agents.values():
+            if not a.needs_registration(state):
+                continue
+            if a.leftovers():
+                a.rejoin_at = a.heartbeats + 1
+                log.info("registration_deferred", node=a.node, stopping=[r.job_id for r in a.leftovers()])
+            else:
+                todo.append(a.registration())
         for i in range(0, len(todo), 64):  # registration needs no compare-and-set: pipeline it
             await asyncio.gather(*(self.log.append(e) for e in todo[i:i + 64]))
         self.appended += len(todo)
@@ -822,9 +858,9 @@ class NodeHost:
             for agent, launch in mine:
                 agent.on_event(e, state, rec.seq, launch)
 
-    def _control_cb(self, agent: NodeAgent, kill_only: bool = False):
+    def _control_cb(self, agent: NodeAgent, only: type | None = None):
         async def cb(msg) -> None:
-            reply = agent.control(msg.data, kill_only)
+            reply = agent.control(msg.data, only)
             if msg.reply:
                 await msg.respond(msgspec.json.encode(reply))
         return cb

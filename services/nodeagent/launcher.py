@@ -21,7 +21,6 @@ import itertools
 import json
 import os
 import pwd
-import re
 import shutil
 import signal
 import subprocess
@@ -246,15 +245,6 @@ def resume_and_secrets(job) -> dict:
         "resume_previous": (prev.path, prev.step, prev.sha256) if ck is not None and prev is not None else None,
         "secret_env": dict(job.spec.secret_env),
     }
-
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def ack_sha256(ack: object) -> str:
-    """The checksum a job's checkpoint acknowledgement carries, if well-formed ("" otherwise)."""
-    value = ack.get("sha256", "") if isinstance(ack, dict) else ""
-    return value if isinstance(value, str) and _SHA256.match(value) else ""
 
 
 class JobProcess:

@@ -76,6 +76,7 @@ def publish_cases(who: str) -> dict[str, bool]:
         subjects.heartbeat_subject(OTHER): admin,
         subjects.node_control_subject(NODE): admin,  # SimulateCrash, InjectStray, KillProcesses...
         subjects.node_kill_subject(NODE): admin or role == "reconciler",
+        subjects.node_reset_subject(NODE): admin or role == "reconciler",  # --reset-leaked
         subjects.node_logs_subject(NODE): admin or role == "dashboard",  # job logs: not tenants, not nodes
         subjects.node_logs_subject(OTHER): admin or role == "dashboard",
         "gpusched.cmd.submit.nlp.alice": admin or who == "alice",
@@ -132,6 +133,8 @@ def subscribe_cases(who: str) -> dict[tuple[str, str | None], bool]:
         (subjects.HEARTBEATS, None): admin or role == "reconciler",
         (subjects.node_control_subject(NODE), None): admin or who in ("gpu01", "nodeagent"),
         (subjects.node_control_subject(OTHER), None): admin,
+        (subjects.node_reset_subject(NODE), None): admin or who in ("gpu01", "nodeagent"),
+        (subjects.node_reset_subject(OTHER), None): admin,
         (subjects.node_logs_subject(NODE), None): admin or who in ("gpu01", "nodeagent"),  # serving logs
         (subjects.node_logs_subject(OTHER), None): admin,
         (subjects.Q_SHARES, "quota_ledger"): admin or role == "quota_ledger",
@@ -434,3 +437,35 @@ async def test_tls_from_the_stack_ca_is_verified(trust, tmp_path, monkeypatch):
         assert "certificate" in str(refused.value).lower() or isinstance(refused.value, ssl.SSLError)
     finally:
         server.stop()
+
+
+async def test_the_reconciler_resets_a_leaked_gpu_on_its_own_subject(people, nats_url, tmp_path):
+    """`reconciler --reset-leaked`: its ResetGpu, sent with its own identity on the reset subject,
+    reaches node01's daemon and frees the leak; each reconciler subject takes only its own kind."""
+    from gpusched.core.heartbeat import KillProcesses, NodeReply, ResetGpu
+    from gpusched.services.nodeagent.agent import AgentConfig, NodeHost
+    from gpusched.services.nodeagent.backends import SimBackend
+
+    host = NodeHost(await EventLog.open(nats_url, name="test-node", creds=people["gpu01"]), heartbeat_s=5)
+    backend = SimBackend(NODE, 2, "pairs")
+    host.add(AgentConfig(node=NODE, work_dir=tmp_path), backend)
+    await host.start()
+    rec = await EventLog.open(nats_url, name="test-reconciler", creds=people["reconciler"])
+
+    async def ask(subject: str, request) -> NodeReply:
+        msg = await rec.nc.request(subject, msgspec.json.encode(request), timeout=5)
+        return msgspec.json.decode(msg.data, type=NodeReply)
+
+    try:
+        backend.inject_leak(0, 2048)
+        assert [s.memory_used_mb for s in backend.sample()][0] >= 2048
+        reset = ResetGpu(index=0, reason="leaked memory")
+        wrong = await ask(subjects.node_kill_subject(NODE), reset)
+        assert not wrong.ok and "ResetGpu" in wrong.error
+        assert (await ask(subjects.node_reset_subject(NODE), reset)).ok
+        assert [s.memory_used_mb for s in backend.sample()][0] < 2048
+        kill = await ask(subjects.node_reset_subject(NODE), KillProcesses(pids=[1], gpu=f"{NODE}/0", reason="x"))
+        assert not kill.ok and "KillProcesses" in kill.error
+    finally:
+        await rec.close()
+        await host.stop()

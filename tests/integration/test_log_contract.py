@@ -149,3 +149,22 @@ SUBJECTS = {
 def test_subject_matching_is_nats(name):
     pattern, subject, want = SUBJECTS[name]
     assert subject_matches(pattern, subject) is want
+
+
+async def test_filtered_records_end_at_the_tail_of_the_call(log):
+    """A filtered read without `until` whose last match lies before the stream's last sequence
+    (or that matches nothing) ends at the tail as of the call instead of waiting forever."""
+    submits = "gpusched.evt.*.JobSubmitted.*"
+    await log.append(submit("a"))
+    await log.append(node())
+    await log.append(submit("b"))
+    await log.append(node("n2"))  # the tail matches no submit
+    assert await asyncio.wait_for(_seqs(log.records(subject=submits)), 5) == [1, 3]
+    assert await asyncio.wait_for(_seqs(log.records(start=2, subject=submits)), 5) == [3]
+    assert await asyncio.wait_for(_seqs(log.records(start=4, subject=submits)), 5) == []
+    assert await asyncio.wait_for(_seqs(log.records(subject="gpusched.evt.*.JobCancelled.*")), 5) == []
+    assert await asyncio.wait_for(_seqs(log.records(1, until=2, subject=submits)), 5) == [1]
+
+
+async def _seqs(records) -> list[int]:
+    return [r.seq async for r in records]

@@ -134,3 +134,51 @@ async def test_kill9_and_full_restart_adopt_every_job(nats_url, redis_url, tmp_p
         agent.kill()
         agent.wait()
         kill_all(tag)
+
+
+async def test_returning_node_registers_only_after_its_leftovers_are_dead(nats_url, redis_url, tmp_path):
+    """A job that ignores SIGTERM, its daemon killed -9, the node declared lost and the job
+    requeued: the restarted daemon adopts the leftover and stops it (SIGKILL after the grace)
+    before it registers the node again; and the node then stays registered (no flapping)."""
+    tag = f"t{os.getpid()}-{time.time_ns()}"
+    work, log = tmp_path / "work", tmp_path / "agent.log"
+    agent = spawn_agent(nats_url, redis_url, work, log)
+    rec = await start_reconciler(nats_url, ReconcilerConfig(node_timeout_s=3.0, no_process_grace_s=30.0,
+                                                            zombie_grace_s=30.0, kill_retry_s=1.0, tick_s=0.2))
+    try:
+        async with Cluster(nats_url, tmp_path) as c:
+            await wait_ready(log, 1)
+            await c.wait(lambda s: {"node00", "node01"} <= set(s.nodes), "nodes registered")
+            stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+            await c.submit("stub", JobSpec(team="t", gpus=1, command=[PY, "-c", stubborn, MARK, "stub", tag]))
+            await c.grant("stub", ["node00/0"])
+            await c.wait(lambda s: s.jobs["stub"].state == "running", "running")
+            await c.wait(lambda s: job_processes(tag) == {"stub": 1}, "process up")
+
+            agent.kill()
+            agent.wait()
+            await c.wait(lambda s: s.nodes["node00"].lost, "node00 lost", timeout=20)
+            await c.wait(lambda s: not s.jobs["stub"].holding, "job requeued")
+            assert job_processes(tag) == {"stub": 1}  # the leftover outlives its daemon
+
+            agent = spawn_agent(nats_url, redis_url, work, log)
+            await wait_ready(log, 2)
+            await c.wait(lambda s: not s.nodes["node00"].lost, "node00 back", timeout=20)
+            assert job_processes(tag) == {}, "node00 registered while its leftover still ran"
+            await asyncio.sleep(4.0)  # past the reconciler's node timeout: no NodeLost again
+            assert not c.state.nodes["node00"].lost
+
+            pairs = [(seq, e) async for seq, e in c.log.replay()]
+            lost = [seq for seq, e in pairs if isinstance(e, ev.NodeLost) and e.node == "node00"]
+            back = [seq for seq, e in pairs if isinstance(e, ev.NodeRegistered) and e.node == "node00"
+                    and seq > lost[0]]
+            ended = [seq for seq, e in pairs if isinstance(e, ev.ProcessesEnded) and e.job_id == "stub"
+                     and e.node == "node00"]
+            assert len(lost) == 1 and len(back) == 1, (lost, back)
+            assert ended and ended[0] < back[0], (ended, back)
+            assert "registration_deferred" in log.read_text()
+    finally:
+        await rec.stop()
+        agent.kill()
+        agent.wait()
+        kill_all(tag)

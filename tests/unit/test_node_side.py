@@ -338,3 +338,24 @@ def test_control_files_are_read_within_bounds_and_never_through_links(tmp_path):
     assert co.due(101.0, "r1", set()) == [] and [a.step for a in co.due(105.0, None, set())] == [20]
     co.add(type(acks[0])(15, "/c/15", None))  # older than what was said: dropped
     assert co.due(200.0, None, set()) == []
+
+
+def test_an_ack_keeps_only_a_well_formed_sha256(tmp_path):
+    """One checksum check for acks (services/nodeagent/acks.py): a lower-case 64-hex sha256 is
+    kept, anything else is dropped without rejecting the ack."""
+    import json
+
+    from gpusched.job import env as E
+    from gpusched.services.nodeagent import launcher
+    from gpusched.services.nodeagent.acks import AckLimits, read_acks
+
+    good = "ab" * 32
+    for step, sha in enumerate([good, good.upper(), good[:-1], 42, None]):
+        body = {"path": f"/ck/{step}", "step": step, "request": None}
+        if sha is not None:
+            body["sha256"] = sha
+        (tmp_path / f"{E.ACK_PREFIX}{step}.json").write_text(json.dumps(body))
+    acks, problems = read_acks(tmp_path, AckLimits())
+    assert problems == []
+    assert [(a.step, a.sha256) for a in acks] == [(0, good), (1, ""), (2, ""), (3, ""), (4, "")]
+    assert not hasattr(launcher, "ack_sha256")  # the launcher no longer keeps a copy of the check

@@ -153,6 +153,14 @@ def _bus_channels(channels: dict[str, Any], operations: dict[str, Any], messages
             "messages": [{"$ref": "#/channels/node_kill/messages/NodeRequest"}],
             "reply": {"channel": {"$ref": "#/channels/node_control_reply"},
                       "messages": [{"$ref": "#/channels/node_control_reply/messages/NodeReply"}]}}
+    reset = _parametrize(subjects.node_reset_subject(_PLACEHOLDER["node"]))
+    channels["node_reset"] = _channel(reset, "NodeRequest", "ResetGpu requests only (the reconciler's "
+                                                            "--reset-leaked; request/reply)")
+    operations["sendResetGpu"] = {
+        "action": "send", "channel": {"$ref": "#/channels/node_reset"},
+        "messages": [{"$ref": "#/channels/node_reset/messages/NodeRequest"}],
+        "reply": {"channel": {"$ref": "#/channels/node_control_reply"},
+                  "messages": [{"$ref": "#/channels/node_control_reply/messages/NodeReply"}]}}
     channels["node_control_reply"] = {"address": None, "messages": {"NodeReply": {"$ref": "#/components/messages/NodeReply"}}}
     channels["shares"] = _channel(subjects.Q_SHARES, "Shares", "request (empty body) the quota ledger's standings")
     operations["readHeartbeat"] = {"action": "receive", "channel": {"$ref": "#/channels/heartbeat"},

@@ -587,21 +587,31 @@ class EventLog:
 
     async def _messages(self, start: int, until: int | None, follow: bool, subject: str):
         """(msg, stream seq) in stream order from `start`, through `until` or the last sequence
-        when the call began, or on forever when `follow`."""
-        stop = None if follow else (until if until is not None else await self.last_seq())
+        when the call began, or on forever when `follow`. A bounded read that the stream already
+        holds ends when nothing matching is left (a filtered `subject`, or a deleted message,
+        may have no message at its bound: waiting for one would hang)."""
+        tail = None if follow else await self.last_seq()
+        stop = None if tail is None else (until if until is not None else tail)
         if stop is not None and stop < start:
             return
+        held = stop is not None and stop <= tail  # every message up to `stop` is stored already
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start))
         sub = await self.js.subscribe(
             subject, stream=subjects.STREAM, ordered_consumer=True, config=config,
             pending_msgs_limit=0, pending_bytes_limit=0,
         )
         try:
+            if held:
+                info = await sub.consumer_info()
+                if not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
+                    return  # nothing matches from `start` on
             while True:
                 msg = await sub.next_msg(timeout=None)
                 seq = msg.metadata.sequence.stream
+                if stop is not None and seq > stop:
+                    return
                 yield msg, seq
-                if stop is not None and seq >= stop:
+                if stop is not None and (seq >= stop or (held and not msg.metadata.num_pending)):
                     return
         finally:
             try:

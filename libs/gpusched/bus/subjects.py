@@ -159,3 +159,8 @@ def node_logs_subject(node: str) -> str:
 def node_kill_subject(node: str) -> str:
     """Node daemons answer only `KillProcesses` here: what the reconciler may send."""
     return f"gpusched.node.{token(node)}.ctl.KillProcesses"
+
+
+def node_reset_subject(node: str) -> str:
+    """Node daemons answer only `ResetGpu` here: the reconciler's `--reset-leaked`."""
+    return f"gpusched.node.{token(node)}.ctl.ResetGpu"

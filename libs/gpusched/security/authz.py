@@ -66,7 +66,7 @@ def _service(role: str) -> tuple[list[str], list[str]]:
         sub.append(f"{subjects.Q_SHARES} quota_ledger")
     elif role == "reconciler":
         sub.append(subjects.HEARTBEATS)
-        pub.append("gpusched.node.*.ctl.KillProcesses")
+        pub += ["gpusched.node.*.ctl.KillProcesses", "gpusched.node.*.ctl.ResetGpu"]
     elif role == "dashboard":  # acts for a logged-in admin (the dashboard checks the login)
         pub += ["gpusched.cmd.*", "gpusched.cmd.*.*", "gpusched.ctl.*", subjects.Q_SHARES,
                 "gpusched.node.*.logs"]  # job logs, for the admin it acts for (tenants may not ask)
@@ -80,7 +80,7 @@ def _node(p: Principal) -> tuple[list[str], list[str]]:
         pub += subjects.node_event_subjects(node) + [subjects.heartbeat_subject(node)]
         # it answers its own jobs' log requests (`gpusched logs`: admin and the dashboard ask)
         sub += [subjects.node_control_subject(node), subjects.node_kill_subject(node),
-                subjects.node_logs_subject(node)]
+                subjects.node_reset_subject(node), subjects.node_logs_subject(node)]
     return pub, sub
 
 
