@@ -353,6 +353,33 @@ def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionCo
     return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{rid}")
 
 
+def window_problem(cmd: DrainNode, now: float) -> str | None:
+    """What is wrong with a drain's maintenance window (None: nothing, or no window)."""
+    if cmd.at is None and cmd.until is None:
+        return None
+    if not cmd.drain:
+        return "--at/--until schedule a drain; an undrain (drain=false) takes neither"
+    if cmd.until is None:
+        return "a maintenance window needs an end (until); without one, drain the node when it starts"
+    start = now if cmd.at is None else cmd.at
+    if cmd.until <= start:
+        return f"window ends ({cmd.until:.0f}) before it starts ({start:.0f})"
+    if cmd.until <= now:
+        return f"window already over (until {cmd.until:.0f} <= now {now:.0f})"
+    return None
+
+
+def _drain(state: ClusterState, cmd: DrainNode, now: float) -> Decision:
+    if cmd.node not in state.nodes:
+        return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
+    problem = window_problem(cmd, now)
+    if problem is not None:
+        return Decision(CommandReply(ok=False, error=problem))
+    event = ev.NodeDrained(at=now, node=cmd.node, drain=cmd.drain, reason=cmd.reason,
+                           start=None if cmd.until is None else (cmd.at if cmd.at is not None else now), until=cmd.until)
+    return Decision(CommandReply(ok=True), event, f"drain-{cmd.request_id}")
+
+
 def _label(state: ClusterState, cmd: LabelNode, now: float) -> Decision:
     if cmd.node not in state.nodes:
         return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
@@ -387,10 +414,7 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
     if isinstance(cmd, SetTeamQuota):
         return _set_quota(state, cmd, now)
     if isinstance(cmd, DrainNode):
-        if cmd.node not in state.nodes:
-            return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
-        event = ev.NodeDrained(at=now, node=cmd.node, drain=cmd.drain, reason=cmd.reason)
-        return Decision(CommandReply(ok=True), event, f"drain-{rid}")
+        return _drain(state, cmd, now)
     if isinstance(cmd, RestoreGpu):
         g = state.gpus.get(cmd.gpu)
         if g is None:
