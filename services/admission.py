@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 from nats.aio.msg import Msg
+from nats.errors import ConnectionReconnectingError, NoRespondersError, StaleConnectionError
+from nats.js.errors import APIError, NoStreamResponseError
 from opentelemetry.trace import SpanKind
 
 from gpusched import metrics, telemetry
@@ -61,6 +63,10 @@ SUBJECT_COMMANDS: dict[str, type[Command]] = {
 }
 _DECODERS = {subject: msgspec.json.Decoder(cls) for subject, cls in SUBJECT_COMMANDS.items()}
 _encode_reply = msgspec.json.Encoder().encode
+
+#: How long admission keeps retrying an append the log cannot take right now (a JetStream leader
+#: election, a frozen or reconnecting server) before it answers that the log is unavailable.
+APPEND_PATIENCE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -347,6 +353,33 @@ def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionCo
     return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{rid}")
 
 
+def window_problem(cmd: DrainNode, now: float) -> str | None:
+    """What is wrong with a drain's maintenance window (None: nothing, or no window)."""
+    if cmd.at is None and cmd.until is None:
+        return None
+    if not cmd.drain:
+        return "--at/--until schedule a drain; an undrain (drain=false) takes neither"
+    if cmd.until is None:
+        return "a maintenance window needs an end (until); without one, drain the node when it starts"
+    start = now if cmd.at is None else cmd.at
+    if cmd.until <= start:
+        return f"window ends ({cmd.until:.0f}) before it starts ({start:.0f})"
+    if cmd.until <= now:
+        return f"window already over (until {cmd.until:.0f} <= now {now:.0f})"
+    return None
+
+
+def _drain(state: ClusterState, cmd: DrainNode, now: float) -> Decision:
+    if cmd.node not in state.nodes:
+        return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
+    problem = window_problem(cmd, now)
+    if problem is not None:
+        return Decision(CommandReply(ok=False, error=problem))
+    event = ev.NodeDrained(at=now, node=cmd.node, drain=cmd.drain, reason=cmd.reason,
+                           start=None if cmd.until is None else (cmd.at if cmd.at is not None else now), until=cmd.until)
+    return Decision(CommandReply(ok=True), event, f"drain-{cmd.request_id}")
+
+
 def _label(state: ClusterState, cmd: LabelNode, now: float) -> Decision:
     if cmd.node not in state.nodes:
         return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
@@ -381,10 +414,7 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
     if isinstance(cmd, SetTeamQuota):
         return _set_quota(state, cmd, now)
     if isinstance(cmd, DrainNode):
-        if cmd.node not in state.nodes:
-            return Decision(CommandReply(ok=False, error=f"unknown node {cmd.node!r}"))
-        event = ev.NodeDrained(at=now, node=cmd.node, drain=cmd.drain, reason=cmd.reason)
-        return Decision(CommandReply(ok=True), event, f"drain-{rid}")
+        return _drain(state, cmd, now)
     if isinstance(cmd, RestoreGpu):
         g = state.gpus.get(cmd.gpu)
         if g is None:
@@ -424,6 +454,44 @@ def decode(subject: str, data: bytes) -> Command | str:
 # --- the shell ----------------------------------------------------------------------------
 
 
+class LogUnavailable(Exception):
+    """The log did not take an append within the patience; whether it stored it is unknown."""
+
+    def __init__(self, attempts: int, waited_s: float, last: BaseException):
+        super().__init__(f"event log unavailable ({type(last).__name__}: {last or 'no answer'}) after {attempts} "
+                         f"attempts over {waited_s:.1f}s; retry with the same request id (it never doubles a job)")
+
+
+def transient(err: BaseException) -> bool:
+    """Whether an append failure may heal by itself: the stream has no leader (503, no
+    responders) or the server did not answer in time."""
+    if isinstance(err, APIError):
+        return err.code == 503
+    return isinstance(err, (NoStreamResponseError, NoRespondersError, asyncio.TimeoutError,
+                            ConnectionReconnectingError, StaleConnectionError))
+
+
+async def append_patiently(event_log, event: ev.Event, msg_id: str | None, patience_s: float = APPEND_PATIENCE_S) -> int:
+    """Append, retrying transient failures with backoff for up to `patience_s`. The message id
+    stays the same, so JetStream's duplicate window stores the fact once however many attempts
+    reached it (a repeat answers the first one's sequence)."""
+    start = time.monotonic()
+    delay, attempts = 0.05, 0
+    while True:
+        attempts += 1
+        try:
+            return await event_log.append(event, msg_id=msg_id)
+        except Exception as err:
+            waited = time.monotonic() - start
+            if not transient(err):
+                raise
+            if waited + delay > patience_s:
+                raise LogUnavailable(attempts, waited, err) from err
+            log.warning("append_retry", kind=event.kind, msg_id=msg_id, attempt=attempts, error=type(err).__name__)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 class Admission:
     def __init__(self, folded: FoldedLog, config: AdmissionConfig, max_in_flight: int = 256):
         self.folded = folded
@@ -434,6 +502,7 @@ class Admission:
         self._taken: set[str] = set()  # job ids appended but maybe not folded yet
         self._tasks: set[asyncio.Task] = set()
         self.handled = 0
+        self.append_patience_s = APPEND_PATIENCE_S
 
     async def on_message(self, msg: Msg) -> None:
         await self._slots.acquire()
@@ -496,7 +565,12 @@ class Admission:
         job_id = decision.event.job_id if isinstance(decision.event, ev.JobSubmitted) else None
         if job_id:
             self._taken.add(job_id)
-        seq = await self.folded.log.append(decision.event, msg_id=decision.msg_id)
+        try:
+            seq = await append_patiently(self.folded.log, decision.event, decision.msg_id, self.append_patience_s)
+        except LogUnavailable as err:
+            self._taken.discard(job_id or "")  # a retry of this request must name the same job
+            log.warning("command_unavailable", kind=decision.event.kind, request_id=cmd.request_id, error=str(err))
+            return CommandReply(ok=False, error=str(err))
         if job_id and len(self._taken) > 4096:
             self._taken = {j for j in self._taken if j not in state.jobs}
         (log.debug if decision.reply.ok else log.info)("command_decided", kind=decision.event.kind, ok=decision.reply.ok, seq=seq,

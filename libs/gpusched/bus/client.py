@@ -149,9 +149,11 @@ class Client:
         return await self.send(SetTeamQuota(request_id=request_id or new_request_id(), team=team, quota=quota,
                                             only=only or []))  # type: ignore[arg-type]
 
-    async def drain(self, node: str, drain: bool = True, reason: str = "", request_id: str | None = None) -> CommandReply:
+    async def drain(self, node: str, drain: bool = True, reason: str = "", request_id: str | None = None,
+                    at: float | None = None, until: float | None = None) -> CommandReply:
+        """Drain (or undrain) `node`; with `until` (and `at`), a maintenance window instead."""
         return await self.send(DrainNode(request_id=request_id or new_request_id(), node=node, drain=drain,
-                                         reason=reason))
+                                         reason=reason, at=at, until=until))
 
     async def restore_gpu(self, gpu: str, reason: str = "", request_id: str | None = None) -> CommandReply:
         return await self.send(RestoreGpu(request_id=request_id or new_request_id(), gpu=gpu, reason=reason))

@@ -224,8 +224,23 @@ def cmd_quota(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    return _run(args, lambda c: c.drain(args.node, drain=not args.undo, reason=args.reason),
-                lambda r: f"node {args.node} {'undrained' if args.undo else 'drained'}")
+    from gpusched.cli.output import parse_future
+
+    at = None if args.at is None else parse_future(args.at, option="--at")
+    until = None if args.until is None else parse_future(args.until, option="--until")
+    if at is not None and until is None:
+        raise SystemExit("gpusched drain: --at needs --until (a maintenance window has an end)")
+    if until is None:
+        return _run(args, lambda c: c.drain(args.node, drain=not args.undo, reason=args.reason),
+                    lambda r: f"node {args.node} {'undrained' if args.undo else 'drained'}")
+    return _run(args, lambda c: c.drain(args.node, reason=args.reason, at=at, until=until),
+                lambda r: f"node {args.node}: maintenance window {_iso(at) if at else 'now'} .. {_iso(until)}")
+
+
+def _iso(ts: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -349,8 +364,13 @@ def register(sub) -> None:
 
     p = sub.add_parser("drain", parents=common, help="keep new work off a node (--undo: allow it again)")
     p.add_argument("node", help="the node name")
-    p.add_argument("--undo", action="store_true", help="undrain: allow new work again")
+    p.add_argument("--undo", action="store_true", help="undrain: allow new work again (and drop its windows)")
     p.add_argument("--reason", default="", help="why (kept in the log)")
+    p.add_argument("--at", metavar="START", help="maintenance window start: ISO-8601, epoch seconds or +DURATION "
+                                                 "(default: now); needs --until")
+    p.add_argument("--until", metavar="END", help="maintenance window end (ISO-8601, epoch seconds or +2h): jobs "
+                                                  "whose time limit reaches into [START, END) are kept off the node; "
+                                                  "it returns by itself at END")
     p.set_defaults(func=cmd_drain)
 
     p = sub.add_parser("restore", parents=common, help="put a quarantined GPU back into service (admin)")

@@ -103,6 +103,19 @@ def parse_time(text: str, now: float | None = None, option: str = "time") -> flo
     return when.timestamp()
 
 
+def parse_future(text: str, now: float | None = None, option: str = "time") -> float:
+    """Epoch seconds from `+DURATION` (`+2h`: from now), ISO-8601 (UTC unless it says) or epoch seconds."""
+    text = text.strip()
+    if text.startswith("+"):
+        ahead = _AGE.match(text[1:].strip())
+        if not ahead:
+            raise UsageError(f"{option} {text!r}: give +DURATION like +2h, an ISO-8601 time or epoch seconds")
+        return (time.time() if now is None else now) + float(ahead.group(1)) * _UNIT[ahead.group(2)]
+    if _AGE.match(text):
+        raise UsageError(f"{option} {text!r}: a time ahead is +{text} (an age would be in the past)")
+    return parse_time(text, now, option)
+
+
 def parse_at(text: str | None, option: str = "--at") -> tuple[int | None, float | None]:
     """`--at`/`--until` of the log: a sequence (digits only) or a time."""
     if text is None:

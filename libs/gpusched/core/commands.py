@@ -40,9 +40,15 @@ class SetTeamQuota(Command, frozen=True, kw_only=True):
 
 
 class DrainNode(Command, frozen=True, kw_only=True):
+    """Drain a node now, or (with `until`, optionally `at`: epoch seconds) a maintenance window
+    [at or now, until): placement keeps off the node every job whose time limit would reach into
+    it; after `until` the node returns with no further command. `drain=False` undoes both."""
+
     node: L.NodeName
     drain: bool = True
     reason: L.Reason = ""
+    at: Annotated[float, Meta(ge=0)] | None = None
+    until: Annotated[float, Meta(ge=0)] | None = None
 
 
 class RestoreGpu(Command, frozen=True, kw_only=True):

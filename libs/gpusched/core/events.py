@@ -271,12 +271,16 @@ class NodeLost(Event, frozen=True, kw_only=True):
 
 
 class NodeDrained(Event, frozen=True, kw_only=True):
-    """An operator keeps new work off a node (`drain=False` undoes it). Running jobs finish."""
+    """An operator keeps new work off a node (`drain=False` undoes it, and its windows). Running
+    jobs finish. With `until`: a maintenance window [`start`, `until`) instead, which bars the
+    node only for jobs whose time limit reaches into it, and ends by itself."""
 
     ALLOC: ClassVar[bool] = True
     node: str
     drain: bool = True
     reason: str = ""
+    start: float | None = None
+    until: float | None = None
 
 
 class GpuQuarantined(Event, frozen=True, kw_only=True):

@@ -169,6 +169,20 @@ class NoMatchingNode(_Reason, frozen=True, tag="no_matching_node"):
         return f"no node matches constraint {self.wants} with {self.need} GPUs"
 
 
+class MaintenanceWindow(_Reason, frozen=True, tag="maintenance_window"):
+    """Outside the maintenance windows its time limit would reach into (all of them, for a job
+    without a limit), fewer than `need` GPUs may hold the job: it starts when a window is over,
+    or sooner with a time limit that ends before one starts (`windows`: 'NODE START..UNTIL' each)."""
+
+    windows: list[str]
+    need: int
+
+    @property
+    def text(self) -> str:
+        return (f"needs {self.need} GPUs outside maintenance windows it would run into: "
+                f"{', '.join(self.windows)}")
+
+
 class ArrayLimit(_Reason, frozen=True, tag="array_limit"):
     """A task of a job array whose `max_running` tasks already hold GPUs (`--array 0-99%10`)."""
 
@@ -181,7 +195,7 @@ class ArrayLimit(_Reason, frozen=True, tag="array_limit"):
 
 
 Reason = Union[QueuedBehind, NoRoom, TeamLimit, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
-               Held, DependencyWait, DependencyNever, NoMatchingNode, ArrayLimit]
+               Held, DependencyWait, DependencyNever, NoMatchingNode, MaintenanceWindow, ArrayLimit]
 
-__all__ = ["ArrayLimit", "BehindReservation", "ComingFree", "DependencyNever", "DependencyWait", "Held", "NoMatchingNode", "NoRoom",
+__all__ = ["ArrayLimit", "BehindReservation", "ComingFree", "DependencyNever", "DependencyWait", "Held", "MaintenanceWindow", "NoMatchingNode", "NoRoom",
            "QueuedBehind", "Reason", "TeamLimit", "Topology", "WaitingForCheckpoint"]

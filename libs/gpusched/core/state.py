@@ -191,6 +191,7 @@ class ClusterState(Struct):
     free_count: int = 0
     node_live: dict[str, dict[str, None]] = {}  # node -> jobs with `Live` processes there
     label_changes: int = 0  # node labels or nodes changed (placement's constraint memo)
+    windows: dict[str, list[tuple[float, float]]] = {}  # node -> maintenance windows [start, until)
     broken: list[Violation] = []  # every invariant an event broke, in log order
 
     # --- the fold ------------------------------------------------------------------------
@@ -317,10 +318,17 @@ class ClusterState(Struct):
 
     def _on_node_drained(self, e: ev.NodeDrained) -> None:
         node = self.nodes.get(e.node)
-        if node is not None:
-            node.drained = e.drain
-            for g in node.gpus:
-                self._refresh(g)
+        if node is None:
+            return
+        if e.until is not None:  # a window: the policy keeps jobs off it by the clock, no event ends it
+            kept = [w for w in self.windows.get(e.node, []) if w[1] > e.at]
+            self.windows[e.node] = sorted(kept + [(e.at if e.start is None else e.start, e.until)])
+            return
+        node.drained = e.drain
+        if not e.drain:
+            self.windows.pop(e.node, None)
+        for g in node.gpus:
+            self._refresh(g)
 
     def _on_quarantined(self, e: ev.GpuQuarantined) -> None:
         if e.gpu in self.gpus:

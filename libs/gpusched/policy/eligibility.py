@@ -8,8 +8,11 @@ backfill stay untouched for jobs that use none of these features.
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timezone
+
 from ..core.model import GpuId, JobSpec
-from ..core.reasons import ArrayLimit, DependencyNever, DependencyWait, Held, NoMatchingNode, Reason
+from ..core.reasons import ArrayLimit, DependencyNever, DependencyWait, Held, MaintenanceWindow, NoMatchingNode, Reason
 from ..core.state import ClusterState, Job
 from .placement import Pool
 
@@ -18,8 +21,9 @@ _SATISFIED = {"afterok": ("completed",), "afterany": ("completed", "failed", "ca
 _ENDED = ("completed", "failed", "cancelled", "timeout")
 
 
-def not_eligible(state: ClusterState, job: Job) -> Reason | None:
-    """Why `job` may not start whatever the room (None: it may)."""
+def not_eligible(state: ClusterState, job: Job, now: float | None = None) -> Reason | None:
+    """Why `job` may not start whatever the room (None: it may). With `now`, also the
+    maintenance windows its time limit would run into (admission asks without: they pass)."""
     if job.hold is not None:
         return Held(job.hold)
     spec = job.spec
@@ -32,7 +36,37 @@ def not_eligible(state: ClusterState, job: Job) -> Reason | None:
         if not any(len(state.nodes[n].gpus) >= spec.gang_min for n in m) and \
                 sum(len(state.nodes[n].gpus) for n in m) < spec.gang_min:
             return NoMatchingNode(wants(spec), spec.gang_min)
+    if now is not None and state.windows:
+        return window_reason(state, spec, now)
     return None
+
+
+def barred_nodes(state: ClusterState, spec: JobSpec, now: float) -> list[str]:
+    """Nodes with a maintenance window overlapping [now, now + the job's time limit): any window
+    not over yet, for a job without a limit. A node inside its window bars every job."""
+    if not state.windows:
+        return []
+    end = now + spec.time_limit_s if spec.time_limit_s else math.inf
+    return [n for n, ws in state.windows.items() if n in state.nodes and any(s < end and now < u for s, u in ws)]
+
+
+def window_reason(state: ClusterState, spec: JobSpec, now: float) -> Reason | None:
+    """MaintenanceWindow when the nodes outside the windows the job would run into cannot hold
+    its gang even empty (a busy cluster is NoRoom's story, not this one)."""
+    barred = barred_nodes(state, spec, now)
+    if not barred:
+        return None
+    out = set(barred)
+    ok = [n for n in matching(state, spec) if n not in out]
+    if any(len(state.nodes[n].gpus) >= spec.gang_min for n in ok) or \
+            sum(len(state.nodes[n].gpus) for n in ok) >= spec.gang_min:
+        return None
+    return MaintenanceWindow([f"{n} {_hm(s)}..{_hm(u)}" for n in sorted(barred) for s, u in state.windows[n]
+                              if u > now], spec.gang_min)
+
+
+def _hm(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 
 
 def array_full(plan, job: Job) -> Reason | None:
@@ -103,13 +137,19 @@ def matching(state: ClusterState, spec: JobSpec) -> list[str]:
     return _memo(state, spec)[0] if constrained(spec) else list(state.nodes)
 
 
-def restrict(pool: Pool, spec: JobSpec) -> Pool:
-    """The pool the job may be placed on: the filter of its constraints, applied once per
-    placement question; the pool itself for a job that asks for nothing."""
-    if not constrained(spec):
-        return pool
-    other = _memo(pool.state, spec)[1]
-    return pool.without(other) if other else pool
+def restrict(pool: Pool, spec: JobSpec, now: float | None = None) -> Pool:
+    """The pool the job may be placed on: the filter of its constraints, and (given `now`) less
+    the nodes whose maintenance window its time limit would run into, applied once per placement
+    question; the pool itself for a job that asks for nothing on a cluster without windows."""
+    if constrained(spec):
+        other = _memo(pool.state, spec)[1]
+        pool = pool.without(other) if other else pool
+    if now is not None and pool.state.windows:
+        barred = barred_nodes(pool.state, spec, now)
+        if barred:
+            nodes = pool.state.nodes
+            pool = pool.without([g for n in barred for g in nodes[n].gpus])
+    return pool
 
 
 def dependency_reason(state: ClusterState, job: Job) -> Reason | None:
@@ -132,4 +172,4 @@ def dependency_reason(state: ClusterState, job: Job) -> Reason | None:
     return None
 
 
-__all__ = ["array_full", "constrained", "dependency_reason", "matching", "not_eligible", "restrict", "wants"]
+__all__ = ["array_full", "barred_nodes", "constrained", "dependency_reason", "matching", "not_eligible", "restrict", "wants"]

@@ -166,9 +166,9 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         eta = None if start is None else max(0.0, start - now)
     out["eta_s"] = None if eta is None else round(eta, 3)
     out["summary"] = _summary(out)
-    barred = not_eligible(state, job)
+    barred = not_eligible(state, job, now)
     if barred is not None:  # held or waiting on dependencies: room is not the question yet
-        out["unblock"] = [_UNBAR[type(barred).__name__]]
+        out["unblock"] = [_UNBAR.get(type(barred).__name__, barred.text)]
         out["eta_s"] = None
         out["summary"] = barred.text
     return out
@@ -176,7 +176,9 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
 
 _UNBAR = {"Held": "`gpusched release JOB` (its owner's team or an admin)",
           "DependencyWait": "its dependencies end (afterok: successfully)",
-          "DependencyNever": "nothing: an afterok dependency did not succeed; cancel it and resubmit"}
+          "DependencyNever": "nothing: an afterok dependency did not succeed; cancel it and resubmit",
+          "MaintenanceWindow": "a maintenance window ends, or `gpusched update JOB --time-limit` to end before one",
+          "NoMatchingNode": "a node that matches registers or is labelled; or `gpusched update` the constraint"}
 
 
 def _team_standing(state: ClusterState, job: Job) -> dict[str, Any]:

@@ -226,7 +226,7 @@ class CyclePlan:
         what fits, at least its minimum. Jobs alike in what placement reads fail alike: a failure
         is remembered on the pool until it grows, so a long queue costs one placement per shape."""
         ctx, spec = self.ctx, job.spec
-        pool = restrict(pool, spec)
+        pool = restrict(pool, spec, ctx.now)
         want = spec.gpus if room is None else min(spec.gpus, room)
         lo = ctx.floor(job)
         if want < lo:
@@ -255,7 +255,7 @@ class CyclePlan:
         spec = job.spec
         want = spec.gpus if room is None else min(spec.gpus, room)
         key = (want, self.ctx.floor(job), spec.topology.required, spec.topology.preferred,
-               spec.gpu_type, tuple(spec.constraints.items()))
+               spec.gpu_type, tuple(spec.constraints.items()), bool(self.ctx.state.windows) and spec.time_limit_s)
         if key in self.fits_now:
             return True
         if self.fit(job, self.pool, room) is None:
@@ -267,12 +267,13 @@ class CyclePlan:
         """Whether `need` GPUs for `job` fit a pool (failures remembered on the pool)."""
         required = job.spec.topology.required
         key = ("fits", need, required)
-        placer = self.ctx.placer
+        placer, now = self.ctx.placer, self.ctx.now
         spec = job.spec
+        windows = bool(self.ctx.state.windows)
 
         def fits(pool: Pool) -> bool:
-            if constrained(spec):
-                pool = restrict(pool, spec)
+            if constrained(spec) or windows:
+                pool = restrict(pool, spec, now)
             if pool.count < need or key in pool.fails:
                 return False
             if placer.place(pool, need, required) is None:

@@ -25,7 +25,7 @@ def _head(plan: CyclePlan, ctx: Context) -> None:
     if head is None or not isinstance(plan.reason_of(head), NoRoom):
         return
     lo = ctx.floor(head)
-    pool = restrict(plan.pool, head.spec)  # a constrained head: what is free on its nodes
+    pool = restrict(plan.pool, head.spec, ctx.now)  # a constrained head: what is free on its nodes
     if ctx.config.backfill and head is plan.head:
         res = head_reservation(plan, ctx)
         if res is not None:

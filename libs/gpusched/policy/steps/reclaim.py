@@ -100,9 +100,9 @@ def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) 
     key = ("claim", lo, required)
     if coming is None or coming.count < lo or key in coming.fails:
         return False
-    p = ctx.placer.place(restrict(coming, job.spec), lo, required)
+    p = ctx.placer.place(restrict(coming, job.spec, ctx.now), lo, required)
     if p is None:
-        if not constrained(job.spec):  # a constrained job's failure says nothing of the whole pool
+        if not constrained(job.spec) and not ctx.state.windows:  # a constrained job's failure says nothing of the whole pool
             coming.fails.add(key)
         return False
     coming.take(p.gpus)

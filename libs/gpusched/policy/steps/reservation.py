@@ -65,11 +65,11 @@ def head_reservation(plan: CyclePlan, ctx: Context) -> Reservation | None:
     if plan.reservation is None and plan.head is not None:
         head = plan.head
         place = ctx.placer.place
-        if constrained(head.spec):  # only the nodes it may use: the filter inside each question
+        if constrained(head.spec) or ctx.state.windows:  # only the nodes it may use: the filter inside each question
             spec = head.spec
 
             def place(pool, n, required, preferred="nvlink"):  # type: ignore[no-redef]
-                return ctx.placer.place(restrict(pool, spec), n, required, preferred)
+                return ctx.placer.place(restrict(pool, spec, ctx.now), n, required, preferred)
         plan.reservation = reserve(ctx.state, plan.pool, head, ctx.floor(head), ctx.now, ctx.config,
                                    holders(plan, ctx), place)
         plan.outside = None
