@@ -28,7 +28,7 @@ from gpusched.core import events as ev
 from gpusched.services.runtime import FoldedLog, notify_ready
 
 from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, connect_redis, lease_holder, owner_id
-from .shell import common_arguments, wait_wake
+from .shell import common_arguments, policy_arguments, policy_of, wait_wake
 from .writer import Tracker, decide_and_append
 
 log = structlog.get_logger()
@@ -113,6 +113,7 @@ class Fallback:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser)
+    policy_arguments(parser)  # the usage half-life of the running policy: naive order is by fair share
     parser.add_argument("--placement-lease-key", default=PLACEMENT_LEASE_KEY)
     parser.add_argument("--lease-key", default=FALLBACK_LEASE_KEY)
     parser.add_argument("--lease-ttl-ms", type=int, default=3000)
@@ -122,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     redis = connect_redis(args.redis)
-    folded = await FoldedLog.open(args.nats, name="gpusched-fallback")
+    folded = await FoldedLog.open(args.nats, name="gpusched-fallback", half_life_s=policy_of(args).half_life_s)
     own = Lease(redis, args.lease_key, owner_id("fallback"), args.lease_ttl_ms)
     grace_s = (args.grace_ms if args.grace_ms is not None else args.lease_ttl_ms) / 1000.0
     fallback = Fallback(folded, redis, own, args.placement_lease_key, grace_s)

@@ -226,10 +226,10 @@ def test_every_service_that_folds_usage_takes_the_running_half_life():
     """`--policy-set half_life_s=...` means the same to every live fold that decays usage."""
     import argparse
 
-    from gpusched.services import placement, preemptor, projector, quota_ledger
+    from gpusched.services import fallback, placement, preemptor, projector, quota_ledger
     from gpusched.services.shell import policy_of
 
-    for service in (placement, preemptor, projector, quota_ledger):
+    for service in (placement, preemptor, projector, quota_ledger, fallback):
         parser = argparse.ArgumentParser()
         service.add_arguments(parser)
         args = parser.parse_args(["--policy-set", "half_life_s=3600"])

@@ -210,7 +210,7 @@ class Stack:
             "projector": policy,  # its fold and queue order follow the running policy
             "quota_ledger": policy,  # usage decays with the running policy's half-life
             "reconciler": policy,  # idle_util_pct, idle_after_s
-            "fallback": ttl,
+            "fallback": [*policy, *ttl],  # its fold decays usage with the running policy's half-life
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
                           "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2"],
