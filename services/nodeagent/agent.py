@@ -787,7 +787,6 @@ class NodeHost:
         state = self.folded.state
         for agent in self.agents.values():  # first take back (or end) what earlier daemons started
             agent.adopt(state)
-        await self._register_all(state)
         running_here: dict[str, list[str]] = {}
         for job_id in list(state.running):
             for node in job_nodes(state.jobs[job_id]):
@@ -812,7 +811,8 @@ class NodeHost:
                 await self.nc.subscribe(subjects.node_reset_subject(agent.node), cb=self._control_cb(agent, ResetGpu)),
                 await self.nc.subscribe(subjects.node_logs_subject(agent.node), cb=self._logs_cb(agent)),
             ]
-        await self.nc.flush()
+        await self.nc.flush()  # control subjects are heard before the node is announced as usable
+        await self._register_all(state)
         self._tasks = [
             asyncio.create_task(self._writer(), name="nodeagent-writer"),
             asyncio.create_task(self._monitor(), name="nodeagent-monitor"),
