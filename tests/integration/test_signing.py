@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gpusched.bus import subjects
-from gpusched.bus.export import export
+from gpusched.bus.export import export, sealed
 from gpusched.bus.log import Conflict, EventLog
 from gpusched.cli.replay import audit_stream
 from gpusched.core import events as ev
@@ -167,23 +167,13 @@ async def test_a_message_deleted_from_the_middle_is_named_missing(nats_url, writ
     kept = [line for line in lines[1:-1] if json.loads(line).get("seq") != 7]
     assert len(kept) == len(lines) - 3  # j2's grant, in the middle of a batch
     path = tmp_path / "deleted.jsonl"
-    path.write_text(resealed(lines[0], kept))  # as an attacker would: the export's seal redone
+    path.write_text(sealed(lines[0], kept))  # as an attacker would: the export's seal redone
     result = run_replay_file(path, keys, {"GPUSCHED_NATS_URL": "nats://127.0.0.1:1"})
     assert result.returncode == 1, result.stdout + result.stderr
     findings = json.loads(result.stdout)["trust"]["findings"]
     assert [(f["seq"], f["rule"]) for f in findings][:2] == [(7, "missing"), (8, "missing")]
     assert "sequence 7 missing" in findings[0]["detail"]
     assert "facts 2..2 of writer chain" in findings[1]["detail"]  # placement's own chain skips one
-
-
-def resealed(head: str, message_lines: list[str]) -> str:
-    """An export file with its seal line recomputed: the seal guards against a file cut short;
-    the signatures are what a forger cannot redo."""
-    import hashlib
-
-    body = "".join(line + "\n" for line in message_lines)
-    seal = {"end": True, "messages": len(message_lines), "sha256": hashlib.sha256(body.encode()).hexdigest()}
-    return head + "\n" + body + json.dumps(seal) + "\n"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -211,7 +201,7 @@ async def test_export_verifies_offline_and_tampering_with_the_file_is_named(nats
 
     def tampered(name: str, msgs: list[dict]) -> dict:
         path = tmp_path / f"{name}.jsonl"
-        path.write_text(resealed(lines[0], [json.dumps(m) for m in msgs]))  # as a forger writes it
+        path.write_text(sealed(lines[0], [json.dumps(m) for m in msgs]))  # as a forger writes it
         result = run_replay_file(path, keys, offline)
         assert result.returncode == 1, result.stdout + result.stderr
         trust = json.loads(result.stdout)["trust"]

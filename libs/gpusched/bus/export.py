@@ -68,8 +68,19 @@ async def export(log: EventLog, out: IO[str], until: int | None = None, start: i
             digest.update(line.encode("utf-8"))
             out.write(line)
             count += 1
-    out.write(json.dumps({"end": True, "messages": count, "sha256": digest.hexdigest()}) + "\n")
+    out.write(_seal_line(count, digest.hexdigest()))
     return count
+
+
+def _seal_line(count: int, sha256_hex: str) -> str:
+    return json.dumps({"end": True, "messages": count, "sha256": sha256_hex}) + "\n"
+
+
+def sealed(head_line: str, message_lines: list[str]) -> str:
+    """A whole export file from its head line and message lines, sealed as `export` seals it
+    (what an operator splicing segments, or a test forging one, must produce)."""
+    body = "".join(line + "\n" for line in message_lines)
+    return head_line + "\n" + body + _seal_line(len(message_lines), hashlib.sha256(body.encode("utf-8")).hexdigest())
 
 
 class ExportError(ValueError):
