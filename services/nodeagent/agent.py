@@ -292,13 +292,20 @@ def _handle_control(self, data: bytes, only: type | None = None) -> NodeReply:
     return NodeReply(ok=True, node=self.node)
 
 
+def _defer_registration(agent: NodeAgent) -> bool:
+    """True while a leftover run of this node still lives: its registration waits for the next
+    heartbeat, so the node is never announced usable with an earlier attempt on its GPUs."""
+    stopping = agent.leftovers()
+    if stopping:
+        agent.rejoin_at = agent.heartbeats + 1
+        log.info("registration_deferred", node=agent.node, stopping=[r.job_id for r in stopping])
+    return bool(stopping)
+
+
 def _register_node(self: NodeAgent) -> bool:
     """(Re-)register, e.g. after a `NodeLost` of this node: the fold makes it usable again.
     Not while a leftover run still lives: then retried at the next heartbeat."""
-    stopping = self.leftovers()
-    if stopping:
-        self.rejoin_at = self.heartbeats + 1
-        log.info("registration_deferred", node=self.node, stopping=[r.job_id for r in stopping])
+    if _defer_registration(self):
         return False
     self.rejoin_at = None
     event = self.registration()
@@ -826,12 +833,7 @@ class NodeHost:
         leftovers are still being stopped: they register from `heartbeat` once those are dead."""
         todo = []
         for a in self.agents.values():
-            if not a.needs_registration(state):
-                continue
-            if a.leftovers():
-                a.rejoin_at = a.heartbeats + 1
-                log.info("registration_deferred", node=a.node, stopping=[r.job_id for r in a.leftovers()])
-            else:
+            if a.needs_registration(state) and not _defer_registration(a):
                 todo.append(a.registration())
         for i in range(0, len(todo), 64):  # registration needs no compare-and-set: pipeline it
             await asyncio.gather(*(self.log.append(e) for e in todo[i:i + 64]))
