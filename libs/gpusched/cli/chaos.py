@@ -101,7 +101,7 @@ class Load:
             if reply.ok:
                 self.acked[request_id] = reply.job_id
                 return reply.job_id
-            if str(reply.error).startswith("internal error"):  # e.g. the stream between leaders: retry
+            if str(reply.error).startswith(("internal error", "event log unavailable")):  # between leaders: retry
                 await asyncio.sleep(0.2)
                 continue
             self.refused[request_id] = str(reply.error)
