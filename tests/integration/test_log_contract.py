@@ -111,6 +111,16 @@ async def test_a_batch_is_at_most_max_batch(log):
     assert await log.last_seq() == 0
 
 
+async def test_a_fact_its_readers_would_dead_letter_is_refused_before_it_is_stored(log):
+    bad = ev.GpusGranted(at=2, job_id="j", attempt=1, gpus=["n0/0"], level="nvswitch")  # type: ignore[arg-type]
+    with pytest.raises(ev.InvalidFact, match="level"):
+        await log.append(bad)
+    with pytest.raises(ev.InvalidFact):
+        await log.append_batch([submit("j"), bad])
+    assert await seqs(log) == []
+    assert await log.append(submit("j")) == 1
+
+
 async def test_records_read_a_range_and_filter_by_subject(log):
     await log.append(node())
     for j in "abc":

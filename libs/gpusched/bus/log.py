@@ -44,7 +44,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from gpusched import telemetry
 from gpusched.core import limits
-from gpusched.core.events import Event, decode_event, encode_event
+from gpusched.core.events import Event, decode_event, encode_fact
 from gpusched.security import clientconfig, signing
 from gpusched.security.identity import Identity
 from gpusched.security.identity import load as load_identity
@@ -421,7 +421,7 @@ class EventLog:
     ) -> int:
         """Append one fact and return its sequence. With `expect_alloc_seq` the append is a
         compare-and-set over the alloc tree and raises `Conflict` when the writer is behind."""
-        payload = encode_event(event)
+        payload = encode_fact(event)
         subject = subjects.event_subject(event)
         hdrs = dict(headers or {})
         telemetry.append_headers(event, hdrs)  # traceparent: the job's trace crosses services here
@@ -499,7 +499,7 @@ class EventLog:
                              chain: signing.Chain | None) -> list[int]:
         batch_id = uuid.uuid4().hex
         last = len(events) - 1
-        facts = [(subjects.event_subject(e), encode_event(e)) for e in events]
+        facts = [(subjects.event_subject(e), encode_fact(e)) for e in events]
         sigs, end = chain.sign(facts, expect_alloc_seq) if chain is not None else ([], "")
         reply = None
         for i, (event, (subject, payload)) in enumerate(zip(events, facts)):

@@ -16,7 +16,7 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from gpusched.core.events import Event, encode_event
+from gpusched.core.events import Event, encode_event, encode_fact
 
 from . import subjects
 from .log import MAX_BATCH, Conflict, Record
@@ -88,6 +88,7 @@ class MemoryEventLog:
         """Append one fact; a repeated message id returns the stored sequence. The
         compare-and-set check comes first, as in JetStream: a retried grant from its old view
         conflicts (the writer catches up and finds its grant in the fold)."""
+        encode_fact(event)  # refused before anything, as the real log refuses it before publishing
         self._check(expect_alloc_seq)
         mid = self._msg_id(event, msg_id)
         if mid in self.msg_ids:
@@ -107,6 +108,8 @@ class MemoryEventLog:
                                       expect_alloc_seq=expect_alloc_seq, headers=headers)]
         if len(events) > MAX_BATCH:
             raise ValueError(f"an atomic batch holds at most {MAX_BATCH} events, got {len(events)}")
+        for event in events:
+            encode_fact(event)
         mids = [self._msg_id(e, msg_ids[i] if msg_ids else None) for i, e in enumerate(events)]
         if any(m in self.msg_ids for m in mids) or len(set(mids)) != len(mids):
             if expect_alloc_seq is not None:

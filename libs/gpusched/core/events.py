@@ -388,3 +388,19 @@ def decode_event(data: bytes) -> Event:
 
 def encode_event(event: Event) -> bytes:
     return _encoder.encode(event)
+
+
+class InvalidFact(ValueError):
+    """A fact its readers would dead-letter: refused before it is stored, never after."""
+
+
+def encode_fact(event: Event) -> bytes:
+    """Encode a fact for the log, checking it decodes: msgspec does not validate a struct built
+    in code (a literal outside its set, a bound broken), and a stored fact no reader can fold
+    would be lost to every replay."""
+    payload = _encoder.encode(event)
+    try:
+        _decoder.decode(payload)
+    except msgspec.ValidationError as e:
+        raise InvalidFact(f"{type(event).__name__}: {e}") from None
+    return payload
