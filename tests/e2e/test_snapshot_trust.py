@@ -71,3 +71,31 @@ async def test_a_poisoned_snapshot_is_rejected_and_nothing_is_double_booked(harn
     assert state.violations() == []  # and the harness's audit folds the whole log again
     assert "snapshot_rejected" in h.service_log("placement-again")
     assert "does not match the log's seal" in h.service_log("placement-again")
+
+
+async def test_the_cli_does_not_show_a_poisoned_redis_snapshot(harness):
+    """Redis caches the CLI's snapshot; whoever can write Redis must not make `show`/`nodes`
+    report held GPUs as free: the CLI folds on from it only when the log's seal vouches for it."""
+    from gpusched.cli.views import fold_state
+    from gpusched.services.lease import connect_redis
+    from gpusched.store import SNAPSHOT_KEY, save_snapshot
+
+    h = harness
+    h.start("admission")
+    h.start("placement")
+    await h.ready("admission", "placement")
+    await h.nodes(1, 8)
+    first = await h.submit(team="a", gpus=8, name="holder")
+    await h.wait_for("the first job holds all 8 GPUs", lambda s: h.holding(first))
+    honest = await _fold_without(h, set())
+    r = connect_redis(h.redis_url)
+    try:
+        await save_snapshot(r, honest, seal_log=h.log)  # sealed and cached, as the projector does
+        assert (await fold_state(h.nats_url, h.redis_url)).jobs[first].holding
+        about_first = {seq for seq, e in h.records if getattr(e, "job_id", None) == first}
+        poisoned = await _fold_without(h, about_first, until=honest.last_seq)
+        await r.hset(SNAPSHOT_KEY, mapping={"data": poisoned.snapshot()})
+        shown = await fold_state(h.nats_url, h.redis_url)
+    finally:
+        await r.aclose()
+    assert shown.jobs[first].holding and shown.free_count == 0

@@ -58,25 +58,44 @@ async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: b
     """The cluster state now, or `at` a log sequence or time: a Redis snapshot (when it is not
     past the cut) plus the log up to the cut, or the log from its start (folded with the running
     policy's usage half-life)."""
-    from gpusched.store import fold_log, load_snapshot
+    from gpusched.store import fold_log
+
+    log = await _open_log(nats)
+    try:
+        until = await cut_seq(log, at)
+        state = await verified_snapshot(log, redis, half_life_s, until) if use_snapshot else None
+        return await fold_log(log, state, until, half_life_s=half_life_s)
+    finally:
+        await log.close()
+
+
+async def verified_snapshot(log, redis: str | None, half_life_s: float | None,
+                            until: int | None = None) -> ClusterState | None:
+    """A snapshot to fold on from, never past `until`: Redis's cached one if the log's latest
+    seal vouches for it (anyone who can write Redis could otherwise show held GPUs as free),
+    else (for the state now) the newest verified one in JetStream; None: fold from the start. Only a shortcut, so
+    any failure means None."""
+    from gpusched.bus import subjects
+    from gpusched.store import SnapshotStore, load_snapshot, untrusted
 
     state = None
-    if use_snapshot and _redis_configured(redis):
+    if _redis_configured(redis):
         r = _redis_client(redis)
         try:
             state = await asyncio.wait_for(load_snapshot(r, half_life_s), 3)
+            if state is not None and await untrusted(log, state) is not None:
+                state = None
         except Exception:  # noqa: BLE001 - a snapshot is only a shortcut
             state = None
         finally:
             await r.aclose()
-    log = await _open_log(nats)
-    try:
-        until = await cut_seq(log, at)
-        if state is not None and until is not None and state.last_seq > until:
-            state = None  # the snapshot is from after the cut
-        return await fold_log(log, state, until, half_life_s=half_life_s)
-    finally:
-        await log.close()
+    if state is None and until is None:
+        try:
+            info = (await log.js.stream_info(subjects.STREAM)).state
+            state, _ = await SnapshotStore(log).latest(half_life_s, info.first_seq, info.last_seq)
+        except Exception:  # noqa: BLE001
+            state = None
+    return None if state is None or (until is not None and state.last_seq > until) else state
 
 
 async def cut_seq(log, at: str | None) -> int | None:
@@ -545,20 +564,12 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
     running policy `config` (default: the default preset)."""
     from gpusched.policy.config import DEFAULT
     from gpusched.policy.explain import explain_pending, explain_preemptions
-    from gpusched.store import fold_log, load_snapshot
+    from gpusched.store import fold_log
 
     config = config or DEFAULT
-    state = None
-    if _redis_configured(redis):
-        r = _redis_client(redis)
-        try:
-            state = await asyncio.wait_for(load_snapshot(r, config.half_life_s), 3)
-        except Exception:  # noqa: BLE001
-            state = None
-        finally:
-            await r.aclose()
     event_log = await _open_log(nats)
     try:
+        state = await verified_snapshot(event_log, redis, config.half_life_s)
         state = await fold_log(event_log, state, half_life_s=config.half_life_s)
         if job_id not in state.jobs:
             return {"job_id": job_id, "error": f"no job {job_id} in the log (at seq {state.last_seq})"}
