@@ -134,6 +134,8 @@ class Decision:
     reply: CommandReply
     event: ev.Event | None = None
     msg_id: str | None = None
+    #: facts appended after `event`, each with its message id (a job array's other tasks)
+    more: tuple[tuple[ev.Event, str], ...] = ()
 
 
 # --- the pure part ------------------------------------------------------------------------
@@ -389,6 +391,26 @@ def _label(state: ClusterState, cmd: LabelNode, now: float) -> Decision:
                                                           remove=list(cmd.remove)), f"label-{cmd.request_id}")
 
 
+def _cancel_array(state: ClusterState, cmd: CancelJob, now: float, caller: Caller) -> Decision:
+    """Cancelling a job array's id cancels every task of it not yet ended (as `scancel` does).
+    One fact per task, each with its own message id: a retried request cancels what is left
+    and stores nothing twice."""
+    tasks = [j for j in state.jobs.values() if j.array_job == cmd.job_id]
+    if not tasks:
+        return Decision(CommandReply(ok=False, error=f"unknown job {cmd.job_id!r}"))
+    if caller.team is not None and tasks[0].spec.team != caller.team:
+        return Decision(CommandReply(ok=False, error=f"job array {cmd.job_id} belongs to team {tasks[0].spec.team!r}; "
+                                                     f"these credentials act for {caller.team!r}"))
+    live = [j for j in tasks if j.state not in TERMINAL]
+    if not live:
+        return Decision(CommandReply(ok=False, job_id=cmd.job_id,
+                                     error=f"job array {cmd.job_id}: all {len(tasks)} tasks already ended"))
+    facts = [(ev.JobCancelled(at=now, job_id=j.job_id, reason=cmd.reason), f"cancel-{cmd.request_id}-{j.job_id}")
+             for j in live]
+    (first, first_id), *rest = facts
+    return Decision(CommandReply(ok=True, job_id=cmd.job_id), first, first_id, tuple(rest))
+
+
 def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig, capacity: Capacity,
           taken: set[str] | frozenset[str] = frozenset(), caller: Caller = ADMIN) -> Decision:
     """Decide one well-formed command from `caller` against the fold."""
@@ -401,7 +423,7 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
     if isinstance(cmd, CancelJob):
         job = state.jobs.get(cmd.job_id)
         if job is None:
-            return Decision(CommandReply(ok=False, error=f"unknown job {cmd.job_id!r}"))
+            return _cancel_array(state, cmd, now, caller)
         if job.state in TERMINAL:
             return Decision(CommandReply(ok=False, job_id=job.job_id,
                                          error=f"job {job.job_id} already {job.state} ({job.end_reason})"))
@@ -567,6 +589,8 @@ class Admission:
             self._taken.add(job_id)
         try:
             seq = await append_patiently(self.folded.log, decision.event, decision.msg_id, self.append_patience_s)
+            for event, msg_id in decision.more:
+                seq = await append_patiently(self.folded.log, event, msg_id, self.append_patience_s)
         except LogUnavailable as err:
             self._taken.discard(job_id or "")  # a retry of this request must name the same job
             log.warning("command_unavailable", kind=decision.event.kind, request_id=cmd.request_id, error=str(err))

@@ -86,3 +86,10 @@ async def test_a_job_array_through_admission_and_placement(harness):
     assert sum(h.holding(t) for t in tasks) == 3
     waiting = next(t for t in tasks if st.jobs[t].state == "pending")
     await h.wait_for("its reason", lambda s: s.jobs[waiting].pending_reason == f"array {arr} has 3 tasks running, its limit")
+    # cancelling the array's id cancels every task not yet ended (running ones too), as scancel does
+    cancelled = await h.client.cancel(arr, request_id="cancel-the-array")
+    assert cancelled.ok and cancelled.job_id == arr
+    st = await h.wait_for("every task ended", lambda s: all(s.jobs[t].state in ("completed", "cancelled") for t in tasks) and s)
+    assert [st.jobs[t].state for t in tasks].count("completed") == 1 and st.running == {}
+    again = await h.client.cancel(arr)
+    assert not again.ok and again.error == f"job array {arr}: all 10 tasks already ended"

@@ -382,3 +382,20 @@ def test_the_writers_recheck_refuses_a_grant_to_a_job_held_meanwhile():
     assert BatchCheck(s.state).problem(grant) is None
     s.apply(ev.JobHeld(at=2.0, job_id="j", user="alice"))
     assert BatchCheck(s.state).problem(grant) == "grant to a held job (alice)"
+
+
+def test_cancelling_an_array_id_cancels_its_live_tasks_once_and_only_for_its_team():
+    from gpusched.core.commands import CancelJob
+    from gpusched.core.model import ArraySpec
+
+    st = _admission_state()
+    st.apply(ev.JobSubmitted(at=1.0, job_id="arr", request_id="r1", spec=JobSpec(team="a", gpus=1, array=ArraySpec(0, 3))), 90)
+    st.apply(ev.JobCancelled(at=2.0, job_id="arr_1"), 91)
+    d = _admit(st, CancelJob(request_id="c1", job_id="arr", reason="wrong data"))
+    facts = [d.event, *(e for e, _ in d.more)]
+    assert d.reply.ok and [e.job_id for e in facts] == ["arr_0", "arr_2", "arr_3"]
+    assert {e.reason for e in facts} == {"wrong data"}
+    assert [d.msg_id, *(m for _, m in d.more)] == ["cancel-c1-arr_0", "cancel-c1-arr_2", "cancel-c1-arr_3"]
+    other = admit(st, CancelJob(request_id="c2", job_id="arr"), 3.0, AdmissionConfig(), Capacity(), caller=Caller("eve", "b"))
+    assert not other.reply.ok and other.reply.error.endswith("these credentials act for 'b'")
+    assert _admit(st, CancelJob(request_id="c3", job_id="nope")).reply.error == "unknown job 'nope'"

@@ -341,7 +341,7 @@ def register(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job (a tenant: its own team's only)")
+    p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job, or every task of a job array by its id (a tenant: its own team's only)")
     p.add_argument("job", help="the job id")
     p.add_argument("--team", dest="as_team", default=None,
                    help="a platform's credentials: the team whose job it cancels (default: its first)")
