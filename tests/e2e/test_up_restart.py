@@ -1,0 +1,158 @@
+"""A crash of `gpusched up` itself (issue 10): `up` killed with SIGKILL, and every process it
+started with it (NATS, Redis, the services, the node agents), but not the jobs; `up` again on the
+same data dir adopts them. Afterwards the OS runs exactly one process per job rank, every job is
+in its first attempt, no GPU-second is counted lost and `replay --verify` is clean. An orderly
+stop of `up` (SIGTERM) then stops the jobs: nothing is left running."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from gpusched.bus.client import Client
+from gpusched.core import events as ev
+from gpusched.core.model import JobSpec
+from gpusched.job import env as E
+
+from .test_up import _alive, _cli
+from .test_up_supervision import _all_gone, _kill_all, _pids, _ready, _up
+
+MARK = "gpusched-up-restart-test"
+#: 2 nodes of 10 GPUs: one job of 11 GPUs spans both (2 ranks), 9 jobs of one GPU fill the rest.
+SHAPE = ("--nodes", "2", "--gpus-per-node", "10")
+#: Short reconciler timings, so that a job the restart failed to adopt would be requeued (or its
+#: node lost) within the few seconds the test watches after the restart.
+TIMINGS = ("--node-timeout-s", "10", "--no-process-grace-s", "3")
+
+
+def _job_processes(tag: str) -> dict[int, tuple[str, str]]:
+    """pid -> (job id, node rank) of this test's job processes (the commands, not their shell
+    wrappers), found by the marker and tag on their command line."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            state = Path(entry.path, "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            if state == b"Z" or MARK.encode() not in argv or tag.encode() not in argv or b"python" not in argv[0]:
+                continue
+            environ = dict(v.split(b"=", 1) for v in Path(entry.path, "environ").read_bytes().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        found[int(entry.name)] = (environ[E.JOB_ID.encode()].decode(), environ[E.NODE_RANK.encode()].decode())
+    return found
+
+
+def _per_rank(procs: dict[int, tuple[str, str]]) -> dict[tuple[str, str], int]:
+    counts: dict[tuple[str, str], int] = {}
+    for key in procs.values():
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _kill_jobs(tag: str) -> None:
+    """Every process of this test's jobs (wrappers included), by marker and tag: never another's."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+                if MARK.encode() in argv and tag.encode() in argv:
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+
+
+async def _events(nats_url: str) -> list[tuple[int, ev.Event]]:
+    from gpusched.bus.log import EventLog
+
+    log = await EventLog.open(nats_url, name="e2e-up-restart")
+    try:
+        return [(seq, e) async for seq, e in log.replay()]
+    finally:
+        await log.close()
+
+
+async def _submit_all(nats_url: str, tag: str) -> list[str]:
+    command = [sys.executable, "-c", "import time; time.sleep(600)", MARK, tag]
+    async with await Client.connect(nats_url, timeout=10) as client:
+        specs = [JobSpec(team="wide", gpus=11, command=command)]  # first: it needs GPUs of both nodes
+        specs += [JobSpec(team=f"t{i % 3}", gpus=1, command=command) for i in range(9)]
+        jobs = []
+        for spec in specs:
+            reply = await client.submit(spec)
+            assert reply.ok, reply.error
+            jobs.append(reply.job_id)
+    return jobs
+
+
+async def _until(what: str, check, timeout: float):
+    deadline = time.monotonic() + timeout
+    while not (result := await check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        await asyncio.sleep(0.3)
+    return result
+
+
+async def test_a_crashed_up_restarted_on_its_data_dir_adopts_every_job(tmp_path):
+    from .test_up import _fold
+
+    data, tag = tmp_path / "stack", f"t{os.getpid()}-{time.time_ns()}"
+    up = _up(data, *SHAPE, *TIMINGS)
+    try:
+        stack = await _ready(up, data)
+        jobs = await _submit_all(stack["nats"], tag)
+        ranks = {**{(j, "0"): 1 for j in jobs}, (jobs[0], "1"): 1}  # the wide job: a rank on each node
+
+        async def all_running():
+            state = await _fold(stack["nats"])
+            return all(state.jobs[j].state == "running" for j in jobs) and _per_rank(_job_processes(tag)) == ranks
+        await _until("every job running, one process per rank", all_running, 40)
+        state = await _fold(stack["nats"])
+        assert {n for g in state.jobs[jobs[0]].gpus for n in [g.split("/")[0]]} == {"node00", "node01"}
+        before = _job_processes(tag)
+
+        # The crash: `up` first (its children get their parent-death signal), then whatever of
+        # its children still runs. The jobs are left alone.
+        crashed_at = time.monotonic()
+        up.kill()
+        up.wait()
+        assert await _all_gone([stack["services"]["nodeagent"]], 5) == [], "the node agent outlived `up`"
+        for pid in _pids(stack):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        assert await _all_gone(_pids(stack), 10) == []
+        assert _job_processes(tag) == before, "a job process died with `up`"
+
+        restarted_at = time.monotonic()
+        up = _up(data, *SHAPE, *TIMINGS)
+        stack = await _ready(up, data)
+        ready_at = time.monotonic()
+        await asyncio.sleep(4.0)  # past the no-process grace, two heartbeats: a job not adopted is requeued
+        assert _job_processes(tag) == before, "after the restart the OS does not run exactly the first processes"
+        state = await _fold(stack["nats"])
+        assert all(state.jobs[j].state == "running" and state.jobs[j].attempt == 1 for j in jobs), \
+            {j: (state.jobs[j].state, state.jobs[j].attempt) for j in jobs}
+        assert sum(j.lost_gpu_s for j in state.jobs.values()) == 0
+        facts = [e for _, e in await _events(stack["nats"])]
+        assert not [e for e in facts if isinstance(e, (ev.NodeLost, ev.GpusReleased, ev.ProcessesEnded))]
+        assert state.violations() == []
+        env = {**os.environ, "GPUSCHED_NATS_URL": stack["nats"]}
+        audit = _cli("replay", "--verify", "--keys", str(data / "trust" / "keys.json"), "--json", env=env)
+        assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr
+        print(f"up restart: {len(before)} job processes of {len(jobs)} jobs kept; ready "
+              f"{ready_at - restarted_at:.1f}s after the restart, {ready_at - crashed_at:.1f}s after the crash")
+
+        # An orderly stop of `up` (no --keep-jobs) stops the jobs: nothing leaks.
+        now = json.loads((data / "stack.json").read_text())
+        up.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(up.wait, 40) == 0
+        assert await _all_gone([*_pids(now), *before], 10) == []
+    finally:
+        _kill_all(up, data)
+        _kill_jobs(tag)
