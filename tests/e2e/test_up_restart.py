@@ -45,7 +45,8 @@ def _job_processes(tag: str) -> dict[int, tuple[str, str]]:
             environ = dict(v.split(b"=", 1) for v in Path(entry.path, "environ").read_bytes().split(b"\0") if b"=" in v)
         except OSError:
             continue
-        found[int(entry.name)] = (environ[E.JOB_ID.encode()].decode(), environ[E.NODE_RANK.encode()].decode())
+        if E.JOB_ID.encode() in environ:  # started by a node agent
+            found[int(entry.name)] = (environ[E.JOB_ID.encode()].decode(), environ[E.NODE_RANK.encode()].decode())
     return found
 
 
@@ -155,4 +156,40 @@ async def test_a_crashed_up_restarted_on_its_data_dir_adopts_every_job(tmp_path)
         assert await _all_gone([*_pids(now), *before], 10) == []
     finally:
         _kill_all(up, data)
+        _kill_jobs(tag)
+
+
+def test_fresh_stops_the_jobs_a_crashed_up_left_running(tmp_path):
+    """`up --fresh` deletes the work dir with the state files no later daemon could adopt from:
+    the job processes those files prove still run are stopped first (and nothing else is)."""
+    import json as _json
+    import subprocess
+
+    from gpusched.cli.startup import claim_data_dir
+    from gpusched.services.nodeagent import launcher
+
+    data, tag = tmp_path / "d", f"t{os.getpid()}-{time.time_ns()}"
+    runs = data / "work" / "runs" / "node00"
+    runs.mkdir(parents=True)
+    launch = launcher.Launch(job_id="j-1", attempt=1, node="node00", node_rank=0, num_nodes=1, gpus=(0,),
+                             gpu_ids=("node00/0",), gpu_uuids=("GPU-0",), master_addr="127.0.0.1",
+                             command=(sys.executable, "-c", "import time; time.sleep(600)", MARK, tag), env={},
+                             checkpoint_dir=tmp_path / "c", control_dir=tmp_path / "k", log_path=tmp_path / "j.log")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", MARK, tag],
+                                 start_new_session=True)
+    try:
+        job = launcher.start(launch)
+        (runs / "j-1.1.0.json").write_text(_json.dumps(launcher.record(job)))
+        deadline = time.monotonic() + 10
+        while len(_job_processes(tag)) < 1:  # the job's python is up (its wrapper started it)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        lock = claim_data_dir(data, fresh=True)
+        lock.close()
+        job.poll()
+        assert _job_processes(tag) == {} and not (data / "work").exists()
+        assert bystander.poll() is None, "a process no state file proves was stopped"
+    finally:
+        bystander.kill()
+        bystander.wait()
         _kill_jobs(tag)
