@@ -193,3 +193,30 @@ def test_fresh_stops_the_jobs_a_crashed_up_left_running(tmp_path):
         bystander.kill()
         bystander.wait()
         _kill_jobs(tag)
+
+
+def test_up_passes_keep_jobs_and_the_reconciler_timings_and_starts_the_reconciler_after_the_nodes(tmp_path):
+    """What `up` hands its children (the crash-and-restart test above runs them for real)."""
+    from gpusched.cli.main import build_parser
+    from gpusched.cli.stack import Stack
+
+    def planned(*flags: str) -> Stack:
+        args = build_parser().parse_args(["up", "--data-dir", str(tmp_path), "--dashboard-port", "0", *flags])
+        stack = Stack(args, tmp_path)
+        stack.plan()
+        stack.notify.close()
+        return stack
+
+    plain = planned()
+    assert "--keep-jobs" not in plain.children["nodeagent"].argv_extra
+    assert "--node-timeout-s" not in plain.children["reconciler"].argv_extra  # the reconciler's defaults
+    assert plain.children["reconciler"].after is None  # nothing to adopt: everything starts at once
+    (tmp_path / "work" / "runs" / "node01").mkdir(parents=True)
+    (tmp_path / "work" / "runs" / "node01" / "j-1.1.0.json").write_text("{}")
+    assert planned().children["reconciler"].after == "nodeagent"
+    kept = planned("--keep-jobs", "--node-timeout-s", "45", "--no-process-grace-s", "90")
+    assert "--keep-jobs" in kept.children["nodeagent"].argv_extra
+    argv = kept.children["reconciler"].argv_extra
+    assert argv[argv.index("--node-timeout-s") + 1] == "45" and argv[argv.index("--no-process-grace-s") + 1] == "90"
+    alone = planned("--services", "admission,placement,reconciler")  # no node agents: nothing to wait for
+    assert alone.children["reconciler"].after is None

@@ -11,8 +11,8 @@ the stack is ready (every service said READY=1 on the notify socket: `cli/startu
 services (the node agents stop their jobs, unless `--keep-jobs`), then Redis and NATS, and exits
 0; killed outright, its children follow (PR_SET_PDEATHSIG), the node agents with SIGKILL so that
 the jobs (each in its own session) run on and the next `up` on the same data dir adopts them;
-its reconciler starts only once the node agents said READY (adopted what they ran and
-registered), so a restarted stack never calls a job lost for its agent's restart. DATA defaults to `$XDG_DATA_HOME/gpusched` and is kept across runs
+when there are such runs, its reconciler starts only once the node agents said READY (adopted
+them), so a restarted stack never calls a job lost for the restart itself. DATA defaults to `$XDG_DATA_HOME/gpusched` and is kept across runs
 (`--fresh` empties it). Logs: `DATA/logs/NAME.log`, rotated at `--log-max-mb`.
 """
 
@@ -252,8 +252,17 @@ class Stack:
             if a.metrics_port_base and name != "dashboard":  # the dashboard serves /metrics itself
                 argv = [*argv, "--metrics-port", str(a.metrics_port_base + i)]
             self.children[name] = Child(name, argv, env=env.get(name, {}))
-        if "nodeagent" in self.children and "reconciler" in self.children:
+        if "nodeagent" in self.children and "reconciler" in self.children and self.runs_to_adopt():
             self.children["reconciler"].after = "nodeagent"
+
+    def runs_to_adopt(self) -> bool:
+        """The node agents' state files record runs (`up` crashed, or stopped with --keep-jobs):
+        the reconciler then starts only once the agents have adopted them and said READY, so that
+        it never calls a job lost, or its node silent, for the restart itself."""
+        try:
+            return any((self.data_dir / "work" / "runs").glob("*/*.json"))
+        except OSError:
+            return False
 
     def spawn_due(self) -> None:
         """Start every child not started yet whose `after` sibling is ready (or absent)."""
