@@ -81,15 +81,24 @@ async def _events(nats_url: str) -> list[tuple[int, ev.Event]]:
 
 async def _submit_all(nats_url: str, tag: str) -> list[str]:
     command = [sys.executable, "-c", "import time; time.sleep(600)", MARK, tag]
+    stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "time.sleep(600)", MARK, tag]  # an orderly stop must still end it (SIGKILL after the grace)
     async with await Client.connect(nats_url, timeout=10) as client:
         specs = [JobSpec(team="wide", gpus=11, command=command)]  # first: it needs GPUs of both nodes
-        specs += [JobSpec(team=f"t{i % 3}", gpus=1, command=command) for i in range(9)]
+        specs += [JobSpec(team=f"t{i % 3}", gpus=1, command=stubborn if i == 0 else command) for i in range(9)]
         jobs = []
         for spec in specs:
             reply = await client.submit(spec)
             assert reply.ok, reply.error
             jobs.append(reply.job_id)
     return jobs
+
+
+def _last_ready(data: Path, service: str) -> str:
+    """When the service last said it was ready (the ISO time of its log line)."""
+    lines = [json.loads(line) for line in (data / "logs" / f"{service}.log").read_text().splitlines()
+             if f'"{service}_ready"' in line]
+    return lines[-1]["timestamp"]
 
 
 async def _until(what: str, check, timeout: float):
@@ -143,6 +152,8 @@ async def test_a_crashed_up_restarted_on_its_data_dir_adopts_every_job(tmp_path)
         facts = [e for _, e in await _events(stack["nats"])]
         assert not [e for e in facts if isinstance(e, (ev.NodeLost, ev.GpusReleased, ev.ProcessesEnded))]
         assert state.violations() == []
+        # the restarted reconciler started only once the node agents had adopted their jobs
+        assert _last_ready(data, "reconciler") > _last_ready(data, "nodeagent")
         env = {**os.environ, "GPUSCHED_NATS_URL": stack["nats"]}
         audit = _cli("replay", "--verify", "--keys", str(data / "trust" / "keys.json"), "--json", env=env)
         assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr

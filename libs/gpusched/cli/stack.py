@@ -115,10 +115,12 @@ class Child:
 #: `up` must not end the jobs; its orderly stop does, unless `--keep-jobs`).
 DEATH_SIGNAL = {"nodeagent": signal.SIGKILL}
 
-#: How long `up`'s orderly stop waits for the services before SIGKILL: the node agents stop
-#: their jobs first, SIGKILL after their kill grace (NODE_KILL_GRACE_S).
-STOP_TIMEOUT_S = 20.0
-NODE_KILL_GRACE_S = 10.0
+#: The simulated nodes' kill grace (SIGTERM to SIGKILL of a job): their orderly stop ends even
+#: a job that ignores SIGTERM within a service's own stop grace (`shell.STOP_GRACE_S`, 8 s).
+NODE_KILL_GRACE_S = 5.0
+#: How long `up`'s orderly stop waits for the services before it kills them: past their own
+#: stop grace and its cancellation.
+STOP_TIMEOUT_S = 15.0
 
 
 @dataclass
