@@ -157,8 +157,10 @@ async def test_a_crashed_up_restarted_on_its_data_dir_adopts_every_job(tmp_path)
         env = {**os.environ, "GPUSCHED_NATS_URL": stack["nats"]}
         audit = _cli("replay", "--verify", "--keys", str(data / "trust" / "keys.json"), "--json", env=env)
         assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr
-        print(f"up restart: {len(before)} job processes of {len(jobs)} jobs kept; ready "
-              f"{ready_at - restarted_at:.1f}s after the restart, {ready_at - crashed_at:.1f}s after the crash")
+        print(f"\nup restart: {len(jobs)} jobs, {len(before)} job processes before the crash and "
+              f"{len(_job_processes(tag))} after (the same pids); attempts {sorted({state.jobs[j].attempt for j in jobs})}; "
+              f"lost GPU-s {sum(j.lost_gpu_s for j in state.jobs.values())}; ready {ready_at - restarted_at:.1f}s "
+              f"after the restart, {ready_at - crashed_at:.1f}s after the crash")
 
         # An orderly stop of `up` (no --keep-jobs) stops the jobs: nothing leaks.
         now = json.loads((data / "stack.json").read_text())
