@@ -10,16 +10,20 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpusched.bus.client import Client
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
+from gpusched.core.state import ClusterState
 from gpusched.job import env as E
 
-from .test_up import _alive, _cli
+from .test_up import _alive, _cli, _fold
 from .test_up_supervision import _all_gone, _kill_all, _pids, _ready, _up
 
 MARK = "gpusched-up-restart-test"
@@ -109,23 +113,55 @@ async def _until(what: str, check, timeout: float):
     return result
 
 
-async def test_a_crashed_up_restarted_on_its_data_dir_adopts_every_job(tmp_path):
-    from .test_up import _fold
+async def _run_jobs(up: subprocess.Popen, data: Path, tag: str) -> tuple[dict, list[str], dict]:
+    """Once `up` is ready: the 10 jobs submitted and running, one process per rank in the OS.
+    Returns stack.json, the job ids (the wide one first) and the job processes."""
+    stack = await _ready(up, data)
+    jobs = await _submit_all(stack["nats"], tag)
+    ranks = {**{(j, "0"): 1 for j in jobs}, (jobs[0], "1"): 1}  # the wide job: a rank on each node
 
+    async def all_running():
+        state = await _fold(stack["nats"])
+        return all(state.jobs[j].state == "running" for j in jobs) and _per_rank(_job_processes(tag)) == ranks
+    await _until("every job running, one process per rank", all_running, 40)
+    state = await _fold(stack["nats"])
+    assert {g.split("/")[0] for g in state.jobs[jobs[0]].gpus} == {"node00", "node01"}
+    return stack, jobs, _job_processes(tag)
+
+
+async def _assert_adopted(stack: dict, data: Path, tag: str, jobs: list[str], before: dict) -> ClusterState:
+    """After a restart of `up`: exactly the first processes run, every job in its first attempt,
+    nothing requeued, lost or ended, no violation, `replay --verify` clean."""
+    await asyncio.sleep(4.0)  # past the no-process grace, two heartbeats: a job not adopted is requeued
+    assert _job_processes(tag) == before, "after the restart the OS does not run exactly the first processes"
+    state = await _fold(stack["nats"])
+    assert all(state.jobs[j].state == "running" and state.jobs[j].attempt == 1 for j in jobs), \
+        {j: (state.jobs[j].state, state.jobs[j].attempt) for j in jobs}
+    assert sum(j.lost_gpu_s for j in state.jobs.values()) == 0
+    facts = [e for _, e in await _events(stack["nats"])]
+    assert not [e for e in facts if isinstance(e, (ev.NodeLost, ev.GpusReleased, ev.ProcessesEnded))]
+    assert state.violations() == []
+    # the restarted reconciler started only once the node agents had adopted their jobs
+    assert _last_ready(data, "reconciler") > _last_ready(data, "nodeagent")
+    env = {**os.environ, "GPUSCHED_NATS_URL": stack["nats"]}
+    audit = _cli("replay", "--verify", "--keys", str(data / "trust" / "keys.json"), "--json", env=env)
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr
+    return state
+
+
+async def _stop_ends_the_jobs(up: subprocess.Popen, data: Path, before: dict) -> None:
+    """An orderly stop of `up` without --keep-jobs stops the jobs: nothing leaks."""
+    now = json.loads((data / "stack.json").read_text())
+    up.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(up.wait, 40) == 0
+    assert await _all_gone([*_pids(now), *before], 10) == []
+
+
+async def test_a_crashed_up_restarted_on_its_data_dir_adopts_every_job(tmp_path):
     data, tag = tmp_path / "stack", f"t{os.getpid()}-{time.time_ns()}"
     up = _up(data, *SHAPE, *TIMINGS)
     try:
-        stack = await _ready(up, data)
-        jobs = await _submit_all(stack["nats"], tag)
-        ranks = {**{(j, "0"): 1 for j in jobs}, (jobs[0], "1"): 1}  # the wide job: a rank on each node
-
-        async def all_running():
-            state = await _fold(stack["nats"])
-            return all(state.jobs[j].state == "running" for j in jobs) and _per_rank(_job_processes(tag)) == ranks
-        await _until("every job running, one process per rank", all_running, 40)
-        state = await _fold(stack["nats"])
-        assert {n for g in state.jobs[jobs[0]].gpus for n in [g.split("/")[0]]} == {"node00", "node01"}
-        before = _job_processes(tag)
+        stack, jobs, before = await _run_jobs(up, data, tag)
 
         # The crash: `up` first (its children get their parent-death signal), then whatever of
         # its children still runs. The jobs are left alone.
@@ -143,30 +179,32 @@ async def test_a_crashed_up_restarted_on_its_data_dir_adopts_every_job(tmp_path)
         up = _up(data, *SHAPE, *TIMINGS)
         stack = await _ready(up, data)
         ready_at = time.monotonic()
-        await asyncio.sleep(4.0)  # past the no-process grace, two heartbeats: a job not adopted is requeued
-        assert _job_processes(tag) == before, "after the restart the OS does not run exactly the first processes"
-        state = await _fold(stack["nats"])
-        assert all(state.jobs[j].state == "running" and state.jobs[j].attempt == 1 for j in jobs), \
-            {j: (state.jobs[j].state, state.jobs[j].attempt) for j in jobs}
-        assert sum(j.lost_gpu_s for j in state.jobs.values()) == 0
-        facts = [e for _, e in await _events(stack["nats"])]
-        assert not [e for e in facts if isinstance(e, (ev.NodeLost, ev.GpusReleased, ev.ProcessesEnded))]
-        assert state.violations() == []
-        # the restarted reconciler started only once the node agents had adopted their jobs
-        assert _last_ready(data, "reconciler") > _last_ready(data, "nodeagent")
-        env = {**os.environ, "GPUSCHED_NATS_URL": stack["nats"]}
-        audit = _cli("replay", "--verify", "--keys", str(data / "trust" / "keys.json"), "--json", env=env)
-        assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr
+        state = await _assert_adopted(stack, data, tag, jobs, before)
         print(f"\nup restart: {len(jobs)} jobs, {len(before)} job processes before the crash and "
               f"{len(_job_processes(tag))} after (the same pids); attempts {sorted({state.jobs[j].attempt for j in jobs})}; "
               f"lost GPU-s {sum(j.lost_gpu_s for j in state.jobs.values())}; ready {ready_at - restarted_at:.1f}s "
               f"after the restart, {ready_at - crashed_at:.1f}s after the crash")
+        await _stop_ends_the_jobs(up, data, before)
+    finally:
+        _kill_all(up, data)
+        _kill_jobs(tag)
 
-        # An orderly stop of `up` (no --keep-jobs) stops the jobs: nothing leaks.
-        now = json.loads((data / "stack.json").read_text())
+
+@pytest.mark.slow
+async def test_an_orderly_stop_with_keep_jobs_leaves_the_jobs_to_the_next_up(tmp_path):
+    data, tag = tmp_path / "stack", f"t{os.getpid()}-{time.time_ns()}"
+    up = _up(data, *SHAPE, *TIMINGS, "--keep-jobs")
+    try:
+        stack, jobs, before = await _run_jobs(up, data, tag)
         up.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(up.wait, 40) == 0
-        assert await _all_gone([*_pids(now), *before], 10) == []
+        assert await _all_gone(_pids(stack), 10) == []
+        assert _job_processes(tag) == before, "--keep-jobs: an orderly stop ended a job"
+
+        up = _up(data, *SHAPE, *TIMINGS)
+        stack = await _ready(up, data)
+        await _assert_adopted(stack, data, tag, jobs, before)
+        await _stop_ends_the_jobs(up, data, before)
     finally:
         _kill_all(up, data)
         _kill_jobs(tag)
@@ -175,9 +213,6 @@ async def test_a_crashed_up_restarted_on_its_data_dir_adopts_every_job(tmp_path)
 def test_fresh_stops_the_jobs_a_crashed_up_left_running(tmp_path):
     """`up --fresh` deletes the work dir with the state files no later daemon could adopt from:
     the job processes those files prove still run are stopped first (and nothing else is)."""
-    import json as _json
-    import subprocess
-
     from gpusched.cli.startup import claim_data_dir
     from gpusched.services.nodeagent import launcher
 
@@ -192,7 +227,7 @@ def test_fresh_stops_the_jobs_a_crashed_up_left_running(tmp_path):
                                  start_new_session=True)
     try:
         job = launcher.start(launch)
-        (runs / "j-1.1.0.json").write_text(_json.dumps(launcher.record(job)))
+        (runs / "j-1.1.0.json").write_text(json.dumps(launcher.record(job)))
         deadline = time.monotonic() + 10
         while len(_job_processes(tag)) < 1:  # the job's python is up (its wrapper started it)
             assert time.monotonic() < deadline
