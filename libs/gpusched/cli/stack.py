@@ -12,8 +12,9 @@ services (the node agents stop their jobs, unless `--keep-jobs`), then Redis and
 0; killed outright, its children follow (PR_SET_PDEATHSIG), the node agents with SIGKILL so that
 the jobs (each in its own session) run on and the next `up` on the same data dir adopts them;
 when there are such runs, its reconciler starts only once the node agents said READY (adopted
-them), so a restarted stack never calls a job lost for the restart itself. DATA defaults to `$XDG_DATA_HOME/gpusched` and is kept across runs
-(`--fresh` empties it). Logs: `DATA/logs/NAME.log`, rotated at `--log-max-mb`.
+them), so a restarted stack never calls a job lost for the restart itself. DATA defaults to
+`$XDG_DATA_HOME/gpusched` and is kept across runs (`--fresh` empties it, after stopping the job
+processes a crashed `up` left running). Logs: `DATA/logs/NAME.log`, rotated at `--log-max-mb`.
 """
 
 from __future__ import annotations
