@@ -415,9 +415,30 @@ def record(proc: JobProcess | AdoptedProcess | VirtualProcess) -> dict:
     return out
 
 
+def stop_recorded(work_dir: Path, grace_s: float = 10.0) -> int:
+    """Stop every run whose state file under `work_dir` still proves a live process (SIGTERM,
+    SIGKILL after `grace_s`): what `up --fresh` does before it deletes the work dir, since no
+    daemon could adopt those runs afterwards. Returns how many runs it stopped."""
+    groups = []
+    for path in sorted(Path(work_dir, "runs").glob("*/*.json")):
+        try:
+            proc = adopt(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(proc, AdoptedProcess):
+            proc.group.signal(signal.SIGTERM)
+            groups.append(proc.group)
+    deadline = time.monotonic() + grace_s
+    while any(g.alive() for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for group in groups:
+        group.signal(signal.SIGKILL)
+    return len(groups)
+
+
 def json_record(proc) -> str:
     return json.dumps(record(proc))
 
 
 __all__ = ["AdoptedProcess", "Launch", "JobProcess", "VirtualProcess", "adopt", "job_env", "launch_error",
-           "master_port", "record", "start"]
+           "master_port", "record", "start", "stop_recorded"]

@@ -8,9 +8,13 @@ service that died after `--restart-delay` seconds (`--no-restart`: leave it dead
 Redis that die are restarted at once on the same port and data dir. It prints ONE line when
 the stack is ready (every service said READY=1 on the notify socket: `cli/startup.py`), writes
 `DATA/stack.json` (URLs and pids of services and servers), and on SIGINT / SIGTERM stops the
-services, then Redis and NATS, and exits 0; killed outright, its children follow
-(PR_SET_PDEATHSIG). DATA defaults to `$XDG_DATA_HOME/gpusched` and is kept across runs
-(`--fresh` empties it). Logs: `DATA/logs/NAME.log`, rotated at `--log-max-mb`.
+services (the node agents stop their jobs, unless `--keep-jobs`), then Redis and NATS, and exits
+0; killed outright, its children follow (PR_SET_PDEATHSIG), the node agents with SIGKILL so that
+the jobs (each in its own session) run on and the next `up` on the same data dir adopts them;
+when there are such runs, its reconciler starts only once the node agents said READY (adopted
+them), so a restarted stack never calls a job lost for the restart itself. DATA defaults to
+`$XDG_DATA_HOME/gpusched` and is kept across runs (`--fresh` empties it, after stopping the job
+processes a crashed `up` left running). Logs: `DATA/logs/NAME.log`, rotated at `--log-max-mb`.
 """
 
 from __future__ import annotations
@@ -54,10 +58,11 @@ def service_creds(name: str, identity_dir: str | os.PathLike | None = None) -> s
 
 def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | tuple[str, ...] = (),
                   log_path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
-                  creds: str | os.PathLike | None = None, pipe: bool = False) -> subprocess.Popen:
+                  creds: str | os.PathLike | None = None, pipe: bool = False,
+                  death_signal: int = signal.SIGTERM) -> subprocess.Popen:
     """Start one service as a subprocess in its own session (signals from a terminal reach
     only `up`, which stops the services in order), as its own identity (`service_creds`), ended
-    by SIGTERM if its parent dies. Output goes to `log_path`, or to a pipe (`pipe=True`: `up`
+    by `death_signal` if its parent dies. Output goes to `log_path`, or to a pipe (`pipe=True`: `up`
     rotates it). Used by `up`, the e2e tests and the bench."""
     if pipe:
         log_path = None
@@ -73,7 +78,7 @@ def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | t
     try:
         return subprocess.Popen(service_command(name, nats_url, redis_url, *extra), stdout=out,
                                 stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
-                                preexec_fn=die_with_parent())
+                                preexec_fn=die_with_parent(death_signal))
     finally:
         if log_path is not None:
             out.close()
@@ -103,6 +108,20 @@ class Child:
     held: bool = False  # stopped on purpose (dashboard control): not restarted
     env: dict[str, str] = field(default_factory=dict)  # secrets for this child only (not on argv)
     ready: bool = False  # said READY=1 on the notify socket since its last start
+    after: str | None = None  # first started once this sibling said READY (the reconciler: the node agents)
+
+
+#: How `up` going away ends a service: SIGTERM (an orderly stop) for all but the node agents,
+#: which die outright so that their jobs run on, to be adopted by the next `up` (a crash of
+#: `up` must not end the jobs; its orderly stop does, unless `--keep-jobs`).
+DEATH_SIGNAL = {"nodeagent": signal.SIGKILL}
+
+#: The simulated nodes' kill grace (SIGTERM to SIGKILL of a job): their orderly stop ends even
+#: a job that ignores SIGTERM within a service's own stop grace (`shell.STOP_GRACE_S`, 8 s).
+NODE_KILL_GRACE_S = 5.0
+#: How long `up`'s orderly stop waits for the services before it kills them: past their own
+#: stop grace and its cancellation.
+STOP_TIMEOUT_S = 15.0
 
 
 @dataclass
@@ -209,11 +228,12 @@ class Stack:
             "preemptor": policy,
             "projector": policy,  # its fold and queue order follow the running policy
             "quota_ledger": policy,  # usage decays with the running policy's half-life
-            "reconciler": policy,  # idle_util_pct, idle_after_s
+            "reconciler": [*policy, *reconciler_timings(a)],  # idle_util_pct, idle_after_s; timings
             "fallback": [*policy, *ttl],  # its fold decays usage with the running policy's half-life
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
-                          "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2"],
+                          "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2",
+                          "--kill-grace-s", f"{NODE_KILL_GRACE_S:g}", *(["--keep-jobs"] if a.keep_jobs else [])],
         }
         env: dict[str, dict[str, str]] = {}
         if "dashboard" in wanted and registry.available("dashboard"):
@@ -235,13 +255,33 @@ class Stack:
             if a.metrics_port_base and name != "dashboard":  # the dashboard serves /metrics itself
                 argv = [*argv, "--metrics-port", str(a.metrics_port_base + i)]
             self.children[name] = Child(name, argv, env=env.get(name, {}))
+        if "nodeagent" in self.children and "reconciler" in self.children and self.runs_to_adopt():
+            self.children["reconciler"].after = "nodeagent"
+
+    def runs_to_adopt(self) -> bool:
+        """The node agents' state files record runs (`up` crashed, or stopped with --keep-jobs):
+        the reconciler then starts only once the agents have adopted them and said READY, so that
+        it never calls a job lost, or its node silent, for the restart itself."""
+        try:
+            return any((self.data_dir / "work" / "runs").glob("*/*.json"))
+        except OSError:
+            return False
+
+    def spawn_due(self) -> None:
+        """Start every child not started yet whose `after` sibling is ready (or absent)."""
+        self.collect_ready()
+        for child in self.children.values():
+            first = self.children.get(child.after) if child.after else None
+            if child.proc is None and not child.held and (first is None or first.ready):
+                self.spawn(child)
 
     def spawn(self, child: Child) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         env = {**child.env, **({"NOTIFY_SOCKET": self.notify.address} if self.notify is not None else {})}
         child.proc = spawn_service(child.name, self.nats_url, self.redis_url, child.argv_extra, env=env, pipe=True,
-                                   creds=self.creds_for(child.name))
+                                   creds=self.creds_for(child.name),
+                                   death_signal=DEATH_SIGNAL.get(child.name, signal.SIGTERM))
         self.pumps[child.name] = LogPump(child.proc, RotatingLog(logs / f"{child.name}.log",
                                                                  int(self.args.log_max_mb * 2**20)))
         child.died_at, child.ready = None, False
@@ -300,6 +340,7 @@ class Stack:
                                                self.args.nodes_per_rack, self.args.nvlink)
             state, seq = ClusterState(), 0
             while True:
+                self.spawn_due()  # the reconciler once the node agents are ready
                 for name, child in self.children.items():
                     if child.proc is not None and child.proc.poll() is not None:
                         raise RuntimeError(f"service {name} exited with code {child.proc.returncode} while "
@@ -340,7 +381,7 @@ class Stack:
     def supervise(self, stop: asyncio.Event) -> None:
         """Restart a service that died (after the delay), unless --no-restart."""
         self.supervise_servers()
-        self.collect_ready()
+        self.spawn_due()
         now = time.monotonic()
         for child in self.children.values():
             if child.held or child.proc is None or child.proc.poll() is None:
@@ -355,7 +396,7 @@ class Stack:
                 self.spawn(child)
 
     def stop(self) -> None:
-        stop_processes([c.proc for c in self.children.values() if c.proc is not None])
+        stop_processes([c.proc for c in self.children.values() if c.proc is not None], timeout=STOP_TIMEOUT_S)
         for server in reversed(self.servers):
             server.proc.send_signal(signal.SIGCONT)  # a stopped server must still hear SIGTERM
             server.stop()
@@ -363,6 +404,16 @@ class Stack:
             pump.join(timeout=2)
         if self.notify is not None:
             self.notify.close()
+
+
+def reconciler_timings(args: argparse.Namespace) -> list[str]:
+    """The reconciler's options that `up` passes on when given (else the reconciler's defaults)."""
+    out: list[str] = []
+    for flag in ("node_timeout_s", "no_process_grace_s"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            out += [f"--{flag.replace('_', '-')}", f"{value:g}"]
+    return out
 
 
 def cluster_shape(size: int, replicas: int | None) -> tuple[int, int]:
@@ -452,8 +503,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         try:
             stack.start_servers()
             stack.plan()
-            for child in stack.children.values():
-                stack.spawn(child)
+            stack.spawn_due()
             ready = asyncio.create_task(stack.wait_ready(args.ready_timeout))
             await asyncio.wait({ready, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
@@ -566,6 +616,14 @@ def register(sub) -> None:
     up.add_argument("--restart-delay", type=float, default=5.0, help="seconds before a dead service is restarted")
     up.add_argument("--no-restart", action="store_true", help="leave dead services dead (chaos demos)")
     up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for every service to be ready")
+    up.add_argument("--keep-jobs", action="store_true",
+                    help="on Ctrl-C / SIGTERM leave the simulated nodes' job processes running for the next `up` "
+                         "on this data dir to adopt (default: stop them; a crash of `up` always leaves them running)")
+    up.add_argument("--node-timeout-s", type=float, default=None, metavar="S",
+                    help="reconciler: a node silent this long is lost and its jobs requeued (default 30)")
+    up.add_argument("--no-process-grace-s", type=float, default=None, metavar="S",
+                    help="reconciler: a running job its node's heartbeats show without a process this long is "
+                         "requeued or failed (default 60)")
     up.add_argument("--tls", action="store_true",
                     help="NATS over TLS with a local CA generated under DATA/tls (clients verify it)")
     up.add_argument("--no-client-config", action="store_true",

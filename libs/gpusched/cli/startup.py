@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -44,6 +45,7 @@ def claim_data_dir(data_dir: Path, fresh: bool = False) -> IO:
     lock.write(str(os.getpid()))
     lock.flush()
     if fresh:
+        stop_leftover_jobs(data_dir)
         for part in STORE_PARTS:
             path = data_dir / part
             if path.is_dir():
@@ -51,6 +53,20 @@ def claim_data_dir(data_dir: Path, fresh: bool = False) -> IO:
             elif path.exists():
                 path.unlink()
     return lock
+
+
+def stop_leftover_jobs(data_dir: Path) -> None:
+    """Jobs a crashed `up` left running (its node agents' state files prove them) would be
+    nobody's once `--fresh` deletes the work dir: stop them first."""
+    work = data_dir / "work"
+    if not (work / "runs").is_dir():
+        return
+    from gpusched.services.nodeagent.launcher import stop_recorded
+
+    stopped = stop_recorded(work)
+    if stopped:
+        print(f"gpusched up: --fresh stopped {stopped} job process group(s) a previous `up` left running",
+              file=sys.stderr, flush=True)
 
 
 def choose_port(requested: int | None, default: int, flag: str) -> int:
