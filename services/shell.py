@@ -49,6 +49,13 @@ EXIT_FAILED, EXIT_UNSUITABLE_SERVER, EXIT_DEAF = 1, 2, 3
 STOP_GRACE_S = 8.0
 
 
+def stop_grace_s(args: argparse.Namespace) -> float:
+    """How long an orderly stop may take: a node daemon's stop ends its jobs (SIGTERM, SIGKILL
+    after `--kill-grace-s`), so it gets that much longer; else a job that ignores SIGTERM
+    would outlive its daemon."""
+    return STOP_GRACE_S + float(getattr(args, "kill_grace_s", 0.0) or 0.0)
+
+
 def policy_arguments(parser: argparse.ArgumentParser) -> None:
     """`--policy` and `--policy-set`: the running policy, for every service that decides or
     explains with it (placement, preemptor, projector) and the CLI views."""
@@ -111,9 +118,10 @@ async def _main(serve: Serve, args: argparse.Namespace, service: str) -> int:
         code = EXIT_DEAF
         log.error("service_exiting", service=service, reason=dead.result()[:500], exit_code=code)
         stop.set()
-    done, _ = await asyncio.wait({task}, timeout=STOP_GRACE_S)
+    grace_s = stop_grace_s(args)
+    done, _ = await asyncio.wait({task}, timeout=grace_s)
     if not done:
-        log.warning("service_stop_timeout", service=service, grace_s=STOP_GRACE_S)
+        log.warning("service_stop_timeout", service=service, grace_s=grace_s)
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=2.0)
         if not done:  # something swallows cancellation (a drain with the server gone)

@@ -234,3 +234,20 @@ def test_every_service_that_folds_usage_takes_the_running_half_life():
         service.add_arguments(parser)
         args = parser.parse_args(["--policy-set", "half_life_s=3600"])
         assert policy_of(args).half_life_s == 3600.0, service.__name__
+
+
+def test_a_node_daemon_has_its_kill_grace_on_top_of_the_stop_grace():
+    """Its orderly stop SIGKILLs a job that ignored SIGTERM after --kill-grace-s: it must not be
+    cut off before (the job would outlive it); `up` waits longer than any of its services."""
+    import argparse
+
+    from gpusched.cli.stack import NODE_KILL_GRACE_S, STOP_TIMEOUT_S
+    from gpusched.services.nodeagent import add_arguments
+    from gpusched.services.shell import STOP_GRACE_S, stop_grace_s
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    agent = parser.parse_args([])
+    assert stop_grace_s(agent) == STOP_GRACE_S + agent.kill_grace_s > agent.kill_grace_s
+    assert stop_grace_s(argparse.Namespace()) == STOP_GRACE_S
+    assert stop_grace_s(parser.parse_args(["--kill-grace-s", str(NODE_KILL_GRACE_S)])) < STOP_TIMEOUT_S

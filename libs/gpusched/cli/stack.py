@@ -116,8 +116,8 @@ class Child:
 #: `up` must not end the jobs; its orderly stop does, unless `--keep-jobs`).
 DEATH_SIGNAL = {"nodeagent": signal.SIGKILL}
 
-#: The simulated nodes' kill grace (SIGTERM to SIGKILL of a job): their orderly stop ends even
-#: a job that ignores SIGTERM within a service's own stop grace (`shell.STOP_GRACE_S`, 8 s).
+#: The simulated nodes' kill grace (SIGTERM to SIGKILL of a job): a node daemon's orderly stop
+#: takes up to `shell.stop_grace_s` (8 s plus this), within `STOP_TIMEOUT_S`.
 NODE_KILL_GRACE_S = 5.0
 #: How long `up`'s orderly stop waits for the services before it kills them: past their own
 #: stop grace and its cancellation.
