@@ -89,6 +89,7 @@ class AgentConfig:
     job_user: str | None = None  # run jobs as this user (None: as the daemon's own user)
     team_users: dict[str, str] = field(default_factory=dict)  # team -> user, over job_user
     rejoin_heartbeats: int = 3  # after a NodeLost of itself, re-register after this many heartbeats
+    labels: dict[str, str] = field(default_factory=dict)  # announced at registration (`--label K=V`)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
@@ -349,7 +350,8 @@ class NodeAgent:
 
     def registration(self) -> ev.NodeRegistered:
         return ev.NodeRegistered(at=time.time(), node=self.node, rack=self.cfg.rack, gpus=self.gpu_info,
-                                 block=self.cfg.block, nvlink=self.cfg.nvlink, address=self.cfg.address)
+                                 block=self.cfg.block, nvlink=self.cfg.nvlink, address=self.cfg.address,
+                                 labels=dict(self.cfg.labels))
 
     def needs_registration(self, state: ClusterState) -> bool:
         node = state.nodes.get(self.node)

@@ -10,6 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
+import msgspec
 import structlog
 
 from gpusched.core.model import nvlink_domains
@@ -51,7 +52,7 @@ async def run_nodeagent(
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     log_dir: str | os.PathLike | None = None, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
     stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, job_user: str | None = None,
-    team_users: dict[str, str] | None = None, keep_jobs: bool = False,
+    team_users: dict[str, str] | None = None, keep_jobs: bool = False, labels: dict[str, str] | None = None,
 ) -> None:
     """One node daemon until `stop` is set. `backend="nvml"` reads this host's GPUs (`gpus` and
     `nvlink` only shape a `backend="sim"` node; "auto": NVML if a driver answers, else sim)."""
@@ -62,7 +63,8 @@ async def run_nodeagent(
     host.add(AgentConfig(node=node, rack=rack, block=block or None, address=address or host_address(),
                          nvlink=nvlink if backend == "sim" else "custom",
                          work_dir=Path(work_dir) if work_dir else default_work_dir(), kill_grace_s=kill_grace_s,
-                         checkpoint_root=checkpoint_root, log_dir=log_dir, **job_users(job_user, team_users)),
+                         checkpoint_root=checkpoint_root, log_dir=log_dir, labels=dict(labels or {}),
+                         **job_users(job_user, team_users)),
              gpu_backend)
     await host.start()
     await _serve_until(host, stop, ready, keep_jobs)
@@ -73,7 +75,7 @@ async def start_simulated_nodes(
     nvlink: str = "all", *, racks_per_block: int | None = None, prefix: str = "node",
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     heartbeat_s: float = 2.0, kill_grace_s: float = 5.0, poll_s: float = 0.2, address: str = "127.0.0.1",
-    job_user: str | None = None, team_users: dict[str, str] | None = None,
+    job_user: str | None = None, team_users: dict[str, str] | None = None, labels: dict[str, str] | None = None,
 ) -> NodeHost:
     """Start `count` simulated nodes sharing one connection and one fold; returns the started
     host (call `await host.stop()`). Nodes are `<prefix>00..`, racks `rack00..` of
@@ -86,7 +88,8 @@ async def start_simulated_nodes(
         host.add(AgentConfig(node=name, rack=f"rack{rack_i:02d}",
                              block=f"block{rack_i // racks_per_block:02d}" if racks_per_block else None,
                              address=address, nvlink=nvlink, work_dir=root, kill_grace_s=kill_grace_s,
-                             checkpoint_root=checkpoint_root, **job_users(job_user, team_users)),
+                             checkpoint_root=checkpoint_root, labels=dict(labels or {}),
+                             **job_users(job_user, team_users)),
                  SimBackend(name, gpus_per_node, nvlink))
     await host.start()
     return host
@@ -127,6 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-jobs", action="store_true",
                         help="on stop, leave job processes running for the next daemon on this work dir to adopt "
                              "(a restart or upgrade that no job notices); default: stop them")
+    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                        help="a label this node announces at registration, matched by jobs' --constraint "
+                             "(repeatable; an admin's `gpusched label` wins over it)")
     parser.add_argument("--heartbeat-s", type=float, default=5.0)
     parser.add_argument("--kill-grace-s", type=float, default=10.0)
 
@@ -148,6 +154,22 @@ def parse_team_users(items: list[str]) -> dict[str, str]:
     return out
 
 
+def parse_labels(items: list[str]) -> dict[str, str]:
+    """`--label K=V` items, held to the bounds a `NodeRegistered` has (else it would be refused)."""
+    from gpusched.core import limits as L
+
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"gpusched nodeagent: --label {item!r} is not KEY=VALUE")
+        labels[key] = value
+    try:
+        return msgspec.convert(labels, L.Labels)
+    except msgspec.ValidationError as err:
+        raise SystemExit(f"gpusched nodeagent: --label: {err}") from None
+
+
 def resolve_backend(kind: str) -> str:
     if kind != "auto":
         return kind
@@ -161,7 +183,8 @@ def resolve_backend(kind: str) -> str:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     args.backend = resolve_backend(args.backend)
-    users = {"job_user": args.job_user, "team_users": parse_team_users(args.team_user)}
+    users = {"job_user": args.job_user, "team_users": parse_team_users(args.team_user),
+             "labels": parse_labels(args.label)}
     if args.backend == "sim" and (args.count > 1 or args.node is None):
         await run_simulated_nodes(args.nats, args.count, args.gpus, args.nodes_per_rack, args.nvlink, stop=stop,
                                   prefix=args.node or "node", work_dir=args.work_dir, heartbeat_s=args.heartbeat_s,

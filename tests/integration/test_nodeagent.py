@@ -195,3 +195,31 @@ async def test_elastic_resize_restarts_every_rank_with_the_new_world_size(nats_u
         starts = [(e.node, e.generation) for e in c.events(ev.JobStarted, "el")]
         assert sorted(starts) == [("f0", 0), ("f0", 1), ("f0", 2), ("f1", 0), ("f1", 2)]
         assert state.violations() == []
+
+
+async def test_a_node_announces_its_labels_and_an_admins_label_keeps_winning(nats_url, tmp_path):
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["a0"], labels={"zone": "b"})
+        assert c.state.nodes["a0"].labels == {"zone": "b"}
+        await c.append(ev.NodeLabeled(at=time.time(), node="a0", labels={"zone": "c"}))
+        host2 = await c.start_nodes(["a0"], labels={"zone": "b"})  # a restart: the node is known, no registration
+        await host2.stop()
+        c.hosts.remove(host2)
+        state = await c.refold()
+        assert state.nodes["a0"].labels == {"zone": "c"} and len(c.events(ev.NodeRegistered)) == 1
+        # a registration after the node was lost fills in labels it lacks, and keeps the admin's
+        state.apply(ev.NodeLost(at=time.time(), node="a0", reason="test"))
+        state.apply(msgspec.structs.replace(c.events(ev.NodeRegistered)[0], labels={"zone": "b", "disk": "nvme"}))
+        assert state.nodes["a0"].labels == {"zone": "c", "disk": "nvme"} and not state.nodes["a0"].lost
+
+
+def test_label_flags_are_held_to_the_registration_bounds():
+    import pytest
+
+    from gpusched.services.nodeagent.main import parse_labels
+
+    assert parse_labels(["zone=b", "disk=nvme", "empty="]) == {"zone": "b", "disk": "nvme", "empty": ""}
+    with pytest.raises(SystemExit, match="is not KEY=VALUE"):
+        parse_labels(["zone"])
+    with pytest.raises(SystemExit, match="--label"):
+        parse_labels(["zone=has space"])

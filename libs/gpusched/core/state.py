@@ -284,8 +284,8 @@ class ClusterState(Struct):
         self.label_changes += 1
         if old is not None:
             old.registered_at = max(old.registered_at, e.at)
-            if e.labels:
-                old.labels = {**old.labels, **e.labels}
+            if e.labels:  # the agent's labels fill in; an admin's `NodeLabeled` keeps winning
+                old.labels = {**e.labels, **old.labels}
             if old.lost:
                 old.lost = False
                 for g in old.gpus:
