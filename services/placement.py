@@ -117,7 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-ms", type=float, default=5000.0,
                         help="run a cycle at least this often even if nothing happened")
     parser.add_argument("--max-reasons", type=int, default=250,
-                        help="JobPending events appended per round at most (the rest in later rounds)")
+                        help="JobPending events appended per round at most, and reasons a cycle works out for "
+                             "the queue beyond its walk (the rest in later rounds)")
 
 
 def topo_decider(policy: str, overrides: list[str] | None = None, max_reasons: int | None = None) -> Decide:
