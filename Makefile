@@ -34,6 +34,7 @@ bench: install
 	$(PY) bench/bench_log.py --quick
 	$(PY) bench/bench_placement.py
 	$(PY) bench/bench_cycle.py
+	$(PY) bench/bench_churn.py --nodes 1000 --rounds 10
 	$(PY) bench/bench_sim.py
 	$(PY) bench/bench_e2e.py --quick
 	$(PY) bench/bench_sign.py --quick

@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 import tempfile
 import time
+import zlib
+from collections import deque
 from pathlib import Path
 
 import msgspec
 from nats.js.api import StorageType, StreamConfig
 
 from gpusched.bus.client import Client
-from gpusched.bus.log import EventLog
+from gpusched.bus.log import MAX_BATCH, EventLog
 from gpusched.bus.servers import start_nats, start_redis
 from gpusched.cli.stack import simulated_nodes, spawn_service, stop_processes
 from gpusched.core import events as ev
@@ -44,9 +47,12 @@ from gpusched.core.model import JobSpec
 SIZES = [1, 1, 1, 1, 2, 2, 4, 8]  # mean 2.5 GPUs
 
 
-async def raw_rates(log: EventLog, n: int) -> tuple[float, float]:
+async def raw_rates(log: EventLog, n: int, replicas: int = 1) -> tuple[float, float]:
+    """The server's publish-ack rates on a scratch stream at the log's replica count: one in flight
+    (what a compare-and-set chain can do at best) and 256 in flight."""
     js = log.js
-    await js.add_stream(StreamConfig(name="BENCH_RAW", subjects=["bench.raw.>"], storage=StorageType.FILE))
+    await js.add_stream(StreamConfig(name="BENCH_RAW", subjects=["bench.raw.>"], storage=StorageType.FILE,
+                                     num_replicas=replicas))
     payload = msgspec.json.encode(ev.GpusGranted(at=time.time(), job_id="j-00000000", attempt=1,
                                                  gpus=[f"node0000/{i}" for i in range(2)]))
     t = time.perf_counter()
@@ -100,48 +106,105 @@ class GrantWatch:
         return True
 
 
-async def churn(log: EventLog, watch: GrantWatch, exclude: set[str], seconds: float, rate: float,
-                placement_log: Path) -> None:
-    """Sustained load, open loop: the node daemons' JobCompleted arrive at `rate` per second (in
-    atomic batches every 50 ms, oldest grants first, as long as jobs are running), independent of
-    placement; placement must keep granting from the backlog to keep up. Reports grants/s
-    stored during the window and placement's conflicted rounds."""
-    done: set[str] = set(exclude)
-    queue: list[str] = []
-    t0 = time.time()
-    t_end = t0 + seconds
+class _Grant(msgspec.Struct):
+    """The fields of a grant the load generator needs (decoding the whole event costs more)."""
+
+    job_id: str
+    attempt: int = 1
+
+
+async def _churn_worker(url: str, index: int, workers: int, rate: float, seconds: float,
+                        exclude: set[str], tick: float, ready, go) -> dict:
+    """One process of the load generator: completes the running jobs it owns (crc32 of the job
+    id modulo `workers`), oldest grant first, at `rate` per second in atomic batches every
+    `tick`, on its own connection. Open loop: a completion that falls due while none of its jobs
+    runs is not owed later (`missed`); `lag` counts the ones it was too slow to append."""
+    log = await EventLog.open(url, name=f"bench-churn-{index}")
+    sub = await log.js.subscribe("gpusched.evt.alloc.GpusGranted.>", ordered_consumer=True,
+                                 pending_msgs_limit=0, pending_bytes_limit=0)
+    running: deque[tuple[str, int]] = deque()
+
+    async def read() -> None:
+        while True:
+            msg = await sub.next_msg(timeout=None)
+            g = msgspec.json.decode(msg.data, type=_Grant)
+            if g.job_id not in exclude and zlib.crc32(g.job_id.encode()) % workers == index:
+                running.append((g.job_id, g.attempt))
+
+    reader = asyncio.create_task(read())
+    offered = appended = missed = 0
+    batch_s: list[float] = []
+    ready.put(index)  # connected and reading: the window starts when every worker is
+    t0 = await asyncio.to_thread(go.get, True, 300)
+    await asyncio.sleep(max(0.0, t0 - time.time()))
+    while (now := time.time()) < t0 + seconds:
+        due = int(rate * (now - t0)) - offered  # completions this tick is to offer
+        n = min(due, len(running), MAX_BATCH)
+        offered += due
+        missed += max(0, due - len(running))
+        if n > 0:
+            chunk = [running.popleft() for _ in range(n)]
+            started = time.perf_counter()
+            await log.append_batch([ev.JobCompleted(at=now, job_id=j, attempt=a) for j, a in chunk])
+            batch_s.append(time.perf_counter() - started)
+            appended += n
+        await asyncio.sleep(max(0.0, tick - (time.time() - now)))
+    reader.cancel()
+    await log.close()
+    return {"offered": offered, "appended": appended, "missed": missed, "batches": len(batch_s),
+            "batch_ms_p50": 1000 * pct(batch_s, 50) if batch_s else 0.0,
+            "batch_ms_p99": 1000 * pct(batch_s, 99) if batch_s else 0.0}
+
+
+def churn_worker_main(args: tuple, ready, go, out) -> None:
+    out.put(asyncio.run(_churn_worker(*args, ready, go)))
+
+
+async def churn(url: str, watch: GrantWatch, exclude: set[str], seconds: float, rate: float, workers: int,
+                placement_log: Path) -> dict:
+    """Sustained load, open loop: the node daemons' JobCompleted offered at `rate` per second by
+    `workers` processes (each its own connection and share of the jobs, atomic batches every
+    50 ms), independent of placement, which must keep granting from the backlog to keep up.
+    Reports what the generator appended (and why it appended less than it offered: no running
+    job to complete, or too slow itself), grants/s stored during the window, and placement's
+    conflicted rounds."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=churn_worker_main, daemon=True,
+                         args=((url, i, workers, rate / workers, seconds, exclude, 0.05), ready, go, out))
+             for i in range(workers)]
+    for proc in procs:
+        proc.start()
+    for _ in procs:  # each has started, connected and subscribed (slow on a busy machine)
+        await asyncio.to_thread(ready.get, True, 300)
+    t0 = time.time() + 1.0  # and read the grants so far
+    for _ in procs:
+        go.put(t0)
     before = set(watch.stored)
     text0 = placement_log.read_text()
-    completed = 0
-    tick = 0.05
-    next_t = time.perf_counter()
-    queued: set[str] = set()
-    seen = 0
-    order: list[str] = []
-    while time.time() < t_end:
-        if len(watch.stored) != seen:  # dicts keep arrival order: take the new grants only
-            order = list(watch.stored)
-            fresh = [j for j in order[seen:] if j not in done and j not in queued]
-            seen = len(order)
-            queue.extend(fresh)
-            queued.update(fresh)
-        n = min(len(queue), int(rate * tick))
-        if n:
-            chunk, queue[:] = queue[:n], queue[n:]
-            now = time.time()
-            for i in range(0, n, 1000):
-                await log.append_batch([ev.JobCompleted(at=now, job_id=j, attempt=1) for j in chunk[i:i + 1000]])
-            done.update(chunk)
-            completed += n
-        next_t += tick
-        await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
-    new = [t for j, t in watch.stored.items() if j not in before and t0 <= t <= t_end]
+    await asyncio.sleep(max(0.0, t0 - time.time()) + seconds)
+    results = [await asyncio.to_thread(out.get, True, 60) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+    load = os.getloadavg()
+    total = {k: sum(r[k] for r in results) for k in ("offered", "appended", "missed")}
+    lag = total["offered"] - total["appended"] - total["missed"]
+    new = [t for j, t in watch.stored.items() if j not in before and t0 <= t <= t0 + seconds]
     text = placement_log.read_text()[len(text0):]
     rounds = text.count('"placement_round"')
     conflicts = text.count('"conflicted": true')
-    print(f"churn {seconds:g} s, completions offered at {rate:g}/s: {completed / seconds:.0f} completions/s appended, "
-          f"{len(new) / seconds:.0f} grants/s sustained (placement rounds >= 100 events: {rounds}, "
-          f"conflicted after rebasing: {conflicts})")
+    grants = len(new) / seconds
+    print(f"churn {seconds:g} s, completions offered at {rate:g}/s by {workers} generator processes: "
+          f"{total['appended'] / seconds:.0f}/s appended; not appended: {total['missed'] / seconds:.0f}/s "
+          f"(no running job to complete: placement behind), {lag / seconds:.0f}/s (generator too slow); "
+          f"batch append p50 {max(r['batch_ms_p50'] for r in results):.1f} ms p99 "
+          f"{max(r['batch_ms_p99'] for r in results):.1f} ms")
+    print(f"  {grants:.0f} grants/s sustained (placement rounds >= 100 events: {rounds}, conflicted after "
+          f"rebasing: {conflicts}); load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    return {"grants_per_s": grants, "completions_per_s": total["appended"] / seconds,
+            "generator_lag_per_s": lag / seconds, "missed_per_s": total["missed"] / seconds}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -157,7 +220,7 @@ async def wait_ready(path: Path, service: str, proc, timeout: float = 120) -> No
         await asyncio.sleep(0.05)
 
 
-async def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100 nodes, 2,000 jobs")
     ap.add_argument("--nodes", type=int, default=None)
@@ -165,133 +228,189 @@ async def main() -> None:
     ap.add_argument("--latency-jobs", type=int, default=300)
     ap.add_argument("--latency-rate", type=float, default=100.0, help="submits/s during the latency phase")
     ap.add_argument("--churn-s", type=float, default=10.0, help="sustained phase with completions (0: skip)")
-    ap.add_argument("--churn-rate", type=float, default=2500.0, help="completions/s offered in the churn phase")
+    ap.add_argument("--churn-rate", type=float, default=3000.0, help="completions/s offered in the churn phase")
+    ap.add_argument("--churn-workers", type=int, default=2, help="load generator processes in the churn phase")
     ap.add_argument("--placement-log-level", default="info", help="debug: one line per decision round")
     ap.add_argument("--raw", type=int, default=5000, help="messages for the raw publish-ack rates")
     ap.add_argument("--signed", action="store_true",
                     help="admission and placement sign their appends (compare a run without: bench_sign.py)")
-    args = ap.parse_args()
+    ap.add_argument("--nats-cluster", type=int, default=1, help="JetStream servers clustered on this machine")
+    ap.add_argument("--replicas", type=int, default=None, help="the log's replicas (default: the cluster size)")
+    ap.add_argument("--profile-placement", metavar="FILE", default=None,
+                    help="run the placement that serves the backlog and churn under cProfile, stats to FILE")
+    return ap.parse_args()
+
+
+def profiled(path: str):
+    """Wrap `service_command` so the next service runs under cProfile (stats to `path` at exit)."""
+    from gpusched.cli import stack
+
+    plain = stack.service_command
+
+    def command(name: str, *rest: str) -> list[str]:
+        cmd = plain(name, *rest)
+        return [cmd[0], "-m", "cProfile", "-o", path, *cmd[1:]] if name == "placement" else cmd
+
+    return plain, command
+
+
+async def latency_phase(client: Client, watch: GrantWatch, jobs: int, rate: float) -> dict[str, float]:
+    """Single-GPU jobs submitted one at a time with free capacity: submit -> grant arrival."""
+    sent: dict[str, float] = {}
+    interval = 1.0 / rate
+    t_next = time.perf_counter()
+    for i in range(jobs):
+        t_next += interval
+        t0 = time.perf_counter()
+        reply = await client.submit(JobSpec(team=f"t{i % 4}", gpus=1), request_id=f"lat-{i}")
+        assert reply.ok, reply.error
+        sent[reply.job_id] = t0
+        await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
+    await watch.wait_count(len(sent), 30)
+    lat = [(watch.at[j] - t) * 1000 for j, t in sent.items() if j in watch.at]
+    print(f"submit->granted ({len(lat)} jobs at {rate:g}/s, free capacity): "
+          f"p50 {pct(lat, 50):.1f} ms  p99 {pct(lat, 99):.1f} ms  max {max(lat):.1f} ms   (target p99 < 50 ms)")
+    return sent
+
+
+async def submit_backlog(client: Client, backlog: int) -> list[JobSpec]:
+    rng = random.Random(1)
+    specs = [JobSpec(team=f"t{i % 8}", gpus=rng.choice(SIZES)) for i in range(backlog)]
+    t0 = time.perf_counter()
+    for i in range(0, backlog, 256):
+        replies = await asyncio.gather(*(client.send(SubmitJob(request_id=f"bl-{j}", spec=specs[j]))
+                                         for j in range(i, min(backlog, i + 256))))
+        assert all(r.ok for r in replies), [r.error for r in replies if not r.ok][:3]
+    submit_s = time.perf_counter() - t0
+    print(f"admission: {backlog} submits in {submit_s:.2f} s = {backlog / submit_s:.0f} submits/s (256 in flight)")
+    return specs
+
+
+async def wait_quiet(watch: GrantWatch, quiet_s: float = 3.0) -> None:
+    """Until the grants stop coming (the cluster is full or nothing else fits)."""
+    last_n, stable_since = len(watch.at), time.perf_counter()
+    while time.perf_counter() - stable_since < quiet_s:
+        await asyncio.sleep(0.25)
+        if len(watch.at) != last_n:
+            last_n, stable_since = len(watch.at), time.perf_counter()
+
+
+def report_fill(watch: GrantWatch, sent: dict, t_start: float, ready_unix: float, backlog: int,
+                raw: tuple[float, float]) -> None:
+    backlog_jobs = [j for j in watch.stored if j not in sent]
+    granted = len(backlog_jobs)
+    stored = sorted(watch.stored[j] for j in backlog_jobs)
+    span = max(1e-9, stored[-1] - stored[0])
+    rate = granted / span
+    first = min(watch.at[j] for j in backlog_jobs)
+    print(f"first grant {first - t_start:.2f} s after the placement process started")
+    print(f"grants: {granted} stored in {span:.3f} s = {rate:.0f} grants/s   (target >= 2,000/s; server store times)")
+    whole = granted / max(1e-9, stored[-1] - ready_unix)
+    print(f"  with the first cycle's decision time ({backlog}-job order, reasons): {granted} grants in "
+          f"{stored[-1] - ready_unix:.2f} s after ready = {whole:.0f} grants/s")
+    print(f"ratio to raw sequential publish-ack: {rate / raw[0]:.2f}   to pipelined: {rate / raw[1]:.2f}")
+
+
+def start_servers(args: argparse.Namespace, trust) -> tuple[list, str]:
+    """One nats-server, or a local JetStream cluster; the log's streams at the asked replicas."""
+    from gpusched.bus.servers import seed_urls, start_nats_cluster
+    from gpusched.security.bootstrap import create_streams_sync
+
+    if args.nats_cluster > 1:
+        servers = start_nats_cluster(args.nats_cluster, trust=trust)
+        url = seed_urls(servers)
+    else:
+        servers = [start_nats(trust=trust)]
+        url = servers[0].url
+    create_streams_sync(url, trust.creds("admin"), replicas=args.replicas or args.nats_cluster)
+    return servers, url
+
+
+async def run(args: argparse.Namespace, url: str, redis_url: str, work: Path, procs: list) -> None:
     from gpusched.security.signing import new_seed
 
     env = {name: ({"GPUSCHED_SIGNING_SEED": new_seed().decode()} if args.signed else {})
            for name in ("admission", "placement")}
     nodes = args.nodes or (100 if args.quick else 1000)
     backlog = args.backlog or (2000 if args.quick else 20000)
-    gpus = nodes * 8
+    replicas = args.replicas or args.nats_cluster
+    log = await EventLog.open(url, name="bench")
+    raw = await raw_rates(log, args.raw, replicas)
+    print(f"cluster {nodes} nodes x 8 GPUs = {nodes * 8} GPUs; backlog {backlog} jobs; policy full; "
+          f"{'signed' if args.signed else 'unsigned'} appends; NATS: {args.nats_cluster} server(s), log at R{replicas}")
+    print(f"raw publish-ack: sequential {raw[0]:8.0f}/s   pipelined(256) {raw[1]:8.0f}/s   "
+          f"load average {os.getloadavg()[0]:.1f}")
+    regs = simulated_nodes(nodes, 8, 16, "all")
+    for i in range(0, len(regs), 256):
+        await asyncio.gather(*(log.append(e, msg_id=f"register-{e.node}") for e in regs[i:i + 256]))
+
+    adm = spawn_service("admission", url, redis_url, ["--placeholders", "any", "--auto-create-teams"], log_path=work / "admission.log",
+                        env=env["admission"])
+    plc = spawn_service("placement", url, redis_url, [], log_path=work / "placement.log", env=env["placement"])
+    procs += [adm, plc]
+    await wait_ready(work / "admission.log", "admission", adm)
+    await wait_ready(work / "placement.log", "placement", plc)
+    client = await Client.connect(url, timeout=30)
+    watch = GrantWatch(log)
+    await watch.start()
+    await asyncio.sleep(1.0)  # the lease is taken, the first cycle ran
+    sent = await latency_phase(client, watch, args.latency_jobs, args.latency_rate)
+
+    # --- throughput with a backlog: placement stopped, the backlog submitted, placement started ---
+    stop_processes([plc])
+    procs.remove(plc)
+    await submit_backlog(client, backlog)
+    base = len(watch.at)
+    t_start = time.perf_counter()
+    from gpusched.cli import stack
+
+    plain, command = profiled(args.profile_placement) if args.profile_placement else (None, None)
+    if command is not None:
+        stack.service_command = command
+    plc = spawn_service("placement", url, redis_url, ["--log-level", args.placement_log_level],
+                        log_path=work / "placement2.log", env=env["placement"])
+    if plain is not None:
+        stack.service_command = plain
+    procs.append(plc)
+    await wait_ready(work / "placement2.log", "placement", plc)
+    print(f"placement start (process + replay of {await log.last_seq()} events): {time.perf_counter() - t_start:.2f} s")
+    ready_unix = time.time()
+    await watch.wait_count(base + 1, 120)
+    await wait_quiet(watch)
+    report_fill(watch, sent, t_start, ready_unix, backlog, raw)
+    if args.churn_s > 0:
+        result = await churn(url, watch, set(sent), args.churn_s, args.churn_rate, args.churn_workers,
+                             work / "placement2.log")
+        print(f"  ratio of sustained grants to raw sequential publish-ack: {result['grants_per_s'] / raw[0]:.2f}   "
+              f"to pipelined: {result['grants_per_s'] / raw[1]:.2f}")
+    watch.task.cancel()
+    await client.close()
+    await log.close()
+
+
+async def main() -> None:
+    args = parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
     # as deployed: authentication on, each service as its own identity, this process as admin
-    import os
-
-    from gpusched.security.bootstrap import create_streams_sync
     from gpusched.security.trust import TrustStore
 
     trust = TrustStore(tempfile.mkdtemp(prefix="bench-trust-"))
     trust.ensure_stack()
     os.environ["GPUSCHED_CREDS"] = str(trust.creds("admin"))
     os.environ["GPUSCHED_IDENTITY_DIR"] = str(trust.ids)
-    nats, redis = start_nats(trust=trust), start_redis()
-    create_streams_sync(nats.url, trust.creds("admin"))
-    procs = []
+    servers, url = start_servers(args, trust)
+    redis = start_redis()
+    procs: list = []
     try:
-        log = await EventLog.open(nats.url, name="bench")
-        seq_rate, pipe_rate = await raw_rates(log, args.raw)
-        print(f"cluster {nodes} nodes x 8 GPUs = {gpus} GPUs; backlog {backlog} jobs; policy full; "
-              f"{'signed' if args.signed else 'unsigned'} appends")
-        print(f"raw publish-ack: sequential {seq_rate:8.0f}/s   pipelined(256) {pipe_rate:8.0f}/s")
-
-        regs = simulated_nodes(nodes, 8, 16, "all")
-        for i in range(0, len(regs), 256):
-            await asyncio.gather(*(log.append(e, msg_id=f"register-{e.node}") for e in regs[i:i + 256]))
-
-        adm = spawn_service("admission", nats.url, redis.url, ["--placeholders", "any"], log_path=work / "admission.log", env=env["admission"])
-        plc = spawn_service("placement", nats.url, redis.url, [], log_path=work / "placement.log", env=env["placement"])
-        procs += [adm, plc]
-        await wait_ready(work / "admission.log", "admission", adm)
-        await wait_ready(work / "placement.log", "placement", plc)
-        client = await Client.connect(nats.url, timeout=30)
-        watch = GrantWatch(log)
-        await watch.start()
-
-        # --- latency with free capacity ------------------------------------------------------
-        await asyncio.sleep(1.0)  # the lease is taken, the first cycle ran
-        sent: dict[str, float] = {}
-        interval = 1.0 / args.latency_rate
-        t_next = time.perf_counter()
-        for i in range(args.latency_jobs):
-            t_next += interval
-            t0 = time.perf_counter()
-            reply = await client.submit(JobSpec(team=f"t{i % 4}", gpus=1), request_id=f"lat-{i}")
-            assert reply.ok, reply.error
-            sent[reply.job_id] = t0
-            await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
-        await watch.wait_count(len(sent), 30)
-        lat = [(watch.at[j] - t) * 1000 for j, t in sent.items() if j in watch.at]
-        print(f"submit->granted ({len(lat)} jobs at {args.latency_rate:g}/s, free capacity): "
-              f"p50 {pct(lat, 50):.1f} ms  p99 {pct(lat, 99):.1f} ms  max {max(lat):.1f} ms   (target p99 < 50 ms)")
-
-        # --- throughput with a backlog -------------------------------------------------------
-        stop_processes([plc])
-        procs.remove(plc)
-        rng = random.Random(1)
-        specs = [JobSpec(team=f"t{i % 8}", gpus=rng.choice(SIZES)) for i in range(backlog)]
-        t0 = time.perf_counter()
-        for i in range(0, backlog, 256):
-            replies = await asyncio.gather(*(client.send(SubmitJob(request_id=f"bl-{j}", spec=specs[j]))
-                                             for j in range(i, min(backlog, i + 256))))
-            assert all(r.ok for r in replies), [r.error for r in replies if not r.ok][:3]
-        submit_s = time.perf_counter() - t0
-        print(f"admission: {backlog} submits in {submit_s:.2f} s = {backlog / submit_s:.0f} submits/s (256 in flight)")
-
-        base = len(watch.at)
-        free = gpus - args.latency_jobs
-        fits, used = 0, 0
-        for s in specs:  # what first-fit in order would grant; topology may pack differently
-            if used + s.gpus <= free:
-                used += s.gpus
-                fits += 1
-        t_start = time.perf_counter()
-        plc = spawn_service("placement", nats.url, redis.url, ["--log-level", args.placement_log_level],
-                            log_path=work / "placement2.log", env=env["placement"])
-        procs.append(plc)
-        await wait_ready(work / "placement2.log", "placement", plc)
-        ready_s = time.perf_counter() - t_start
-        ready_unix = time.time()
-        await watch.wait_count(base + 1, 120)
-        # until the grants stop coming (the cluster is full or nothing else fits)
-        last_n, stable_since = len(watch.at), time.perf_counter()
-        while time.perf_counter() - stable_since < 3.0:
-            await asyncio.sleep(0.25)
-            if len(watch.at) != last_n:
-                last_n, stable_since = len(watch.at), time.perf_counter()
-        backlog_jobs = [j for j in watch.stored if j not in sent]
-        granted = len(backlog_jobs)
-        stored = sorted(watch.stored[j] for j in backlog_jobs)
-        span = max(1e-9, stored[-1] - stored[0])
-        rate = granted / span
-        first = min(watch.at[j] for j in backlog_jobs)
-        print(f"placement start (process + replay of {await log.last_seq()} events): {ready_s:.2f} s; "
-              f"first grant {first - t_start:.2f} s after start")
-        print(f"grants: {granted} (first-fit estimate {fits}) stored in {span:.3f} s = {rate:.0f} grants/s   "
-              f"(target >= 2,000/s; server store times)")
-        whole = granted / max(1e-9, stored[-1] - ready_unix)
-        print(f"  with the first cycle's decision time ({backlog}-job order, reasons): {granted} grants in "
-              f"{stored[-1] - ready_unix:.2f} s after ready = {whole:.0f} grants/s")
-        print(f"ratio to raw sequential publish-ack: {rate / seq_rate:.2f}   to pipelined: {rate / pipe_rate:.2f}")
-        for line in (work / "placement2.log").read_text().splitlines():
-            if '"placement_round"' in line:
-                r = msgspec.json.decode(line)
-                print(f"  placement round: {r['appended']} events in {r['seconds']} s ({r['per_s']}/s), "
-                      f"conflicted={r['conflicted']}")
-        if args.churn_s > 0:
-            await churn(log, watch, set(sent), args.churn_s, args.churn_rate, work / "placement2.log")
-        watch.task.cancel()
-        await client.close()
-        await log.close()
+        await run(args, url, redis.url, work, procs)
     finally:
         print(f"logs: {work}")
         stop_processes(procs)
+        if args.profile_placement:
+            print(f"placement profile: {args.profile_placement} (python -m pstats)")
         redis.stop()
-        nats.stop()
+        for server in servers:
+            server.stop()
         import shutil
 
         shutil.rmtree(trust.dir, ignore_errors=True)

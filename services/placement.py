@@ -117,21 +117,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-ms", type=float, default=5000.0,
                         help="run a cycle at least this often even if nothing happened")
     parser.add_argument("--max-reasons", type=int, default=250,
-                        help="JobPending events appended per round at most (the rest in later rounds)")
+                        help="JobPending events appended per round at most, and reasons a cycle works out for "
+                             "the queue beyond its walk (the rest in later rounds)")
 
 
-def topo_decider(policy: str, overrides: list[str] | None = None) -> Decide:
+def topo_decider(policy: str, overrides: list[str] | None = None, max_reasons: int | None = None) -> Decide:
     from gpusched.policy.cycle import cycle
     from gpusched.policy.memo import Indexes
 
     config = policy_config(policy, overrides)
-    indexes = Indexes()  # this service's indexes of its fold, kept across its cycles
+    # this service's indexes of its fold, kept across its cycles; a cycle explains no more of
+    # the queue than a round appends (the rest in later cycles)
+    indexes = Indexes(tail_reasons=max_reasons)
     return lambda state, now: cycle(state, now, config, indexes)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = policy_config(args.policy, args.policy_set)
-    decide = topo_decider(args.policy, args.policy_set)
+    decide = topo_decider(args.policy, args.policy_set, args.max_reasons)
     redis = connect_redis(args.redis)
     # snapshot (JetStream's, verified) + tail: a restarted (or standby) placement is ready in the time of the tail
     folded = await FoldedLog.open(args.nats, name="gpusched-placement", half_life_s=config.half_life_s)

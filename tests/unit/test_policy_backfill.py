@@ -192,3 +192,81 @@ def test_cycles_at_one_instant_come_to_rest(name):
         _until_rest(s, s.now)
         # the head's reserved GPUs were lent, not given: it starts as soon as they free
         assert set(s.state.running) - before == want_after
+
+
+# --- the walk stops once every free GPU is the head's: a long queue costs nothing per cycle ---
+
+def _queue_behind_a_reservation(tail: dict, ends: dict) -> Scenario:
+    """Two nodes, 14 of 16 GPUs held (unknown ends), a 10-GPU head whose reservation holds the
+    2 free GPUs, and 300 jobs of 2 and 4 GPUs behind it; `tail`: the spec of one more job at the
+    very end (a timed or preemptible one may still start on the reservation); `ends`: the
+    running jobs' time limit, if any (the reservation's start is then known)."""
+    s = Scenario(nodes=2)
+    s.run("x", gpus("r0n0", *range(8)), at=0, **ends)
+    s.run("y", gpus("r0n1", *range(6)), at=0, **ends)
+    s.submit("head", 10, at=1)
+    for i in range(300):
+        s.submit(f"q{i:03d}", 2 + 2 * (i % 2), at=2 + i)
+    if tail:
+        s.submit("last", 2, at=400, **tail)
+    return s
+
+
+@pytest.mark.parametrize("tail, ends, stops", [
+    ({}, {}, True),
+    ({"preemptible": True}, {}, False),  # it may borrow the reservation
+    ({"time_limit_s": 10.0}, {}, True),  # the reservation's start is unknown: a time limit cannot help
+    ({"time_limit_s": 10.0}, {"time_limit_s": 1000.0}, False),  # it ends before the reservation is due
+], ids=["plain", "preemptible-last", "timed-last-unknown-ends", "timed-last-known-ends"])
+def test_walk_stops_when_only_the_reservation_is_free_and_decides_the_same(tail, ends, stops, monkeypatch):
+    from gpusched.policy import cycle as cycle_mod
+    from gpusched.policy.config import PRESETS
+    from gpusched.policy.steps import walk
+
+    considered: list[str] = []
+    consider = walk._consider
+
+    def counting(plan, ctx, job):
+        considered.append(job.job_id)
+        return consider(plan, ctx, job)
+
+    monkeypatch.setattr(walk, "_consider", counting)
+    s = _queue_behind_a_reservation(tail, ends)
+    fast = cycle_mod.decide(s.state, s.now, PRESETS["full"])
+    fast_considered = len(considered)
+    monkeypatch.setattr(walk, "_all_reserved", lambda plan, ctx, idx: False)  # the whole queue, as before
+    considered.clear()
+    full = cycle_mod.decide(s.state, s.now, PRESETS["full"])
+    # the same decisions; the reasons of the jobs the walk did not reach come in job id order
+    assert [e for e in fast.events if not isinstance(e, ev.JobPending)] == \
+        [e for e in full.events if not isinstance(e, ev.JobPending)]
+    assert sorted(e.job_id for e in fast.events) == sorted(e.job_id for e in full.events)
+    assert {e.job_id: e for e in fast.events} == {e.job_id: e for e in full.events}
+    assert {j: r for j, (r, _) in fast.reasons.items()} == {j: r for j, (r, _) in full.reasons.items()}
+    assert len(considered) >= 300
+    if stops:
+        assert fast_considered < 20  # stopped as soon as reclaim had enough blocked jobs
+    else:
+        assert fast_considered >= 300  # a job that may use the reservation is still reached
+
+
+def test_a_budget_of_tail_reasons_explains_the_queue_over_several_cycles_to_the_same_reasons():
+    from gpusched.policy.config import PRESETS
+    from gpusched.policy.cycle import cycle
+    from gpusched.policy.memo import Indexes
+
+    full = _queue_behind_a_reservation({}, {})
+    budgeted = _queue_behind_a_reservation({}, {})
+    for e in cycle(full.state, full.now, PRESETS["full"], Indexes()):
+        full.state.apply(e)
+    indexes = Indexes(tail_reasons=50)
+    sizes = []
+    for _ in range(10):
+        out = cycle(budgeted.state, budgeted.now, PRESETS["full"], indexes)
+        sizes.append(sum(isinstance(e, ev.JobPending) for e in out))
+        for e in out:
+            budgeted.state.apply(e)
+    assert sizes[0] <= 50 + 20  # the walk's own reasons, then at most 50 of the rest
+    assert sizes[-1] == 0  # all explained: nothing changes any more
+    assert {j: (job.pending_reason, job.pending_blockers) for j, job in budgeted.state.jobs.items()} == \
+        {j: (job.pending_reason, job.pending_blockers) for j, job in full.state.jobs.items()}

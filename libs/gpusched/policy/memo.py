@@ -21,12 +21,17 @@ from .running import RunningIndex
 class Indexes:
     """The derived indexes of one fold (see the module docstring)."""
 
-    __slots__ = ("queues", "running_", "topology_")
+    __slots__ = ("queues", "running_", "topology_", "tail_reasons")
 
-    def __init__(self) -> None:
+    def __init__(self, tail_reasons: int | None = None) -> None:
         self.queues: dict[tuple, QueueIndex] = {}  # one per ordering mode (config knobs)
         self.running_: RunningIndex | None = None
         self.topology_: Topology | None = None
+        #: At most this many changed reasons of jobs the walk did not reach per cycle (None: all).
+        #: A writer that appends only so many reasons per round (placement's `--max-reasons`)
+        #: sets it: a queue of 20,000 whose reasons all changed is then explained over several
+        #: cycles, each costing what it can append, instead of each re-explaining the whole queue.
+        self.tail_reasons = tail_reasons
 
     def forget(self) -> None:
         """Drop every index: the next cycle rebuilds them from its state."""

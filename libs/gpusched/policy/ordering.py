@@ -57,6 +57,10 @@ class QueueIndex:
         self.entries: dict[str, tuple[tuple, tuple[int, int]]] = {}  # job -> (sort key, (attempt, updates))
         self.queues: dict[str | None, list[tuple]] = {}  # team (None without fair share) -> keys
         self.settled: dict[str, None] = {}  # waiting jobs whose state shows their tail reason
+        #: Waiting jobs that could start on a blocked head's reservation: with a time limit
+        #: (ending before it is due) or preemptible (borrowing it). The walk stops early without.
+        self.timed: dict[str, None] = {}
+        self.preemptible: dict[str, None] = {}
         self.calls = 0
 
     def _queue_of(self, job: Job, key: tuple) -> str | None:
@@ -68,6 +72,10 @@ class QueueIndex:
         key = job_key(job, self.config)
         self.entries[job.job_id] = (key, (job.attempt, job.updates))
         insort(self.queues.setdefault(self._queue_of(job, key), []), key)
+        if job.spec.time_limit_s is not None:
+            self.timed[job.job_id] = None
+        if job.spec.preemptible:
+            self.preemptible[job.job_id] = None
 
     def _remove(self, job_id: str) -> None:
         key, _ = self.entries.pop(job_id)
@@ -75,6 +83,8 @@ class QueueIndex:
         i = bisect_left(q, key)
         del q[i]
         self.settled.pop(job_id, None)
+        self.timed.pop(job_id, None)
+        self.preemptible.pop(job_id, None)
 
     def update(self) -> None:
         st = self.state

@@ -1,7 +1,9 @@
 """Each pending job in queue order: start it if it fits (and cannot delay the reserved head).
 
-Once nothing more can start (the strict head is blocked, or no GPU is left and enough blocked
-jobs are known for reclaim), the rest of the queue gets its stable tail reason.
+Once nothing more can start (the strict head is blocked, no GPU is left, or every free GPU is
+in the blocked head's reservation and no waiting job may use it) and enough blocked jobs are
+known for reclaim, the rest of the queue gets its stable tail reason: under churn a cycle costs
+the jobs it can start, not the length of the queue.
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ def run(plan: CyclePlan, ctx: Context) -> None:
     processed: dict[str, None] = {}
     reclaimers = config.max_preemptors_per_cycle if (config.preemption or config.elastic) else 0
     limit_stop = False
+    claimants = 0  # blocked jobs that reclaim may act for (those behind the reservation it skips)
     for job in idx.ordered(ctx.now, plan.held):
         if ctx.strict and plan.blocked or limit_stop:
             break
         if not ctx.strict and pool.count <= 0 and len(plan.blocked) >= reclaimers + plan.inflight_gpus:
             break  # (blocked jobs covered by GPUs in flight trigger no preemption: see reclaim)
+        if plan.head is not None and claimants >= reclaimers + plan.inflight_gpus and _all_reserved(plan, ctx, idx):
+            break
         processed[job.job_id] = None
+        blocked = len(plan.blocked)
         limit_stop = _consider(plan, ctx, job)
+        if len(plan.blocked) > blocked and plan.reason_of(job) is not _BEHIND:
+            claimants += 1
     else:
         return _tail(plan, ctx, idx, processed, complete=True)
     _tail(plan, ctx, idx, processed, complete=False)
@@ -67,6 +75,22 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
 
 
 _BEHIND = BehindReservation()
+
+
+def _all_reserved(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
+    """With a blocked head, a later job starts only beside the head's reservation, or on it if
+    its time limit ends before the reservation is due, or by borrowing it (preemptible): when no
+    GPU is free beside it and no waiting job could do either, the rest of the queue starts
+    nothing (`_backfill_fit` would refuse each one)."""
+    res = head_reservation(plan, ctx)
+    if res is None:
+        return False
+    if plan.outside is None:
+        plan.outside = plan.pool.without(res.gpus)
+    if plan.outside.count > 0 or (res.known and idx.timed):
+        return False
+    config = ctx.config
+    return not (config.preemption and config.borrow and idx.preemptible and not due_soon(res, ctx))
 
 
 @functools.lru_cache(maxsize=256)
@@ -119,12 +143,16 @@ def _tail(plan: CyclePlan, ctx: Context, idx: QueueIndex, processed: dict[str, N
         return
     jobs, teams = st.jobs, st.teams
     cache: dict[tuple, tuple[Reason, str, list[str]]] = {}
+    budget = ctx.indexes.tail_reasons
     for jid in sorted(rest):
+        if budget is not None and budget <= 0:
+            break  # the rest next cycle (see `Indexes.tail_reasons`)
         job = jobs[jid]
         barred = not_eligible(st, job, ctx.now)
         if barred is not None:  # never settled: a release or a dependency's end changes it
             if job.pending_why != barred:
                 plan.note(job, barred)
+                budget = None if budget is None else budget - 1
             continue
         r, text, blockers = _tail_reason(plan, ctx, job, cache)
         if job.pending_reason == text and job.pending_blockers == blockers:
@@ -133,6 +161,7 @@ def _tail(plan: CyclePlan, ctx: Context, idx: QueueIndex, processed: dict[str, N
                 settled[jid] = None
         else:
             plan.note(job, r)
+            budget = None if budget is None else budget - 1
 
 
 def _tail_reason(plan: CyclePlan, ctx: Context, job: Job,
@@ -146,9 +175,11 @@ def _tail_reason(plan: CyclePlan, ctx: Context, job: Job,
     else:
         room = plan.room(job.team)
         key = ("limit", job.team, lo) if room is not None and room < lo else ("room", lo, spec.topology.required)
+        if key[0] == "room" and plan.head is not None and plan.pool.count >= lo and plan.fits_pool(job, room):
+            key = ("behind",)  # as the walk would say: it fits, but only on the head's reservation
     hit = cache.get(key)
     if hit is None:
         r: Reason = (QueuedBehind() if key[0] == "fifo" else _limit(ctx, job, lo) if key[0] == "limit"
-                     else _no_room(lo, spec.topology.required))
+                     else _BEHIND if key[0] == "behind" else _no_room(lo, spec.topology.required))
         hit = cache[key] = (r, r.text, r.blockers)
     return hit
