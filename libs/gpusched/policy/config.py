@@ -75,6 +75,13 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: Backfill: treat a running job without a time limit as ending after this long (None: never).
     unknown_runtime_s: float | None = None
 
+    # --- run-time prediction (policy/predict.py): learned from completed jobs, never an oracle
+    #: Opt-in: ETAs from the reservation plan with predicted run times (ends of jobs without a
+    #: time limit), shown as a range when uncertain. Changes what `gpusched show` says, no
+    #: decision. Off by default: on the bundled week it does not yet beat the reservation's
+    #: own ETA (docs/results.md, "Run-time prediction").
+    predict_runtimes: bool = False
+
     #: Idle: a job whose GPUs all stay under this utilization (percent) ...
     idle_util_pct: float = 5.0
     #: ... for this long is idle (the reconciler appends `JobIdle`; it reads these two knobs).
