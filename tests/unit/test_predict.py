@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from gpusched.cli.views import eta_text
 from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
+from gpusched.policy.cycle import cycle
 from gpusched.policy.predict import RuntimeHistory, RuntimePredictor
 from gpusched.sim.engine import Cluster, Simulation
 from gpusched.sim.runtime import IDEAL
@@ -137,3 +138,30 @@ def test_no_oracle_a_jobs_own_duration_never_changes_its_prediction():
 ])
 def test_eta_rendering(eta, span, shown):
     assert eta_text(eta, span) == shown
+
+
+def _backfill_scene(limit_s: float | None) -> Scenario:
+    """One 8-GPU node. History: ten 4-GPU runs of team a, 9,000..18,000 s. `r` (4 GPUs, no
+    limit) runs; `big` (8 GPUs on one node) waits for the node: its reservation has no known
+    time. `small` (4 GPUs, not preemptible, so it cannot borrow) has the given limit."""
+    s = Scenario(nodes=1)
+    for i in range(10):
+        _finish(s, f"done{i}", 20_000.0 * i, 9_000.0 + 1_000.0 * i, gpus=4)
+    s.run("r", [f"r0n0/{i}" for i in range(4)], at=s.now)
+    s.submit("big", gpus=8, required="node", at=s.now + 1)
+    s.submit("small", gpus=4, at=s.now + 2, **({} if limit_s is None else {"time_limit_s": limit_s}))
+    return s
+
+
+@pytest.mark.parametrize("knob, limit_s, starts", [
+    (False, 600.0, False),  # today: a reservation without a known time lends nothing to a limit
+    (True, 600.0, True),  # ends long before r's earliest predicted end (~9,000 s from its start)
+    (True, 50_000.0, False),  # its limit outlasts the prediction: it could delay big
+    (True, None, False),  # no limit: nothing bounds the damage, it never backfills this way
+])
+def test_backfill_on_predicted_reservation(knob, limit_s, starts):
+    s = _backfill_scene(limit_s)
+    config = PRESETS["full"].replace(backfill_predicted=knob)
+    out = cycle(s.state, s.now + 10, config)
+    granted = {e.job_id for e in out if isinstance(e, ev.GpusGranted)}
+    assert granted == ({"small"} if starts else set())
