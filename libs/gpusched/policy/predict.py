@@ -146,7 +146,9 @@ class RuntimePredictor:
     """The history of one fold, kept current incrementally (an index like `memo.Indexes`'s):
     it learns every job that completed since the last update, in order of completion. It
     watches the running jobs, and the jobs a cycle just granted (`watch`), which may complete
-    before the next cycle runs; a fresh predictor learns the fold's whole past once."""
+    before the next cycle runs; a fresh predictor learns the fold's whole past once. A job
+    granted by another writer (the fallback) that completes between two updates is not learned
+    by a long-lived predictor (a fresh one learns it): its answers may differ by that much."""
 
     def __init__(self, state: ClusterState, history: RuntimeHistory | None = None) -> None:
         self.state = state
