@@ -59,6 +59,7 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "pending_reason": job.pending_reason,
         "pending_blockers": list(job.pending_blockers),
         "pending_eta_s": job.pending_eta_s,
+        "pending_eta_range": None if job.pending_eta_range is None else list(job.pending_eta_range),
         "held": job.hold,  # who held it and why (`gpusched hold`), None when not held
         "array_job": job.array_job or None,
         "dependency": [f"{d.kind}:{d.job}" for d in spec.dependency],
@@ -167,6 +168,7 @@ def queue_docs(state: ClusterState, config=None) -> list[dict[str, Any]]:
             "gpus": job.spec.gang_min, "submitted_at": job.submitted_at,
             "waiting_s": round(max(0.0, state.now - job.submitted_at), 3),
             "reason": job.pending_reason, "blockers": list(job.pending_blockers), "eta_s": job.pending_eta_s,
+            "eta_range": None if job.pending_eta_range is None else list(job.pending_eta_range),
             "why": None if job.pending_why is None else msgspec.to_builtins(job.pending_why),
             "preemptions": job.preemptions,
         })

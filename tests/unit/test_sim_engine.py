@@ -229,9 +229,11 @@ def test_eta_error_of_pending_estimates():
     m = sim.run()
     assert {j: r.first_start for j, r in sim.runs.items()} == {"a": 0, "b": 110, "d": 100}
     assert sim.eta_errors == [pytest.approx(10.0)]
-    assert m["eta_error"] == {"predictions": 1, "median_abs_s": 10.0, "p90_abs_s": 10.0, "late_share": 1.0}
-    assert eta_error([0.0, -150.0, 30.0]) == {"predictions": 3, "median_abs_s": 30.0, "p90_abs_s": 126.0,
-                                              "late_share": 0.3333}
+    assert m["eta_error"] == {"predictions": 1, "median_abs_s": 10.0, "p90_abs_s": 10.0, "late_share": 1.0,
+                              "ranges": 0, "range_coverage": None}
+    assert eta_error([0.0, -150.0, 30.0], [True, False]) == {
+        "predictions": 3, "median_abs_s": 30.0, "p90_abs_s": 126.0, "late_share": 0.3333,
+        "ranges": 2, "range_coverage": 0.5}
 
 
 def test_a_job_past_its_time_limit_is_ended():

@@ -259,6 +259,22 @@ def _dur(seconds: float | None) -> str:
     return f"{s / 86400:.1f}d"
 
 
+def eta_text(eta_s: float | None, span: list[float] | tuple[float, float] | None = None) -> str:
+    """An ETA as shown: a duration, or a range ("20–45 min") when the estimate is uncertain."""
+    if eta_s is None:
+        return "-"
+    if not span:
+        return _dur(eta_s)
+    low, high = max(0.0, float(span[0])), max(0.0, float(span[1]))
+    if high < 3600:
+        return f"{low / 60:.0f}–{max(1.0, high / 60):.0f} min"
+    if low >= 3600 and high < 86400:
+        return f"{low / 3600:.0f}–{high / 3600:.0f} h"
+    if low >= 86400:
+        return f"{low / 86400:.1f}–{high / 86400:.1f} d"
+    return f"{_dur(low)}–{_dur(high)}"
+
+
 def _console():
     from rich.console import Console
 
@@ -380,7 +396,7 @@ def print_queue(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     now = display_now(meta)
     for d in docs:
         table.add_row(str(d["position"]), d["job_id"], d["team"], d["priority"], str(d["gpus"]), _dur(now - d["submitted_at"]),
-                      _dur(d["eta_s"]), d["reason"] or "-")
+                      eta_text(d["eta_s"], d.get("eta_range")), d["reason"] or "-")
     _console().print(table)
 
 
@@ -477,7 +493,7 @@ QUEUE_FIELDS = [
     Field("position", "#", _s("position"), right=True), Field("job", "JOB", _s("job_id")),
     Field("team", "TEAM", _s("team")), Field("priority", "PRIO", _s("priority")), Field("gpus", "GPUS", _s("gpus")),
     Field("waiting", "WAITING", lambda d, now: _dur(now - d["submitted_at"])),
-    Field("eta", "ETA", lambda d, _n: _dur(d["eta_s"])), Field("reason", "REASON", _s("reason")),
+    Field("eta", "ETA", lambda d, _n: eta_text(d["eta_s"], d.get("eta_range"))), Field("reason", "REASON", _s("reason")),
     Field("blockers", "BLOCKERS", lambda d, _n: ",".join(d.get("blockers") or []) or "-", wide=True),
     Field("preemptions", "PREEMPTED", _s("preemptions"), wide=True),
 ]
@@ -637,7 +653,8 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
                  + (" …" if why["queue"]["ahead_jobs"] > len(why["queue"]["ahead"]) else ""))
     for u in why["unblock"]:
         w.append(f"[green]would unblock:[/] {u}")
-    w.append(f"estimated start: {'unknown (running jobs have no time limit)' if why['eta_s'] is None else 'in ' + _dur(why['eta_s'])}")
+    eta = why["eta_s"]
+    w.append(f"estimated start: {'unknown' if eta is None else 'in ' + eta_text(eta, why.get('eta_range'))}")
     return w
 
 

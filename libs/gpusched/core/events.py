@@ -56,6 +56,9 @@ class JobPending(Event, frozen=True, kw_only=True):
     reason: str
     blockers: list[str] = []
     eta_s: float | None = None
+    #: The range of the ETA where it rests on predicted run times (`policy/predict.py`).
+    eta_low_s: float | None = None
+    eta_high_s: float | None = None
     #: The typed reason the deciding step recorded (`core/reasons.py`); `reason` is its text.
     why: Reason | None = None
 

@@ -103,6 +103,8 @@ class Job(Struct):
     pending_reason: str = ""
     pending_blockers: list[str] = []
     pending_eta_s: float | None = None
+    pending_eta_range: tuple[float, float] | None = None  # (low, high) seconds from `pending_at`
+    pending_at: float = 0.0  # when the last JobPending was decided
     pending_why: Reason | None = None  # the typed reason of the policy's last JobPending
     nodes_started: list[str] = []
     request_id: str = ""
@@ -229,6 +231,9 @@ class ClusterState(Struct):
         job = self.jobs.get(e.job_id)
         if job is not None:
             job.pending_reason, job.pending_blockers, job.pending_eta_s = e.reason, list(e.blockers), e.eta_s
+            low, high = e.eta_low_s, e.eta_high_s
+            job.pending_eta_range = None if low is None or high is None else (low, high)
+            job.pending_at = e.at
             job.pending_why = e.why
 
     def _on_processes_ended(self, e: ev.ProcessesEnded) -> None:
@@ -430,6 +435,7 @@ class ClusterState(Struct):
         self.pending[job.job_id] = None
         job.state, job.preemption, job.started_at = "pending", None, None
         job.pending_reason, job.pending_blockers, job.pending_eta_s = reason, [], None
+        job.pending_eta_range = None
         job.pending_why = None
 
     def _account(self, job: Job, at: float) -> None:
@@ -623,6 +629,7 @@ def _fold_granted(self, e: ev.GpusGranted) -> None:
     if job.first_started_at is None:
         job.first_started_at = e.at
     job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
+    job.pending_eta_range = None
     job.pending_why = None
     self._team_held(spec.team, len(granted), e.at)
     self._check_limit(spec.team, e.job_id, granted)

@@ -75,6 +75,18 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: Backfill: treat a running job without a time limit as ending after this long (None: never).
     unknown_runtime_s: float | None = None
 
+    # --- run-time prediction (policy/predict.py): learned from completed jobs, never an oracle
+    #: Opt-in: ETAs from the reservation plan with predicted run times (ends of jobs without a
+    #: time limit), shown as a range when uncertain. Changes what `gpusched show` says, no
+    #: decision. Off by default: on the bundled week it does not yet beat the reservation's
+    #: own ETA (docs/results.md, "Run-time prediction").
+    predict_runtimes: bool = False
+    #: Backfill, opt-in: a job with a time limit may start on the head's reserved GPUs when the
+    #: reservation has no known time and the limit ends before the earliest predicted end (low
+    #: quantile) of the reserved set's holders. A wrong prediction costs the head at most that
+    #: job's time limit (the job ends by it); a job without a limit never backfills this way.
+    backfill_predicted: bool = False
+
     #: Idle: a job whose GPUs all stay under this utilization (percent) ...
     idle_util_pct: float = 5.0
     #: ... for this long is idle (the reconciler appends `JobIdle`; it reads these two knobs).

@@ -165,11 +165,12 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         start = estimate_start(state, job, now, config)
         eta = None if start is None else max(0.0, start - now)
     out["eta_s"] = None if eta is None else round(eta, 3)
+    out["eta_range"] = list(job.pending_eta_range) if job.pending_eta_s is not None and job.pending_eta_range else None
     out["summary"] = _summary(out)
     barred = not_eligible(state, job, now)
     if barred is not None:  # held or waiting on dependencies: room is not the question yet
         out["unblock"] = [_UNBAR.get(type(barred).__name__, barred.text)]
-        out["eta_s"] = None
+        out["eta_s"] = out["eta_range"] = None
         out["summary"] = barred.text
     return out
 

@@ -15,13 +15,14 @@ from ..core.state import ClusterState
 from .config import PolicyConfig
 from .ordering import QueueIndex, queue_mode
 from .placement import Topology
+from .predict import RuntimePredictor
 from .running import RunningIndex
 
 
 class Indexes:
     """The derived indexes of one fold (see the module docstring)."""
 
-    __slots__ = ("queues", "running_", "topology_", "tail_reasons")
+    __slots__ = ("queues", "running_", "topology_", "tail_reasons", "predictor_")
 
     def __init__(self, tail_reasons: int | None = None) -> None:
         self.queues: dict[tuple, QueueIndex] = {}  # one per ordering mode (config knobs)
@@ -32,11 +33,12 @@ class Indexes:
         #: sets it: a queue of 20,000 whose reasons all changed is then explained over several
         #: cycles, each costing what it can append, instead of each re-explaining the whole queue.
         self.tail_reasons = tail_reasons
+        self.predictor_: RuntimePredictor | None = None
 
     def forget(self) -> None:
         """Drop every index: the next cycle rebuilds them from its state."""
         self.queues.clear()
-        self.running_ = self.topology_ = None
+        self.running_ = self.topology_ = self.predictor_ = None
 
     def queue(self, state: ClusterState, config: PolicyConfig) -> QueueIndex:
         """The (updated) queue index of `state` for the ordering knobs of `config`."""
@@ -54,6 +56,14 @@ class Indexes:
             idx = self.running_ = RunningIndex(state)
         idx.update()
         return idx
+
+    def predictor(self, state: ClusterState) -> RuntimePredictor:
+        """The (updated) run-time predictor of `state`: it has learned every completed job."""
+        p = self.predictor_
+        if p is None or p.state is not state:
+            p = self.predictor_ = RuntimePredictor(state)
+        p.update()
+        return p
 
     def topology(self, state: ClusterState) -> Topology:
         """The topology of `state` (nodes only ever register, never leave: a count suffices)."""

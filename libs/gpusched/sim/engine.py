@@ -27,7 +27,8 @@ from ..accounting import Ledger, gpu_hours_by_team
 from ..core import events as ev
 from ..core.model import JobSpec, TeamQuota, TopologyConstraint
 from ..core.state import ClusterState, Violation, stale_live
-from .metrics import Recorder, eta_error
+from ..policy.predict import Estimate, RuntimePredictor, run_time
+from .metrics import Recorder, eta_error, runtime_error
 from .runtime import REALISTIC, RuntimeModel
 from .traces import TraceJob
 from .world import Cluster, _Run, default_quotas  # noqa: F401  (re-exported: the simulator's API)
@@ -107,8 +108,15 @@ class Simulation:
         self._seq = 0
         self.now = 0.0
         self.cycles = 0
-        self._eta: dict[str, list[float]] = {}  # job -> every start the policy predicted (JobPending.eta_s)
+        self._eta: dict[str, list[tuple[float, float | None, float | None]]] = {}  # job -> every start the
+        # policy predicted (JobPending.eta_s), with its range if it gave one (absolute times)
         self.eta_errors: list[float] = []  # actual start - predicted start, for every prediction made
+        self.eta_ranges: list[bool] = []  # per prediction with a range: the start fell in it
+        # The run-time predictor's own error: at each job's first start, what it predicted
+        # (learned from the jobs completed so far: the same fold the policy reads).
+        self.predictor = RuntimePredictor(self.state)
+        self._predicted: dict[str, Estimate] = {}
+        self.runtime_errors: list[tuple[float, bool]] = []  # (actual - predicted run time, in range)
         self.wall_s = 0.0
         self._dirty = False
         self._last_decided: deque[list[ev.Event]] = deque(maxlen=4)
@@ -210,15 +218,28 @@ class Simulation:
             self._react(e, t, started)
         self._start(started, t)
 
+    def _shown(self, e: ev.GpusGranted, t: float) -> None:
+        """Score the start estimates shown for a job that starts now, and predict its run time."""
+        for predicted, low, high in self._eta.pop(e.job_id, ()):
+            self.eta_errors.append(t - predicted)
+            if low is not None and high is not None:
+                self.eta_ranges.append(low - 1e-6 <= t <= high + 1e-6)
+        if e.attempt == 1:
+            self.predictor.update()
+            self._predicted[e.job_id] = self.predictor.estimate(self.state.jobs[e.job_id], t)
+            self.predictor.watch([e.job_id])
+
     def _react(self, e: ev.Event, t: float, started: list[str]) -> None:
         """The world's reaction to one decision already in the fold (`started`: jobs granted)."""
         if isinstance(e, ev.GpusGranted):
             started.append(e.job_id)
             self._granted(self.runs[e.job_id], e, t)
-            self.eta_errors.extend(t - predicted for predicted in self._eta.pop(e.job_id, ()))
+            self._shown(e, t)
         elif isinstance(e, ev.JobPending) and e.eta_s is not None:
             # a later withdrawal ("ETA unknown") does not excuse what a user was shown
-            self._eta.setdefault(e.job_id, []).append(e.at + e.eta_s)
+            low = None if e.eta_low_s is None else e.at + e.eta_low_s
+            high = None if e.eta_high_s is None else e.at + e.eta_high_s
+            self._eta.setdefault(e.job_id, []).append((e.at + e.eta_s, low, high))
         elif isinstance(e, ev.JobResized):
             self._resized(self.runs[e.job_id], e, t)
         elif isinstance(e, ev.PreemptionRequested):
@@ -369,6 +390,10 @@ class Simulation:
     def _complete(self, run: _Run, t: float) -> None:
         job = self.state.jobs[run.trace.job_id]
         self._apply(ev.JobCompleted(at=t, job_id=run.trace.job_id, attempt=job.attempt))
+        guess = self._predicted.pop(run.trace.job_id, None)
+        if guess is not None:
+            actual = run_time(job)
+            self.runtime_errors.append((actual - guess.remaining_s, guess.low_s <= actual <= guess.high_s))
         run.remaining, run.mode, run.finish, run.held = 0.0, "done", t, 0
         run.epoch += 1
         self.rec.completed(run)
@@ -403,7 +428,8 @@ class Simulation:
             "unfinished": sum(1 for r in self.runs.values() if r.mode != "done"),
             "events": self.state.events,
             "cycles": self.cycles,
-            "eta_error": eta_error(self.eta_errors),
+            "eta_error": eta_error(self.eta_errors, self.eta_ranges),
+            "runtime_prediction": runtime_error(self.runtime_errors),
             "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
             **self._used_vs_held(),
             "sim_wall_s": round(self.wall_s, 3),

@@ -192,15 +192,33 @@ class Recorder:
         }
 
 
-def eta_error(errors: list[float]) -> dict:
+def eta_error(errors: list[float], ranges: list[bool] | None = None) -> dict:
     """How good the start estimates of `gpusched show` are: for every job that started while a
-    prediction stood, actual start minus predicted start (negative: it started early)."""
+    prediction stood, actual start minus predicted start (negative: it started early).
+    `ranges`: for each estimate shown as a range, whether the start fell in it."""
     absolute = [abs(e) for e in errors]
+    ranges = ranges or []
     return {
+        "ranges": len(ranges),
+        "range_coverage": _r(sum(ranges) / len(ranges), 4) if ranges else None,
         "predictions": len(errors),
         "median_abs_s": _r(percentile(absolute, 50)) if errors else None,
         "p90_abs_s": _r(percentile(absolute, 90)) if errors else None,
         "late_share": _r(sum(1 for e in errors if e > 1e-6) / len(errors), 4) if errors else None,
+    }
+
+
+def runtime_error(errors: list[tuple[float, bool]]) -> dict:
+    """How good the run-time predictor is: for every job, at its first start, its actual run
+    time (all attempts, at full size) minus the predicted one; `range_coverage`: the share of
+    actual run times inside the predicted low..high range."""
+    absolute = [abs(e) for e, _ in errors]
+    return {
+        "jobs": len(errors),
+        "median_abs_s": _r(percentile(absolute, 50)) if errors else None,
+        "p90_abs_s": _r(percentile(absolute, 90)) if errors else None,
+        "under_share": _r(sum(1 for e, _ in errors if e > 1e-6) / len(errors), 4) if errors else None,
+        "range_coverage": _r(sum(1 for _, c in errors if c) / len(errors), 4) if errors else None,
     }
 
 

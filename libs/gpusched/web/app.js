@@ -478,7 +478,9 @@ function jobDetails(job) {
     lines.push(`<div class="why">team ${esc(w.team)} holds ${w.team_quota.held}/${w.team_quota.guaranteed} guaranteed, limit ${w.team_quota.limit ?? "none"}` +
       ` · ${w.topology.free_total} GPUs free · queue #${w.queue.position}/${w.queue.of}</div>`);
     for (const u of w.unblock) lines.push(`<div class="why">→ ${esc(u)}</div>`);
-    lines.push(`<div class="why">estimated start: ${w.eta_s == null ? "unknown" : "in " + dur(w.eta_s)}</div>`);
+    const eta = w.eta_s == null ? "unknown"
+      : "in " + (w.eta_range ? dur(w.eta_range[0]) + "–" + dur(w.eta_range[1]) : dur(w.eta_s));
+    lines.push(`<div class="why">estimated start: ${eta}</div>`);
   }
   return lines.map((l) => l.startsWith("<div") ? l : `<div>${l}</div>`).join("");
 }

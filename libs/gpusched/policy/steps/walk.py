@@ -12,10 +12,12 @@ import functools
 
 from ...core.reasons import BehindReservation, NoRoom, QueuedBehind, Reason, TeamLimit
 from ...core.state import Job
+from ..backfill import Reservation
 from ..eligibility import array_full, not_eligible
 from ..ordering import QueueIndex
 from ..placement import Placement
 from ..plan import Context, CyclePlan
+from ..predict import predicted_free
 from .reservation import due_soon, head_reservation
 
 
@@ -105,8 +107,9 @@ def _limit(ctx: Context, job: Job, lo: int) -> TeamLimit:
 
 def _backfill_fit(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> Placement | None:
     """A placement for `job` that cannot delay the reserved head, or None: outside the
-    reserved set, or anywhere if its time limit ends before the reservation is due, or if it
-    is preemptible and will yield (`borrow`) while the reservation is not yet due."""
+    reserved set, or anywhere if its time limit ends before the reservation is due (or, with
+    `backfill_predicted`, before it is predicted to be due at the earliest), or if it is
+    preemptible and will yield (`borrow`) while the reservation is not yet due."""
     res = head_reservation(plan, ctx)
     if res is None:
         return plan.fit(job, plan.pool, room)  # the head can never fit as the cluster is
@@ -120,6 +123,9 @@ def _backfill_fit(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> 
             return q
     if res.known and spec.time_limit_s is not None and ctx.now + spec.time_limit_s <= res.at:
         return plan.fit(job, plan.pool, room)
+    if config.backfill_predicted and not res.known and spec.time_limit_s is not None \
+            and ctx.now + spec.time_limit_s <= _predicted_low(res, ctx):
+        return plan.fit(job, plan.pool, room)  # it ends by its limit: the head waits at most that
     if config.preemption and config.borrow and spec.preemptible and not due_soon(res, ctx):
         t = ctx.state.teams.get(job.team)
         guaranteed = t.quota.guaranteed if t is not None else 0
@@ -127,6 +133,13 @@ def _backfill_fit(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> 
         if job.team == plan.head.team or plan.held(job.team) + lo > guaranteed:
             return plan.fit(job, plan.pool, room)  # it yields when the head could start
     return None
+
+
+def _predicted_low(res: Reservation, ctx: Context) -> float:
+    """The earliest the reserved set is predicted to free (its holders' low-quantile ends)."""
+    jobs = ctx.state.jobs
+    return predicted_free([jobs[j] for j in res.holders], ctx.now, ctx.grace, ctx.running.borrowers,
+                          ctx.indexes.predictor(ctx.state))[1]
 
 
 def _tail(plan: CyclePlan, ctx: Context, idx: QueueIndex, processed: dict[str, None], complete: bool) -> None:

@@ -1,0 +1,207 @@
+"""How long a job will still run, learned from the jobs that finished before it (no oracle).
+
+What is learned: the run time of every completed job, as GPU-seconds of service over its gang
+size (`service_gpu_s / gpus`: all attempts, at full size), the same measure a running job's
+progress is read in. Where it is kept: per key, from the most specific to the least,
+
+    (team, user, gpus, command) > (team, user, gpus) > (team, gpus) > (team,) > (gpus,) > ()
+
+(a level whose user or command is empty is skipped), each key holding its last `keep` run
+times. Memory is bounded: at most `max_keys` keys, the least recently fed evicted first.
+
+How it answers (`estimate`): run times are heavy-tailed, so the answer is conditional on what
+the job already ran (`elapsed`): among the run times of the most specific key that has at least
+`min_samples` of them longer than `elapsed`, the quantiles of what is left (`x - elapsed`): the
+median is the point estimate, the `low_q`..`high_q` quantiles its range. A job that already ran
+longer than every run time the history knows gets the Lindy guess (as long again as it ran,
+range 0..`lindy_high`x). A user's time limit bounds every answer from above. Everything is a
+function of the completed jobs in the order they finished (ties by job id) and of the job's
+own spec and elapsed time: never of its true duration, which nothing here can see.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from bisect import bisect_right
+from collections import OrderedDict, deque
+
+from msgspec import Struct
+
+from ..core.state import ClusterState, Job
+
+
+class Estimate(Struct, frozen=True):
+    """The predicted remaining run time of a job, in seconds from now."""
+
+    remaining_s: float  # the median: the point estimate
+    low_s: float  # the `low_q` quantile
+    high_s: float  # the `high_q` quantile
+    samples: int  # run times the answer rests on (0: the Lindy guess)
+    basis: str  # which key answered, e.g. "team+gpus", or "lindy"
+
+    @property
+    def uncertain(self) -> bool:
+        """Wide enough to be shown as a range: the high end over twice the low end, and apart
+        by more than five minutes."""
+        return self.high_s - self.low_s > 300.0 and self.high_s > 2.0 * max(self.low_s, 1.0)
+
+
+_LEVELS = ("team+user+gpus+command", "team+user+gpus", "team+gpus", "team", "gpus", "all")
+
+
+def _keys(job: Job) -> list[tuple]:
+    spec = job.spec
+    cmd = zlib.crc32("\0".join(spec.command).encode()) if spec.command else None
+    user = job.user or None
+    keys: list[tuple] = []
+    if user is not None and cmd is not None:
+        keys.append((0, spec.team, user, spec.gpus, cmd))
+    if user is not None:
+        keys.append((1, spec.team, user, spec.gpus))
+    keys += [(2, spec.team, spec.gpus), (3, spec.team), (4, spec.gpus), (5,)]
+    return keys
+
+
+def run_time(job: Job) -> float:
+    """What a finished job ran, all attempts, at full size (GPU-seconds over its gang size)."""
+    return job.service_gpu_s / max(1, job.spec.gpus)
+
+
+def elapsed(job: Job, now: float) -> float:
+    """What a job has run so far in the same measure (all attempts, the current one to `now`)."""
+    return job.attained_gpu_s(now) / max(1, job.spec.gpus)
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """The `q` quantile of sorted `xs` (linear interpolation)."""
+    pos = q * (len(xs) - 1)
+    i = int(pos)
+    if i + 1 >= len(xs):
+        return xs[-1]
+    return xs[i] + (xs[i + 1] - xs[i]) * (pos - i)
+
+
+class RuntimeHistory:
+    """Run times of completed jobs by key (see the module docstring). Deterministic: the same
+    jobs learned in the same order give the same answers."""
+
+    def __init__(self, keep: int = 128, max_keys: int = 4096, min_samples: int = 8,
+                 low_q: float = 0.1, high_q: float = 0.9, lindy_high: float = 3.0) -> None:
+        self.keep, self.max_keys, self.min_samples = keep, max_keys, min_samples
+        self.low_q, self.high_q, self.lindy_high = low_q, high_q, lindy_high
+        self.by_key: OrderedDict[tuple, deque[float]] = OrderedDict()
+        self._sorted: dict[tuple, list[float]] = {}  # key -> its run times sorted (a memo)
+        self.learned = 0
+
+    def learn(self, job: Job) -> None:
+        """Feed one completed job."""
+        x = run_time(job)
+        if not math.isfinite(x) or x <= 0:
+            return
+        self.learned += 1
+        for key in _keys(job):
+            d = self.by_key.get(key)
+            if d is None:
+                d = self.by_key[key] = deque(maxlen=self.keep)
+            else:
+                self.by_key.move_to_end(key)
+            d.append(x)
+            self._sorted.pop(key, None)
+        while len(self.by_key) > self.max_keys:
+            self._sorted.pop(self.by_key.popitem(last=False)[0], None)
+
+    def estimate(self, job: Job, now: float) -> Estimate:
+        """The remaining run time of a pending or running `job` at `now`."""
+        ran = elapsed(job, now)
+        answer: Estimate | None = None
+        for key in _keys(job):
+            xs = self._sorted.get(key)
+            if xs is None:
+                d = self.by_key.get(key)
+                if d is None:
+                    continue
+                xs = self._sorted[key] = sorted(d)
+            first = bisect_right(xs, ran)
+            longer = xs[first:]
+            need = 1 if key[0] == 5 else self.min_samples
+            if len(longer) >= need:
+                answer = Estimate(_quantile(longer, 0.5) - ran, _quantile(longer, self.low_q) - ran,
+                                  _quantile(longer, self.high_q) - ran, len(longer), _LEVELS[key[0]])
+                break
+        if answer is None:
+            guess = max(ran, 60.0)
+            answer = Estimate(guess, 0.0, self.lindy_high * guess, 0, "lindy")
+        limit = job.spec.time_limit_s
+        if limit is not None:
+            # the limit counts from the current attempt's start (a restart gets a fresh limit)
+            start = job.started_at if job.started_at is not None and job.holding else now
+            cap = max(0.0, limit - (now - start))
+            answer = Estimate(min(answer.remaining_s, cap), min(answer.low_s, cap), min(answer.high_s, cap),
+                              answer.samples, answer.basis if answer.high_s <= cap else answer.basis + "+limit")
+        return answer
+
+
+class RuntimePredictor:
+    """The history of one fold, kept current incrementally (an index like `memo.Indexes`'s):
+    it learns every job that completed since the last update, in order of completion. It
+    watches the running jobs, and the jobs a cycle just granted (`watch`), which may complete
+    before the next cycle runs; a fresh predictor learns the fold's whole past once. A job
+    granted by another writer (the fallback) that completes between two updates is not learned
+    by a long-lived predictor (a fresh one learns it): its answers may differ by that much."""
+
+    def __init__(self, state: ClusterState, history: RuntimeHistory | None = None) -> None:
+        self.state = state
+        self.history = history if history is not None else RuntimeHistory()
+        done = [j for j in state.jobs.values() if j.state == "completed"]
+        for job in sorted(done, key=lambda j: (j.finished_at or 0.0, j.job_id)):
+            self.history.learn(job)
+        self.watching: dict[str, None] = dict.fromkeys(state.running)
+
+    def watch(self, job_ids: list[str]) -> None:
+        """Jobs granted by a cycle whose events the fold has not applied yet."""
+        for jid in job_ids:
+            self.watching[jid] = None
+
+    def update(self) -> None:
+        st = self.state
+        running, jobs = st.running, st.jobs
+        left = [jid for jid in self.watching if jid not in running]
+        if left:
+            ended = []
+            for jid in left:
+                del self.watching[jid]
+                job = jobs.get(jid)
+                if job is not None and job.state == "completed":
+                    ended.append(job)
+            for job in sorted(ended, key=lambda j: (j.finished_at or 0.0, j.job_id)):
+                self.history.learn(job)
+        if len(self.watching) < len(running):
+            for jid in running:
+                if jid not in self.watching:
+                    self.watching[jid] = None
+
+    def estimate(self, job: Job, now: float) -> Estimate:
+        return self.history.estimate(job, now)
+
+
+def predicted_free(holders: list[Job], now: float, grace: float, borrowers: dict[str, None],
+                   predictor: RuntimePredictor) -> tuple[float, float, float]:
+    """When a set held by `holders` is predicted to be free: (point, low, high), absolute times.
+    A job being preempted ends by its deadline, a borrower within one checkpoint grace (it
+    yields on demand), any other job when its predicted run time (bounded by its time limit)
+    is over. The set is free when its last holder ends."""
+    point = low = high = now
+    for job in holders:
+        if job.preemption is not None:
+            p = lo = hi = max(now, job.preemption.deadline)
+        elif job.job_id in borrowers:
+            p = lo = hi = now + grace
+        else:
+            e = predictor.estimate(job, now)
+            p, lo, hi = now + e.remaining_s, now + e.low_s, now + e.high_s
+        point, low, high = max(point, p), max(low, lo), max(high, hi)
+    return point, low, high
+
+
+__all__ = ["Estimate", "RuntimeHistory", "RuntimePredictor", "elapsed", "predicted_free", "run_time"]

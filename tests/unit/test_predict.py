@@ -1,0 +1,167 @@
+"""The run-time predictor (policy/predict.py): determinism, bounded memory, monotone in
+evidence, a user's time limit as an upper bound, no oracle; and the ETA range as shown."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.cli.views import eta_text
+from gpusched.core import events as ev
+from gpusched.policy.config import PRESETS
+from gpusched.policy.cycle import cycle
+from gpusched.policy.predict import RuntimeHistory, RuntimePredictor
+from gpusched.sim.engine import Cluster, Simulation
+from gpusched.sim.runtime import IDEAL
+from gpusched.sim.traces import TraceJob
+
+from .policy_helpers import Scenario
+
+
+def _finish(s: Scenario, job_id: str, start: float, run_s: float, gpus: int = 1, team: str = "a", **spec) -> None:
+    s.run(job_id, [f"r0n0/{i}" for i in range(gpus)], at=start, team=team, **spec)
+    s.now = start + run_s
+    s.apply(ev.JobCompleted(at=start + run_s, job_id=job_id, attempt=1))
+
+
+def _history(runs: list[float], team: str = "a") -> Scenario:
+    s = Scenario(nodes=1)
+    t = 0.0
+    for i, r in enumerate(runs):
+        _finish(s, f"done{i}", t, r, team=team)
+        t += r
+    return s
+
+
+def test_learns_from_completed_jobs_conditional_on_what_ran():
+    s = _history([100.0 * (i + 1) for i in range(10)])  # 100 .. 1000 s
+    s.submit("q", gpus=1, at=s.now)
+    p = RuntimePredictor(s.state)
+    fresh = p.estimate(s.state.jobs["q"], s.now)
+    assert fresh.basis == "team+gpus" and fresh.samples == 10
+    assert fresh.low_s <= fresh.remaining_s <= fresh.high_s
+    assert fresh.remaining_s == pytest.approx(550.0)
+    s.run("q", ["r0n0/0"], at=s.now)
+    later = p.estimate(s.state.jobs["q"], s.now + 450.0)  # ran 450 s: only the 5 longer runs count
+    assert s.now + 450.0 + later.remaining_s >= s.now + fresh.remaining_s  # its predicted end moved later
+    assert later.samples == 6 or later.basis != "team+gpus"
+
+
+def test_time_limit_bounds_every_answer():
+    s = _history([5000.0] * 10)
+    s.submit("q", gpus=1, at=s.now, time_limit_s=600.0)
+    e = RuntimePredictor(s.state).estimate(s.state.jobs["q"], s.now)
+    assert e.remaining_s <= 600.0 and e.high_s <= 600.0 and e.basis.endswith("+limit")
+
+
+def test_beyond_every_known_run_time_is_a_wide_guess_not_a_crash():
+    s = _history([100.0] * 10)
+    s.run("q", ["r0n0/0"], at=s.now)
+    e = RuntimePredictor(s.state).estimate(s.state.jobs["q"], s.now + 7200.0)
+    assert e.basis == "lindy" and e.low_s == 0.0 and e.remaining_s == 7200.0 and e.uncertain
+
+
+def test_incremental_learning_equals_a_fresh_build():
+    """The predictor a cycle keeps (told of the jobs the cycle granted, updated now and then:
+    jobs granted and completed between two updates) answers as one built from the whole fold."""
+    s = Scenario(nodes=1)
+    kept = RuntimePredictor(s.state)
+    for i in range(30):
+        start = 100.0 * i
+        kept.watch([f"j{i}"])  # what `cycle.decide` does with the jobs it granted
+        _finish(s, f"j{i}", start, 50.0 + 37.0 * (i % 7), team="ab"[i % 2])
+        if i % 4 == 1:
+            kept.update()
+    kept.update()
+    s.submit("q", team="a", at=s.now)
+    fresh = RuntimePredictor(s.state)
+    assert kept.history.learned == fresh.history.learned == 30
+    assert kept.estimate(s.state.jobs["q"], s.now) == fresh.estimate(s.state.jobs["q"], s.now)
+
+
+def test_memory_is_bounded():
+    h = RuntimeHistory(keep=4, max_keys=16)
+    s = Scenario(nodes=1)
+    for i in range(200):
+        _finish(s, f"j{i}", float(i), 10.0 + i, team=f"t{i % 50}")
+        h.learn(s.state.jobs[f"j{i}"])
+    assert len(h.by_key) <= 16 and all(len(d) <= 4 for d in h.by_key.values())
+    assert h.learned == 200
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(10.0, 1e5), min_size=1, max_size=20), st.data())
+def test_monotone_in_evidence_and_deterministic(runs, data):
+    """A longer run time in the history never shortens a pending job's prediction; the same
+    history always gives the same answer."""
+    i = data.draw(st.integers(0, len(runs) - 1))
+    longer = list(runs)
+    longer[i] = runs[i] + data.draw(st.floats(0.0, 1e5))
+    answers = []
+    for history in (runs, runs, longer):
+        s = _history(history)
+        s.submit("q", at=s.now)
+        answers.append(RuntimePredictor(s.state).estimate(s.state.jobs["q"], s.now))
+    assert answers[0] == answers[1]
+    for field in ("remaining_s", "low_s", "high_s"):
+        assert getattr(answers[2], field) >= getattr(answers[0], field) - 1e-6
+
+
+def _sim(duration_of_x: float) -> Simulation:
+    jobs = [TraceJob(f"h{i}", float(i), 100.0 + 10 * i, 1, "a") for i in range(12)]
+    jobs.append(TraceJob("x", 500.0, duration_of_x, 1, "a"))
+    sim = Simulation(jobs, Cluster.parse("1x1x8", "all"), PRESETS["full"], IDEAL)
+    sim.run()
+    return sim
+
+
+def test_no_oracle_a_jobs_own_duration_never_changes_its_prediction():
+    short, long = _sim(50.0), _sim(50_000.0)
+    assert short.summary()["runtime_prediction"]["jobs"] == 13
+    guesses = [g for g in (short.runtime_errors, long.runtime_errors)]
+    assert guesses[0][:-1] == guesses[1][:-1]  # the others' errors alike, and x's guess alike:
+    x_short = 50.0 - guesses[0][-1][0]
+    x_long = 50_000.0 - guesses[1][-1][0]
+    assert x_short == pytest.approx(x_long)
+
+
+@pytest.mark.parametrize("eta, span, shown", [
+    (None, None, "-"),
+    (None, [60.0, 120.0], "-"),
+    (1500.0, None, "25m00s"),
+    (1500.0, [1200.0, 2700.0], "20–45 min"),
+    (30.0, [0.0, 20.0], "0–1 min"),
+    (9000.0, [3600.0, 18000.0], "1–5 h"),
+    (9000.0, [1200.0, 18000.0], "20m00s–5h00m"),
+    (200000.0, [90000.0, 400000.0], "1.0–4.6 d"),
+])
+def test_eta_rendering(eta, span, shown):
+    assert eta_text(eta, span) == shown
+
+
+def _backfill_scene(limit_s: float | None) -> Scenario:
+    """One 8-GPU node. History: ten 4-GPU runs of team a, 9,000..18,000 s. `r` (4 GPUs, no
+    limit) runs; `big` (8 GPUs on one node) waits for the node: its reservation has no known
+    time. `small` (4 GPUs, not preemptible, so it cannot borrow) has the given limit."""
+    s = Scenario(nodes=1)
+    for i in range(10):
+        _finish(s, f"done{i}", 20_000.0 * i, 9_000.0 + 1_000.0 * i, gpus=4)
+    s.run("r", [f"r0n0/{i}" for i in range(4)], at=s.now)
+    s.submit("big", gpus=8, required="node", at=s.now + 1)
+    s.submit("small", gpus=4, at=s.now + 2, **({} if limit_s is None else {"time_limit_s": limit_s}))
+    return s
+
+
+@pytest.mark.parametrize("knob, limit_s, starts", [
+    (False, 600.0, False),  # today: a reservation without a known time lends nothing to a limit
+    (True, 600.0, True),  # ends long before r's earliest predicted end (~9,000 s from its start)
+    (True, 50_000.0, False),  # its limit outlasts the prediction: it could delay big
+    (True, None, False),  # no limit: nothing bounds the damage, it never backfills this way
+])
+def test_backfill_on_predicted_reservation(knob, limit_s, starts):
+    s = _backfill_scene(limit_s)
+    config = PRESETS["full"].replace(backfill_predicted=knob)
+    out = cycle(s.state, s.now + 10, config)
+    granted = {e.job_id for e in out if isinstance(e, ev.GpusGranted)}
+    assert granted == ({"small"} if starts else set())
