@@ -60,6 +60,20 @@ from .placement import Pool
 work_since_checkpoint = rules.work_since_checkpoint
 
 
+def las_worth(v: Job, attained: float, for_attained: float, now: float, config: PolicyConfig) -> bool:
+    """Whether preempting `v` (attained `attained` GPU-seconds) for a job that attained
+    `for_attained` is expected to save more than it costs. The saving is LAS's own premise
+    (job sizes with a decreasing hazard rate: what a job attained estimates what it has left),
+    so running the job first saves about the difference in attained GPU-seconds; the cost is
+    the victim's GPUs idle while it saves and later restores its checkpoint
+    (`checkpoint_cost_s`, `restore_cost_s`), plus, without the checkpoint handshake, the work
+    it loses since its last checkpoint."""
+    cost = len(v.gpus) * (config.checkpoint_cost_s + config.restore_cost_s)
+    if not config.checkpoint:
+        cost += work_since_checkpoint(v, now)
+    return attained - for_attained > cost
+
+
 def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
                    candidates: list[Job], held: Callable[[str], int],
                    fits: Callable[[Pool], bool], scope: Callable[[GpuId], object] | None,
@@ -155,8 +169,13 @@ class _Rule:
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
 
     def las_after(self, v: Job) -> bool:
-        """With `las_preempt`: `v` sits in a later LAS queue than the job (it attained more)."""
-        return self.las_level is not None and las_queue(v.attained_gpu_s(self.now), self.config) > self.las_level
+        """With `las_preempt`: `v` sits in a later LAS queue than the job (it attained more), and
+        taking it is worth its checkpoint and restore (`las_worth`)."""
+        if self.las_level is None:
+            return False
+        attained = v.attained_gpu_s(self.now)
+        return (las_queue(attained, self.config) > self.las_level
+                and las_worth(v, attained, self.job.service_gpu_s, self.now, self.config))
 
     def backed_off(self, v: Job) -> bool:
         """Whether `v` has run its back-off since its (re)start: `min_runtime_s` doubled per
