@@ -433,6 +433,23 @@ def _las_pair(long_attained: float, new_attained: float):
     return setup
 
 
+def _las_taken_twice(ran_since_restart: float):
+    """`long` (team a) ran 0..2000 and 2000..4000 s, preempted after each (4000 GPU-s: queue
+    1), restarted at 10000 - `ran_since_restart`; `new` (queue 0) waits."""
+    def setup(s):
+        s.team("a", guaranteed=1)
+        s.submit("long", 1, at=0, preemptible=True)
+        s.submit("x", 1, at=0)
+        for start in (0, 2000):
+            s.run("long", N0_1, at=start)
+            s.preempt("long", "x", at=start + 2000)
+        s.run("x", N0_1, at=4000)
+        s.finish("x", at=5000)
+        s.run("long", N0_1, at=10000 - ran_since_restart)
+        s.submit("new", 1, at=9990, preemptible=True)
+    return setup
+
+
 def _full(**changes):
     return lambda: PRESETS["full"].replace(**changes)
 
@@ -451,6 +468,12 @@ LAS_CASES = {
     "without the handshake the work since the last checkpoint is a cost too": (
         _las_pair(3400, 3240), _full(checkpoint=False), []),
     "LAS preemption is a knob: off, nothing is preempted": (_las_pair(4000, 0), _full(las_preempt=False), []),
+    "LAS back-off: a job taken twice runs min_runtime_s * 4 (1200 s) before LAS takes it again": (
+        _las_taken_twice(1100), _full(), []),
+    "LAS back-off: once it has passed, the job may be taken again": (
+        _las_taken_twice(1300), _full(), [("preempt", "long", "new")]),
+    "LAS back-off is capped (las_backoff_max_s)": (
+        _las_taken_twice(700), _full(las_backoff_max_s=600.0), [("preempt", "long", "new")]),
 }
 
 

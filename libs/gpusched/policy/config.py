@@ -62,6 +62,9 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: sets both from its runtime model (`ideal`: 0) unless `--set` gives them.
     checkpoint_cost_s: float = 30.0
     restore_cost_s: float = 60.0
+    #: Anti-thrash for LAS preemption: a job may be taken for LAS only after running
+    #: `min_runtime_s * 2**preemptions` since its (re)start, at most this long (None: off).
+    las_backoff_max_s: float | None = None
 
     #: Fair share: the fold's usage half-life (the state is folded with it; kept here for reports).
     half_life_s: float = 7 * 24 * 3600.0
@@ -101,9 +104,11 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 #: `full`'s attained-service knobs, none fitted to a trace: the queue limits are Tiresias's
 #: published simulator defaults (SymbioticLab/Tiresias, `dlas-gpu`); STARVE is 1: a requeued
 #: job waits at most as long as it has already run before it leads its team's queue (its
-#: slowdown from LAS demotion stays at most 2 per round; the bound in docs/results.md).
+#: slowdown from LAS demotion stays at most 2 per round; the bound in docs/results.md). The LAS
+#: back-off is capped at one periodic checkpoint interval (the realistic model's 30 min): a job
+#: taken over and over still runs up to a checkpoint's worth of progress between preemptions.
 _FULL_LAS: dict = {"las_preempt": True, "las_queues_gpu_s": [3250.0, 7200.0, 18000.0],
-                   "las_starve_factor": 1.0}
+                   "las_starve_factor": 1.0, "las_backoff_max_s": 1800.0}
 
 _FIFO = PolicyConfig(
     gang=False, topology=False, strict_fifo=True, priority=False, preemption=False,

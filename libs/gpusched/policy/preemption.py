@@ -177,14 +177,15 @@ class _Rule:
         return (las_queue(attained, self.config) > self.las_level
                 and las_worth(v, attained, self.job.service_gpu_s, self.now, self.config))
 
-    def backed_off(self, v: Job) -> bool:
+    def backed_off(self, v: Job, cap_s: float | None = None) -> bool:
         """Whether `v` has run its back-off since its (re)start: `min_runtime_s` doubled per
-        preemption it has had, at most `preempt_backoff_max_s` (None: no back-off; the
-        candidates already ran `min_runtime_s`)."""
+        preemption it has had, at most `cap_s` (default `preempt_backoff_max_s`; None: no
+        back-off, the candidates already ran `min_runtime_s`)."""
         config = self.config
-        if config.preempt_backoff_max_s is None or v.started_at is None:
+        cap_s = config.preempt_backoff_max_s if cap_s is None else cap_s
+        if cap_s is None or v.started_at is None:
             return True
-        cap = max(config.min_runtime_s, config.preempt_backoff_max_s)
+        cap = max(config.min_runtime_s, cap_s)
         return self.now - v.started_at >= min(cap, config.min_runtime_s * 2 ** min(v.preemptions, 32))
 
     def keeps_order(self, team: str, after: int) -> bool:
@@ -220,7 +221,10 @@ class _Rule:
             return self.keeps_order(v.team, vh - len(v.gpus)), at_or_under
         # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
         las = self.las_after(v) and (v.team == job.team or not self.config.fairshare)
-        lower = (self.priority and PRIORITY_RANK[v.spec.priority] < self.rank) or las
+        by_class = self.priority and PRIORITY_RANK[v.spec.priority] < self.rank
+        if las and not by_class and self.config.las_backoff_max_s is not None:
+            las = self.backed_off(v, self.config.las_backoff_max_s)  # LAS alone: anti-thrash
+        lower = by_class or las
         if v.team == job.team:
             return lower, False
         # Reclaim, whatever the priorities: from a team over its share, and only if that team
