@@ -15,7 +15,9 @@ for the blocked job when
 - (`las_preempt`, as Tiresias's 2D-LAS) it sits in a later least-attained-service queue than
   the blocked job, and is of the same team (with fair share: across teams only the fair-share
   rules preempt), or, without fair share, the fold's fairness rule allows it; such victims are
-  taken from the latest queue first.
+  taken from the latest queue first, only when the expected saving beats the victim's
+  checkpoint and restore (`las_worth`), and (`las_backoff_max_s`) only once the victim has run
+  `min_runtime_s * 2**preemptions` since its (re)start, at most that long.
 
 Across teams (reclaim, or priority) preemption must converge:
 
