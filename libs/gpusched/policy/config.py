@@ -102,13 +102,14 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 
 #: `full`'s attained-service knobs, none fitted to a trace: the queue limits are Tiresias's
-#: published simulator defaults (SymbioticLab/Tiresias, `dlas-gpu`); STARVE is 1: a requeued
-#: job waits at most as long as it has already run before it leads its team's queue (its
-#: slowdown from LAS demotion stays at most 2 per round; the bound in docs/results.md). The LAS
+#: published simulator defaults (SymbioticLab/Tiresias, `dlas-gpu`). STARVE stays off: with 1
+#: (a requeued job waits at most as long as it has already run before it leads its team's
+#: queue) the saturated 1x16x8 week went from 512,506 s to 865,331 s avg JCT; the bound is
+#: `--set las_starve_factor=1` (docs/results.md), big gangs rely on the reservation. The LAS
 #: back-off is capped at one periodic checkpoint interval (the realistic model's 30 min): a job
 #: taken over and over still runs up to a checkpoint's worth of progress between preemptions.
 _FULL_LAS: dict = {"las_preempt": True, "las_queues_gpu_s": [3250.0, 7200.0, 18000.0],
-                   "las_starve_factor": 1.0, "las_backoff_max_s": 1800.0}
+                   "las_backoff_max_s": 1800.0}
 
 _FIFO = PolicyConfig(
     gang=False, topology=False, strict_fifo=True, priority=False, preemption=False,
