@@ -391,6 +391,7 @@ def test_las_preemption_stays_within_a_team_under_fair_share():
     s.run("big", gpus("r0n2", *range(8)), at=0, team="b")  # b stays after a in the order without `other`
     s.run("other", N0, at=0, team="b", preemptible=True)
     s.run("mine", N1, at=10, team="a", preemptible=True)
+    s.checkpoint("mine", at=980)  # killed (no handshake): losing 160 GPU-s is worth 7920 attained
     s.checkpoint("other", at=990)  # the cheaper victim, were teams not a boundary
     s.submit("new", 8, team="a", at=1000)
     assert summary(s.cycle(config, now=1000)) == [("preempt", "mine", "new"), ("release", "mine", True),
@@ -410,3 +411,114 @@ def test_tiresias_starvation_knob_promotes_a_job_that_waited_long_enough():
         idx = QueueIndex(s.state, PRESETS["tiresias"].replace(las_starve_factor=factor), ())
         idx.update()
         assert [j.job_id for j in idx.ordered(800, lambda t: 0)] == want, factor
+
+
+# --- full: least attained service inside fair share, checkpoint-cost aware (issue 12) ---------
+
+N0_1 = gpus("r0n0", 0)
+
+
+def _las_pair(long_attained: float, new_attained: float):
+    """Team a holds the only GPU with `long` (it attained `long_attained` GPU-s by t=10000);
+    `new` (1 GPU, same team, same class) waits having attained `new_attained` before."""
+    def setup(s):
+        s.team("a", guaranteed=1)
+        s.submit("long", 1, at=0, preemptible=True)
+        if new_attained:
+            s.run("new", N0_1, at=0, preemptible=True)
+            s.preempt("new", "long", at=new_attained)
+        s.run("long", N0_1, at=10000 - long_attained)
+        if not new_attained:
+            s.submit("new", 1, at=9990, preemptible=True)
+    return setup
+
+
+def _las_taken_twice(ran_since_restart: float):
+    """`long` (team a) ran 0..2000 and 2000..4000 s, preempted after each (4000 GPU-s: queue
+    1), restarted at 10000 - `ran_since_restart`; `new` (queue 0) waits."""
+    def setup(s):
+        s.team("a", guaranteed=1)
+        s.submit("long", 1, at=0, preemptible=True)
+        s.submit("x", 1, at=0)
+        for start in (0, 2000):
+            s.run("long", N0_1, at=start)
+            s.preempt("long", "x", at=start + 2000)
+        s.run("x", N0_1, at=4000)
+        s.finish("x", at=5000)
+        s.run("long", N0_1, at=10000 - ran_since_restart)
+        s.submit("new", 1, at=9990, preemptible=True)
+    return setup
+
+
+def _full(**changes):
+    return lambda: PRESETS["full"].replace(**changes)
+
+
+# name: (setup, config, want decisions of the cycle at t=10000); one 1-GPU node.
+LAS_CASES = {
+    "full preempts its team's job of a later LAS queue for a new job (checkpoint handshake)": (
+        _las_pair(4000, 0), _full(), [("preempt", "long", "new")]),
+    "full leaves a job of the same LAS queue alone": (_las_pair(3000, 0), _full(), []),
+    "a later queue but a saving below checkpoint + restore (30 s + 60 s): not preempted": (
+        _las_pair(3300, 3240), _full(), []),
+    "the same pair with free checkpoints (ideal runtime): preempted": (
+        _las_pair(3300, 3240), _full(checkpoint_cost_s=0.0, restore_cost_s=0.0), [("preempt", "long", "new")]),
+    "a saving above the costs: preempted": (
+        _las_pair(3400, 3240), _full(), [("preempt", "long", "new")]),
+    "without the handshake the work since the last checkpoint is a cost too": (
+        _las_pair(3400, 3240), _full(checkpoint=False), []),
+    "LAS preemption is a knob: off, nothing is preempted": (_las_pair(4000, 0), _full(las_preempt=False), []),
+    "LAS back-off: a job taken twice runs min_runtime_s * 4 (1200 s) before LAS takes it again": (
+        _las_taken_twice(1100), _full(), []),
+    "LAS back-off: once it has passed, the job may be taken again": (
+        _las_taken_twice(1300), _full(), [("preempt", "long", "new")]),
+    "LAS back-off is capped (las_backoff_max_s)": (
+        _las_taken_twice(700), _full(las_backoff_max_s=600.0), [("preempt", "long", "new")]),
+}
+
+
+@pytest.mark.parametrize("name", list(LAS_CASES))
+def test_full_las_preemption(name):
+    setup, config, want = LAS_CASES[name]
+    s = Scenario(racks=1, nodes=1, gpus=1)
+    setup(s)
+    out = s.cycle(config(), now=10000)
+    assert summary(out)[:1] == want
+    assert s.state.violations() == []
+
+
+def test_full_las_never_preempts_across_teams():
+    """Team b's long job (queue 3, b over its guarantee of 0) is not taken for team a's new job
+    (a at its guarantee of 1 with a queue-0 job): across teams only the fair-share rules
+    preempt, and neither team is below its guarantee."""
+    s = Scenario(racks=1, nodes=1, gpus=2)
+    s.team("a", guaranteed=1)
+    s.team("b", guaranteed=0)
+    s.run("mine", gpus("r0n0", 0), at=9900, team="a", preemptible=True)
+    s.run("other", gpus("r0n0", 1), at=0, team="b", preemptible=True)
+    s.submit("new", 1, at=9990, team="a", preemptible=True)
+    assert summary(s.cycle("full", now=10000)) == []
+
+
+def test_full_starvation_bound_puts_a_starving_job_first_in_its_team_only():
+    """The bound (docs/results.md): a requeued job that waited `las_starve_factor` times its
+    run so far goes first in its team's queue. `old` (team a) ran 500 s: once it has waited
+    that long it goes before a's queue-0 job `q0`, but not before team b, which is below its
+    guarantee and so goes first whatever a's jobs are."""
+    from gpusched.policy.ordering import QueueIndex
+
+    s = Scenario(racks=1, nodes=1)
+    s.team("a", guaranteed=0)
+    s.team("b", guaranteed=4)
+    s.run("old", N0, at=0, team="a")
+    s.preempt("old", "x", at=500)  # 4000 GPU-s: queue 1
+    s.submit("q0", 1, at=600, team="a")
+    s.submit("bjob", 1, at=700, team="b")
+    factor = 1.0
+    config = PRESETS["full"].replace(las_starve_factor=factor)
+    idx = QueueIndex(s.state, config, ())
+    idx.update()
+    bound = 500 + factor * 500  # requeued at 500, ran 500 s
+    assert [j.job_id for j in idx.ordered(bound, lambda t: 0)] == ["bjob", "old", "q0"]
+    # before it has waited that long it keeps its LAS place, behind the queue-0 job
+    assert [j.job_id for j in idx.ordered(bound - 1, lambda t: 0)] == ["bjob", "q0", "old"]

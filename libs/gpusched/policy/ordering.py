@@ -130,35 +130,52 @@ class QueueIndex:
         return out
 
     def ordered(self, now: float, held: Callable[[str], int]) -> Iterator[Job]:
-        """Pending jobs in order, the starving ones (`starving`) first."""
+        """Pending jobs in order, the starving ones (`starving`) first: first of all without
+        fair share, first of their team's queue with it (fair share still decides which team
+        goes next: the starvation bound never overrides another team's entitlement)."""
         first = self.starving(now)
         if not first:
             yield from self._ordered(now, held)
+            return
+        if self.config.fairshare:
+            yield from self._ordered(now, held, first)
             return
         yield from first
         promoted = {j.job_id for j in first}
         yield from (j for j in self._ordered(now, held) if j.job_id not in promoted)
 
-    def _ordered(self, now: float, held: Callable[[str], int]) -> Iterator[Job]:
+    def _promoted(self, first: list[Job]) -> dict[str | None, list[tuple]]:
+        """The queues of the teams with starving jobs, those jobs first (in `first`'s order)."""
+        by_team: dict[str | None, list[tuple]] = {}
+        for j in first:
+            by_team.setdefault(self._queue_of(j, self.entries[j.job_id][0]), []).append(self.entries[j.job_id][0])
+        out = {}
+        for t, keys in by_team.items():
+            ids = {k[-1] for k in keys}
+            out[t] = keys + [k for k in self.queues.get(t, ()) if k[-1] not in ids]
+        return out
+
+    def _ordered(self, now: float, held: Callable[[str], int], first: list[Job] | None = None) -> Iterator[Job]:
         """Pending jobs in order. With fair share the order is lazy: `held(team)` is read after
         each job is yielded, so grants made meanwhile move the team down. Teams of equal rank
         go in the order of their next jobs' keys (unique: they end with the job id), never by
-        team name."""
+        team name. `first`: starving jobs, each put first in its team's queue."""
         st, jobs = self.state, self.state.jobs
         if not self.config.fairshare:
             for key in self.queues.get(None, ()):
                 yield jobs[key[-1]]
             return
+        queues = {**self.queues, **self._promoted(first)} if first else self.queues
         heap = []
         usage = {}
-        for t, q in self.queues.items():
+        for t, q in queues.items():
             if q and t is not None and t != _YIELDED:  # with fair share every other queue is a team's
                 usage[t] = st.team_usage(t, now)
                 heap.append((team_rank(st, t, held(t), usage[t], self.config), q[0], t, 0))
         heapq.heapify(heap)
         while heap:
             _, _, t, i = heapq.heappop(heap)
-            q = self.queues[t]
+            q = queues[t]
             yield jobs[q[i][-1]]
             if i + 1 < len(q):
                 heapq.heappush(heap, (team_rank(st, t, held(t), usage[t], self.config), q[i + 1], t, i + 1))
@@ -169,7 +186,7 @@ class QueueIndex:
 def queue_mode(config: PolicyConfig) -> tuple:
     """The config knobs the queue order depends on: one `QueueIndex` per mode."""
     return (config.priority, config.las, tuple(config.las_queues_gpu_s), config.fairshare,
-            config.strict_fifo or not config.gang, config.elastic)
+            config.strict_fifo or not config.gang, config.elastic, config.las_starve_factor)
 
 
 def queue_index(state: ClusterState, config: PolicyConfig) -> QueueIndex:

@@ -15,7 +15,9 @@ for the blocked job when
 - (`las_preempt`, as Tiresias's 2D-LAS) it sits in a later least-attained-service queue than
   the blocked job, and is of the same team (with fair share: across teams only the fair-share
   rules preempt), or, without fair share, the fold's fairness rule allows it; such victims are
-  taken from the latest queue first.
+  taken from the latest queue first, only when the expected saving beats the victim's
+  checkpoint and restore (`las_worth`), and (`las_backoff_max_s`) only once the victim has run
+  `min_runtime_s * 2**preemptions` since its (re)start, at most that long.
 
 Across teams (reclaim, or priority) preemption must converge:
 
@@ -58,6 +60,20 @@ from .placement import Pool
 
 # The one definition of the work a job loses, re-exported for the policies that import it here.
 work_since_checkpoint = rules.work_since_checkpoint
+
+
+def las_worth(v: Job, attained: float, for_attained: float, now: float, config: PolicyConfig) -> bool:
+    """Whether preempting `v` (attained `attained` GPU-seconds) for a job that attained
+    `for_attained` is expected to save more than it costs. The saving is LAS's own premise
+    (job sizes with a decreasing hazard rate: what a job attained estimates what it has left),
+    so running the job first saves about the difference in attained GPU-seconds; the cost is
+    the victim's GPUs idle while it saves and later restores its checkpoint
+    (`checkpoint_cost_s`, `restore_cost_s`), plus, without the checkpoint handshake, the work
+    it loses since its last checkpoint."""
+    cost = len(v.gpus) * (config.checkpoint_cost_s + config.restore_cost_s)
+    if not config.checkpoint:
+        cost += work_since_checkpoint(v, now)
+    return attained - for_attained > cost
 
 
 def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
@@ -155,17 +171,23 @@ class _Rule:
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
 
     def las_after(self, v: Job) -> bool:
-        """With `las_preempt`: `v` sits in a later LAS queue than the job (it attained more)."""
-        return self.las_level is not None and las_queue(v.attained_gpu_s(self.now), self.config) > self.las_level
+        """With `las_preempt`: `v` sits in a later LAS queue than the job (it attained more), and
+        taking it is worth its checkpoint and restore (`las_worth`)."""
+        if self.las_level is None:
+            return False
+        attained = v.attained_gpu_s(self.now)
+        return (las_queue(attained, self.config) > self.las_level
+                and las_worth(v, attained, self.job.service_gpu_s, self.now, self.config))
 
-    def backed_off(self, v: Job) -> bool:
+    def backed_off(self, v: Job, cap_s: float | None = None) -> bool:
         """Whether `v` has run its back-off since its (re)start: `min_runtime_s` doubled per
-        preemption it has had, at most `preempt_backoff_max_s` (None: no back-off; the
-        candidates already ran `min_runtime_s`)."""
+        preemption it has had, at most `cap_s` (default `preempt_backoff_max_s`; None: no
+        back-off, the candidates already ran `min_runtime_s`)."""
         config = self.config
-        if config.preempt_backoff_max_s is None or v.started_at is None:
+        cap_s = config.preempt_backoff_max_s if cap_s is None else cap_s
+        if cap_s is None or v.started_at is None:
             return True
-        cap = max(config.min_runtime_s, config.preempt_backoff_max_s)
+        cap = max(config.min_runtime_s, cap_s)
         return self.now - v.started_at >= min(cap, config.min_runtime_s * 2 ** min(v.preemptions, 32))
 
     def keeps_order(self, team: str, after: int) -> bool:
@@ -201,7 +223,10 @@ class _Rule:
             return self.keeps_order(v.team, vh - len(v.gpus)), at_or_under
         # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
         las = self.las_after(v) and (v.team == job.team or not self.config.fairshare)
-        lower = (self.priority and PRIORITY_RANK[v.spec.priority] < self.rank) or las
+        by_class = self.priority and PRIORITY_RANK[v.spec.priority] < self.rank
+        if las and not by_class and self.config.las_backoff_max_s is not None:
+            las = self.backed_off(v, self.config.las_backoff_max_s)  # LAS alone: anti-thrash
+        lower = by_class or las
         if v.team == job.team:
             return lower, False
         # Reclaim, whatever the priorities: from a team over its share, and only if that team

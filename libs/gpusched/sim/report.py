@@ -60,7 +60,9 @@ def simulate(jobs: list[TraceJob], cluster: Cluster, policy: str, runtime: Runti
     of applying each whole cycle; `placement_down` (with it): when placement is gone."""
     from .engine import default_quotas
 
-    config = policy_config(policy, overrides)
+    # The policy weighs a preemption by the costs the runtime model charges (unless --set).
+    costs = {"checkpoint_cost_s": str(runtime.checkpoint_s), "restore_cost_s": str(runtime.restore_s)}
+    config = policy_config(policy, {**costs, **(overrides or {})})
     if quotas is None:
         quotas = default_quotas([j for j in jobs if j.gpus <= cluster.total_gpus], cluster.total_gpus)
     all_jobs = merge(jobs, burst) if burst else jobs

@@ -17,6 +17,7 @@ from ...core.reasons import BehindReservation, ComingFree, WaitingForCheckpoint
 from ...core.state import Job
 from ..elastic import extras, shrink_plan
 from ..eligibility import constrained, restrict
+from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
 from .victims import victims
@@ -60,7 +61,9 @@ def run(plan: CyclePlan, ctx: Context) -> None:
 
 def _preempt(plan: CyclePlan, ctx: Context, job: Job, lo: int, fits: Callable[[Pool], bool],
              room: int | None, failed: set[tuple]) -> None:
-    alike = (job.team, job.spec.priority, lo, job.spec.topology.required, job is plan.head)
+    config = ctx.config
+    las = las_queue(job.service_gpu_s, config) if config.las and config.las_preempt else None
+    alike = (job.team, job.spec.priority, las, lo, job.spec.topology.required, job is plan.head)
     if alike in failed:
         return
     chosen = victims(plan, ctx, job, lo, fits)
