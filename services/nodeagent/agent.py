@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -430,7 +431,8 @@ class NodeAgent:
         if job is None or (job.attempt, job.generation) != key[1:] or not mine:
             self.deferred.pop(key, None)
             return
-        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key):
+        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key) \
+                or not self.host.fresh_view():
             return
         del self.deferred[key]
         self._launch(job, mine, state)
@@ -745,13 +747,21 @@ JOB_EVENTS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobCompleted, ev.JobFa
               ev.JobTimedOut)
 
 
+#: A node daemon starts a job only while its fold held the whole log as of at most this long
+#: ago (`NodeHost.fresh_view`); well under the reconciler's node timeout (30 s).
+VIEW_MAX_AGE_S = 2.0
+
+
 class NodeHost:
     """Runs one or many node agents over one NATS connection and one fold of the log.
     Appends go through one writer task, in order; decisions that change GPU ownership are
     built against the fold at append time and compare-and-set."""
 
-    def __init__(self, event_log: EventLog, *, heartbeat_s: float = 5.0, poll_s: float = 0.2, own_log: bool = True):
+    def __init__(self, event_log: EventLog, *, heartbeat_s: float = 5.0, poll_s: float = 0.2, own_log: bool = True,
+                 max_view_age_s: float = VIEW_MAX_AGE_S):
         self.log = event_log
+        self.max_view_age_s = max_view_age_s
+        self.view_confirmed_at = -math.inf  # when the log's head last fetched was found folded
         self.nc = event_log.nc
         self.folded = FoldedLog(event_log)
         self.agents: dict[str, NodeAgent] = {}
@@ -789,9 +799,11 @@ class NodeHost:
         self._queue.put_nowait((item, msg_id, cas))
 
     async def start(self) -> None:
+        asked = time.monotonic()
         self._history = await self.log.last_seq()
         self.folded.listeners.append(self._on_record)
         await self.folded.start()
+        self.view_confirmed_at = asked  # folded at least up to the head as it was then
         self.started = True
         state = self.folded.state
         for agent in self.agents.values():  # first take back (or end) what earlier daemons started
@@ -826,6 +838,7 @@ class NodeHost:
             asyncio.create_task(self._writer(), name="nodeagent-writer"),
             asyncio.create_task(self._monitor(), name="nodeagent-monitor"),
             asyncio.create_task(self._heartbeats(), name="nodeagent-heartbeats"),
+            asyncio.create_task(self._confirm_view(), name="nodeagent-view"),
         ]
         log.info("nodeagent_ready", nodes=len(self.agents), seq=self.folded.seen_seq)
         notify_ready()
@@ -913,6 +926,34 @@ class NodeHost:
                     agent.poll(self.folded.state)
                 except Exception:
                     log.exception("agent_poll_failed", node=agent.node)
+
+    def fresh_view(self) -> bool:
+        """Whether launches may trust the fold: it held the whole log as of at most
+        `max_view_age_s` ago. A daemon that lags (starved of CPU, restarting a thousand nodes,
+        cut off from NATS) would otherwise start an attempt the log already superseded: its node
+        declared lost and the job granted elsewhere, in facts it has not folded yet."""
+        return time.monotonic() - self.view_confirmed_at <= self.max_view_age_s
+
+    async def _confirm_view(self) -> None:
+        """The read barrier behind `fresh_view`: ask the log's head, wait until the fold holds
+        it, record when it was asked; again every poll."""
+        warned = False
+        while True:
+            asked = time.monotonic()
+            try:
+                head = await self.log.last_seq()
+            except Exception as err:  # noqa: BLE001 - cannot confirm: launches wait
+                if not warned:
+                    log.warning("nodeagent_view_unconfirmed", error=f"{type(err).__name__}: {err}"[:200],
+                                hint="no job starts on these nodes until the log answers")
+                warned = True
+                await asyncio.sleep(max(self.poll_s, 1.0))
+                continue
+            warned = False
+            while self.folded.seen_seq < head:
+                await asyncio.sleep(0.02)
+            self.view_confirmed_at = asked
+            await asyncio.sleep(self.poll_s)
 
     async def _heartbeats(self) -> None:
         """Every agent once per `heartbeat_s`, spread over the period in slices so that a host
