@@ -243,6 +243,7 @@ class Result:
     violations: int
     findings: int
     acked: int
+    rules: dict[str, int] = field(default_factory=dict)  # violated invariant -> count
 
     @property
     def clean(self) -> bool:
@@ -355,7 +356,7 @@ async def verdict(target: Target, load: Load, census: ProcessCensus, drill: str,
     rules = [v.rule for v in state.violations()]
     lost = [j for j in acked.values() if j not in state.jobs]
     return Result(drill, recovery_s, len(lost), rules.count("double_booking"), census.take(),
-                  len(rules), len(audit.findings), len(acked))
+                  len(rules), len(audit.findings), len(acked), {r: rules.count(r) for r in sorted(set(rules))})
 
 
 # --- the stack ----------------------------------------------------------------------------------
@@ -449,7 +450,11 @@ def report_line(r: Result, hit: str, load: Load, as_json: bool) -> None:
     print(f"{'ok  ' if r.clean else 'FAIL'} {r.drill:22s} ({hit}): {rec}; submitted {load.submitted}, "
           f"acked {r.acked}, lost {r.lost}, "
           f"double-booked {r.double_booked}, duplicate processes {r.duplicate_processes}, "
-          f"violations {r.violations}, trust findings {r.findings}", flush=True)
+          f"violations {r.violations}{_rules(r.rules)}, trust findings {r.findings}", flush=True)
+
+
+def _rules(rules: dict[str, int]) -> str:
+    return f" ({', '.join(f'{k} {v}' for k, v in rules.items())})" if rules else ""
 
 
 def summary(results: list[Result]) -> dict:
@@ -468,7 +473,8 @@ def summary(results: list[Result]) -> dict:
                       "recovery_max_s": round(max(times), 2) if times else None,
                       "lost": max(r.lost for r in rs), "double_booked": max(r.double_booked for r in rs),
                       "duplicate_processes": sum(r.duplicate_processes for r in rs),
-                      "violations": max(r.violations for r in rs), "findings": max(r.findings for r in rs)}
+                      "violations": max(r.violations for r in rs), "findings": max(r.findings for r in rs),
+                      "rules": max((r.rules for r in rs), key=lambda x: sum(x.values()))}
     return out
 
 
@@ -505,7 +511,7 @@ def print_table(table: dict, facts: dict) -> None:
     for drill, row in table.items():
         print(f"{drill:24s} runs {row['runs']:3d} clean {row['clean']:3d}  recovery p50 {row['recovery_p50_s']} s "
               f"p99 {row['recovery_p99_s']} s  lost {row['lost']}  double-booked {row['double_booked']}  "
-              f"duplicate processes {row['duplicate_processes']}  violations {row['violations']}  "
+              f"duplicate processes {row['duplicate_processes']}  violations {row['violations']}{_rules(row['rules'])}  "
               f"trust findings {row['findings']}")
     print(f"submitted {facts['submitted']}, acknowledged {facts['acked']}, unanswered {facts['unanswered']}; "
           f"job processes counted in {facts['census_samples']} samples (peak {facts['peak_job_processes']}); "
