@@ -1,4 +1,4 @@
-"""The long form of `gpusched chaos` (slow: about 15-20 minutes on two busy cores): its own
+"""The long form of `gpusched chaos` (slow: about 25 minutes on two busy cores): its own
 `up --nats-cluster 3` stack with 128 simulated nodes, a stream of at least 1,000 jobs (each a
 real `sleep` process), and at least 50 faults at random moments of it: every service killed
 in turn, the stream leader and a follower, the whole NATS cluster, Redis killed and flushed,
