@@ -64,7 +64,10 @@ async def test_up_with_a_three_node_cluster_runs_jobs_at_r3_and_survives_the_sho
             row = verdict["drills"][drill]
             assert row["clean"] == row["runs"] == 1, (drill, row)
             assert row["lost"] == row["double_booked"] == row["duplicate_processes"] == row["violations"] == 0
-        assert verdict["acked"] >= 60
+        assert verdict["acked"] >= 60 and verdict["unanswered"] == 0
+        # Every job was a real process, and the census saw them: no job ran twice.
+        assert verdict["census_samples"] > 0 and verdict["peak_job_processes"] > 0
+        assert verdict["duplicates"] == {}
 
         # Jobs ran to completion on the cluster, and an admin's client did not scale the log down.
         deadline = time.monotonic() + 60

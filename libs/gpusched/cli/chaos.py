@@ -12,12 +12,18 @@ after 0.5 s), keeps a load of short jobs flowing through admission, and runs eac
 - `nodeagent`     kill -9 of the node agent process (every simulated node's daemon)
 - `partition`     SIGSTOP of one NATS server (its routes go silent), SIGCONT after `--partition-s`
 
+The load's jobs are real processes (`sleep`) on the simulated nodes, so that a job running
+twice shows in the OS: every 0.2 s the tool lists the stack's job processes in /proc (those
+whose control directory lies in the stack's data dir) and counts a duplicate when one job has
+two launchers for the same node rank, or launchers of two attempts, alive at once. The load
+keeps flowing (at least `--jobs` submits) until the last drill is judged.
+
 After each drill a probe job is submitted (retried with the same request id until admission
-answers) and timed until it is granted: the recovery time. The verdict, over the whole log
+answers) and timed until its node agent reports it running: the recovery time. The verdict, over the whole log
 after every drill: every acknowledged submit is a job in the log (0 lost), no GPU granted
-twice, no two live copies of a job, no broken invariant and no trust finding on the same
-checks as `replay --verify`. `--attach DATA` drills a running `up` instead (its stack.json).
-Exit code 0: every verdict clean.
+twice, no duplicate job process in the OS since the previous verdict, no broken invariant
+and no trust finding on the same checks as `replay --verify`. `--attach DATA` drills a
+running `up` instead (its stack.json). Exit code 0: every verdict clean.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +48,7 @@ from gpusched.bus.log import EventLog
 from gpusched.core.commands import SubmitJob
 from gpusched.core.model import JobSpec
 from gpusched.core.state import ClusterState
+from gpusched.job import env as E
 
 DRILLS = ("service", "leader", "follower", "nats-all", "redis", "redis-flush", "nodeagent", "partition")
 SIZES = (1, 1, 1, 2, 2, 4)
@@ -83,13 +92,19 @@ class Load:
     rate: float
     duration_s: float
     rng: random.Random
+    processes: bool = True  # jobs run `sleep` (an OS process); False: placeholders without one
     acked: dict[str, str] = field(default_factory=dict)  # request id -> job id
     unanswered: int = 0
     refused: dict[str, str] = field(default_factory=dict)  # request id -> admission's reason
+    submitted: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # the drills are over: stop after `jobs`
 
-    def spec(self, i: int) -> JobSpec:
-        return JobSpec(team=f"t{i % 4}", gpus=self.rng.choice(SIZES),
-                       env={"GPUSCHED_SIM_DURATION_S": f"{self.duration_s:g}"}, name=f"chaos-{i}")
+    def spec(self, i: int, gpus: int | None = None, duration_s: float | None = None, team: str | None = None,
+             name: str | None = None) -> JobSpec:
+        seconds = f"{self.duration_s if duration_s is None else duration_s:g}"
+        return JobSpec(team=team or f"t{i % 4}", gpus=gpus or self.rng.choice(SIZES),
+                       command=["sleep", seconds] if self.processes else [],
+                       env={"GPUSCHED_SIM_DURATION_S": seconds}, name=name or f"chaos-{i}")
 
     async def send(self, request_id: str, spec: JobSpec, deadline: float) -> str | None:
         while time.monotonic() < deadline:
@@ -110,15 +125,98 @@ class Load:
         return None
 
     async def run(self) -> None:
+        """At least `jobs` submits at `rate`/s, and on until the drills are done."""
         pending: set[asyncio.Task] = set()
         t0 = time.monotonic()
-        for i in range(self.jobs):
+        i = 0
+        while i < self.jobs or not self.done.is_set():
             await asyncio.sleep(max(0.0, t0 + i / self.rate - time.monotonic()))
             task = asyncio.create_task(self.send(f"chaos-{i}", self.spec(i), time.monotonic() + 60))
             pending.add(task)
             task.add_done_callback(pending.discard)
+            i += 1
+            self.submitted = i
         if pending:
             await asyncio.wait(pending)
+
+
+class ProcessCensus:
+    """The stack's job processes, counted in the OS: every `every` s, each process in /proc
+    whose control directory lies under `work_dir` and that leads its process group (the
+    launcher's wrapper, not the job's children) is listed by job, attempt and node rank. A job
+    with two such processes for one node rank, or of two attempts, alive at once is a duplicate."""
+
+    def __init__(self, work_dir: Path, every: float = 0.2):
+        self.prefix = str(work_dir).rstrip("/") + "/"
+        self.every = every
+        self.seen: dict[str, list[tuple[str, str, int]]] = {}  # job -> (attempt, rank, pid) when caught
+        self.reported: set[str] = set()
+        self.samples = 0
+        self.peak = 0  # the most job processes alive in one sample
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-census", daemon=True)
+
+    def launchers(self) -> dict[str, list[tuple[str, str, int]]]:
+        """job id -> [(attempt, node rank, pid)] of its live launchers, now."""
+        out: dict[str, list[tuple[str, str, int]]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    raw = f.read()
+                if b"GPUSCHED_JOB_ID=" not in raw or os.getpgid(pid) != pid:
+                    continue
+            except OSError:  # gone, or not ours to read
+                continue
+            env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+            if not env.get(E.CONTROL_DIR.encode(), b"").decode(errors="replace").startswith(self.prefix):
+                continue  # another stack's job
+            job = env[E.JOB_ID.encode()].decode(errors="replace")
+            out.setdefault(job, []).append((env.get(E.ATTEMPT.encode(), b"?").decode(),
+                                            env.get(E.NODE_RANK.encode(), b"?").decode(), pid))
+        return out
+
+    def sample(self) -> None:
+        live = self.launchers()
+        self.samples += 1
+        self.peak = max(self.peak, sum(len(v) for v in live.values()))
+        for job, procs in live.items():
+            keys = [(attempt, rank) for attempt, rank, _ in procs]
+            if len(set(keys)) < len(keys) or len({a for a, _ in keys}) > 1:
+                self.seen.setdefault(job, procs)
+
+    def take(self) -> int:
+        """Jobs caught running twice since the last call."""
+        new = set(self.seen) - self.reported
+        self.reported |= new
+        return len(new)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - a census round that failed is retried next round
+                continue
+
+    def start(self) -> ProcessCensus:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def reap(self) -> int:
+        """SIGKILL every job process of the stack still alive (after the stack stopped)."""
+        pids = [pid for procs in self.launchers().values() for _, _, pid in procs]
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return len(pids)
 
 
 class Fold:
@@ -145,6 +243,7 @@ class Result:
     violations: int
     findings: int
     acked: int
+    rules: dict[str, int] = field(default_factory=dict)  # violated invariant -> count
 
     @property
     def clean(self) -> bool:
@@ -212,10 +311,11 @@ async def inject(drill: str, target: Target, log: EventLog, rng: random.Random, 
 
 
 async def probe(load: Load, fold: Fold, tag: str, timeout: float) -> float | None:
-    """Seconds from now until a fresh 1-GPU job is granted (None: not within `timeout`)."""
+    """Seconds from now until a fresh 1-GPU job runs (None: not within `timeout`): the whole path
+    of a job, admission, placement and the node agent, works again."""
     t0 = time.monotonic()
     deadline = t0 + timeout
-    spec = JobSpec(team="probe", gpus=1, env={"GPUSCHED_SIM_DURATION_S": "1"}, name=tag)
+    spec = load.spec(0, gpus=1, duration_s=1.0, team="probe", name=tag)
     job = await load.send(tag, spec, deadline)
     while job is not None and time.monotonic() < deadline:
         try:
@@ -223,15 +323,17 @@ async def probe(load: Load, fold: Fold, tag: str, timeout: float) -> float | Non
         except (TimeoutError, OSError):
             continue
         j = state.jobs.get(job)
-        if j is not None and j.state not in ("pending",):
+        if j is not None and j.state not in ("pending", "starting"):  # its node agent runs it
             return time.monotonic() - t0
         await asyncio.sleep(0.1)
     return None
 
 
-async def verdict(target: Target, load: Load, drill: str, recovery_s: float | None, tries: int = 6) -> Result:
-    """The whole log, as `replay --verify` checks it, against the submits admission acknowledged.
-    A read that times out (the cluster still electing after the fault) is read again."""
+async def verdict(target: Target, load: Load, census: ProcessCensus, drill: str, recovery_s: float | None,
+                  tries: int = 6) -> Result:
+    """The whole log, as `replay --verify` checks it, against the submits admission acknowledged,
+    and the OS's job processes since the last verdict. A read that times out (the cluster still
+    electing after the fault) is read again."""
     from nats.errors import Error as NatsError
 
     from gpusched.cli.replay import audit_stream
@@ -240,6 +342,9 @@ async def verdict(target: Target, load: Load, drill: str, recovery_s: float | No
 
     for attempt in range(tries):
         audit = Audit(keyring.load(target.data_dir / "trust" / "keys.json"))
+        # Acknowledged before the read starts, so in the log it reads up to its end: a submit
+        # acknowledged meanwhile may lie past that end, and is judged by the next verdict.
+        acked = dict(load.acked)
         try:
             await asyncio.wait_for(audit_stream(target.nats, audit), 60)
             break
@@ -249,9 +354,9 @@ async def verdict(target: Target, load: Load, drill: str, recovery_s: float | No
             await asyncio.sleep(2.0)
     state = audit.state
     rules = [v.rule for v in state.violations()]
-    lost = [j for j in load.acked.values() if j not in state.jobs]
-    return Result(drill, recovery_s, len(lost), rules.count("double_booking"), rules.count("two_live_attempts"),
-                  len(rules), len(audit.findings), len(load.acked))
+    lost = [j for j in acked.values() if j not in state.jobs]
+    return Result(drill, recovery_s, len(lost), rules.count("double_booking"), census.take(),
+                  len(rules), len(audit.findings), len(acked), {r: rules.count(r) for r in sorted(set(rules))})
 
 
 # --- the stack ----------------------------------------------------------------------------------
@@ -284,17 +389,22 @@ def stop_stack(up: subprocess.Popen) -> None:
         up.wait()
 
 
-def expand(drills: str, services: list[str]) -> list[str]:
+def expand(drills: str, services: list[str], rng: random.Random | None = None) -> list[str]:
+    """The drill list: `service` is every service in turn (not the node agent, which has its own
+    drill, nor the dashboard), `service:any` one picked at random (with `rng`) for each run."""
+    killable = [s for s in services if s not in ("nodeagent", "dashboard")]
     out = []
     for d in (x.strip() for x in drills.split(",") if x.strip()):
         if d == "service":
-            out += [f"service:{s}" for s in services if s not in ("nodeagent", "dashboard")]
+            out += [f"service:{s}" for s in killable]
+        elif d == "service:any":
+            out.append(f"service:{(rng or random.Random()).choice(killable)}")
         else:
             out.append(d)
     return out
 
 
-async def drill_all(target: Target, args: argparse.Namespace) -> tuple[list[Result], Load]:
+async def drill_all(target: Target, args: argparse.Namespace, census: ProcessCensus) -> tuple[list[Result], Load]:
     """Run the load and, meanwhile, each drill `--runs` times at random moments."""
     rng = random.Random(args.seed)
     creds = target.creds
@@ -302,22 +412,25 @@ async def drill_all(target: Target, args: argparse.Namespace) -> tuple[list[Resu
         os.environ["GPUSCHED_CREDS"] = creds  # the stack's admin: the verdict's replay reads as it
     client = await Client.connect(target.nats, timeout=5.0, name="gpusched-chaos", creds=creds)
     log = await EventLog.open(target.nats, name="gpusched-chaos", creds=creds)
-    load = Load(client, args.jobs, args.rate, args.job_s, rng)
+    load = Load(client, args.jobs, args.rate, args.job_s, rng, processes=not args.placeholders)
     fold = Fold(log)
     results: list[Result] = []
     loading = asyncio.create_task(load.run())
     try:
-        plan = expand(args.drills, list(target.state()["services"])) * args.runs
+        services = list(target.state()["services"])
+        plan = [d for _ in range(args.runs) for d in expand(args.drills, services, rng)]
         for n, drill in enumerate(plan):
             await asyncio.sleep(rng.uniform(0.2, args.gap_s))  # a random moment of the load
             hit = await inject(drill, target, log, rng, args.partition_s)
             recovery = await probe(load, fold, f"probe-{n}-{drill.replace(':', '-')}", args.recovery_timeout_s)
             await asyncio.sleep(args.settle_s)
-            result = await verdict(target, load, drill, recovery)
+            result = await verdict(target, load, census, drill, recovery)
             results.append(result)
-            report_line(result, hit, args.json)
+            report_line(result, hit, load, args.json)
+        load.done.set()
         await loading
-        results.append(await verdict(target, load, "final", 0.0))
+        await asyncio.sleep(args.settle_s)
+        results.append(await verdict(target, load, census, "final", 0.0))
     finally:
         loading.cancel()
         await client.close()
@@ -330,28 +443,38 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def report_line(r: Result, hit: str, as_json: bool) -> None:
+def report_line(r: Result, hit: str, load: Load, as_json: bool) -> None:
     if as_json:
         return
     rec = "NOT RECOVERED" if r.recovery_s is None else f"recovered in {r.recovery_s:.2f} s"
-    print(f"{'ok  ' if r.clean else 'FAIL'} {r.drill:22s} ({hit}): {rec}; acked {r.acked}, lost {r.lost}, "
+    print(f"{'ok  ' if r.clean else 'FAIL'} {r.drill:22s} ({hit}): {rec}; submitted {load.submitted}, "
+          f"acked {r.acked}, lost {r.lost}, "
           f"double-booked {r.double_booked}, duplicate processes {r.duplicate_processes}, "
-          f"violations {r.violations}, trust findings {r.findings}", flush=True)
+          f"violations {r.violations}{_rules(r.rules)}, trust findings {r.findings}", flush=True)
+
+
+def _rules(rules: dict[str, int]) -> str:
+    return f" ({', '.join(f'{k} {v}' for k, v in rules.items())})" if rules else ""
 
 
 def summary(results: list[Result]) -> dict:
+    """Per drill (each service on its own, and every service kill together as `service`)."""
     by: dict[str, list[Result]] = {}
     for r in results:
-        by.setdefault(r.drill.split(":")[0] if r.drill.startswith("service") else r.drill, []).append(r)
+        by.setdefault(r.drill, []).append(r)
+        if r.drill.startswith("service:"):
+            by.setdefault("service", []).append(r)
     out = {}
     for drill, rs in by.items():
         times = [r.recovery_s for r in rs if r.recovery_s is not None]
         out[drill] = {"runs": len(rs), "clean": sum(r.clean for r in rs), "unrecovered": len(rs) - len(times),
                       "recovery_p50_s": round(pct(times, 50), 2) if times else None,
                       "recovery_p99_s": round(pct(times, 99), 2) if times else None,
+                      "recovery_max_s": round(max(times), 2) if times else None,
                       "lost": max(r.lost for r in rs), "double_booked": max(r.double_booked for r in rs),
-                      "duplicate_processes": max(r.duplicate_processes for r in rs),
-                      "violations": max(r.violations for r in rs), "findings": max(r.findings for r in rs)}
+                      "duplicate_processes": sum(r.duplicate_processes for r in rs),
+                      "violations": max(r.violations for r in rs), "findings": max(r.findings for r in rs),
+                      "rules": max((r.rules for r in rs), key=lambda x: sum(x.values()))}
     return out
 
 
@@ -359,23 +482,44 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     own = args.attach is None
     data = Path(args.attach) if args.attach else Path(tempfile.mkdtemp(prefix="gpusched-chaos-"))
     up = start_stack(data, args.nodes, args.nats_cluster, args.gpus_per_node) if own else None
+    census = ProcessCensus(data / "work").start()
+    t0 = time.monotonic()
     try:
-        results, load = asyncio.run(drill_all(Target(data), args))
+        results, load = asyncio.run(drill_all(Target(data), args, census))
     finally:
+        census.stop()
         if up is not None:
             stop_stack(up)
+            census.reap()  # a job a drill left behind must not outlive the tool's own stack
     table = summary(results)
+    facts = {"submitted": load.submitted, "acked": results[-1].acked, "refused": load.refused,
+             "unanswered": load.unanswered, "census_samples": census.samples, "peak_job_processes": census.peak,
+             "duplicates": census.seen, "wall_s": round(time.monotonic() - t0, 1)}
     if args.json:
-        print(json.dumps({"drills": table, "acked": results[-1].acked, "refused": load.refused,
-                          "unanswered": load.unanswered}, indent=2))
+        print(json.dumps({"drills": table, **facts}, indent=2))
     else:
-        for drill, row in table.items():
-            print(f"{drill:14s} runs {row['runs']:3d} clean {row['clean']:3d}  recovery p50 {row['recovery_p50_s']} s "
-                  f"p99 {row['recovery_p99_s']} s  lost {row['lost']}  double-booked {row['double_booked']}  "
-                  f"duplicates {row['duplicate_processes']}  violations {row['violations']}")
-    if load.refused and not args.json:
-        print(f"refused by admission: {len(load.refused)} (first: {next(iter(load.refused.values()))})")
-    return 0 if all(r.clean for r in results) and not load.refused else 1
+        print_table(table, facts)
+    clean = all(r.clean for r in results) and not load.refused
+    if own and clean:
+        shutil.rmtree(data, ignore_errors=True)
+    elif own:
+        print(f"the stack's data dir (logs, log store) is kept: {data}", file=sys.stderr)
+    return 0 if clean else 1
+
+
+def print_table(table: dict, facts: dict) -> None:
+    for drill, row in table.items():
+        print(f"{drill:24s} runs {row['runs']:3d} clean {row['clean']:3d}  recovery p50 {row['recovery_p50_s']} s "
+              f"p99 {row['recovery_p99_s']} s  lost {row['lost']}  double-booked {row['double_booked']}  "
+              f"duplicate processes {row['duplicate_processes']}  violations {row['violations']}{_rules(row['rules'])}  "
+              f"trust findings {row['findings']}")
+    print(f"submitted {facts['submitted']}, acknowledged {facts['acked']}, unanswered {facts['unanswered']}; "
+          f"job processes counted in {facts['census_samples']} samples (peak {facts['peak_job_processes']}); "
+          f"{facts['wall_s']} s")
+    if facts["refused"]:
+        print(f"refused by admission: {len(facts['refused'])} (first: {next(iter(facts['refused'].values()))})")
+    for job, procs in facts["duplicates"].items():
+        print(f"DUPLICATE {job}: launchers (attempt, rank, pid) {procs}")
 
 
 def register(sub) -> None:
@@ -386,11 +530,16 @@ def register(sub) -> None:
     p.add_argument("--nodes", type=int, default=128, help="simulated nodes of its own stack (default 128)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node of its own stack")
     p.add_argument("--nats-cluster", type=int, default=3, help="NATS servers of its own stack (default 3)")
-    p.add_argument("--jobs", type=int, default=1000, help="jobs of the load (default 1000)")
+    p.add_argument("--jobs", type=int, default=1000,
+                   help="jobs of the load, at least (it keeps flowing until the last drill; default 1000)")
     p.add_argument("--rate", type=float, default=20.0, help="submits per second (default 20)")
-    p.add_argument("--job-s", type=float, default=3.0, help="how long each simulated job runs (default 3)")
+    p.add_argument("--job-s", type=float, default=3.0, help="how long each job runs (default 3)")
+    p.add_argument("--placeholders", action="store_true",
+                   help="jobs without an OS process (the duplicate-process census then sees nothing; "
+                        "default: each job runs `sleep`)")
     p.add_argument("--drills", default=",".join(DRILLS),
-                   help=f"comma-separated, in order: {', '.join(DRILLS)}, service:NAME (default: all)")
+                   help=f"comma-separated, in order: {', '.join(DRILLS)}, service:NAME, service:any "
+                        "(default: all)")
     p.add_argument("--runs", type=int, default=1, help="repeat the whole list this many times (default 1)")
     p.add_argument("--gap-s", type=float, default=3.0, help="a drill strikes within this many seconds (default 3)")
     p.add_argument("--settle-s", type=float, default=1.0, help="wait after recovery before the verdict")
