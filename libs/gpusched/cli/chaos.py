@@ -262,10 +262,20 @@ def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 async def stream_peers(log: EventLog) -> tuple[str | None, list[str]]:
-    """(leader, followers) of the log's stream: server names."""
+    """(leader, followers) of the log's stream: server names (asked again while the cluster
+    answers 503 or not at all, as it does for a while after the previous fault)."""
+    from nats.errors import Error as NatsError
+
     from gpusched.bus import subjects
 
-    info = await asyncio.wait_for(log.js.stream_info(subjects.STREAM), 10)
+    for attempt in range(10):
+        try:
+            info = await asyncio.wait_for(log.js.stream_info(subjects.STREAM), 10)
+            break
+        except (TimeoutError, NatsError):
+            if attempt == 9:
+                raise
+            await asyncio.sleep(1.0)
     if info.cluster is None:
         return None, []
     return info.cluster.leader, [p.name for p in info.cluster.replicas or []]
@@ -313,6 +323,8 @@ async def inject(drill: str, target: Target, log: EventLog, rng: random.Random, 
 async def probe(load: Load, fold: Fold, tag: str, timeout: float) -> float | None:
     """Seconds from now until a fresh 1-GPU job runs (None: not within `timeout`): the whole path
     of a job, admission, placement and the node agent, works again."""
+    from nats.errors import Error as NatsError
+
     t0 = time.monotonic()
     deadline = t0 + timeout
     spec = load.spec(0, gpus=1, duration_s=1.0, team="probe", name=tag)
@@ -320,7 +332,8 @@ async def probe(load: Load, fold: Fold, tag: str, timeout: float) -> float | Non
     while job is not None and time.monotonic() < deadline:
         try:
             state = await asyncio.wait_for(fold.sync(), max(0.1, deadline - time.monotonic()))
-        except (TimeoutError, OSError):
+        except (TimeoutError, OSError, NatsError):  # e.g. 503 "JetStream temporarily unavailable" mid-election
+            await asyncio.sleep(0.2)
             continue
         j = state.jobs.get(job)
         if j is not None and j.state not in ("pending", "starting"):  # its node agent runs it
