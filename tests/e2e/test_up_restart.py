@@ -23,6 +23,7 @@ from gpusched.core.model import JobSpec
 from gpusched.core.state import ClusterState
 from gpusched.job import env as E
 
+from ..marked import kill_marked
 from .test_up import _alive, _cli, _fold
 from .test_up_supervision import _all_gone, _kill_all, _pids, _ready, _up
 
@@ -59,18 +60,6 @@ def _per_rank(procs: dict[int, tuple[str, str]]) -> dict[tuple[str, str], int]:
     for key in procs.values():
         counts[key] = counts.get(key, 0) + 1
     return counts
-
-
-def _kill_jobs(tag: str) -> None:
-    """Every process of this test's jobs (wrappers included), by marker and tag: never another's."""
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-                if MARK.encode() in argv and tag.encode() in argv:
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except (OSError, ProcessLookupError):
-                continue
 
 
 async def _events(nats_url: str) -> list[tuple[int, ev.Event]]:
@@ -187,7 +176,7 @@ async def test_a_crashed_up_restarted_on_its_data_dir_adopts_every_job(tmp_path)
         await _stop_ends_the_jobs(up, data, before)
     finally:
         _kill_all(up, data)
-        _kill_jobs(tag)
+        kill_marked(MARK, tag)
 
 
 @pytest.mark.slow
@@ -207,7 +196,7 @@ async def test_an_orderly_stop_with_keep_jobs_leaves_the_jobs_to_the_next_up(tmp
         await _stop_ends_the_jobs(up, data, before)
     finally:
         _kill_all(up, data)
-        _kill_jobs(tag)
+        kill_marked(MARK, tag)
 
 
 def test_fresh_stops_the_jobs_a_crashed_up_left_running(tmp_path):
@@ -240,7 +229,7 @@ def test_fresh_stops_the_jobs_a_crashed_up_left_running(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
-        _kill_jobs(tag)
+        kill_marked(MARK, tag)
 
 
 def test_up_passes_keep_jobs_and_the_reconciler_timings_and_starts_the_reconciler_after_the_nodes(tmp_path):

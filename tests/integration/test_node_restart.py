@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.services.reconciler import ReconcilerConfig
 
+from ..marked import kill_marked
 from .node_helpers import PY, Cluster
 from .test_reconciler import start_reconciler
 
@@ -44,20 +44,6 @@ def job_processes(tag: str) -> dict[str, int]:
             job = args[args.index(MARK) + 1]
             counts[job] = counts.get(job, 0) + 1
     return counts
-
-
-def kill_all(tag: str) -> None:
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if MARK.encode() in argv and tag.encode() in argv:
-                try:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def spawn_agent(nats_url: str, redis_url: str, work: Path, log: Path, *extra: str):
@@ -133,7 +119,7 @@ async def test_kill9_and_full_restart_adopt_every_job(nats_url, redis_url, tmp_p
         await rec.stop()
         agent.kill()
         agent.wait()
-        kill_all(tag)
+        kill_marked(MARK, tag)
 
 
 async def test_returning_node_registers_only_after_its_leftovers_are_dead(nats_url, redis_url, tmp_path):
@@ -181,4 +167,4 @@ async def test_returning_node_registers_only_after_its_leftovers_are_dead(nats_u
         await rec.stop()
         agent.kill()
         agent.wait()
-        kill_all(tag)
+        kill_marked(MARK, tag)
