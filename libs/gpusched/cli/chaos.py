@@ -244,6 +244,7 @@ class Result:
     findings: int
     acked: int
     rules: dict[str, int] = field(default_factory=dict)  # violated invariant -> count
+    lost_requests: list[str] = field(default_factory=list)  # request ids acknowledged, not in the log
 
     @property
     def clean(self) -> bool:
@@ -367,9 +368,10 @@ async def verdict(target: Target, load: Load, census: ProcessCensus, drill: str,
             await asyncio.sleep(2.0)
     state = audit.state
     rules = [v.rule for v in state.violations()]
-    lost = [j for j in acked.values() if j not in state.jobs]
+    lost = sorted(rid for rid, j in acked.items() if j not in state.jobs)
     return Result(drill, recovery_s, len(lost), rules.count("double_booking"), census.take(),
-                  len(rules), len(audit.findings), len(acked), {r: rules.count(r) for r in sorted(set(rules))})
+                  len(rules), len(audit.findings), len(acked), {r: rules.count(r) for r in sorted(set(rules))},
+                  lost[:20])
 
 
 # --- the stack ----------------------------------------------------------------------------------
@@ -461,7 +463,7 @@ def report_line(r: Result, hit: str, load: Load, as_json: bool) -> None:
         return
     rec = "NOT RECOVERED" if r.recovery_s is None else f"recovered in {r.recovery_s:.2f} s"
     print(f"{'ok  ' if r.clean else 'FAIL'} {r.drill:22s} ({hit}): {rec}; submitted {load.submitted}, "
-          f"acked {r.acked}, lost {r.lost}, "
+          f"acked {r.acked}, lost {r.lost}" + (f" (requests {', '.join(r.lost_requests[:3])})" if r.lost else "") + ", "
           f"double-booked {r.double_booked}, duplicate processes {r.duplicate_processes}, "
           f"violations {r.violations}{_rules(r.rules)}, trust findings {r.findings}", flush=True)
 
@@ -487,7 +489,8 @@ def summary(results: list[Result]) -> dict:
                       "lost": max(r.lost for r in rs), "double_booked": max(r.double_booked for r in rs),
                       "duplicate_processes": sum(r.duplicate_processes for r in rs),
                       "violations": max(r.violations for r in rs), "findings": max(r.findings for r in rs),
-                      "rules": max((r.rules for r in rs), key=lambda x: sum(x.values()))}
+                      "rules": max((r.rules for r in rs), key=lambda x: sum(x.values())),
+                      "lost_requests": sorted({rid for r in rs for rid in r.lost_requests})[:20]}
     return out
 
 
