@@ -32,14 +32,19 @@ async def _fold_without(h, skip: set[int], until: int | None = None) -> ClusterS
     return state
 
 
-async def test_a_poisoned_snapshot_is_rejected_and_nothing_is_double_booked(harness):
-    h = harness
+async def _one_job_holds_every_gpu(h) -> str:
     h.start("admission")
     h.start("placement")
     await h.ready("admission", "placement")
     await h.nodes(1, 8)
     first = await h.submit(team="a", gpus=8, name="holder")
     await h.wait_for("the first job holds all 8 GPUs", lambda s: h.holding(first))
+    return first
+
+
+async def test_a_poisoned_snapshot_is_rejected_and_nothing_is_double_booked(harness):
+    h = harness
+    first = await _one_job_holds_every_gpu(h)
     h.kill9("placement")
     second = await h.submit(team="b", gpus=8, name="hopeful")
     await h.wait_for("the second job is known", lambda s: second in s.jobs)
@@ -81,12 +86,7 @@ async def test_the_cli_does_not_show_a_poisoned_redis_snapshot(harness):
     from gpusched.store import SNAPSHOT_KEY, save_snapshot
 
     h = harness
-    h.start("admission")
-    h.start("placement")
-    await h.ready("admission", "placement")
-    await h.nodes(1, 8)
-    first = await h.submit(team="a", gpus=8, name="holder")
-    await h.wait_for("the first job holds all 8 GPUs", lambda s: h.holding(first))
+    first = await _one_job_holds_every_gpu(h)
     honest = await _fold_without(h, set())
     r = connect_redis(h.redis_url)
     try:

@@ -23,7 +23,7 @@ from gpusched.core.model import JobSpec
 from gpusched.core.state import ClusterState
 from gpusched.job import env as E
 
-from ..marked import kill_marked
+from ..marked import kill_marked, marked_pythons
 from .test_up import _alive, _cli, _fold
 from .test_up_supervision import _all_gone, _kill_all, _pids, _ready, _up
 
@@ -39,19 +39,13 @@ def _job_processes(tag: str) -> dict[int, tuple[str, str]]:
     """pid -> (job id, node rank) of this test's job processes (the commands, not their shell
     wrappers), found by the marker and tag on their command line."""
     found = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid, _, proc in marked_pythons(MARK, tag):
         try:
-            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-            state = Path(entry.path, "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-            if state == b"Z" or MARK.encode() not in argv or tag.encode() not in argv or b"python" not in argv[0]:
-                continue
-            environ = dict(v.split(b"=", 1) for v in Path(entry.path, "environ").read_bytes().split(b"\0") if b"=" in v)
+            environ = dict(v.split(b"=", 1) for v in (proc / "environ").read_bytes().split(b"\0") if b"=" in v)
         except OSError:
             continue
         if E.JOB_ID.encode() in environ:  # started by a node agent
-            found[int(entry.name)] = (environ[E.JOB_ID.encode()].decode(), environ[E.NODE_RANK.encode()].decode())
+            found[pid] = (environ[E.JOB_ID.encode()].decode(), environ[E.NODE_RANK.encode()].decode())
     return found
 
 

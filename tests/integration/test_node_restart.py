@@ -14,7 +14,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.services.reconciler import ReconcilerConfig
 
-from ..marked import kill_marked
+from ..marked import kill_marked, marked_pythons
 from .node_helpers import PY, Cluster
 from .test_reconciler import start_reconciler
 
@@ -29,20 +29,9 @@ MARK = "gpusched-adopt-test"
 def job_processes(tag: str) -> dict[str, int]:
     """Job id -> how many python processes of that job the OS runs (wrappers not counted)."""
     counts: dict[str, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-            state = Path(entry.path, "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state == b"Z" or not argv or b"python" not in Path(argv[0].decode()).name.encode():
-            continue
-        args = [a.decode(errors="replace") for a in argv]
-        if MARK in args and tag in args:
-            job = args[args.index(MARK) + 1]
-            counts[job] = counts.get(job, 0) + 1
+    for _, argv, _ in marked_pythons(MARK, tag):
+        job = argv[argv.index(MARK.encode()) + 1].decode(errors="replace")
+        counts[job] = counts.get(job, 0) + 1
     return counts
 
 
