@@ -16,7 +16,9 @@ import argparse
 import asyncio
 import hashlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import msgspec
 import structlog
@@ -141,13 +143,16 @@ class Decision:
 # --- the pure part ------------------------------------------------------------------------
 
 
-def job_id_for(request_id: str, state: ClusterState, taken: set[str] | frozenset[str] = frozenset()) -> str:
+def job_id_for(request_id: str, state: ClusterState, taken: Mapping[str, str] = MappingProxyType({})) -> str:
     """A short, readable id derived from the request id (so every admission instance, and every
-    retry, names the job the same way); on the rare collision, the next 8 hex digits."""
+    retry, names the job the same way); on the rare collision with another request's job, the
+    next 8 hex digits. `taken` (job id -> request id: appended, maybe not folded yet) collides
+    only when another request took the id: a retry whose first reply was lost must be answered
+    with the job its first append created, not a fresh id nobody created."""
     digest = hashlib.blake2b(request_id.encode(), digest_size=32).hexdigest()
     for i in range(0, len(digest) - 7, 8):
         candidate = "j-" + digest[i:i + 8]
-        if candidate not in state.jobs and candidate not in taken:
+        if candidate not in state.jobs and taken.get(candidate, request_id) == request_id:
             return candidate
     return "j-" + digest  # 2^-256 territory
 
@@ -337,7 +342,7 @@ def _set_quota(state: ClusterState, cmd: SetTeamQuota, now: float) -> Decision:
 
 
 def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionConfig, capacity: Capacity,
-            taken: set[str] | frozenset[str], caller: Caller) -> Decision:
+            taken: Mapping[str, str], caller: Caller) -> Decision:
     rid = cmd.request_id
     known = state.requests.get(rid)
     if known is not None:
@@ -412,7 +417,7 @@ def _cancel_array(state: ClusterState, cmd: CancelJob, now: float, caller: Calle
 
 
 def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig, capacity: Capacity,
-          taken: set[str] | frozenset[str] = frozenset(), caller: Caller = ADMIN) -> Decision:
+          taken: Mapping[str, str] = MappingProxyType({}), caller: Caller = ADMIN) -> Decision:
     """Decide one well-formed command from `caller` against the fold."""
     rid = cmd.request_id
     refused = caller_problem(state, cmd, caller)
@@ -521,7 +526,7 @@ class Admission:
         self.capacity = Capacity()
         self._slots = asyncio.Semaphore(max_in_flight)
         self._in_flight: dict[str, asyncio.Future[CommandReply]] = {}  # request id -> reply
-        self._taken: set[str] = set()  # job ids appended but maybe not folded yet
+        self._taken: dict[str, str] = {}  # job id -> request id: appended, maybe not folded yet
         self._tasks: set[asyncio.Task] = set()
         self.handled = 0
         self.append_patience_s = APPEND_PATIENCE_S
@@ -586,17 +591,17 @@ class Admission:
             return decision.reply
         job_id = decision.event.job_id if isinstance(decision.event, ev.JobSubmitted) else None
         if job_id:
-            self._taken.add(job_id)
+            self._taken[job_id] = cmd.request_id
         try:
             seq = await append_patiently(self.folded.log, decision.event, decision.msg_id, self.append_patience_s)
             for event, msg_id in decision.more:
                 seq = await append_patiently(self.folded.log, event, msg_id, self.append_patience_s)
         except LogUnavailable as err:
-            self._taken.discard(job_id or "")  # a retry of this request must name the same job
+            self._taken.pop(job_id or "", None)  # a retry of this request must name the same job
             log.warning("command_unavailable", kind=decision.event.kind, request_id=cmd.request_id, error=str(err))
             return CommandReply(ok=False, error=str(err))
         if job_id and len(self._taken) > 4096:
-            self._taken = {j for j in self._taken if j not in state.jobs}
+            self._taken = {j: r for j, r in self._taken.items() if j not in state.jobs}
         (log.debug if decision.reply.ok else log.info)("command_decided", kind=decision.event.kind, ok=decision.reply.ok, seq=seq,
                  request_id=cmd.request_id, job_id=decision.reply.job_id, error=decision.reply.error or None)
         return msgspec.structs.replace(decision.reply, seq=seq)

@@ -133,7 +133,18 @@ def test_job_ids_are_deterministic_and_avoid_collisions():
     state = ClusterState()
     first = job_id_for("req", state)
     assert first == job_id_for("req", state) and first.startswith("j-") and len(first) == 10
-    assert job_id_for("req", state, taken={first}) != first
+    assert job_id_for("req", state, taken={first: "another request"}) != first
+
+
+def test_a_retried_submit_whose_reply_was_lost_is_answered_with_the_job_it_created():
+    """The drills' "lost" submits: the first append landed, its reply did not; the retry came
+    before admission's fold held the job, and the id it had just used looked like a collision,
+    so the client was told of a job nobody created. An id this request took is its own."""
+    state, cmd = _state_for_admission(), SubmitJob(request_id="r1", spec=JobSpec(team="a", gpus=1))
+    first = admit(state, cmd, 1.0, AdmissionConfig(placeholders="any"), Capacity())
+    retry = admit(state, cmd, 2.0, AdmissionConfig(placeholders="any"), Capacity(), {first.event.job_id: "r1"})
+    assert retry.reply.ok and retry.reply.job_id == retry.event.job_id == first.event.job_id
+    assert retry.msg_id == first.msg_id == "submit-r1"  # JetStream's dedupe answers it with the stored fact
 
 
 def test_decode_names_the_field():
