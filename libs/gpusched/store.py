@@ -92,12 +92,17 @@ class SnapshotStore:
         free = [f"fold-{i}" for i in range(KEEP) if f"fold-{i}" not in used]
         name = free[0] if free else stored[-1].name
         meta = SnapshotMeta(name, state.last_seq, str(state.half_life_s), digest, seal_seq)
-        description = json.dumps({"seq": meta.seq, "half_life_s": meta.half_life_s, "digest": digest,
-                                  "seal_seq": seal_seq})
+        await self.put(meta, data)
+        return meta
+
+    async def put(self, meta: SnapshotMeta, data: bytes) -> None:
+        """Store `data` as the object `meta` names, described by `meta` (what `metas` reads
+        back). Nothing here is checked: `load` verifies against the log."""
         from nats.js.api import ObjectMeta
 
-        await (await self._bucket()).put(name, data, meta=ObjectMeta(name=name, description=description))
-        return meta
+        description = json.dumps({"seq": meta.seq, "half_life_s": meta.half_life_s, "digest": meta.digest,
+                                  "seal_seq": meta.seal_seq})
+        await (await self._bucket()).put(meta.name, data, meta=ObjectMeta(name=meta.name, description=description))
 
     async def load(self, meta: SnapshotMeta, first_seq: int, last_seq: int) -> ClusterState:
         """The snapshot `meta` names, verified; raises `Refused` saying why not."""

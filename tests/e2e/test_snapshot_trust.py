@@ -6,11 +6,7 @@ replay the log, and double-book nothing; a snapshot the log's seal vouches for i
 from __future__ import annotations
 
 import asyncio
-import json
 
-from nats.js.api import ObjectMeta
-
-from gpusched.bus import subjects
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 from gpusched.store import SnapshotStore
@@ -62,10 +58,7 @@ async def test_a_poisoned_snapshot_is_rejected_and_nothing_is_double_booked(harn
     about_first = {seq for seq, e in h.records if getattr(e, "job_id", None) == first}
     poisoned = await _fold_without(h, about_first, until=honest.last_seq)
     assert poisoned.free_count == 8 and poisoned.last_seq == honest.last_seq
-    bucket = await h.log.js.object_store(subjects.SNAPSHOT_BUCKET)
-    description = json.dumps({"seq": meta.seq, "half_life_s": meta.half_life_s, "digest": meta.digest,
-                               "seal_seq": meta.seal_seq})
-    await bucket.put(meta.name, poisoned.snapshot(), meta=ObjectMeta(name=meta.name, description=description))
+    await SnapshotStore(h.log).put(meta, poisoned.snapshot())  # the honest one's metadata, other bytes
 
     h.start("placement", alias="placement-again")
     await h.ready("placement-again")

@@ -4,7 +4,7 @@ or a full replay is used), and enough to start after the head of the stream has 
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
 import pytest
 import structlog
@@ -59,10 +59,7 @@ async def test_an_altered_snapshot_is_refused_with_why_and_an_older_one_is_used(
     # someone who can write the bucket swaps in a state with fewer jobs, keeping the metadata
     forged = await fold_log(event_log, until=older.seq)
     forged.last_seq = newer.seq
-    bucket = await event_log.js.object_store(subjects.SNAPSHOT_BUCKET)
-    description = json.dumps({"seq": newer.seq, "half_life_s": newer.half_life_s, "digest": newer.digest,
-                              "seal_seq": newer.seal_seq})
-    await bucket.put(newer.name, forged.snapshot(), meta=ObjectMeta(name=newer.name, description=description))
+    await store.put(newer, forged.snapshot())
     with structlog.testing.capture_logs() as logs:
         folded = await started(nats_url)
     try:
@@ -78,12 +75,8 @@ async def test_with_every_snapshot_refused_the_process_replays_the_whole_log(eve
     store = SnapshotStore(event_log)
     await append_jobs(event_log, 0, 8)
     meta = await store.save(await fold_log(event_log))
-    bucket = await event_log.js.object_store(subjects.SNAPSHOT_BUCKET)
     # metadata that names a log message that is no seal
-    description = json.dumps({"seq": meta.seq, "half_life_s": meta.half_life_s, "digest": meta.digest,
-                              "seal_seq": 1})
-    await bucket.put(meta.name, (await fold_log(event_log)).snapshot(),
-                     meta=ObjectMeta(name=meta.name, description=description))
+    await store.put(dataclasses.replace(meta, seal_seq=1), (await fold_log(event_log)).snapshot())
     with structlog.testing.capture_logs() as logs:
         folded = await started(nats_url)
     try:
