@@ -29,25 +29,34 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 IMG = DOCS / "img"
 ALL = [p for p in PRESETS if p != "tiresias"]  # the design story; tiresias is the peer's calibration
-#: The peer's figures (Tiresias's own simulator on the same week and cluster: /work/shared/peers/
-#: tiresias-philly-2017-10-23.md), shown beside the `philly_peer` runs.
-PEER = """The peer: Tiresias's simulator (SymbioticLab/Tiresias @959f9b0, `--scheme=count`, queue limits
-`[3250, 7200, 18000]` GPU-s) on the same week and cluster. Queue = its pending time, seconds.
-
-| peer schedule | avg JCT s | avg queue s | queue 1 GPU | queue 2-4 | queue 5-8 | queue >8 | preemptions |
-|---|---|---|---|---|---|---|---|
-| fifo | 38,505 | 23,144 | 22,900 | 25,816 | 22,075 | 40,568 | 0 |
-| dlas-gpu (2D-LAS) | 16,113 | 752 | 16 | 483 | 18,050 | 88,058 | 1,851 |
-| shortest-gpu (oracle) | 15,706 | 345 | 9 | 828 | 9,877 | 24,910 | 2,200 |
+#: The peer's figures: Tiresias's own simulator on the bundled week (SymbioticLab/Tiresias @959f9b0,
+#: `--scheme=count`, queue limits `[3250, 7200, 18000]` GPU-s; ../shared/peers/tiresias-philly-2017-10-23.md):
+#: avg JCT, avg queue, queue 1 GPU, 2-4, 5-8, >8 GPUs (seconds), preemptions.
+PEER_RUNS = {
+    "2x32x8": {"fifo": (38505, 23144, 22900, 25816, 22075, 40568, 0),
+               "dlas-gpu (2D-LAS)": (16113, 752, 16, 483, 18050, 88058, 1851),
+               "dlas-gpu-gittins": (15956, 595, 5, 173, 20059, 50703, 1391),
+               "shortest-gpu (oracle)": (15706, 345, 9, 828, 9877, 24910, 2200)},
+    "1x16x8": {"fifo": (1107912, 1092551, 1084998, 1187391, 1054935, 1473565, 0),
+               "dlas-gpu (2D-LAS)": (52743, 37382, 478, 114718, 1214430, 1860311, 5398),
+               "dlas-gpu-gittins": (57096, 41736, 4363, 222988, 1133670, 831452, 40564),
+               "shortest-gpu (oracle)": (35055, 19695, 1996, 65645, 634960, 561930, 10491)},
+}
+PEER_DLAS, PEER_ORACLE, PEER_FIFO_Q8 = 16113, 15706, 40568  # issue 12's bars on 2x32x8
+PREEMPTIONS_BEFORE_LAS = 1224  # `full`'s preemptions on the week (defaults) before issue 12
+ETA_BEFORE = (575, 9109)  # `full`'s ETA error (median, p90 s) when issue 12 was filed
+PEER = """The peer rows are Tiresias's own simulator on the same week and cluster, run unchanged
+([../shared/peers](../../shared/peers/tiresias-philly-2017-10-23.md): `--scheme=count`, its default
+queue limits `[3250, 7200, 18000]` GPU-s, no topology, checkpoint or restore cost). Seconds; queue
+= time pending, including time spent preempted.
 
 The `tiresias` preset is gpusched's rendering of `dlas-gpu` (discretized queues on attained
 GPU-time with the same limits, FIFO by submission within a queue, preemptive, GPU-count
-placement, no priority classes, fair share or backfill): it lands within 1% of the peer's avg JCT.
-What differs: 10% of the trace's jobs are not preemptible in gpusched's traces (`default_class`),
-the fold's fairness rule (a team at or below its guarantee is never preempted for one at or
-over its own) still holds, and a cycle runs on every arrival, completion and checkpoint rather
-than on the peer's event grid. Those are why its small-job queues are longer and its >8-GPU queue
-shorter than the peer's.
+placement, no priority classes, fair share or backfill). What differs: 10% of the trace's jobs
+are not preemptible in gpusched's traces (`default_class`), the fold's fairness rule (a team at
+or below its guarantee is never preempted for one at or over its own) still holds, and a cycle
+runs on every arrival, completion and checkpoint rather than on the peer's event grid. How
+`full` schedules and how each of its knobs was chosen: [policy.md](policy.md).
 """
 BURST = "team=6c71a0,at=172800,count=300,gpus=1,duration=1800,every=6"
 
@@ -63,20 +72,23 @@ def scenarios(shared: Path) -> list[dict]:
              model="ideal", topology="pack", presets=ALL, plots={}),
         dict(key="philly_peer", title="Philly week, 2x32x8, the peer's assumptions (`--topology any`, ideal runtime)",
              trace=None, fmt=None, cluster="2x32x8", model="ideal", topology="any",
-             presets=["gang", "full", "tiresias"], plots={}, note=PEER),
+             presets=["fifo", "gang", "full", "tiresias"], plots={}, note=PEER, peer="2x32x8"),
+        dict(key="saturated", title="Philly week, 1x16x8 (saturated), the peer's assumptions", trace=None, fmt=None,
+             cluster="1x16x8", model="ideal", topology="any", presets=["gang", "full", "tiresias"], plots={},
+             peer="1x16x8"),
         dict(key="philly_any", title="Philly week, 2x32x8, realistic runtime, `--topology any`", trace=None, fmt=None,
              cluster="2x32x8", model="realistic", topology="any", presets=ALL, plots={}),
         dict(key="burst", title="Philly week + interactive burst, 2x32x8, realistic runtime", trace=None, fmt=None,
              cluster="2x32x8", model="realistic", topology="pack", presets=["gang", "preempt", "fairshare", "full"],
              burst=BURST, plots={"timeline": ["gang", "full"]}),
         dict(key="alibaba64", title="Alibaba 2023 (openb default), 1x8x8", trace=str(ali), fmt="alibaba",
-             cluster="1x8x8", model="realistic", topology="pack", presets=ALL, plots={"timeline": ["full"]}),
+             cluster="1x8x8", model="realistic", topology="pack", presets=[*ALL, "tiresias"], plots={"timeline": ["full"]}),
         dict(key="alibaba48", title="Alibaba 2023 (openb default), 1x6x8", trace=str(ali), fmt="alibaba",
-             cluster="1x6x8", model="realistic", topology="pack", presets=ALL, plots={}),
+             cluster="1x6x8", model="realistic", topology="pack", presets=[*ALL, "tiresias"], plots={}),
         dict(key="tiresias64", title="Tiresias 60-job sample, 1x16x4 (its own cluster spec)", trace=str(tir),
-             fmt="tiresias", cluster="1x16x4", model="realistic", topology="pack", presets=ALL, plots={}),
+             fmt="tiresias", cluster="1x16x4", model="realistic", topology="pack", presets=[*ALL, "tiresias"], plots={}),
         dict(key="tiresias16", title="Tiresias 60-job sample, 1x4x4", trace=str(tir), fmt="tiresias",
-             cluster="1x4x4", model="realistic", topology="pack", presets=ALL, plots={"cdf": ["gang", "full"]}),
+             cluster="1x4x4", model="realistic", topology="pack", presets=[*ALL, "tiresias"], plots={"cdf": ["gang", "full"]}),
     ]
 
 
@@ -148,15 +160,15 @@ def _pct(a: float, b: float) -> str:
 
 def targets(r: dict[str, dict[str, dict]], mean_duration: float) -> tuple[str, list[str]]:
     rows, misses = [], []
-    for name, body in _target_rows(r, mean_duration):
+    for issue, name, body in _target_rows(r, mean_duration):
         try:
             target, measured, ok, note = body()
         except KeyError as err:
             target, measured, ok, note = "", f"not measured: the run {err} failed", False, ""
-        rows.append(f"| {name} | {target} | {measured} | {'met' if ok else '**missed**'} | {note} |")
+        rows.append(f"| {issue} | {name} | {target} | {measured} | {'met' if ok else '**missed**'} | {note} |")
         if not ok:
             misses.append(name)
-    head = "| target | wanted | measured | | note |\n|---|---|---|---|---|\n"
+    head = "| issue | target | wanted | measured | | note |\n|---|---|---|---|---|---|\n"
     return head + "\n".join(rows), misses
 
 
@@ -207,9 +219,59 @@ def _target_rows(r: dict[str, dict[str, dict]], mean_duration: float):
         return ("< 10 s", f"{w:.1f} s", w < 10,
                 "one run alone, realistic runtime, on this machine; `python bench/bench_sim.py` times every preset")
 
-    return [("avg JCT, full vs gang (ideal)", jct), ("avg queue of >8-GPU jobs, full vs gang (ideal)", q8),
-            ("locality, full (realistic)", loc), ("Jain fairness, full (realistic)", fair),
-            ("lost GPU-hours, full (realistic)", lost), ("Philly week under full, wall time", speed)]
+    return [("3", "avg JCT, full vs gang (ideal)", jct), ("3", "avg queue of >8-GPU jobs, full vs gang (ideal)", q8),
+            ("3", "locality, full (realistic)", loc), ("3", "Jain fairness, full (realistic)", fair),
+            ("3", "lost GPU-hours, full (realistic)", lost), ("3", "Philly week under full, wall time", speed),
+            *_issue12_rows(scen)]
+
+
+def _issue12_rows(scen):
+    """Issue 12's bars: the peer's 2D-LAS on its own assumptions, and gpusched's defaults."""
+    def peer_jct():
+        j = scen("philly_peer", "full")["avg_jct_s"]
+        return (f"≤ {PEER_DLAS:,} s (2D-LAS)", f"{j:,.0f} s", j <= PEER_DLAS,
+                f"stretch ≤ {PEER_ORACLE:,} s (its oracle): {'met' if j <= PEER_ORACLE else 'missed'}")
+
+    def peer_q8():
+        q = scen("philly_peer", "full")["avg_queue_s_by_size"][">8"]
+        return f"≤ {PEER_FIFO_Q8:,} s (its FIFO)", f"{q:,.0f} s", q <= PEER_FIFO_Q8, "the peer's 2D-LAS: 88,058 s"
+
+    def peer_jain():
+        j = scen("philly_peer", "full")["jain_fairness"]
+        return "≥ 0.95", f"{j:.3f}", j >= 0.95, ""
+
+    def calibration():
+        j = scen("philly_peer", "tiresias")["avg_jct_s"]
+        off = j / PEER_DLAS - 1
+        return f"within ±10% of {PEER_DLAS:,} s", f"{j:,.0f} s ({off:+.1%})", abs(off) <= 0.10, "the `tiresias` preset"
+
+    def real_jct():
+        j = scen("philly", "full")["avg_jct_s"]
+        return f"≤ {PEER_DLAS:,} s", f"{j:,.0f} s", j <= PEER_DLAS, ""
+
+    def preemptions():
+        n = scen("philly", "full")["preemptions"]
+        return (f"≤ {PREEMPTIONS_BEFORE_LAS:,}", f"{n:,}", n <= PREEMPTIONS_BEFORE_LAS,
+                "`full` before issue 12 (no LAS) on the same run")
+
+    def eta():
+        e = scen("philly", "full")["eta_error"]
+        med, p90 = e["median_abs_s"], e["p90_abs_s"]
+        if med is None:
+            return "", "no estimates made", False, ""
+        want = ETA_BEFORE[0] / 2, ETA_BEFORE[1] / 2
+        ranges = "" if not e["ranges"] else f"; {e['range_coverage']:.0%} of {e['ranges']:,} ranges held the start"
+        return (f"median ≤ {want[0]:.0f} s, p90 ≤ {want[1]:,.0f} s", f"{med:,.0f} s, {p90:,.0f} s",
+                med <= want[0] and p90 <= want[1],
+                f"half of {ETA_BEFORE[0]} s, {ETA_BEFORE[1]:,} s; {e['predictions']:,} estimates, "
+                f"{e['late_share']:.0%} late{ranges}")
+
+    return [("12", "avg JCT, full, the peer's assumptions", peer_jct),
+            ("12", "avg queue of >8-GPU jobs, full, the peer's assumptions", peer_q8),
+            ("12", "Jain fairness, full, the peer's assumptions", peer_jain),
+            ("12", "2D-LAS calibration, the peer's assumptions", calibration),
+            ("12", "avg JCT, full (realistic)", real_jct), ("12", "preemptions, full (realistic)", preemptions),
+            ("12", "ETA error, full (realistic)", eta)]
 
 
 def main() -> None:
@@ -294,6 +356,8 @@ the command given in its section. How the simulator works, its options and trace
         first = next(iter(res.values()))
         out.append(f"{first['jobs']} jobs ({first['gpu_hours']:.0f} GPU-hours) on {first['gpus']} GPUs.\n\n```\n{cmd}\n```\n")
         out.append(markdown_table(res) + "\n")
+        if sc.get("peer"):
+            out.append(peer_table(sc["peer"], res) + "\n")
         if sc.get("note"):
             out.append(sc["note"])
         for name, err in failed.get(sc["key"], {}).items():
@@ -322,11 +386,44 @@ the command given in its section. How the simulator works, its options and trace
                 png = _img(f"{sc['key']}_{name}_{suffix}.png")
                 out.append(f"![{name} {suffix}]({png})")
         out.append("")
+    if "full" in results.get("philly", {}):
+        out.append(prediction_section(results["philly"]["full"]))
     try:
         out.append(READING.format(**reading_numbers(results, mean_duration)))
     except KeyError as err:
         out.append(f"## Reading\n\nNot generated: the run {err} failed (see above).\n")
     return "\n".join(out) + "\n"
+
+
+def peer_table(cluster: str, res: dict[str, dict]) -> str:
+    """The peer's runs beside ours, in the peer's columns (seconds)."""
+    rows = ["| run | avg JCT | avg queue | queue 1 GPU | queue 2-4 | queue 5-8 | queue >8 | Jain | preemptions |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, v in PEER_RUNS[cluster].items():
+        rows.append(f"| peer {name} | " + " | ".join(f"{x:,}" for x in v[:6]) + f" | | {v[6]:,} |")
+    for name, s in res.items():
+        q = s["avg_queue_s_by_size"]
+        cells = [s["avg_jct_s"], s["avg_queue_s"], q["1"], q["2-4"], q["5-8"], q[">8"]]
+        rows.append(f"| gpusched `{name}` | " + " | ".join(f"{x:,.0f}" for x in cells)
+                    + f" | {s['jain_fairness']:.3f} | {s['preemptions']:,} |")
+    return "\n".join(rows)
+
+
+def prediction_section(full: dict) -> str:
+    """How good the run-time predictor and the start estimates were in the `full` week run."""
+    p, e = full["runtime_prediction"], full["eta_error"]
+
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:,.0f} s"
+
+    def share(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    return PREDICTION.format(
+        jobs=f"{p['jobs']:,}", p_med=s(p["median_abs_s"]), p_p90=s(p["p90_abs_s"]), p_cov=share(p["range_coverage"]),
+        p_under=share(p["under_share"]), n=f"{e['predictions']:,}", e_med=s(e["median_abs_s"]),
+        e_p90=s(e["p90_abs_s"]), e_late=share(e["late_share"]), ranges=f"{e['ranges']:,}",
+        e_cov=share(e["range_coverage"]), before_med=ETA_BEFORE[0], before_p90=f"{ETA_BEFORE[1]:,}")
 
 
 def _img(name: str) -> str:
@@ -413,6 +510,33 @@ SETUP = """## Setup and mappings
   work thrown away by forced releases.
 - Wall times are of one simulation in a worker process while others run beside it; they are
   noisier than `python bench/bench_sim.py`.
+"""
+
+PREDICTION = """## Run-time prediction and ETAs (Philly week, 2x32x8, `full`, realistic runtime)
+
+```
+gpusched sim --cluster 2x32x8 --policy full --json
+```
+
+`policy/predict.py` predicts how long a job will still run from the jobs that completed before
+it: run times kept per key from (team, user, GPUs, command) down to all jobs, the last 128 per
+key; the answer is the median (point) and 10%..90% quantiles (range) of what is left among
+the run times longer than what the job already ran. It never sees a job's true duration
+(`tests/unit/test_predict.py`). The simulator scores it at every job's first start.
+How start estimates are made: [operating.md](operating.md#why-is-my-job-pending).
+
+| measure | value |
+|---|---|
+| predictor, median absolute error of the run time ({jobs} jobs) | {p_med} |
+| predictor, p90 absolute error | {p_p90} |
+| predictor, actual run time inside its 10%..90% range | {p_cov} (nominal 80%) |
+| predictor, share of jobs it under-predicted | {p_under} |
+| start estimates shown (`JobPending.eta_s`), every one scored at the job's start | {n} |
+| ETA median absolute error (before issue 12: {before_med} s) | {e_med} |
+| ETA p90 absolute error (before issue 12: {before_p90} s) | {e_p90} |
+| estimates that were late | {e_late} |
+| estimates shown as a range; starts inside it | {ranges}; {e_cov} |
+
 """
 
 READING = """## Reading
