@@ -762,6 +762,7 @@ class NodeHost:
         self.log = event_log
         self.max_view_age_s = max_view_age_s
         self.view_confirmed_at = -math.inf  # when the log's head last fetched was found folded
+        self._view_wanted = asyncio.Event()  # set by a launch that found the view stale
         self.nc = event_log.nc
         self.folded = FoldedLog(event_log)
         self.agents: dict[str, NodeAgent] = {}
@@ -932,13 +933,19 @@ class NodeHost:
         `max_view_age_s` ago. A daemon that lags (starved of CPU, restarting a thousand nodes,
         cut off from NATS) would otherwise start an attempt the log already superseded: its node
         declared lost and the job granted elsewhere, in facts it has not folded yet."""
-        return time.monotonic() - self.view_confirmed_at <= self.max_view_age_s
+        if time.monotonic() - self.view_confirmed_at <= self.max_view_age_s:
+            return True
+        self._view_wanted.set()  # a launch waits for it: confirm now
+        return False
 
     async def _confirm_view(self) -> None:
-        """The read barrier behind `fresh_view`: ask the log's head, wait until the fold holds
-        it, record when it was asked; again every poll."""
+        """The read barrier behind `fresh_view`: when a launch asks, fetch the log's head, wait
+        until the fold holds it, record when it was fetched. On demand, not on a timer: an idle
+        host asks the stream nothing, a busy one at most once per `max_view_age_s`."""
         warned = False
         while True:
+            await self._view_wanted.wait()
+            self._view_wanted.clear()
             asked = time.monotonic()
             try:
                 head = await self.log.last_seq()
@@ -947,13 +954,13 @@ class NodeHost:
                     log.warning("nodeagent_view_unconfirmed", error=f"{type(err).__name__}: {err}"[:200],
                                 hint="no job starts on these nodes until the log answers")
                 warned = True
+                self._view_wanted.set()
                 await asyncio.sleep(max(self.poll_s, 1.0))
                 continue
             warned = False
             while self.folded.seen_seq < head:
                 await asyncio.sleep(0.02)
             self.view_confirmed_at = asked
-            await asyncio.sleep(self.poll_s)
 
     async def _heartbeats(self) -> None:
         """Every agent once per `heartbeat_s`, spread over the period in slices so that a host
