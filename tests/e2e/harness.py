@@ -95,6 +95,14 @@ class Harness:
                     raise AssertionError(f"{name} not ready:\n{self.service_log(name)[-3000:]}")
                 await asyncio.sleep(0.05)
 
+    async def scheduler(self, nodes: int, gpus: int = 8, *placement: str, **layout) -> None:
+        """Admission and one placement service (with `placement` flags), both ready, over
+        `nodes` simulated nodes: how most scheduling tests begin."""
+        self.start("admission")
+        self.start("placement", *placement)
+        await self.ready("admission", "placement")
+        await self.nodes(nodes, gpus, **layout)
+
     # --- the log ------------------------------------------------------------------------------
 
     async def nodes(self, n: int, gpus: int = 8, per_rack: int = 4, nvlink: str = "all") -> None:

@@ -12,10 +12,7 @@ from .harness import harness  # noqa: F401
 
 async def test_hold_release_update_dependency_and_team_time_limits(harness):
     h = harness
-    h.start("admission")
-    h.start("placement")
-    await h.ready("admission", "placement")
-    await h.nodes(1, 8)
+    await h.scheduler(1, 8)
     c = h.client
     # per-team time limits: the default is filled in, over the maximum is refused
     assert (await c.set_quota("a", TeamQuota(default_time_limit_s=600.0, max_time_limit_s=3600.0),
@@ -51,10 +48,7 @@ async def test_hold_release_update_dependency_and_team_time_limits(harness):
 
 async def test_node_labels_and_constraints_through_admission_and_placement(harness):
     h = harness
-    h.start("admission")
-    h.start("placement")
-    await h.ready("admission", "placement")
-    await h.nodes(2, 8)
+    await h.scheduler(2, 8)
     st = await h.sync()
     first, second = sorted(st.nodes)
     assert (await h.client.label_node(second, {"zone": "b"})).ok
@@ -71,10 +65,7 @@ async def test_node_labels_and_constraints_through_admission_and_placement(harne
 
 async def test_a_job_array_through_admission_and_placement(harness):
     h = harness
-    h.start("admission")
-    h.start("placement")
-    await h.ready("admission", "placement")
-    await h.nodes(1, 8)
+    await h.scheduler(1, 8)
     arr = await h.submit(team="a", gpus=1, array={"first": 0, "last": 9, "max_running": 3})
     tasks = [f"{arr}_{i}" for i in range(10)]
     st = await h.wait_for("three tasks placed", lambda s: sum(h.holding(t) for t in tasks) == 3 and s)

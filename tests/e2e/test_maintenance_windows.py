@@ -13,10 +13,7 @@ from .harness import harness  # noqa: F401
 
 async def test_a_window_shapes_placement_and_ends_by_itself(harness):
     h = harness
-    h.start("admission")
-    h.start("placement", "--tick-ms", "300")
-    await h.ready("admission", "placement")
-    await h.nodes(3, 8)
+    await h.scheduler(3, 8, "--tick-ms", "300")
     first, second, third = sorted((await h.sync()).nodes)
     c = h.client
     now = time.time()

@@ -54,10 +54,7 @@ async def test_gangs_are_atomic_with_two_placement_writers_racing(harness):
 
 async def test_an_eight_gpu_job_lands_on_one_free_node(harness):
     h = harness
-    h.start("admission")
-    h.start("placement")
-    await h.ready("admission", "placement")
-    await h.nodes(4, 8, per_rack=2, nvlink="pairs")
+    await h.scheduler(4, 8, per_rack=2, nvlink="pairs")
     # Small jobs scattered over three nodes; one node stays whole.
     small = [await h.submit(team="a", gpus=g) for g in (3, 2, 3, 5)]
     await h.wait_for("small jobs granted", lambda s: all(s.jobs[j].holding for j in small if j in s.jobs))
@@ -80,10 +77,7 @@ async def test_a_big_gang_waits_reserved_while_small_jobs_backfill_then_starts_a
     reservation; short jobs backfill the idle GPUs; a job without a time limit that would take the
     reserved GPUs must wait. When the blockers end, the 16-GPU job starts in the next cycle."""
     h = harness
-    h.start("admission")
-    h.start("placement")
-    await h.ready("admission", "placement")
-    await h.nodes(4, 8, per_rack=4)
+    await h.scheduler(4, 8, per_rack=4)
     blockers = [await h.submit(team="a", gpus=8, time_limit_s=60) for _ in range(3)]
     await h.wait_for("blockers running", lambda s: all(j in s.jobs and s.jobs[j].holding for j in blockers))
     for j in blockers:

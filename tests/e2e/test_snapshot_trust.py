@@ -29,10 +29,7 @@ async def _fold_without(h, skip: set[int], until: int | None = None) -> ClusterS
 
 
 async def _one_job_holds_every_gpu(h) -> str:
-    h.start("admission")
-    h.start("placement")
-    await h.ready("admission", "placement")
-    await h.nodes(1, 8)
+    await h.scheduler(1, 8)
     first = await h.submit(team="a", gpus=8, name="holder")
     await h.wait_for("the first job holds all 8 GPUs", lambda s: h.holding(first))
     return first
