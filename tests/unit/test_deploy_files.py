@@ -23,7 +23,8 @@ K8S = ROOT / "deploy" / "k8s"
 KUBE_VERSION = "1.37"
 HEALTH_PORT = "9100"
 #: Kinds that live in a namespace (kustomize's `namespace:` applies to them).
-NAMESPACED = {"Deployment", "StatefulSet", "DaemonSet", "Service", "ConfigMap", "Secret", "PodDisruptionBudget"}
+NAMESPACED = {"Deployment", "StatefulSet", "DaemonSet", "Service", "ConfigMap", "Secret", "PodDisruptionBudget",
+              "NetworkPolicy"}
 
 
 # --- a small kustomize: resources and generators, nothing outside the folder -------------------
@@ -126,6 +127,41 @@ def test_every_container_has_probes_and_resources(rendered):
             assert "livenessProbe" in c and "readinessProbe" in c, where
             assert c["livenessProbe"] != c["readinessProbe"], f"{where}: liveness and readiness must differ"
             assert c.get("resources", {}).get("requests", {}).keys() >= {"cpu", "memory"}, where
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions In/NotIn/Exists) against labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        value, op = labels.get(e["key"]), e["operator"]
+        if (op == "In" and value not in e["values"]) or (op == "NotIn" and value in e["values"]) \
+                or (op == "Exists" and value is None):
+            return False
+    return True
+
+
+def test_only_prometheus_reaches_the_unauthenticated_health_port(rendered):
+    """Every pod that serves /metrics on 9100 is under an ingress policy, and every rule that
+    opens 9100 names a namespace (Prometheus's), never the whole cluster; Redis takes only
+    gpusched's own pods."""
+    policies = list(by(rendered, "NetworkPolicy").values())
+    served = [d for d in rendered if any(str(p.get("containerPort")) == HEALTH_PORT
+                                         for c in containers(d) for p in c.get("ports", []))]
+    assert served
+    for doc in served:
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        mine = [p for p in policies if _selects(p["spec"]["podSelector"], labels)]
+        assert mine, f"{doc['metadata']['name']}: no NetworkPolicy selects it, so 9100 is open to all"
+        for rule in (r for p in mine for r in p["spec"].get("ingress", [])):
+            ports = {str(p["port"]) for p in rule.get("ports", [])}
+            if not ports or HEALTH_PORT in ports:
+                assert rule.get("from") and all("namespaceSelector" in f for f in rule["from"]), rule
+    redis = by(rendered, "StatefulSet").get("redis") or by(rendered, "Deployment")["redis"]
+    rules = [r for p in policies if _selects(p["spec"]["podSelector"], redis["spec"]["template"]["metadata"]["labels"])
+             for r in p["spec"]["ingress"]]
+    assert rules and all(f.get("podSelector") == {"matchLabels": {"app.kubernetes.io/part-of": "gpusched"}}
+                         for r in rules for f in r["from"])
 
 
 def test_gpusched_containers_probe_the_health_server(rendered):
