@@ -16,6 +16,7 @@ service a state in which held GPUs look free."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -140,12 +141,13 @@ class SnapshotStore:
             raise Refused(f"it covers seq {meta.seq}, but the stream now starts at {first_seq}: the events "
                           "between are gone")
         await self._check_seal(meta)
+        buffer = io.BytesIO()  # without it nats-py joins the chunks with `bytes +=`: quadratic (15 s for 40 MB)
         try:
-            result = await (await self._bucket()).get(meta.name)
+            await (await self._bucket()).get(meta.name, writeinto=buffer)
         except Exception as err:  # noqa: BLE001 - missing, chunks altered (DigestMismatchError), unreadable
             raise Refused(f"it could not be read ({type(err).__name__}: {err})") from None
         try:
-            state = ClusterState.restore(result.data)
+            state = ClusterState.restore(buffer.getbuffer())
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             raise Refused(f"it does not decode as a fold ({err})") from None
         state.last_seq = meta.seq
