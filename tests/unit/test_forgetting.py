@@ -125,3 +125,54 @@ def test_forgetting_never_changes_an_invariant_verdict_or_a_live_job(events):
             assert job.state == short.forgotten[job_id].state and not job.live
     assert short.job_counts() == whole.job_counts()
     assert (short.gpus, short.nodes, short.node_live) == (whole.gpus, whole.nodes, whole.node_live)
+
+
+def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
+    from gpusched.core.commands import CancelJob, SubmitJob
+    from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit, job_id_for
+
+    reused = job_id_for("fresh", ClusterState())
+    st = fold([node(), *life("old", 0.0), *life(reused, 20.0), tick(30 * DAY)], DAY)
+    assert {"old", reused} <= set(st.forgotten)
+
+    def decide(cmd, caller=Caller("alice", "a")):
+        return admit(st, cmd, 30 * DAY, AdmissionConfig(placeholders="any"), Capacity(), caller=caller).reply
+
+    retry = decide(SubmitJob(request_id="r-old", spec=JobSpec(team="a", gpus=1)))
+    assert retry.ok and retry.duplicate and retry.job_id == "old"
+    other_team = decide(SubmitJob(request_id="r-old", spec=JobSpec(team="b", gpus=1)), Caller("bob", "b"))
+    assert not other_team.ok and "another team" in other_team.error
+    after = decide(SubmitJob(request_id="w1", spec=JobSpec(team="a", gpus=1,
+                                                           dependency=[Dependency(kind="afterok", job="old")])))
+    assert after.ok, after.error
+    fresh = decide(SubmitJob(request_id="fresh", spec=JobSpec(team="a", gpus=1)))
+    assert fresh.ok and fresh.job_id != reused  # a forgotten id is never handed out again
+    cancel = decide(CancelJob(request_id="c1", job_id="old"))
+    assert not cancel.ok and "already completed" in cancel.error and "horizon" in cancel.error
+
+
+def test_show_of_a_forgotten_job_says_so_and_where_its_history_is():
+    from gpusched.cli.views import forgotten_doc
+
+    st = fold([node(), *life("old", 0.0), tick(30 * DAY)], DAY)
+    doc = forgotten_doc(st, "old")["forgotten"]
+    assert (doc["state"], doc["team"], doc["request_id"], doc["finished_at"]) == ("completed", "a", "r-old", 10.0)
+    assert "GPUSCHED_FORGET_AFTER_S=none gpusched show old" in doc["history"] and "--from-file" in doc["history"]
+
+
+def test_the_services_horizon_comes_from_the_environment(monkeypatch):
+    import pytest
+
+    from gpusched.core.state import FORGET_AFTER_S
+    from gpusched.store import fold_horizon, new_fold
+
+    monkeypatch.delenv("GPUSCHED_FORGET_AFTER_S", raising=False)
+    assert fold_horizon() == FORGET_AFTER_S == new_fold().forget_after_s
+    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "none")
+    assert fold_horizon() is None
+    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "3600")
+    assert new_fold().forget_after_s == 3600.0
+    for bad in ("soon", "-5", "0"):
+        monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", bad)
+        with pytest.raises(SystemExit, match="GPUSCHED_FORGET_AFTER_S"):
+            fold_horizon()
