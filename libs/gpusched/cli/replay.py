@@ -158,6 +158,8 @@ def print_trust(trust: dict, console: Console) -> None:
     unsigned = f", {trust['unsigned']} unsigned (allowed)" if trust["allow_unsigned"] else ""
     console.print(f"signatures: {trust['signed']} of {trust['messages']} messages signed{unsigned}; "
                   f"keyring {trust['keyring']} ({trust['keys']} keys)")
+    if trust.get("audited_from_seq", 1) > 1:
+        console.print(f"audited from seq {trust['audited_from_seq']} on (the head: by the checkpoint's earlier audit)")
     first = trust["first"]
     if first is None:
         console.print("[green]trust: every fact signed by a writer allowed to write it, none missing or reordered[/]")
