@@ -30,6 +30,9 @@ import os
 import time
 import tracemalloc
 
+import nats.errors
+from nats.js.errors import APIError, NotFoundError
+
 from gpusched.bus import subjects
 from gpusched.bus.log import MAX_BATCH, EventLog
 from gpusched.bus.servers import start_nats
@@ -75,8 +78,19 @@ async def build(log: EventLog, first_batch: int, batches: int, jobs_per_day: flo
 
     async def one(b: int) -> None:
         events = churn_batch(b, jobs_per_day)
-        seqs = await log.append_batch(events)
-        landed.append((seqs[0], events))
+        for _ in range(5):
+            try:
+                landed.append(((await log.append_batch(events))[0], events))
+                return
+            except (nats.errors.TimeoutError, APIError):  # a loaded server: did it land after all?
+                await asyncio.sleep(2)
+                try:  # the batch is atomic, and its first fact's subject names its job
+                    stored = await log.js.get_last_msg(subjects.STREAM, subjects.event_subject(events[0]))
+                except NotFoundError:
+                    continue
+                landed.append((stored.seq, events))
+                return
+        raise RuntimeError(f"batch {b} could not be appended")
 
     for start in range(first_batch, first_batch + batches, inflight):
         await asyncio.gather(*(one(b) for b in range(start, min(first_batch + batches, start + inflight))))
