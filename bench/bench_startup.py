@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import sys
 import time
 import tracemalloc
 
@@ -106,14 +108,26 @@ def fold_landed(state: ClusterState, landed: list[tuple[int, list]]) -> float:
     return time.perf_counter() - t
 
 
-async def timed_start(url: str, horizon: str) -> tuple[float, FoldedLog]:
-    os.environ[HORIZON_ENV] = horizon
+async def start_once(url: str) -> None:
+    """In a fresh process, as a service starts: connect, adopt the snapshot (or not), fold the tail."""
     t = time.perf_counter()
     folded = FoldedLog(await EventLog.open(url, name="bench-startup"))
     await folded.start()
     took = time.perf_counter() - t
+    print(json.dumps({"took": took, "seen": folded.seen_seq, "jobs": len(folded.state.jobs)}))
     await folded.close()
-    return took, folded
+
+
+async def timed_start(url: str, horizon: str) -> tuple[float, dict]:
+    """`FoldedLog.start()` timed inside a fresh process (not this one, which holds the generated
+    history and its folds: its garbage collector would slow the start several times)."""
+    env = {**os.environ, HORIZON_ENV: horizon}
+    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--start-only", url, env=env,
+                                                stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, out
+    doc = json.loads(out.decode().strip().splitlines()[-1])
+    return doc["took"], doc
 
 
 async def one_size(n: int, tail: int, jobs_per_day: float, inflight: int, scratch_max: int,
@@ -154,6 +168,7 @@ async def one_size(n: int, tail: int, jobs_per_day: float, inflight: int, scratc
         store = SnapshotStore(log)
         for h in (None, float(horizon)):
             await store.save(folds[h])
+        del folds, landed
         tail_batches = max(1, tail // MAX_BATCH)
         await build(log, batches, tail_batches, jobs_per_day, inflight)
         size = (await log.js.stream_info(subjects.STREAM)).state
@@ -161,10 +176,10 @@ async def one_size(n: int, tail: int, jobs_per_day: float, inflight: int, scratc
               f"{size.bytes / (jobs + tail_batches * JOBS_PER_BATCH):.0f} B per job (5 facts, signed batches)")
         print(f"scratch start (fold {last} events, horizon {horizon} s): {scratch_text}")
         for label, h in (("keep every job", "none"), ("forget past the horizon", horizon)):
-            warm, folded = await timed_start(server.url, h)
-            assert folded.seen_seq == await log.last_seq()
+            warm, doc = await timed_start(server.url, h)
+            assert doc["seen"] == await log.last_seq()
             print(f"snapshot + {tail_batches * MAX_BATCH}-event tail, {label:24s}: {warm:6.1f} s  "
-                  f"(scratch / this: {scratch / warm:5.1f}x; {len(folded.state.jobs)} jobs whole)")
+                  f"(scratch / this: {scratch / warm:5.1f}x; {doc['jobs']} jobs whole)")
         await log.close()
     finally:
         os.environ.pop(HORIZON_ENV, None)
@@ -206,5 +221,6 @@ if __name__ == "__main__":
     ap.add_argument("--inflight", type=int, default=4, help="signed atomic batches appended at once")
     ap.add_argument("--scratch-max", type=int, default=10**9, help="measure the scratch start only up to this")
     ap.add_argument("--memory-jobs", type=int, default=20000, help="jobs for the memory-per-job figure (0: skip)")
+    ap.add_argument("--start-only", metavar="URL", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    asyncio.run(main(a))
+    asyncio.run(start_once(a.start_only) if a.start_only else main(a))
