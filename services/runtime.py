@@ -79,6 +79,9 @@ class FoldedLog:
                                                                        self.state.forget_after_s)
             if same:
                 await self._adopt(snapshot)
+            else:
+                log.warning("snapshot_rejected", seq=snapshot.last_seq, reason="folded with another half-life or "
+                            "horizon (GPUSCHED_FORGET_AFTER_S)", hint="replaying the log from the start")
         if self.seen_seq == 0 and snapshot is None:
             await self._adopt_stored(first, target)
         if first > self.seen_seq + 1 and target > 0:
