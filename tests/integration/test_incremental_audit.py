@@ -94,3 +94,29 @@ async def _placement_header(log: EventLog) -> str:
             last = header
     assert last is not None
     return last
+
+
+async def test_the_cli_audits_the_tail_from_its_checkpoint(event_log, nats_url, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from gpusched.core.model import JobSpec
+
+    def replay(*extra: str) -> dict:
+        run = subprocess.run([sys.executable, "-m", "gpusched.cli.main", "replay", "--nats", nats_url, "--verify",
+                              "--json", *extra], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stdout + run.stderr
+        return json.loads(run.stdout)
+
+    for i in range(5):
+        await event_log.append(ev.JobSubmitted(at=float(i), job_id=f"j-{i}", spec=JobSpec(team="t", gpus=1)))
+    path = tmp_path / "audit.ckpt"
+    first = replay("--checkpoint", str(path))
+    assert first["trust"]["audited_from_seq"] == 1 and first["last_seq"] == 5
+    for i in range(5, 8):
+        await event_log.append(ev.JobSubmitted(at=float(i), job_id=f"j-{i}", spec=JobSpec(team="t", gpus=1)))
+    tail = replay("--checkpoint", str(path))
+    whole = replay()
+    assert tail["trust"]["audited_from_seq"] == 6 and tail["trust"]["messages"] == whole["trust"]["messages"] == 8
+    assert tail["jobs"] == whole["jobs"] and tail["violations"] == whole["violations"] == []
