@@ -152,7 +152,7 @@ def job_id_for(request_id: str, state: ClusterState, taken: Mapping[str, str] = 
     digest = hashlib.blake2b(request_id.encode(), digest_size=32).hexdigest()
     for i in range(0, len(digest) - 7, 8):
         candidate = "j-" + digest[i:i + 8]
-        if candidate not in state.jobs and taken.get(candidate, request_id) == request_id:
+        if not state.knows(candidate) and taken.get(candidate, request_id) == request_id:
             return candidate
     return "j-" + digest  # 2^-256 territory
 
@@ -248,7 +248,7 @@ def time_limit_problem(quota: TeamQuota | None, limit_s: float | None) -> str | 
 def dependency_problem(state: ClusterState, spec) -> str | None:
     """Dependencies must name jobs the log knows (their end state is checked when it comes)."""
     for d in spec.dependency:
-        if d.job not in state.jobs:
+        if not state.knows(d.job):
             return f"spec.dependency: unknown job {d.job!r} ({d.kind}:{d.job})"
     return None
 
@@ -273,12 +273,21 @@ def with_defaults(state: ClusterState, spec):
     return spec
 
 
+def _unknown(state: ClusterState, job_id: str) -> str:
+    """Why a command names no job it can act on: never in the log, or ended and forgotten."""
+    tomb = state.forgotten.get(job_id)
+    if tomb is None:
+        return f"unknown job {job_id!r}"
+    return (f"job {job_id} already {tomb.state} (ended long ago, past the fold's horizon: "
+            f"`gpusched show {job_id}` points to its history)")
+
+
 def pending_job_command(state: ClusterState, cmd: HoldJob | UpdateJob, now: float, caller: Caller) -> Decision:
     """Hold, release or update a job: only while it is pending (a precise refusal otherwise)."""
     job = state.jobs.get(cmd.job_id)
     verb = ("hold" if cmd.hold else "release") if isinstance(cmd, HoldJob) else "update"
     if job is None:
-        return Decision(CommandReply(ok=False, error=f"unknown job {cmd.job_id!r}"))
+        return Decision(CommandReply(ok=False, error=_unknown(state, cmd.job_id)))
     if job.state != "pending":
         return Decision(CommandReply(ok=False, job_id=job.job_id,
                                      error=f"cannot {verb} job {job.job_id}: it is {job.state}, not pending"))
@@ -347,7 +356,8 @@ def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionCo
     known = state.requests.get(rid)
     if known is not None:
         owner = state.jobs.get(known)
-        if caller.team is not None and owner is not None and owner.spec.team != caller.team:
+        team = owner.spec.team if owner is not None else getattr(state.forgotten.get(known), "team", None)
+        if caller.team is not None and team is not None and team != caller.team:
             return Decision(CommandReply(ok=False, error=f"request id {rid!r} is already used by another team"))
         return Decision(CommandReply(ok=True, job_id=known, duplicate=True))
     problem = submit_problem(state, cmd, config, capacity)
@@ -402,7 +412,10 @@ def _cancel_array(state: ClusterState, cmd: CancelJob, now: float, caller: Calle
     and stores nothing twice."""
     tasks = [j for j in state.jobs.values() if j.array_job == cmd.job_id]
     if not tasks:
-        return Decision(CommandReply(ok=False, error=f"unknown job {cmd.job_id!r}"))
+        if any(t.array_job == cmd.job_id for t in state.forgotten.values()):
+            return Decision(CommandReply(ok=False, job_id=cmd.job_id,
+                                         error=f"job array {cmd.job_id}: every task ended long ago (forgotten)"))
+        return Decision(CommandReply(ok=False, error=_unknown(state, cmd.job_id)))
     if caller.team is not None and tasks[0].spec.team != caller.team:
         return Decision(CommandReply(ok=False, error=f"job array {cmd.job_id} belongs to team {tasks[0].spec.team!r}; "
                                                      f"these credentials act for {caller.team!r}"))

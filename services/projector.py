@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import time
 from collections import deque
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -41,7 +42,7 @@ from gpusched.core.model import split_gpu_id
 from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import policy_arguments, policy_of
-from gpusched.store import SNAPSHOT_KEY, fold_log, load_snapshot, load_snapshot_from, save_snapshot  # noqa: F401
+from gpusched.store import SNAPSHOT_KEY, fold_log, load_snapshot, load_snapshot_from, new_fold, save_snapshot  # noqa: F401
 from gpusched.views import PREFIX, SHARES_LEN, TAIL_LEN, UPDATES_CHANNEL, USAGE_KEY, K, Views, redis_client  # noqa: F401
 
 log = structlog.get_logger()
@@ -104,12 +105,14 @@ class Projector:
         self.written_seq = 0
         self.snapshot_seq = 0
         self.writes = 0
+        self.forgotten_seen = 0  # `len(state.forgotten)` at the last write
 
     # --- from the fold -------------------------------------------------------------------
 
     def seed(self, state: ClusterState) -> None:
         """Where jobs hold GPUs in a fold that started from a snapshot (the listener has not
         seen those grants)."""
+        self.forgotten_seen = len(state.forgotten)
         for job_id, job in state.jobs.items():
             if job.gpus:
                 self._job_nodes[job_id] = {split_gpu_id(g)[0] for g in job.gpus}
@@ -173,6 +176,16 @@ class Projector:
             pipe.hset(K["jobs"], mapping=docs)
             pipe.zadd(K["jobs:order"], order)
 
+    def _drop_forgotten(self, pipe, state: ClusterState, full: bool) -> None:
+        """The documents of jobs the fold forgot since the last write go too (`show` of one then
+        says it was forgotten), so the read model stays as bounded as the fold."""
+        new = len(state.forgotten) - self.forgotten_seen
+        if new > 0 and not full:  # a full write rewrote the whole hash
+            gone = list(islice(reversed(state.forgotten), new))
+            pipe.hdel(K["jobs"], *gone)
+            pipe.zrem(K["jobs:order"], *gone)
+        self.forgotten_seen = len(state.forgotten)
+
     def _write_queue(self, pipe, state: ClusterState, seq: int) -> None:
         """The queue in the running policy's order, with the reasons it recorded."""
         queue = readmodel.queue_docs(state, self.config)
@@ -192,6 +205,7 @@ class Projector:
         if full:
             self._delete_views(pipe)
         self._write_jobs(pipe, state, jobs, seq)
+        self._drop_forgotten(pipe, state, full)
         for key, names, known, make in (("nodes", nodes, state.nodes, readmodel.node_doc),
                                          ("teams", teams, state.teams, readmodel.team_doc)):
             docs = {name: _enc({**make(state, name), "seq": seq}) for name in names if name in known}
@@ -251,7 +265,7 @@ async def rebuild_views(nats_url: str | None, redis_url: str | None) -> dict[str
     r = redis_client(redis_url)
     try:
         projector = Projector(r, snapshot_every=1)
-        state = ClusterState()
+        state = new_fold()
         last = await event_log.last_seq()
         if last:
             async for rec in event_log.records(1, last):

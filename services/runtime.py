@@ -41,7 +41,7 @@ class FoldedLog:
 
     def __init__(self, event_log: EventLog, half_life_s: float | None = 7 * 24 * 3600.0):
         self.log = event_log
-        self.state = ClusterState(half_life_s=half_life_s)
+        self.state = store.new_fold(half_life_s)
         self.changed = asyncio.Event()
         self.listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
@@ -75,8 +75,13 @@ class FoldedLog:
         info = (await self.log.js.stream_info(subjects.STREAM)).state
         target, first = info.last_seq, info.first_seq
         if snapshot is not None and self.seen_seq == 0 and 0 < snapshot.last_seq <= target:
-            if snapshot.half_life_s == self.state.half_life_s:
+            same = (snapshot.half_life_s, snapshot.forget_after_s) == (self.state.half_life_s,
+                                                                       self.state.forget_after_s)
+            if same:
                 await self._adopt(snapshot)
+            else:
+                log.warning("snapshot_rejected", seq=snapshot.last_seq, reason="folded with another half-life or "
+                            "horizon (GPUSCHED_FORGET_AFTER_S)", hint="replaying the log from the start")
         if self.seen_seq == 0 and snapshot is None:
             await self._adopt_stored(first, target)
         if first > self.seen_seq + 1 and target > 0:
@@ -104,7 +109,8 @@ class FoldedLog:
     async def _adopt_stored(self, first: int, last: int) -> None:
         """Start from the newest snapshot in JetStream that passes verification (refused ones
         are logged with why, and an older one is tried); none: replay from the start."""
-        state, refused = await store.SnapshotStore(self.log).latest(self.state.half_life_s, first, last)
+        state, refused = await store.SnapshotStore(self.log).latest(self.state.half_life_s, first, last,
+                                                                       self.state.forget_after_s)
         if state is None:
             if refused:
                 log.warning("snapshot_none_adopted", refused=len(refused), hint="replaying the log from the start")

@@ -16,7 +16,9 @@ service a state in which held GPUs look free."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 from dataclasses import dataclass
 
 import msgspec
@@ -27,7 +29,7 @@ from nats.js.errors import NotFoundError
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
-from gpusched.core.state import ClusterState
+from gpusched.core.state import FORGET_AFTER_S, ClusterState
 from gpusched.security import snapshots
 
 log = structlog.get_logger()
@@ -36,6 +38,31 @@ SNAPSHOT_KEY = "gpusched:snapshot"
 #: Snapshots kept in the object store: the newest and older ones to fall back to when the newest
 #: fails verification. Names rotate (`fold-0`..), so the bucket stays bounded forever.
 KEEP = 3
+HORIZON_ENV = "GPUSCHED_FORGET_AFTER_S"
+
+
+def fold_horizon() -> float | None:
+    """This process's forgetting horizon (`ClusterState.forget_after_s`): `$GPUSCHED_FORGET_AFTER_S`
+    seconds of log time, `none` to keep every job whole, default 90 days. Every process of a
+    cluster must use the same (a snapshot folded with another horizon is refused, like one with
+    another usage half-life)."""
+    text = os.environ.get(HORIZON_ENV, "").strip().lower()
+    if not text:
+        return FORGET_AFTER_S
+    if text in ("none", "never", "off"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise SystemExit(f"{HORIZON_ENV}={text!r}: not a number of seconds or 'none'") from None
+    if not value > 0:
+        raise SystemExit(f"{HORIZON_ENV}={text!r}: must be > 0 seconds (or 'none')")
+    return value
+
+
+def new_fold(half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
+    """An empty fold as this process's services keep it (usage half-life, forgetting horizon)."""
+    return ClusterState(half_life_s=half_life_s, forget_after_s=fold_horizon())
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,7 @@ class SnapshotMeta:
     half_life_s: str
     digest: str
     seal_seq: int
+    forget_after_s: str = "None"  # written since forgetting; older snapshots kept every job
 
 
 class Refused(Exception):
@@ -76,7 +104,7 @@ class SnapshotStore:
             try:
                 d = json.loads(info.description or "")
                 out.append(SnapshotMeta(info.name, int(d["seq"]), str(d["half_life_s"]), str(d["digest"]),
-                                        int(d["seal_seq"])))
+                                        int(d["seal_seq"]), str(d.get("forget_after_s", "None"))))
             except (ValueError, KeyError, TypeError):
                 log.warning("snapshot_unreadable", name=info.name, reason="its description is not snapshot metadata")
         return sorted(out, key=lambda m: m.seq, reverse=True)
@@ -91,7 +119,8 @@ class SnapshotStore:
         used = {m.name for m in stored}
         free = [f"fold-{i}" for i in range(KEEP) if f"fold-{i}" not in used]
         name = free[0] if free else stored[-1].name
-        meta = SnapshotMeta(name, state.last_seq, str(state.half_life_s), digest, seal_seq)
+        meta = SnapshotMeta(name, state.last_seq, str(state.half_life_s), digest, seal_seq,
+                            str(state.forget_after_s))
         await self.put(meta, data)
         return meta
 
@@ -101,7 +130,7 @@ class SnapshotStore:
         from nats.js.api import ObjectMeta
 
         description = json.dumps({"seq": meta.seq, "half_life_s": meta.half_life_s, "digest": meta.digest,
-                                  "seal_seq": meta.seal_seq})
+                                  "seal_seq": meta.seal_seq, "forget_after_s": meta.forget_after_s})
         await (await self._bucket()).put(meta.name, data, meta=ObjectMeta(name=meta.name, description=description))
 
     async def load(self, meta: SnapshotMeta, first_seq: int, last_seq: int) -> ClusterState:
@@ -112,15 +141,18 @@ class SnapshotStore:
             raise Refused(f"it covers seq {meta.seq}, but the stream now starts at {first_seq}: the events "
                           "between are gone")
         await self._check_seal(meta)
+        buffer = io.BytesIO()  # without it nats-py joins the chunks with `bytes +=`: quadratic (15 s for 40 MB)
         try:
-            result = await (await self._bucket()).get(meta.name)
+            await (await self._bucket()).get(meta.name, writeinto=buffer)
         except Exception as err:  # noqa: BLE001 - missing, chunks altered (DigestMismatchError), unreadable
             raise Refused(f"it could not be read ({type(err).__name__}: {err})") from None
         try:
-            state = ClusterState.restore(result.data)
+            state = ClusterState.restore(buffer.getbuffer())
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             raise Refused(f"it does not decode as a fold ({err})") from None
         state.last_seq = meta.seq
+        if str(state.forget_after_s) != meta.forget_after_s:
+            raise Refused(f"it folds with horizon {state.forget_after_s}, its description says {meta.forget_after_s}")
         if snapshots.digest(state) != meta.digest:  # re-encoded: vouches for the object in hand
             raise Refused(f"its digest does not match the log's seal at seq {meta.seal_seq} (altered)")
         return state
@@ -141,10 +173,12 @@ class SnapshotStore:
         if sealed.seq != meta.seq or sealed.digest != meta.digest:
             raise Refused(f"the log's seal at seq {meta.seal_seq} is for seq {sealed.seq} with another digest")
 
-    async def latest(self, half_life_s: float | None, first_seq: int,
-                     last_seq: int) -> tuple[ClusterState | None, list[str]]:
-        """The newest snapshot that passes verification for a fold with `half_life_s`, and the
-        reasons each newer one was refused (each is also logged)."""
+    async def latest(self, half_life_s: float | None, first_seq: int, last_seq: int,
+                     forget_after_s: float | None | str = "process") -> tuple[ClusterState | None, list[str]]:
+        """The newest snapshot that passes verification for a fold with `half_life_s` and the
+        forgetting horizon `forget_after_s` (default: `fold_horizon()`), and the reasons each
+        newer one was refused (each is also logged)."""
+        horizon = fold_horizon() if forget_after_s == "process" else forget_after_s
         refused: list[str] = []
         try:
             metas = await self.metas()
@@ -155,6 +189,9 @@ class SnapshotStore:
             try:
                 if meta.half_life_s != str(half_life_s):
                     raise Refused(f"it folds with half-life {meta.half_life_s}, this process with {half_life_s}")
+                if meta.forget_after_s != str(horizon):
+                    raise Refused(f"it forgets finished jobs after {meta.forget_after_s} s, this process after "
+                                  f"{horizon} s ({HORIZON_ENV})")
                 return await self.load(meta, first_seq, last_seq), refused
             except Refused as why:
                 refused.append(f"{meta.name} (seq {meta.seq}): {why}")
@@ -169,6 +206,7 @@ async def save_snapshot(r: aioredis.Redis | None, state: ClusterState, seal_log:
         await SnapshotStore(seal_log).save(state)
     if r is not None:
         await r.hset(SNAPSHOT_KEY, mapping={"seq": state.last_seq, "half_life_s": str(state.half_life_s),
+                                             "forget_after_s": str(state.forget_after_s),
                                              "data": state.snapshot()})
 
 
@@ -187,6 +225,8 @@ async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = 7 * 24 * 
         return None
     if raw.get(b"half_life_s", b"").decode() != str(half_life_s):
         return None
+    if raw.get(b"forget_after_s", b"None").decode() != str(fold_horizon()):
+        return None  # another fold: it forgets other jobs
     state = ClusterState.restore(raw[b"data"])
     state.last_seq = int(raw[b"seq"])
     return state
@@ -207,7 +247,7 @@ async def load_snapshot_from(redis_url: str | None,
 async def fold_log(event_log: EventLog, state: ClusterState | None = None, until: int | None = None,
                    half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
     """Fold the log (from a snapshot's sequence when given one) up to `until` (default: now)."""
-    state = state or ClusterState(half_life_s=half_life_s)
+    state = state or new_fold(half_life_s)
     info = (await event_log.js.stream_info(subjects.STREAM)).state
     last = info.last_seq if until is None else until
     if info.first_seq > state.last_seq + 1 and last > state.last_seq:
@@ -219,4 +259,4 @@ async def fold_log(event_log: EventLog, state: ClusterState | None = None, until
     return state
 
 
-__all__ = ["KEEP", "Refused", "SnapshotMeta", "SnapshotStore", "SNAPSHOT_KEY", "fold_log", "load_snapshot", "load_snapshot_from", "save_snapshot", "untrusted"]
+__all__ = ["HORIZON_ENV", "KEEP", "fold_horizon", "new_fold", "Refused", "SnapshotMeta", "SnapshotStore", "SNAPSHOT_KEY", "fold_log", "load_snapshot", "load_snapshot_from", "save_snapshot", "untrusted"]

@@ -9,14 +9,15 @@ import asyncio
 
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
-from gpusched.store import SnapshotStore
+from gpusched.store import SnapshotStore, new_fold
 
 from .harness import harness  # noqa: F401
 
 
 async def _fold_without(h, skip: set[int], until: int | None = None) -> ClusterState:
-    """The log's state (up to `until`) with some events left out, labelled as of `until`."""
-    state = ClusterState()
+    """The log's state (up to `until`) with some events left out, labelled as of `until`, folded
+    as the services fold (their horizon: a snapshot with another one is refused for that)."""
+    state = new_fold()
     last = until or await h.log.last_seq()
     alloc = 0
     async for rec in h.log.records(1, last):

@@ -48,12 +48,13 @@ async def test_a_fold_restarts_from_a_snapshot_and_replays_only_the_tail(event_l
 
     from gpusched.core.state import ClusterState
     from gpusched.security import snapshots
+    from gpusched.store import new_fold
 
     await event_log.append(ev.NodeRegistered(at=0, node="n0", rack="r0", gpus=[GpuInfo(index=i, uuid=f"u{i}") for i in range(8)]))
     for j in range(4):
         await event_log.append(ev.JobSubmitted(at=1, job_id=f"j{j}", spec=JobSpec(team="a", gpus=2)))
     await event_log.append(ev.GpusGranted(at=2, job_id="j0", attempt=1, gpus=["n0/0", "n0/1"]))
-    snapshot = ClusterState()
+    snapshot = new_fold()  # folded as the services fold (their horizon)
     async for seq, e in event_log.replay():
         snapshot.apply(e, seq)
     await snapshots.append_seal(event_log, snapshot)  # as the projector does after writing one

@@ -154,3 +154,34 @@ def test_a_restored_fold_re_encodes_to_its_digest():
     for i in range(3):
         state.apply(submitted(i), i + 1)
     assert ClusterState.restore(state.snapshot()).snapshot() == state.snapshot()
+
+
+async def test_a_snapshot_folded_with_another_horizon_is_refused_and_one_with_ours_is_adopted(event_log, nats_url,
+                                                                                              monkeypatch):
+    """A fold that forgets other jobs is another fold: a process adopts only a snapshot folded
+    with its own `GPUSCHED_FORGET_AFTER_S`, and a started process forgets what a replay forgets."""
+    for i in range(6):  # jobs ending a day apart: 2 days before the last one, the first four ended
+        at = i * 86400.0
+        await event_log.append(ev.JobSubmitted(at=at, job_id=f"j-{i}", spec=JobSpec(team="t", gpus=1)))
+        await event_log.append(ev.JobCancelled(at=at, job_id=f"j-{i}"))
+    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "none")
+    keep_all = await SnapshotStore(event_log).save(await fold_log(event_log))
+    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", str(2 * 86400.0))
+    with structlog.testing.capture_logs() as logs:
+        folded = await started(nats_url)
+    try:
+        assert not any(e["event"] == "snapshot_adopted" for e in logs)
+        assert any(e["event"] == "snapshot_rejected" and "forgets finished jobs after None" in e["reason"] for e in logs)
+        assert sorted(folded.state.forgotten) == ["j-0", "j-1", "j-2", "j-3"] and len(folded.state.jobs) == 2
+    finally:
+        await folded.close()
+    ours = await SnapshotStore(event_log).save(await fold_log(event_log))
+    await event_log.append(ev.JobSubmitted(at=6 * 86400.0, job_id="j-6", spec=JobSpec(team="t", gpus=1)))
+    with structlog.testing.capture_logs() as logs:
+        folded = await started(nats_url)
+    try:
+        assert any(e["event"] == "snapshot_adopted" and e["seq"] == ours.seq for e in logs)
+        assert folded.state.snapshot() == (await fold_log(event_log)).snapshot()
+        assert "j-3" in folded.state.forgotten and keep_all.forget_after_s == "None"
+    finally:
+        await folded.close()

@@ -54,7 +54,8 @@ async def _whole_stream(log: EventLog, start: int) -> None:
                          f"snapshot); replay the exported segments: --from-file SEG ... [--and-stream]")
 
 
-async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None = None, start: int = 1) -> None:
+async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None = None, start: int = 1,
+                       finish: bool = True) -> None:
     """Feed the stored messages from `start`, as they are, to the audit (up to a sequence or
     `audit.until_time`)."""
     log = await EventLog.open(nats_url, name="gpusched-replay", signer=None)
@@ -69,7 +70,40 @@ async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None
                     break
     finally:
         await log.close()
+    if finish:
+        audit.finish()
+
+
+async def audit_from_checkpoint(nats_url: str | None, audit: Audit, path: Path) -> int:
+    """`replay --verify --checkpoint FILE`: go on from the audit's checkpoint in FILE (if any)
+    after checking that the stream still holds, at its sequence, the message it ended on; audit
+    the tail; write the new checkpoint (atomically). Returns the first sequence audited."""
+    from gpusched.security.audit import message_digest
+
+    start = 1
+    if path.exists():
+        try:
+            audit.resume(path.read_bytes())
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"gpusched replay: --checkpoint {path}: {err}") from None
+        start = audit.last_seq + 1
+        if audit.last_seq:
+            log = await EventLog.open(nats_url, name="gpusched-replay", signer=None)
+            try:
+                joined = [m async for m in log.raw(audit.last_seq, audit.last_seq)]
+            finally:
+                await log.close()
+            if not joined or message_digest(joined[0]) != audit.last_digest:
+                raise SystemExit(f"gpusched replay: --checkpoint {path}: the stream's seq {audit.last_seq} is not the "
+                                 "message this checkpoint ended on (stream re-created or rewritten): audit from the "
+                                 "start (remove the file)")
+    await audit_stream(nats_url, audit, start=start, finish=False)
+    data = audit.checkpoint()
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
     audit.finish()
+    return start
 
 
 def audit_file(paths: str | list[str], audit: Audit, until_seq: int | None = None, finish: bool = True) -> bool:
@@ -124,6 +158,8 @@ def print_trust(trust: dict, console: Console) -> None:
     unsigned = f", {trust['unsigned']} unsigned (allowed)" if trust["allow_unsigned"] else ""
     console.print(f"signatures: {trust['signed']} of {trust['messages']} messages signed{unsigned}; "
                   f"keyring {trust['keyring']} ({trust['keys']} keys)")
+    if trust.get("audited_from_seq", 1) > 1:
+        console.print(f"audited from seq {trust['audited_from_seq']} on (the head: by the checkpoint's earlier audit)")
     first = trust["first"]
     if first is None:
         console.print("[green]trust: every fact signed by a writer allowed to write it, none missing or reordered[/]")
@@ -162,7 +198,9 @@ def print_summary(summary: dict, console: Console) -> None:
 
 def cmd_replay(args) -> int:
     until_seq, until_time = parse_until(args.until)
-    if args.verify or args.from_file:
+    if args.checkpoint:
+        summary = _verify_incremental(args)
+    elif args.verify or args.from_file:
         ring, source = load_keys(args.keys) if args.verify else (None, "")
         audit = Audit(ring, allow_unsigned=args.allow_unsigned, trust=args.verify, until_time=until_time)
         if args.from_file and args.and_stream:  # archived segments, then the live stream after them
@@ -189,6 +227,21 @@ def cmd_replay(args) -> int:
     else:
         print_summary(summary, Console())
     return 1 if args.verify and (summary["violations"] or summary["trust"]["first"]) else 0
+
+
+def _verify_incremental(args) -> dict:
+    """The audit from a checkpoint to the end of the stream (see `audit_from_checkpoint`)."""
+    from gpusched.store import fold_horizon
+
+    if not args.verify or args.from_file or args.until:
+        raise SystemExit("gpusched replay: --checkpoint goes with --verify over the live stream (no --from-file, "
+                         "no --until)")
+    ring, source = load_keys(args.keys)
+    audit = Audit(ring, allow_unsigned=args.allow_unsigned, forget_after_s=fold_horizon())
+    start = asyncio.run(audit_from_checkpoint(args.nats, audit, Path(args.checkpoint)))
+    summary = audit.state.summary()
+    summary["trust"] = {**audit.summary(), "keyring": source, "audited_from_seq": start}
+    return summary
 
 
 def cmd_export(args) -> int:
@@ -279,6 +332,9 @@ def register(sub) -> None:
     p.add_argument("--and-stream", action="store_true",
                    help="with --from-file: go on with the live stream after the last exported sequence "
                         "(the whole history of a bounded log)")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="with --verify: go on from the audit checkpoint in FILE (if it exists), audit only the "
+                        "tail, and write the new checkpoint there: a repeated audit costs the tail only")
     p.add_argument("--allow-unsigned", action="store_true",
                    help="count unsigned facts instead of naming them (logs written before signing)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -587,6 +587,8 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
     try:
         state = await verified_snapshot(event_log, redis, config.half_life_s)
         state = await fold_log(event_log, state, half_life_s=config.half_life_s)
+        if job_id in state.forgotten:
+            return forgotten_doc(state, job_id)
         if job_id not in state.jobs:
             return {"job_id": job_id, "error": f"no job {job_id} in the log (at seq {state.last_seq})"}
         history = await job_history(event_log, job_id)
@@ -610,6 +612,21 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
     if job.state == "pending":
         data["why_pending"] = explain_pending(state, job_id, config=config)
     return data
+
+
+def forgotten_doc(state: ClusterState, job_id: str) -> dict[str, Any]:
+    """`show` of a job that ended before the fold's horizon: what the fold kept, and where the
+    rest of its history is."""
+    from gpusched.store import HORIZON_ENV
+
+    tomb = state.forgotten[job_id]
+    return {"job_id": job_id, "seq": state.last_seq, "forgotten": {
+        "state": tomb.state, "finished_at": tomb.finished_at, "request_id": tomb.request_id, "team": tomb.team,
+        "array_job": tomb.array_job, "forget_after_s": state.forget_after_s,
+        "history": f"ended {iso(tomb.finished_at)}, more than {state.forget_after_s:g} s of log time before "
+                   f"the latest event, so the fold kept only its end. Its whole history is in the log: "
+                   f"`{HORIZON_ENV}=none gpusched show {job_id}` folds the stream keeping every job; if the "
+                   f"stream was bounded, `gpusched replay --from-file SEGMENT...` over the exported segments."}}
 
 
 def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
@@ -665,6 +682,11 @@ def print_show(data: dict[str, Any]) -> None:
     console = _console()
     if "error" in data:
         console.print(f"[red]{data['error']}[/]")
+        return
+    if "forgotten" in data:
+        f = data["forgotten"]
+        console.print(f"[bold]{data['job_id']}[/]  team [bold]{f['team']}[/]  "
+                      f"[{STATE_STYLE.get(f['state'], '')}]{f['state']}[/]  (forgotten)\n{f['history']}")
         return
     d = data["job"]
     now = data["now"]

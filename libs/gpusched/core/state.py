@@ -25,6 +25,9 @@ TERMINAL = ("completed", "failed", "cancelled", "timeout")
 JOB_STATES: tuple[str, ...] = ("pending", "starting", "running", "completed", "failed", "cancelled", "timeout")
 #: Partial checkpoints kept per job (steps some but not all ranks saved), newest last.
 PARTIAL_CHECKPOINTS = 8
+#: The services' default horizon (`ClusterState.forget_after_s`, log time): a finished job is kept
+#: whole for 90 days after it ended, then only as a `Tombstone` (docs/operating.md, "Retention").
+FORGET_AFTER_S = 90 * 24 * 3600.0
 
 
 class Checkpoint(Struct):
@@ -147,6 +150,18 @@ class Job(Struct):
         return held, max(0.0, held - self.idle_gpu_s_at(now))
 
 
+class Tombstone(Struct, array_like=True):
+    """What the fold keeps of a finished job past the horizon: enough for `afterok`, request-id
+    dedupe, job-id uniqueness, array cancel and `show` to answer; its history stays in the log
+    and the exported segments (`gpusched replay`)."""
+
+    state: JobStatus
+    finished_at: float
+    request_id: str = ""
+    team: str = ""
+    array_job: str = ""
+
+
 class TeamUsage(Struct):
     quota: TeamQuota = TeamQuota()
     held: int = 0
@@ -195,6 +210,13 @@ class ClusterState(Struct):
     label_changes: int = 0  # node labels or nodes changed (placement's constraint memo)
     windows: dict[str, list[tuple[float, float]]] = {}  # node -> maintenance windows [start, until)
     broken: list[Violation] = []  # every invariant an event broke, in log order
+    # Forgetting (None: keep every job whole, the simulator's and the tests' fold). Measured in
+    # log time (the events' `at`), so every replica and every audit forgets the same jobs.
+    forget_after_s: float | None = None
+    finished: list[str] = []  # finished jobs not yet forgotten, in the order they ended
+    finished_head: int = 0  # `finished[:finished_head]` were looked at already (compacted lazily)
+    forgotten: dict[str, Tombstone] = {}
+    forgotten_counts: dict[str, int] = {}  # final state -> forgotten jobs that ended so
 
     # --- the fold ------------------------------------------------------------------------
 
@@ -209,6 +231,8 @@ class ClusterState(Struct):
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
+        if self.finished_head < len(self.finished):
+            _forget_old(self)
 
     def _violate(self, rule: str, detail: str, jobs: list[str] = (), gpus: list[str] = ()) -> None:  # type: ignore[assignment]
         self.broken.append(Violation(self.last_seq, rule, detail, list(jobs), list(gpus)))
@@ -218,7 +242,7 @@ class ClusterState(Struct):
     def _on_submitted(self, e: ev.JobSubmitted) -> None:
         if e.spec.array is not None:
             return _submit_array(self, e)
-        if e.job_id in self.jobs:
+        if e.job_id in self.jobs or e.job_id in self.forgotten:
             self._violate("duplicate_job", f"job {e.job_id} submitted twice", [e.job_id])
             return
         self.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user)
@@ -281,6 +305,8 @@ class ClusterState(Struct):
             job.end_reason = f"time limit of {e.limit_s:g} s exceeded"
         else:
             job.end_reason = getattr(e, "reason", "") or f"exit code {getattr(e, 'exit_code', 0)}"
+        if self.forget_after_s is not None:
+            self.finished.append(job.job_id)
 
     # nodes and GPUs
 
@@ -524,7 +550,21 @@ class ClusterState(Struct):
         counts = dict.fromkeys(JOB_STATES, 0)
         for job in self.jobs.values():
             counts[job.state] += 1
+        for state, n in self.forgotten_counts.items():
+            counts[state] += n
         return counts
+
+    def job_status(self, job_id: str) -> str | None:
+        """A job's state, whole or forgotten (None: the log never had it)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job.state
+        tomb = self.forgotten.get(job_id)
+        return None if tomb is None else tomb.state
+
+    def knows(self, job_id: str) -> bool:
+        """The log has (had) this job: whole in `jobs`, or forgotten past the horizon."""
+        return job_id in self.jobs or job_id in self.forgotten
 
     def summary(self) -> dict:
         """What `gpusched replay --json` prints."""
@@ -579,6 +619,32 @@ def _team_idle(st: ClusterState, name: str, delta: int, at: float, back: float =
     t.idle_gpus += delta
 
 
+def _forget_old(st: ClusterState) -> None:
+    """Forget the finished jobs that ended more than `forget_after_s` (log time) before the
+    latest event, oldest first; a job whose processes may still run (the fence) waits at the
+    back of the queue until they are reported ended."""
+    assert st.forget_after_s is not None
+    horizon = st.now - st.forget_after_s
+    queue = st.finished
+    while st.finished_head < len(queue):
+        job = st.jobs.get(queue[st.finished_head])
+        if job is not None and job.finished_at is not None and job.finished_at > horizon:
+            break
+        st.finished_head += 1
+        if job is None:
+            continue
+        if job.live:
+            queue.append(job.job_id)
+            break
+        del st.jobs[job.job_id]
+        st.forgotten[job.job_id] = Tombstone(job.state, job.finished_at or 0.0, job.request_id, job.team,
+                                             job.array_job)
+        st.forgotten_counts[job.state] = st.forgotten_counts.get(job.state, 0) + 1
+    if st.finished_head > 1024 and st.finished_head * 2 > len(queue):
+        del queue[:st.finished_head]
+        st.finished_head = 0
+
+
 def _summary(st: ClusterState) -> dict:
     held = st.held_gpus
     return {
@@ -606,7 +672,7 @@ _END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed:
 def _fold_granted(self, e: ev.GpusGranted) -> None:
     job = self.jobs.get(e.job_id)
     if job is None or job.state != "pending":
-        state = "unknown" if job is None else job.state
+        state = self.job_status(e.job_id) or "unknown"
         self._violate("grant_to_non_pending", f"grant to {state} job {e.job_id}", [e.job_id], e.gpus)
         return
     spec = job.spec
@@ -759,7 +825,7 @@ def _submit_array(st: ClusterState, e: ev.JobSubmitted) -> None:
     arr = e.spec.array
     assert arr is not None
     ids = [array_task_id(e.job_id, i) for i in range(arr.first, arr.last + 1)]
-    clash = [j for j in ids if j in st.jobs]
+    clash = [j for j in ids if j in st.jobs or j in st.forgotten]
     if clash:
         st._violate("duplicate_job", f"array {e.job_id} submitted over existing jobs", clash[:8])
         return

@@ -157,11 +157,10 @@ def dependency_reason(state: ClusterState, job: Job) -> Reason | None:
     waiting: list[str] = []
     never: list[str] = []
     for d in job.spec.dependency:
-        dep = state.jobs.get(d.job)
-        dep_state = dep.state if dep is not None else "unknown"
+        dep_state = state.job_status(d.job) or "unknown"  # a forgotten job keeps its end state
         if dep_state in _SATISFIED[d.kind]:
             continue
-        if dep_state in _ENDED or dep is None:
+        if dep_state in _ENDED or dep_state == "unknown":
             never.append(f"{d.job} {dep_state}")
         else:
             waiting.append(f"{d.kind}:{d.job}")

@@ -153,7 +153,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         return out
 
     out["held"] = job.hold
-    out["dependency"] = [f"{d.kind}:{d.job} ({state.jobs[d.job].state if d.job in state.jobs else 'unknown'})"
+    out["dependency"] = [f"{d.kind}:{d.job} ({state.job_status(d.job) or 'unknown'})"
                          for d in spec.dependency]
     out["team_quota"] = _team_standing(state, job)
     out["topology"] = _where(state, job)

@@ -15,11 +15,20 @@ For each stored message, in stream order, `Audit.feed` checks:
 - `altered`: the fact is what its writer's next fact committed to (the `prev` digest);
 - `undecodable`: it decodes as an event (otherwise it is dead-lettered and not folded).
 The invariant violations of the fold (`ClusterState.broken`) are reported as before.
+
+An audit can stop and go on later (`checkpoint` / `resume`, `replay --verify --checkpoint
+FILE`): the checkpoint holds the fold and everything the checks carry from one message to the
+next (each writer chain's number, digest and unchecked signatures, the nodes each job was placed
+on, the findings so far), so a repeated audit costs the tail only. The tail's first fact of each
+writer must commit to the digest of that writer's last audited fact, which ties the tail to the
+audited head; what the checkpoint vouches for is the head *as it was audited* (re-audit from
+the start, or keep the sealed exports, to re-check the head itself).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -66,18 +75,43 @@ class Finding(msgspec.Struct, frozen=True):
     signer: str = ""
 
 
+class Checkpoint(msgspec.Struct, frozen=True):
+    """An audit's place in the log (`Audit.checkpoint`): encoded with msgpack, kept by the auditor."""
+
+    version: int
+    last_seq: int
+    last_digest: str  # of the last message audited: a resume checks it is still that message
+    alloc_seq: int
+    allow_unsigned: bool
+    counts: dict[str, int]
+    chains: list[tuple[str, str, int, str, int, list[tuple[int, int, bytes, bytes, str]], int | None]]
+    placed: dict[str, list[str]]
+    findings: list[Finding]
+    state: bytes
+
+
+CHECKPOINT_VERSION = 1
+
+
+def message_digest(msg: Message) -> str:
+    """What a checkpoint records of the last message it audited (subject, signature, data)."""
+    sig = ((msg.headers or {}).get(signing.SIG_HEADER) or "").encode()
+    return hashlib.sha256(msg.subject.encode() + b"\0" + sig + b"\0" + msg.data).hexdigest()
+
+
 class Audit:
     """Folds messages and collects trust findings. `keyring` None: no key is known, so every
     signed fact is `unknown_signer`. `allow_unsigned`: count unsigned facts instead of naming
     them (legacy logs written before signing)."""
 
     def __init__(self, keyring: KeyRing | None, allow_unsigned: bool = False, trust: bool = True,
-                 until_time: float | None = None, half_life_s: float | None = 7 * 24 * 3600.0):
+                 until_time: float | None = None, half_life_s: float | None = 7 * 24 * 3600.0,
+                 forget_after_s: float | None = None):
         self.keyring = keyring or KeyRing()
         self.allow_unsigned = allow_unsigned
         self.trust = trust  # False: fold only (a plain replay of an export)
         self.until_time = until_time
-        self.state = ClusterState(half_life_s=half_life_s)
+        self.state = ClusterState(half_life_s=half_life_s, forget_after_s=forget_after_s)
         self.findings: list[Finding] = []
         self.verifier = signing.Verifier()
         self.last_seq = 0
@@ -85,6 +119,7 @@ class Audit:
         self.chains: dict[tuple[str, str], _Chain] = {}  # (signer, chain id) -> where it stands
         self.counts = {"messages": 0, "signed": 0, "unsigned": 0}
         self.placed: dict[str, set[str]] = {}  # job -> every node it was ever granted GPUs on
+        self.last_digest = ""  # `message_digest` of the last message fed (a checkpoint's join)
 
     def feed(self, msg: Message) -> bool:
         """Check one message and fold it. False: the message was decided after `until_time`;
@@ -107,6 +142,8 @@ class Audit:
         if event is not None and self.until_time is not None and event.at > self.until_time:
             return False
         self._check_signature(msg, event)
+        if msg.seq > self.last_seq:
+            self.last_digest = message_digest(msg)
         self.last_seq = max(self.last_seq, msg.seq)
         if msg.subject.startswith(ALLOC_PREFIX):
             self.alloc_seq = msg.seq
@@ -236,6 +273,37 @@ class Audit:
         if not any(is_own(n) for n in self.placed.get(job_id, ())):
             return f"about job {job_id}, which was never placed on {mine}"
         return ""
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def checkpoint(self) -> bytes:
+        """Everything needed to go on after `last_seq`; take it before `finish` (which settles
+        what the next messages would otherwise settle)."""
+        chains = [(signer, chain_id, c.n, c.digest, c.seq, list(c.window), c.unvouched)
+                  for (signer, chain_id), c in self.chains.items()]
+        return msgspec.msgpack.encode(Checkpoint(
+            CHECKPOINT_VERSION, self.last_seq, self.last_digest, self.alloc_seq, self.allow_unsigned,
+            dict(self.counts), chains, {j: sorted(n) for j, n in self.placed.items()}, list(self.findings),
+            self.state.snapshot()))
+
+    def resume(self, data: bytes) -> None:
+        """Go on from a checkpoint of an audit (raises ValueError when it is not one)."""
+        try:
+            cp = msgspec.msgpack.decode(data, type=Checkpoint)
+            state = ClusterState.restore(cp.state)
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            raise ValueError(f"not an audit checkpoint ({err})") from None
+        if cp.version != CHECKPOINT_VERSION:
+            raise ValueError(f"an audit checkpoint of version {cp.version}, this gpusched reads {CHECKPOINT_VERSION}")
+        if cp.allow_unsigned != self.allow_unsigned:
+            raise ValueError("the checkpoint was taken with another --allow-unsigned: audit from the start")
+        state.last_seq = cp.last_seq
+        self.state, self.last_seq, self.last_digest, self.alloc_seq = state, cp.last_seq, cp.last_digest, cp.alloc_seq
+        self.counts = dict(cp.counts)
+        self.chains = {(signer, chain_id): _Chain(n, digest, seq, [tuple(w) for w in window], unvouched)  # type: ignore[misc]
+                       for signer, chain_id, n, digest, seq, window, unvouched in cp.chains}
+        self.placed = {j: set(nodes) for j, nodes in cp.placed.items()}
+        self.findings = list(cp.findings)
 
     # --- results ------------------------------------------------------------------------
 

@@ -1,0 +1,178 @@
+"""The fold forgets finished jobs past a horizon of log time: only a tombstone stays, every
+replica (and a snapshot + tail) forgets the same jobs, and what refers to old jobs still works."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings
+
+from gpusched.core import events as ev
+from gpusched.core.model import Dependency, GpuInfo, JobSpec, TeamQuota
+from gpusched.core.state import ClusterState, Tombstone
+from gpusched.policy.eligibility import dependency_reason
+
+from .fold_gen import legal_events
+
+DAY = 24 * 3600.0
+
+
+def node(at: float = 0.0) -> ev.NodeRegistered:
+    return ev.NodeRegistered(at=at, node="n0", rack="r0", gpus=[GpuInfo(index=k, uuid=f"G-{k}") for k in range(4)])
+
+
+def life(job: str, at: float, end: type = ev.JobCompleted, fenced: bool = True, **spec) -> list[ev.Event]:
+    """Submit, grant, start, end (and the node's report that the processes are gone)."""
+    out: list[ev.Event] = [
+        ev.JobSubmitted(at=at, job_id=job, spec=JobSpec(team="a", gpus=1, **spec), request_id=f"r-{job}"),
+        ev.GpusGranted(at=at, job_id=job, attempt=1, gpus=["n0/0"]),
+        ev.JobStarted(at=at, job_id=job, attempt=1, node="n0", pids=[1]),
+        ev.JobFailed(at=at + 10, job_id=job, attempt=1, node="n0", reason="exit code 1") if end is ev.JobFailed
+        else end(at=at + 10, job_id=job, attempt=1, node="n0"),
+    ]
+    if fenced:
+        out.append(ev.ProcessesEnded(at=at + 10, job_id=job, attempt=1, node="n0"))
+    return out
+
+
+def tick(at: float) -> ev.Event:
+    """Any later fact moves the fold's clock."""
+    return ev.TeamQuotaSet(at=at, team="a", quota=TeamQuota())
+
+
+def fold(events, horizon: float | None) -> ClusterState:
+    st = ClusterState(forget_after_s=horizon)
+    for e in events:
+        st.apply(e)
+    return st
+
+
+def test_a_finished_job_past_the_horizon_keeps_only_its_tombstone():
+    events = [node(), *life("old", 0.0), *life("new", 20 * DAY)]
+    st = fold(events, 10 * DAY)
+    assert "old" not in st.jobs and "new" in st.jobs
+    assert st.forgotten["old"] == Tombstone("completed", 10.0, "r-old", "a", "")
+    assert st.job_status("old") == "completed" and st.knows("old") and not st.knows("never")
+    assert st.job_counts()["completed"] == 2  # forgotten jobs still count
+    assert st.requests["r-old"] == "old"  # a retried submit is still answered with its job
+    whole = fold(events, None)
+    assert set(whole.jobs) == {"old", "new"} and not whole.forgotten
+    assert st.violations() == whole.violations() == []
+    assert len(st.snapshot()) < len(whole.snapshot())
+
+
+def test_the_horizon_is_log_time():
+    st = fold([node(), *life("a", 0.0), tick(10 * DAY)], 10 * DAY)
+    assert "a" in st.jobs  # ended at 10 s: not yet 10 days before the latest event
+    st.apply(tick(10 * DAY + 10))
+    assert "a" in st.forgotten
+
+
+def test_a_job_whose_processes_may_still_run_is_not_forgotten_until_they_end():
+    st = fold([node(), *life("a", 0.0, fenced=False), tick(30 * DAY)], DAY)
+    assert "a" in st.jobs and st.node_live == {"n0": {"a": None}}  # the fence still needs it
+    st.apply(ev.ProcessesEnded(at=30 * DAY, job_id="a", attempt=1, node="n0"))
+    st.apply(tick(30 * DAY))
+    assert "a" in st.forgotten and not st.node_live
+
+
+def test_a_forgotten_id_cannot_be_submitted_again():
+    st = fold([node(), *life("a", 0.0), tick(30 * DAY)], DAY)
+    st.apply(ev.JobSubmitted(at=30 * DAY, job_id="a", spec=JobSpec(team="a", gpus=1)))
+    assert [v.rule for v in st.violations()] == ["duplicate_job"]
+
+
+def test_dependencies_on_forgotten_jobs_keep_their_end_state():
+    events = [node(), *life("ok", 0.0), *life("bad", 100.0, end=ev.JobFailed), tick(30 * DAY)]
+    st = fold(events, DAY)
+    assert {"ok", "bad"} <= set(st.forgotten)
+    for deps, reason in (([Dependency(kind="afterok", job="ok")], None),
+                         ([Dependency(kind="afterany", job="bad")], None),
+                         ([Dependency(kind="afterok", job="bad")], "DependencyNever")):
+        st.apply(ev.JobSubmitted(at=30 * DAY, job_id=f"w{len(st.jobs)}", spec=JobSpec(team="a", gpus=1, dependency=deps)))
+        job = st.jobs[f"w{len(st.jobs) - 1}"]
+        got = dependency_reason(st, job)
+        assert (None if got is None else type(got).__name__) == reason
+
+
+def test_a_snapshot_and_its_tail_forget_exactly_what_the_whole_fold_forgets():
+    events = [node()] + [e for i in range(40) for e in life(f"j{i}", i * DAY)]
+    whole = fold(events, 5 * DAY)
+    for cut in (1, 37, 90, len(events) - 3):
+        st = ClusterState.restore(fold(events[:cut], 5 * DAY).snapshot())
+        for e in events[cut:]:
+            st.apply(e)
+        assert st.snapshot() == whole.snapshot()
+    assert len(whole.forgotten) == 35 and len(whole.jobs) == 5  # j34 ended exactly 5 days before j39
+
+
+def test_the_queue_of_finished_jobs_is_compacted():
+    events = [node()] + [e for i in range(3000) for e in life(f"j{i}", i * 100.0)]
+    st = fold(events, 1000.0)
+    assert len(st.finished) - st.finished_head < 20 and len(st.finished) < 2100
+    assert len(st.forgotten) > 2980
+
+
+@settings(max_examples=60, deadline=None)
+@given(legal_events(max_steps=80))
+def test_forgetting_never_changes_an_invariant_verdict_or_a_live_job(events):
+    whole, short = fold(events, None), fold(events, 50.0)
+    assert [(v.seq, v.rule) for v in short.violations()] == [(v.seq, v.rule) for v in whole.violations()]
+    assert set(short.jobs) | set(short.forgotten) == set(whole.jobs)
+    for job_id, job in whole.jobs.items():
+        if job_id in short.jobs:
+            assert msgspec.to_builtins(short.jobs[job_id]) == msgspec.to_builtins(job)
+        else:
+            assert job.state == short.forgotten[job_id].state and not job.live
+    assert short.job_counts() == whole.job_counts()
+    assert (short.gpus, short.nodes, short.node_live) == (whole.gpus, whole.nodes, whole.node_live)
+
+
+def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
+    from gpusched.core.commands import CancelJob, SubmitJob
+    from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit, job_id_for
+
+    reused = job_id_for("fresh", ClusterState())
+    st = fold([node(), *life("old", 0.0), *life(reused, 20.0), tick(30 * DAY)], DAY)
+    assert {"old", reused} <= set(st.forgotten)
+
+    def decide(cmd, caller=Caller("alice", "a")):
+        return admit(st, cmd, 30 * DAY, AdmissionConfig(placeholders="any"), Capacity(), caller=caller).reply
+
+    retry = decide(SubmitJob(request_id="r-old", spec=JobSpec(team="a", gpus=1)))
+    assert retry.ok and retry.duplicate and retry.job_id == "old"
+    other_team = decide(SubmitJob(request_id="r-old", spec=JobSpec(team="b", gpus=1)), Caller("bob", "b"))
+    assert not other_team.ok and "another team" in other_team.error
+    after = decide(SubmitJob(request_id="w1", spec=JobSpec(team="a", gpus=1,
+                                                           dependency=[Dependency(kind="afterok", job="old")])))
+    assert after.ok, after.error
+    fresh = decide(SubmitJob(request_id="fresh", spec=JobSpec(team="a", gpus=1)))
+    assert fresh.ok and fresh.job_id != reused  # a forgotten id is never handed out again
+    cancel = decide(CancelJob(request_id="c1", job_id="old"))
+    assert not cancel.ok and "already completed" in cancel.error and "horizon" in cancel.error
+
+
+def test_show_of_a_forgotten_job_says_so_and_where_its_history_is():
+    from gpusched.cli.views import forgotten_doc
+
+    st = fold([node(), *life("old", 0.0), tick(30 * DAY)], DAY)
+    doc = forgotten_doc(st, "old")["forgotten"]
+    assert (doc["state"], doc["team"], doc["request_id"], doc["finished_at"]) == ("completed", "a", "r-old", 10.0)
+    assert "GPUSCHED_FORGET_AFTER_S=none gpusched show old" in doc["history"] and "--from-file" in doc["history"]
+
+
+def test_the_services_horizon_comes_from_the_environment(monkeypatch):
+    import pytest
+
+    from gpusched.core.state import FORGET_AFTER_S
+    from gpusched.store import fold_horizon, new_fold
+
+    monkeypatch.delenv("GPUSCHED_FORGET_AFTER_S", raising=False)
+    assert fold_horizon() == FORGET_AFTER_S == new_fold().forget_after_s
+    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "none")
+    assert fold_horizon() is None
+    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "3600")
+    assert new_fold().forget_after_s == 3600.0
+    for bad in ("soon", "-5", "0"):
+        monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", bad)
+        with pytest.raises(SystemExit, match="GPUSCHED_FORGET_AFTER_S"):
+            fold_horizon()
