@@ -256,7 +256,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--placement-log-level", default="info", help="debug: one line per decision round")
     ap.add_argument("--raw", type=int, default=5000, help="messages for the raw publish-ack rates")
     ap.add_argument("--signed", action="store_true",
-                    help="admission and placement sign their appends (compare a run without: bench_sign.py)")
+                    help="admission and placement sign with a signing seed of their own (GPUSCHED_SIGNING_SEED) "
+                         "instead of their identity's key (every append is signed either way)")
     ap.add_argument("--nats-cluster", type=int, default=1, help="JetStream servers clustered on this machine")
     ap.add_argument("--replicas", type=int, default=None, help="the log's replicas (default: the cluster size)")
     ap.add_argument("--profile-placement", metavar="FILE", default=None,
@@ -360,7 +361,7 @@ async def run(args: argparse.Namespace, url: str, redis_url: str, work: Path, pr
     log = await EventLog.open(url, name="bench")
     raw = await raw_rates(log, args.raw, replicas)
     print(f"cluster {nodes} nodes x 8 GPUs = {nodes * 8} GPUs; backlog {backlog} jobs; policy full; "
-          f"{'signed' if args.signed else 'unsigned'} appends; NATS: {args.nats_cluster} server(s), log at R{replicas}")
+          f"appends signed ({'a separate signing seed' if args.signed else 'each service by its identity'}); NATS: {args.nats_cluster} server(s), log at R{replicas}")
     print(f"raw publish-ack: sequential {raw[0]:8.0f}/s   pipelined(256) {raw[1]:8.0f}/s   "
           f"load average {os.getloadavg()[0]:.1f}")
     regs = simulated_nodes(nodes, 8, 16, "all")

@@ -1,27 +1,32 @@
-"""The read path's hot spots in nats-py, done cheaper with the same results.
+"""The hot spots of nats-py on gpusched's paths, done cheaper with the same results.
 
 Every message a service folds goes through nats-py's header parsing (our facts carry
-`Nats-Msg-Id`, `Gpusched-Sig`, `traceparent`, batch headers: six lines or so) and, in
-`EventLog._messages`, through `Msg.metadata` (a dataclass, a datetime) just to learn the stream
-sequence and how many messages are pending. Under churn the placement writer folds thousands of
-messages a second and these two were about 15% of its process (py-spy, `bench_e2e.py`).
+`Nats-Msg-Id`, `Gpusched-Sig`, `traceparent`, batch headers: six lines or so), its `next_msg`
+and, in `EventLog._messages`, `Msg.metadata` (a dataclass, a datetime) just to learn the stream
+sequence; every fact appended goes through nats-py's header encoding, which sanitises each value
+with `str.translate` over a dict (about 5 µs for a signature). Under churn these were about a
+third of the placement writer's process (py-spy, `bench_e2e.py`).
 
 - `parse_header_lines` is nats-py 2.16's `Client._parse_header_lines` (same output for every
-  input: tests/unit/test_fastread.py checks it against nats-py's own on arbitrary bytes), with
-  the per-character whitespace check of each name done by one C call. `install(nc)` makes one
-  connection use it; nothing else in nats-py changes.
-- `next_msg(sub)` takes a message that is already waiting in a JetStream push subscription's
-  queue without nats-py's per-call task, uuid and timer (its `next_msg` makes all three even
-  for a message already there), with the same bookkeeping; it waits through nats-py's own
-  `next_msg` when the queue is empty, and yields to the loop every `YIELD_EVERY` messages.
+  input: tests/unit/test_fastpath.py checks it against nats-py's own on arbitrary bytes), with
+  the per-character whitespace check of each name done by one C call.
+- `send_publish` is nats-py's `Client._send_publish` (same bytes on the wire for every header
+  dict, checked the same way), translating a value only when it holds a CR or LF.
+- `install(nc)` makes one connection use both; nothing else in nats-py changes.
+- `Reader(sub).next()` takes a message that is already waiting in a JetStream push
+  subscription's queue without nats-py's per-call task, uuid and timer (its `next_msg` makes all
+  three even for a message already there), with the same bookkeeping; it waits through nats-py's
+  own `next_msg` when the queue is empty, and yields to the loop every `YIELD_EVERY` messages.
 - `position(msg)` reads (stream sequence, pending) from a JetStream message's reply subject,
   the tokens `Msg.metadata` reads, without building the rest.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
+from nats.aio import client as _client
 from nats.aio.msg import Msg
 
 _CRLF = b"\r\n"
@@ -46,12 +51,52 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     return out
 
 
+_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
+_HDR_START = bytes(_client.NATS_HDR_LINE) + _client._CRLF_
+
+
+async def send_publish(self: Any, subject: str, reply: str, payload: bytes, payload_size: int,
+                       headers: dict[str, Any] | None) -> None:
+    """nats-py's `Client._send_publish` with headers encoded as it encodes them (names checked
+    against its pattern, values stripped, CR and LF turned into spaces); anything else is its own."""
+    if headers is None or subject == "":
+        return await type(self)._send_publish(self, subject, reply, payload, payload_size, headers)
+    hdr = bytearray(_HDR_START)
+    for k, v in headers.items():
+        key = k.strip()
+        if not key:
+            continue
+        if not _client._HEADER_KEY_RE.fullmatch(key):
+            raise _client.errors.BadHeaderError(key)
+        value = v.strip()
+        if "\r" in value or "\n" in value:
+            value = value.translate(_NEWLINES)
+        hdr += key.encode()
+        hdr += b": "
+        hdr += value.encode()
+        hdr += b"\r\n"
+    hdr += b"\r\n"
+    self.stats["out_msgs"] += 1
+    self.stats["out_bytes"] += payload_size
+    await self._send_command(_client.prot_command.hpub_cmd(subject, reply, hdr, payload))
+    if self._flush_queue is not None and self._flush_queue.empty():
+        await self._flush_pending()
+
+
+#: The nats-py internals `send_publish` relies on: with any missing, nats-py publishes as it does.
+_PUBLISH_NEEDS = ("NATS_HDR_LINE", "_CRLF_", "_HEADER_KEY_RE", "errors", "prot_command")
+
+
 def install(nc: Any) -> None:
-    """Make connection `nc` parse headers with `parse_header_lines` (an instance attribute: the
-    class, other connections and nats-py's other parser, `fast_mail_parser` when installed, are
-    left alone). A nats-py without `_parse_header_lines` keeps its own parsing."""
-    if hasattr(type(nc), "_parse_header_lines"):
+    """Make connection `nc` parse headers with `parse_header_lines` and encode them with
+    `send_publish` (instance attributes: the class, other connections and nats-py's other
+    parser, `fast_mail_parser` when installed, are left alone). A nats-py without the methods
+    these stand in for keeps its own."""
+    cls = type(nc)
+    if hasattr(cls, "_parse_header_lines"):
         nc._parse_header_lines = parse_header_lines
+    if hasattr(cls, "_send_publish") and all(hasattr(_client, name) for name in _PUBLISH_NEEDS):
+        nc._send_publish = types.MethodType(send_publish, nc)
 
 
 def position(msg: Msg) -> tuple[int, int]:

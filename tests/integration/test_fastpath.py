@@ -1,11 +1,11 @@
-"""The log's read path through `bus.fastread` (cheaper header parse, queued messages taken
+"""The log's read path through `bus.fastpath` (cheaper header parse, queued messages taken
 without nats-py's per-call task) reads what nats-py's own path reads, in order, live too."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gpusched.bus import fastread, subjects
+from gpusched.bus import fastpath, subjects
 from gpusched.bus.log import EventLog, connect
 from gpusched.core import events as ev
 from gpusched.security import signing
@@ -18,7 +18,7 @@ def _completions(n: int, start: int = 0) -> list[ev.Event]:
 async def test_a_long_read_is_whole_in_order_with_the_headers_nats_py_parses(nats_url):
     log = await EventLog.open(nats_url, signer=signing.Signer.from_seed(signing.new_seed()))
     try:
-        assert log.nc._parse_header_lines is fastread.parse_header_lines
+        assert log.nc._parse_header_lines is fastpath.parse_header_lines
         events = _completions(3000)
         for i in range(0, len(events), 1000):  # more than one flow-control window of the consumer
             await log.append_batch(events[i:i + 1000], headers={"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"})
