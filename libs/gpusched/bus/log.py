@@ -191,7 +191,7 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         raise Unreachable("NATS", url, cause, NATS_HINT) from err
     holder["nc"] = nc
     nc.gpusched_identity = ident  # type: ignore[attr-defined]
-    fastpath.install(nc)  # every message read parses its headers: the same result, cheaper
+    fastpath.install(nc)  # header parse and encoding of every message: the same bytes, cheaper
     problem = limits.server_problem(nc._server_info)  # nats-py keeps the server's INFO here
     if problem:
         await nc.close()
