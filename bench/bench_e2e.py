@@ -160,8 +160,18 @@ def churn_worker_main(args: tuple, ready, go, out) -> None:
     out.put(asyncio.run(_churn_worker(*args, ready, go)))
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far (Linux /proc; None elsewhere): its
+    CPU per grant does not depend on how many other processes share the machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def churn(url: str, watch: GrantWatch, exclude: set[str], seconds: float, rate: float, workers: int,
-                placement_log: Path) -> dict:
+                placement_log: Path, placement_pid: int, log: EventLog) -> dict:
     """Sustained load, open loop: the node daemons' JobCompleted offered at `rate` per second by
     `workers` processes (each its own connection and share of the jobs, atomic batches every
     50 ms), independent of placement, which must keep granting from the backlog to keep up.
@@ -184,7 +194,10 @@ async def churn(url: str, watch: GrantWatch, exclude: set[str], seconds: float, 
         go.put(t0)
     before = set(watch.stored)
     text0 = placement_log.read_text()
-    await asyncio.sleep(max(0.0, t0 - time.time()) + seconds)
+    await asyncio.sleep(max(0.0, t0 - time.time()))
+    cpu0, seq0, load0 = cpu_seconds(placement_pid), await log.last_seq(), os.getloadavg()[0]
+    await asyncio.sleep(seconds)
+    cpu1, seq1 = cpu_seconds(placement_pid), await log.last_seq()
     results = [await asyncio.to_thread(out.get, True, 60) for _ in procs]
     for proc in procs:
         proc.join(10)
@@ -202,9 +215,19 @@ async def churn(url: str, watch: GrantWatch, exclude: set[str], seconds: float, 
           f"batch append p50 {max(r['batch_ms_p50'] for r in results):.1f} ms p99 "
           f"{max(r['batch_ms_p99'] for r in results):.1f} ms")
     print(f"  {grants:.0f} grants/s sustained (placement rounds >= 100 events: {rounds}, conflicted after "
-          f"rebasing: {conflicts}); load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+          f"rebasing: {conflicts}); load average {load0:.1f} at the start, {load[0]:.1f} {load[1]:.1f} "
+          f"{load[2]:.1f} at the end")
+    facts = seq1 - seq0
+    print(f"  facts stored in the window: {facts / seconds:.0f}/s, of which grants {grants:.0f}/s, completions "
+          f"{total['appended'] / seconds:.0f}/s, other (reasons, releases) {(facts - len(new)) / seconds - total['appended'] / seconds:.0f}/s")
+    per_cpu = None
+    if cpu0 is not None and cpu1 is not None and cpu1 > cpu0:
+        per_cpu = len(new) / (cpu1 - cpu0)
+        print(f"  placement process: {cpu1 - cpu0:.2f} CPU-s in the {seconds:g} s window "
+              f"({100 * (cpu1 - cpu0) / seconds:.0f}% of one core) = {per_cpu:.0f} grants per placement CPU-second")
     return {"grants_per_s": grants, "completions_per_s": total["appended"] / seconds,
-            "generator_lag_per_s": lag / seconds, "missed_per_s": total["missed"] / seconds}
+            "generator_lag_per_s": lag / seconds, "missed_per_s": total["missed"] / seconds,
+            "grants_per_cpu_s": per_cpu, "load_start": load0, "load_end": load[0]}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -233,7 +256,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--placement-log-level", default="info", help="debug: one line per decision round")
     ap.add_argument("--raw", type=int, default=5000, help="messages for the raw publish-ack rates")
     ap.add_argument("--signed", action="store_true",
-                    help="admission and placement sign their appends (compare a run without: bench_sign.py)")
+                    help="admission and placement sign with a signing seed of their own (GPUSCHED_SIGNING_SEED) "
+                         "instead of their identity's key (every append is signed either way)")
     ap.add_argument("--nats-cluster", type=int, default=1, help="JetStream servers clustered on this machine")
     ap.add_argument("--replicas", type=int, default=None, help="the log's replicas (default: the cluster size)")
     ap.add_argument("--profile-placement", metavar="FILE", default=None,
@@ -337,7 +361,7 @@ async def run(args: argparse.Namespace, url: str, redis_url: str, work: Path, pr
     log = await EventLog.open(url, name="bench")
     raw = await raw_rates(log, args.raw, replicas)
     print(f"cluster {nodes} nodes x 8 GPUs = {nodes * 8} GPUs; backlog {backlog} jobs; policy full; "
-          f"{'signed' if args.signed else 'unsigned'} appends; NATS: {args.nats_cluster} server(s), log at R{replicas}")
+          f"appends signed ({'a separate signing seed' if args.signed else 'each service by its identity'}); NATS: {args.nats_cluster} server(s), log at R{replicas}")
     print(f"raw publish-ack: sequential {raw[0]:8.0f}/s   pipelined(256) {raw[1]:8.0f}/s   "
           f"load average {os.getloadavg()[0]:.1f}")
     regs = simulated_nodes(nodes, 8, 16, "all")
@@ -380,7 +404,7 @@ async def run(args: argparse.Namespace, url: str, redis_url: str, work: Path, pr
     report_fill(watch, sent, t_start, ready_unix, backlog, raw)
     if args.churn_s > 0:
         result = await churn(url, watch, set(sent), args.churn_s, args.churn_rate, args.churn_workers,
-                             work / "placement2.log")
+                             work / "placement2.log", plc.pid, log)
         print(f"  ratio of sustained grants to raw sequential publish-ack: {result['grants_per_s'] / raw[0]:.2f}   "
               f"to pipelined: {result['grants_per_s'] / raw[1]:.2f}")
     watch.task.cancel()

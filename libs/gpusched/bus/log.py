@@ -49,7 +49,7 @@ from gpusched.security import clientconfig, signing
 from gpusched.security.identity import Identity
 from gpusched.security.identity import load as load_identity
 
-from . import connection, subjects
+from . import connection, fastpath, subjects
 
 _log = structlog.get_logger()
 
@@ -191,6 +191,7 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         raise Unreachable("NATS", url, cause, NATS_HINT) from err
     holder["nc"] = nc
     nc.gpusched_identity = ident  # type: ignore[attr-defined]
+    fastpath.install(nc)  # header parse and encoding of every message: the same bytes, cheaper
     problem = limits.server_problem(nc._server_info)  # nats-py keeps the server's INFO here
     if problem:
         await nc.close()
@@ -605,13 +606,14 @@ class EventLog:
                 info = await sub.consumer_info()
                 if not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
                     return  # nothing matches from `start` on
+            reader = fastpath.Reader(sub)
             while True:
-                msg = await sub.next_msg(timeout=None)
-                seq = msg.metadata.sequence.stream
+                msg = await reader.next()
+                seq, pending = fastpath.position(msg)
                 if stop is not None and seq > stop:
                     return
                 yield msg, seq
-                if stop is not None and (seq >= stop or (held and not msg.metadata.num_pending)):
+                if stop is not None and (seq >= stop or (held and not pending)):
                     return
         finally:
             try:
