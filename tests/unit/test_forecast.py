@@ -80,7 +80,7 @@ def test_the_plan_is_bounded_in_jobs():
 def test_cycle_says_every_planned_eta_and_keeps_the_plan_between_plans():
     s = _scene()
     idx = Indexes()
-    cfg = FULL.replace(eta_plan_every_s=1800.0)
+    cfg = FULL.replace(eta_plan_every_s=1800.0, eta_plan_horizon_s=3600.0)
     out = cycle(s.state, s.now, cfg, idx)
     s.apply(*out)
     said = {e.job_id: e for e in out if isinstance(e, ev.JobPending)}
@@ -102,3 +102,24 @@ def test_without_the_plan_only_the_head_has_an_eta():
     out = cycle(s.state, s.now, FULL.replace(eta_plan_every_s=None), Indexes())
     etas = {e.job_id for e in out if isinstance(e, ev.JobPending) and e.eta_s is not None}
     assert etas <= {"big"}
+
+
+def test_an_eta_beyond_the_horizon_is_not_said():
+    s = _scene()
+    out = cycle(s.state, s.now, FULL.replace(eta_plan_horizon_s=1800.0), Indexes())
+    etas = {e.job_id: e.eta_s for e in out if isinstance(e, ev.JobPending)}
+    assert etas["big"] == pytest.approx(900.0) and etas["small"] is None and etas["tiny"] is None
+
+
+def test_an_empty_plan_is_made_again_when_jobs_come():
+    s = Scenario(racks=1, nodes=1)
+    s.run("x", gpus("r0n0", *range(8)), at=0.0)
+    idx = Indexes()
+    cycle(s.state, 10.0, FULL, idx)
+    empty = idx.forecast_
+    assert empty is not None and empty.first == []
+    s.submit("y", 8, at=100.0)
+    cycle(s.state, 100.0, FULL, idx)
+    assert idx.forecast_ is empty  # not at once (arrivals come in bursts)
+    cycle(s.state, 400.0, FULL, idx)
+    assert idx.forecast_ is not empty and idx.forecast_.first == ["y"]

@@ -107,7 +107,7 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     eta_plan_jobs: int = 32
     #: How far the plan looks ahead (seconds): a job it does not start within this gets no ETA
     #: (an ETA beyond it is mostly wrong: arrivals and misjudged run times move it).
-    eta_plan_horizon_s: float = 3600.0
+    eta_plan_horizon_s: float = 1800.0
 
     #: Idle: a job whose GPUs all stay under this utilization (percent) ...
     idle_util_pct: float = 5.0

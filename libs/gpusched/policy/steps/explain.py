@@ -41,16 +41,17 @@ def run(plan: CyclePlan, ctx: Context, cycle: Cycle | None = None) -> None:
     _emit(plan, ctx, ranges, planned)
 
 
-#: A job new among the first of the queue (submitted, requeued, overtaking) gets a new plan
-#: once the last is this old, not at once: arrivals come in bursts, and each plan costs cycles.
+#: A queue that was empty at the last plan gets a new plan once the last is this old (not at
+#: once: arrivals come in bursts). Other new jobs wait for the periodic plan: each plan costs
+#: up to `eta_plan_jobs` cycles, and a plan per arrival would cost more than the policy itself.
 NEW_JOB_REPLAN_S = 300.0
 
 
 def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
     """The latest plan of the queue: made again when it is `eta_plan_every_s` old, or
-    `NEW_JOB_REPLAN_S` old with a job among the first `eta_plan_jobs` waiting that it did not
-    plan. The plan starts from the state this cycle leaves (its events applied), so it never
-    disagrees with what this cycle just decided."""
+    `NEW_JOB_REPLAN_S` old when it planned no job and jobs wait now. The plan starts from the
+    state this cycle leaves (its events applied), so it never disagrees with what this cycle
+    just decided."""
     st, now, cfg, idx = ctx.state, ctx.now, ctx.config, ctx.indexes
     every = cfg.eta_plan_every_s
     f = idx.forecast_
@@ -60,7 +61,11 @@ def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
     started = {job.job_id for job, _ in plan.started}
     queue = idx.queue(st, cfg).ordered(now, lambda t: st.teams[t].held if t in st.teams else 0)
     first = [j.job_id for j in islice((j for j in queue if j.job_id not in started), cfg.eta_plan_jobs)]
-    if f is not None and every is not None and 0.0 <= age < every and set(first) <= set(f.first):
+    if f is not None and every is not None and 0.0 <= age < every and (f.first or not first):
+        return f
+    if not first:  # nothing waits: nothing to plan (no copy made)
+        f = idx.forecast_ = Forecast(made_at=now, first=[], starts={}, cycles=0, complete=True, pending=0,
+                                     running=len(st.running))
         return f
     fork_idx = Indexes()
     quiet = cfg.replace(eta_plan_every_s=None, predict_runtimes=False)
