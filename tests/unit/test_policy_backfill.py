@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gpusched.core import events as ev
+from gpusched.policy.config import PRESETS
 
 from .policy_helpers import Scenario, gpus, grants
+
+#: `full` with the head's ETA from its reservation, what these tests check (the ETAs of the
+#: plan of the queue: test_forecast.py).
+FULL = PRESETS["full"].replace(eta_plan_every_s=None)
 
 N0, N1, N2, N3 = (gpus(f"r0n{i}", *range(8)) for i in range(4))
 
@@ -65,7 +70,7 @@ def test_backfill(name):
     s = Scenario(racks=1, nodes=nodes)
     setup(s)
     s.submit("cand", at=2, **cand)
-    out = s.cycle("full", now=10)
+    out = s.cycle(FULL, now=10)
     assert s.state.violations() == []
     started = grants(out)
     assert ("cand" in started) == want_started
@@ -87,13 +92,13 @@ def test_borrowed_reservation_is_taken_back_as_soon_as_the_head_could_start():
     s = Scenario(racks=1, nodes=3)
     _known_ends(s)
     s.submit("borrow", 4, at=2, preemptible=True)
-    assert "borrow" in grants(s.cycle("full", now=10))
-    assert not [e for e in s.cycle("full", now=45) if isinstance(e, ev.PreemptionRequested)]
+    assert "borrow" in grants(s.cycle(FULL, now=10))
+    assert not [e for e in s.cycle(FULL, now=45) if isinstance(e, ev.PreemptionRequested)]
     s.finish("x", at=100)  # the head now fits, but for the borrowed GPUs
-    asked = [e for e in s.cycle("full", now=100) if isinstance(e, ev.PreemptionRequested)]
+    asked = [e for e in s.cycle(FULL, now=100) if isinstance(e, ev.PreemptionRequested)]
     assert [(e.job_id, e.for_job, e.deadline) for e in asked] == [("borrow", "big", 160.0)]
     s.checkpoint("borrow", at=110)
-    out = s.cycle("full", now=110)
+    out = s.cycle(FULL, now=110)
     assert [(type(e).__name__, e.job_id) for e in out if not isinstance(e, ev.JobPending)] == [
         ("GpusReleased", "borrow"), ("GpusGranted", "big")]
     assert s.state.violations() == []
@@ -103,9 +108,9 @@ def test_the_reserved_head_starts_when_its_set_frees():
     s = Scenario(racks=1, nodes=3)
     _unknown_ends(s)
     s.submit("small", 4, at=2)
-    s.cycle("full", now=10)
+    s.cycle(FULL, now=10)
     s.finish("x", at=20)
-    out = s.cycle("full", now=20)
+    out = s.cycle(FULL, now=20)
     assert list(grants(out)) == ["big"]  # small still may not delay it
     assert s.state.violations() == []
 
@@ -169,7 +174,7 @@ def _until_rest(s: Scenario, now: float, most: int = 12) -> list[str]:
         for jid in list(s.state.running):
             if s.state.jobs[jid].preemption is not None:
                 s.checkpoint(jid, at=now)
-        out = s.cycle("full", now=now)
+        out = s.cycle(FULL, now=now)
         assert s.state.violations() == []
         preempted += [e.job_id for e in out if isinstance(e, ev.PreemptionRequested)]
         busy = [e for e in out if not isinstance(e, ev.JobPending)]
@@ -220,7 +225,6 @@ def _queue_behind_a_reservation(tail: dict, ends: dict) -> Scenario:
 ], ids=["plain", "preemptible-last", "timed-last-unknown-ends", "timed-last-known-ends"])
 def test_walk_stops_when_only_the_reservation_is_free_and_decides_the_same(tail, ends, stops, monkeypatch):
     from gpusched.policy import cycle as cycle_mod
-    from gpusched.policy.config import PRESETS
     from gpusched.policy.steps import walk
 
     considered: list[str] = []
@@ -232,11 +236,11 @@ def test_walk_stops_when_only_the_reservation_is_free_and_decides_the_same(tail,
 
     monkeypatch.setattr(walk, "_consider", counting)
     s = _queue_behind_a_reservation(tail, ends)
-    fast = cycle_mod.decide(s.state, s.now, PRESETS["full"])
+    fast = cycle_mod.decide(s.state, s.now, FULL)
     fast_considered = len(considered)
     monkeypatch.setattr(walk, "_all_reserved", lambda plan, ctx, idx: False)  # the whole queue, as before
     considered.clear()
-    full = cycle_mod.decide(s.state, s.now, PRESETS["full"])
+    full = cycle_mod.decide(s.state, s.now, FULL)
     # the same decisions; the reasons of the jobs the walk did not reach come in job id order
     assert [e for e in fast.events if not isinstance(e, ev.JobPending)] == \
         [e for e in full.events if not isinstance(e, ev.JobPending)]

@@ -225,15 +225,39 @@ def test_eta_error_of_pending_estimates():
     guarantee) first, so b starts at 110: its estimate was 10 s late."""
     jobs = [job("a", 0, 100, 8, "x", time_limit_s=100), job("b", 10, 100, 8, "y", time_limit_s=200),
             job("d", 20, 10, 8, "x")]
-    sim = Simulation(jobs, Cluster.parse("1x1x8"), PRESETS["full"], IDEAL, policy_name="full")
+    config = PRESETS["full"].replace(eta_plan_every_s=None)  # the head's reservation ETA alone
+    sim = Simulation(jobs, Cluster.parse("1x1x8"), config, IDEAL, policy_name="full")
     m = sim.run()
     assert {j: r.first_start for j, r in sim.runs.items()} == {"a": 0, "b": 110, "d": 100}
     assert sim.eta_errors == [pytest.approx(10.0)]
     assert m["eta_error"] == {"predictions": 1, "median_abs_s": 10.0, "p90_abs_s": 10.0, "late_share": 1.0,
-                              "ranges": 0, "range_coverage": None}
-    assert eta_error([0.0, -150.0, 30.0], [True, False]) == {
+                              "ranges": 0, "range_coverage": None, "unscored": 0, "waits": 2, "shown_share": 0.5}
+    assert eta_error([0.0, -150.0, 30.0], [True, False], unscored=1, waits=[4, 3]) == {
         "predictions": 3, "median_abs_s": 30.0, "p90_abs_s": 126.0, "late_share": 0.3333,
-        "ranges": 2, "range_coverage": 0.5}
+        "ranges": 2, "range_coverage": 0.5, "unscored": 1, "waits": 4, "shown_share": 0.75}
+
+
+def test_planned_etas_are_all_scored():
+    """Under `full` with its plan of the queue: b (arrived at 10) and c (at 400, when the plan
+    is old enough to be made again) wait for a; every ETA said is scored at the job's start,
+    as the log says it (the planned start) against the real one."""
+    jobs = [job("a", 0, 1000, 8, "x", time_limit_s=1000), job("b", 10, 500, 8, "y"), job("c", 400, 100, 8, "x")]
+    sim = Simulation(jobs, Cluster.parse("1x1x8"), PRESETS["full"], IDEAL, policy_name="full")
+    said: list[tuple[str, float]] = []
+    react = sim._react
+
+    def spy(e, t, started):
+        if isinstance(e, ev.JobPending) and e.eta_s is not None:
+            said.append((e.job_id, e.at + e.eta_s))
+        react(e, t, started)
+
+    sim._react = spy  # type: ignore[method-assign]
+    m = sim.run()
+    starts = {j: r.first_start for j, r in sim.runs.items()}
+    assert said and m["eta_error"]["predictions"] == len(said) == len(sim.eta_errors)
+    assert sorted(sim.eta_errors) == pytest.approx(sorted(starts[j] - at for j, at in said))
+    assert {j for j, _ in said} == {"b", "c"}
+    assert m["eta_error"]["unscored"] == 0 and m["eta_error"]["waits"] == 2
 
 
 def test_a_job_past_its_time_limit_is_ended():

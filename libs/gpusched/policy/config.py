@@ -97,6 +97,17 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: quantile) of the reserved set's holders. A wrong prediction costs the head at most that
     #: job's time limit (the job ends by it); a job without a limit never backfills this way.
     backfill_predicted: bool = False
+    #: ETAs from a plan of the queue (policy/forecast.py): the policy's own cycle run forward on
+    #: a copy of the state, running jobs ending at their predicted run times, no arrivals. A new
+    #: plan when the last is this many seconds old (policy time) or its state is gone; None: off
+    #: (the head alone gets the reservation's ETA). Changes what `gpusched show` says, no decision.
+    eta_plan_every_s: float | None = None
+    #: The plan's bound: the first this many waiting jobs in the policy's order, and at most
+    #: this many cycles; a job behind them, or not started within them, gets no ETA.
+    eta_plan_jobs: int = 32
+    #: How far the plan looks ahead (seconds): a job it does not start within this gets no ETA
+    #: (an ETA beyond it is mostly wrong: arrivals and misjudged run times move it).
+    eta_plan_horizon_s: float = 1800.0
 
     #: Idle: a job whose GPUs all stay under this utilization (percent) ...
     idle_util_pct: float = 5.0
@@ -162,6 +173,9 @@ PRESETS["tiresias"] = _FIFO.replace(
     las_queues_gpu_s=[3250.0, 7200.0, 18000.0], las_preempt=True, min_runtime_s=0.0,
     max_preemptors_per_cycle=64,
 )
+
+# `full` plans its queue for ETAs every half hour of policy time (issue 12, docs/sim.md).
+PRESETS["full"] = PRESETS["full"].replace(eta_plan_every_s=1800.0)
 
 DEFAULT = PRESETS["full"]
 

@@ -48,7 +48,7 @@ STEPS: list[tuple[Callable[[PolicyConfig], bool], Step]] = [
     (_always, walk.run),  # the queue in order: start, backfill, or record why not
     (lambda c: c.preemption or c.elastic, reclaim.run),  # blocked jobs: claim, shrink, preempt
     (lambda c: c.elastic, grow.run),  # nothing waits: elastic jobs grow
-    (_always, explain.run),  # JobPending for every reason that changed
+    (_always, lambda plan, ctx: explain.run(plan, ctx, cycle)),  # JobPending: reasons and ETAs that changed
     (_always, idle.run),  # jobs idle past their timeout yield their GPUs (or end)
 ]
 

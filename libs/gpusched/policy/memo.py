@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..core.state import ClusterState
 from .config import PolicyConfig
+from .forecast import Forecast
 from .ordering import QueueIndex, queue_mode
 from .placement import Topology
 from .predict import RuntimePredictor
@@ -22,7 +23,7 @@ from .running import RunningIndex
 class Indexes:
     """The derived indexes of one fold (see the module docstring)."""
 
-    __slots__ = ("queues", "running_", "topology_", "tail_reasons", "predictor_")
+    __slots__ = ("queues", "running_", "topology_", "tail_reasons", "predictor_", "forecast_")
 
     def __init__(self, tail_reasons: int | None = None) -> None:
         self.queues: dict[tuple, QueueIndex] = {}  # one per ordering mode (config knobs)
@@ -34,11 +35,13 @@ class Indexes:
         #: cycles, each costing what it can append, instead of each re-explaining the whole queue.
         self.tail_reasons = tail_reasons
         self.predictor_: RuntimePredictor | None = None
+        #: The latest plan of the queue (`policy.forecast`), the ETAs between two plans.
+        self.forecast_: Forecast | None = None
 
     def forget(self) -> None:
         """Drop every index: the next cycle rebuilds them from its state."""
         self.queues.clear()
-        self.running_ = self.topology_ = self.predictor_ = None
+        self.running_ = self.topology_ = self.predictor_ = self.forecast_ = None
 
     def queue(self, state: ClusterState, config: PolicyConfig) -> QueueIndex:
         """The (updated) queue index of `state` for the ordering knobs of `config`."""

@@ -112,6 +112,8 @@ class Simulation:
         # policy predicted (JobPending.eta_s), with its range if it gave one (absolute times)
         self.eta_errors: list[float] = []  # actual start - predicted start, for every prediction made
         self.eta_ranges: list[bool] = []  # per prediction with a range: the start fell in it
+        self._waited: dict[str, None] = {}  # jobs told why they wait (a JobPending) since their last grant
+        self.eta_waits = [0, 0]  # starts after a JobPending: all, and those shown an ETA before
         # The run-time predictor's own error: at each job's first start, what it predicted
         # (learned from the jobs completed so far: the same fold the policy reads).
         self.predictor = RuntimePredictor(self.state)
@@ -220,7 +222,11 @@ class Simulation:
 
     def _shown(self, e: ev.GpusGranted, t: float) -> None:
         """Score the start estimates shown for a job that starts now, and predict its run time."""
-        for predicted, low, high in self._eta.pop(e.job_id, ()):
+        shown = self._eta.pop(e.job_id, ())
+        if self._waited.pop(e.job_id, 0) is None:
+            self.eta_waits[0] += 1
+            self.eta_waits[1] += bool(shown)
+        for predicted, low, high in shown:
             self.eta_errors.append(t - predicted)
             if low is not None and high is not None:
                 self.eta_ranges.append(low - 1e-6 <= t <= high + 1e-6)
@@ -235,8 +241,11 @@ class Simulation:
             started.append(e.job_id)
             self._granted(self.runs[e.job_id], e, t)
             self._shown(e, t)
-        elif isinstance(e, ev.JobPending) and e.eta_s is not None:
+        elif isinstance(e, ev.JobPending) and e.eta_s is None:
+            self._waited[e.job_id] = None
+        elif isinstance(e, ev.JobPending):
             # a later withdrawal ("ETA unknown") does not excuse what a user was shown
+            self._waited[e.job_id] = None
             low = None if e.eta_low_s is None else e.at + e.eta_low_s
             high = None if e.eta_high_s is None else e.at + e.eta_high_s
             self._eta.setdefault(e.job_id, []).append((e.at + e.eta_s, low, high))
@@ -428,7 +437,8 @@ class Simulation:
             "unfinished": sum(1 for r in self.runs.values() if r.mode != "done"),
             "events": self.state.events,
             "cycles": self.cycles,
-            "eta_error": eta_error(self.eta_errors, self.eta_ranges),
+            "eta_error": eta_error(self.eta_errors, self.eta_ranges, unscored=sum(map(len, self._eta.values())),
+                                   waits=self.eta_waits),
             "runtime_prediction": runtime_error(self.runtime_errors),
             "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
             **self._used_vs_held(),

@@ -192,13 +192,22 @@ class Recorder:
         }
 
 
-def eta_error(errors: list[float], ranges: list[bool] | None = None) -> dict:
-    """How good the start estimates of `gpusched show` are: for every job that started while a
-    prediction stood, actual start minus predicted start (negative: it started early).
-    `ranges`: for each estimate shown as a range, whether the start fell in it."""
+def eta_error(errors: list[float], ranges: list[bool] | None = None, unscored: int = 0,
+              waits: list[int] | None = None) -> dict:
+    """How good the start estimates of `gpusched show` are. Every `JobPending` with an ETA the
+    policy appended is one prediction, scored when the job next starts: actual start minus
+    predicted start (negative: it started early); a later estimate, or a withdrawal, never
+    replaces an earlier one. `ranges`: for each estimate shown as a range, whether the start
+    fell in it. `unscored`: predictions of jobs that never started (cancelled, or the trace
+    ended). `waits`: (starts after a `JobPending`, those of them shown an ETA before it): how
+    many waits had an estimate at all (`shown_share`)."""
     absolute = [abs(e) for e in errors]
     ranges = ranges or []
+    waited, shown = waits or (0, 0)
     return {
+        "unscored": unscored,
+        "waits": waited,
+        "shown_share": _r(shown / waited, 4) if waited else None,
         "ranges": len(ranges),
         "range_coverage": _r(sum(ranges) / len(ranges), 4) if ranges else None,
         "predictions": len(errors),

@@ -1,26 +1,95 @@
 """Why jobs wait: one `JobPending` per job whose reason changed, carrying the typed reason the
 deciding step recorded. The head gets the detail: the free counts of the domains considered,
-and the jobs whose end would let it start (protected by a reservation, or not)."""
+and the jobs whose end would let it start (protected by a reservation, or not).
+
+ETAs: with `eta_plan_every_s`, from the latest plan of the queue (`policy/forecast.py`), made
+again when it is that old: every waiting job the plan starts gets its planned start (less
+`now`), and a range when the start rests on an uncertain predicted end; without it, the head
+alone gets the reservation's ETA (or, with `predict_runtimes`, its own predicted one). A new
+ETA is said when the reason changes or the planned start moved (`_moved`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from itertools import islice
 
 from ...core import events as ev
 from ...core.reasons import NoRoom, Reason
 from ...core.state import Job
 from ..backfill import reserve
 from ..eligibility import restrict
+from ..forecast import Forecast, forecast
+from ..memo import Indexes
 from ..placement import no_fit
 from ..plan import Context, CyclePlan
 from ..predict import predicted_free
 from .reservation import head_reservation, holders
 
+#: The policy's cycle, `cycle.cycle(state, now, config, indexes)` (passed in: no import cycle).
+Cycle = Callable[..., list[ev.Event]]
 
-def run(plan: CyclePlan, ctx: Context) -> None:
+
+def run(plan: CyclePlan, ctx: Context, cycle: Cycle | None = None) -> None:
+    """`cycle`: the policy's cycle (`cycle.cycle`), for the plan of the queue."""
     ranges: dict[str, tuple[float, float]] = {}
     _head(plan, ctx, ranges)
-    _emit(plan, ctx, ranges)
+    planned: dict[str, float] | None = None
+    if ctx.config.eta_plan_every_s is not None and cycle is not None:
+        ranges.clear()
+        planned = _planned(plan, ctx, cycle, ranges)
+    _emit(plan, ctx, ranges, planned)
+
+
+#: A queue that was empty at the last plan gets a new plan once the last is this old (not at
+#: once: arrivals come in bursts). Other new jobs wait for the periodic plan: each plan costs
+#: up to `eta_plan_jobs` cycles, and a plan per arrival would cost more than the policy itself.
+NEW_JOB_REPLAN_S = 300.0
+
+
+def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
+    """The latest plan of the queue: made again when it is `eta_plan_every_s` old, or
+    `NEW_JOB_REPLAN_S` old when it planned no job and jobs wait now. The plan starts from the
+    state this cycle leaves (its events applied), so it never disagrees with what this cycle
+    just decided."""
+    st, now, cfg, idx = ctx.state, ctx.now, ctx.config, ctx.indexes
+    every = cfg.eta_plan_every_s
+    f = idx.forecast_
+    age = math.inf if f is None else now - f.made_at
+    if every is not None and f is not None and 0.0 <= age < min(every, NEW_JOB_REPLAN_S):
+        return f
+    started = {job.job_id for job, _ in plan.started}
+    queue = idx.queue(st, cfg).ordered(now, lambda t: st.teams[t].held if t in st.teams else 0)
+    first = [j.job_id for j in islice((j for j in queue if j.job_id not in started), cfg.eta_plan_jobs)]
+    if f is not None and every is not None and 0.0 <= age < every and (f.first or not first):
+        return f
+    if not first:  # nothing waits: nothing to plan (no copy made)
+        f = idx.forecast_ = Forecast(made_at=now, first=[], starts={}, cycles=0, complete=True, pending=0,
+                                     running=len(st.running))
+        return f
+    fork_idx = Indexes()
+    quiet = cfg.replace(eta_plan_every_s=None, predict_runtimes=False)
+    f = idx.forecast_ = forecast(st, now, quiet, idx.predictor(st), lambda s, t, c: cycle(s, t, c, fork_idx),
+                                 first, plan.events, max_cycles=cfg.eta_plan_jobs,
+                                 horizon_s=cfg.eta_plan_horizon_s)
+    return f
+
+
+def _planned(plan: CyclePlan, ctx: Context, cycle: Cycle,
+             ranges: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Each waiting job's ETA from the plan (none for a start already overdue: the plan is
+    wrong there, and nothing better is known until the next one), its range when uncertain."""
+    now, jobs = ctx.now, ctx.state.jobs
+    etas: dict[str, float] = {}
+    for jid, s in _plan_of(plan, ctx, cycle).starts.items():
+        job = jobs.get(jid)
+        if job is None or job.state != "pending" or s.at < now:
+            continue
+        etas[jid] = s.at - now
+        low, high = max(0.0, s.low - now), s.high - now
+        if high - low > 300.0 and high > 2.0 * max(low, 1.0):
+            ranges[jid] = (round(low, 3), round(high, 3))
+    return etas
 
 
 def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]]) -> None:
@@ -75,24 +144,35 @@ def _eta(plan: CyclePlan, ctx: Context, head: Job, why: Reason,
     return max(0.0, res.at - now)
 
 
-def _emit(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]]) -> None:
+def _emit(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]],
+          planned: dict[str, float] | None) -> None:
     st, now = ctx.state, ctx.now
     words: dict[int, tuple[str, list[str]]] = {}  # reasons are shared by many jobs: word each once
+    moving = ctx.config.predict_runtimes or planned is not None
     for jid, (why, eta) in plan.reasons.items():
         job = st.jobs[jid]
         if job.state != "pending":
             continue
+        if planned is not None:
+            eta = planned.get(jid)
         said = words.get(id(why))
         if said is None:
             said = words[id(why)] = (why.text, why.blockers)
         text, blockers = said
-        if job.pending_reason != text or job.pending_blockers != blockers or (
-                ctx.config.predict_runtimes and _moved(job, eta, now)):
-            span = ranges.get(jid)
-            plan.events.append(ev.JobPending(at=now, job_id=jid, reason=text, blockers=blockers, why=why,
-                                             eta_s=None if eta is None or not math.isfinite(eta) else round(eta, 3),
-                                             eta_low_s=None if span is None else span[0],
-                                             eta_high_s=None if span is None else span[1]))
+        if job.pending_reason != text or job.pending_blockers != blockers or (moving and _moved(job, eta, now)):
+            _say(plan, jid, text, blockers, why, eta, ranges.get(jid))
+    for jid, eta in (planned or {}).items():  # same reason, the planned start moved
+        job = st.jobs[jid]
+        if jid not in plan.reasons and job.pending_reason and _moved(job, eta, now):
+            _say(plan, jid, job.pending_reason, job.pending_blockers, job.pending_why, eta, ranges.get(jid))
+
+
+def _say(plan: CyclePlan, jid: str, text: str, blockers: list[str], why: Reason | None, eta: float | None,
+         span: tuple[float, float] | None) -> None:
+    plan.events.append(ev.JobPending(at=plan.ctx.now, job_id=jid, reason=text, blockers=list(blockers), why=why,
+                                     eta_s=None if eta is None or not math.isfinite(eta) else round(eta, 3),
+                                     eta_low_s=None if span is None else span[0],
+                                     eta_high_s=None if span is None else span[1]))
 
 
 def _moved(job: Job, eta: float | None, now: float) -> bool:
