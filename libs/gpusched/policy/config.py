@@ -71,7 +71,7 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: did, times their gang; shortest first (SRPT on predictions, with attained service
     #: entering through the conditioning). Frozen when the job enters the queue, from the jobs
     #: completed before then: a function of the log (`predict.FrozenEstimates`). Preemption
-    #: still goes by LAS queue. Off by default (docs/results.md, "Predicted order").
+    #: still goes by LAS queue. Off by default (docs/sim.md, "Predicted order": measured).
     las_predicted: bool = False
 
     #: Fair share: the fold's usage half-life (the state is folded with it; kept here for reports).
