@@ -4,7 +4,7 @@
 10,000 pending jobs of 2-8 GPUs that must fit on one node (none can start). Prints seconds per
 cycle for each preset, against `naive_cycle` (the fallback) measured in the same run.
 
-    python bench/bench_cycle.py [PRESET ...]
+    python bench/bench_cycle.py [PRESET[:KEY=VALUE,...] ...]     e.g. full full:las_predicted=true
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, TopologyConstraint
 from gpusched.core.state import ClusterState
-from gpusched.policy.config import PRESETS
+from gpusched.policy.config import parse_policy
 from gpusched.policy.cycle import cycle, naive_cycle
 from gpusched.policy.memo import Indexes
 
@@ -62,7 +62,9 @@ def main() -> None:
     base = timed_cycles(lambda s, now, ix=Indexes(): naive_cycle(s, now, ix))
     print(f"{'naive':10s} first {base[0]:.3f}s  steady {base[1]:.3f}s {base[2]:.3f}s  after a completion {base[3]:.3f}s")
     for name in presets:
-        t = timed_cycles(lambda s, now, cfg=PRESETS[name], ix=Indexes(): cycle(s, now, cfg, ix))
+        preset, _, sets = name.partition(":")
+        config = parse_policy(preset, [kv for kv in sets.split(",") if kv])
+        t = timed_cycles(lambda s, now, cfg=config, ix=Indexes(): cycle(s, now, cfg, ix))
         print(f"{name:10s} first {t[0]:.3f}s  steady {t[1]:.3f}s {t[2]:.3f}s  after a completion {t[3]:.3f}s"
               f"   steady ratio vs naive {t[2] / max(base[2], 1e-9):.1f}x")
 

@@ -109,3 +109,74 @@ def test_index_follows_the_fold_incrementally_and_matches_a_fresh_sort():
         else:
             s.finish(jid, s.now + 2)
             s.now += 2
+
+
+# --- predicted order (`las_predicted`): shortest predicted remaining GPU-seconds first, frozen ---
+
+def _ran(s: Scenario, job_id: str, gpu_count: int, start: float, run_s: float, live: Indexes | None) -> None:
+    s.submit(job_id, gpu_count, at=start)
+    if live is not None:  # a long-lived index sees the job queued, then running, as cycles would
+        live.queue(s.state, PREDICTED)
+    s.run(job_id, gpus("r0n0", *range(gpu_count)), at=start)
+    s.finish(job_id, at=start + run_s)
+
+
+def _history(s: Scenario, t: float, runs: dict[int, float], n: int = 8, live: Indexes | None = None) -> float:
+    """`n` completed jobs per gang size, each of the given run time, one after another."""
+    for size, run_s in runs.items():
+        for i in range(n):
+            _ran(s, f"h{size}-{t:.0f}-{i}", size, t, run_s, live)
+            t += run_s
+    s.now = t
+    return t
+
+
+PREDICTED = PRESETS["full"].replace(las_predicted=True)
+
+
+@pytest.mark.parametrize("config, expected", [
+    (PRESETS["full"], ["long", "short"]),  # 2D-LAS: both in queue 0, FIFO
+    (PREDICTED, ["short", "long"]),  # 1 GPU x ~100 s before 2 GPUs x ~10,000 s
+])
+def test_predicted_order_puts_the_shortest_predicted_remaining_gpu_time_first(config, expected):
+    s = Scenario()
+    t = _history(s, 0.0, {1: 100.0, 2: 10_000.0})
+    s.submit("long", 2, at=t + 1)
+    s.submit("short", 1, at=t + 2)
+    assert _order(s, config) == expected
+
+
+def test_predicted_keys_are_frozen_at_queue_time_a_fresh_index_gives_the_same():
+    """A job's key uses only the jobs completed before it was queued: completions after that
+    move neither a long-lived index's key nor a fresh one's (the same log, the same order)."""
+    s = Scenario()
+    t = _history(s, 0.0, {1: 100.0, 2: 10_000.0})
+    s.submit("a", 1, at=t + 1)
+    s.submit("b", 2, at=t + 2)
+    live = Indexes()
+    before = {j: e[0] for j, e in live.queue(s.state, PREDICTED).entries.items()}
+    assert _order(s, PREDICTED) == ["a", "b"]
+    # Later 1-GPU jobs run far longer: new arrivals are predicted long, the queued ones are not.
+    t = _history(s, t + 10, {1: 100_000.0}, n=40, live=live)
+    s.submit("c", 1, at=t + 1)
+    kept = live.queue(s.state, PREDICTED).entries
+    fresh = Indexes().queue(s.state, PREDICTED).entries
+    assert {j: kept[j][0] for j in ("a", "b")} == before
+    assert {j: e[0] for j, e in kept.items()} == {j: e[0] for j, e in fresh.items()}
+    assert _order(s, PREDICTED) == ["a", "b", "c"]
+    assert kept["c"][0][2] > kept["b"][0][2] > kept["a"][0][2]
+
+
+def test_predicted_order_is_refrozen_when_a_job_is_requeued():
+    """A requeued job is keyed again, as of its requeue and conditional on what it ran."""
+    s = Scenario()
+    t = _history(s, 0.0, {1: 100.0})
+    s.submit("q", 1, at=t + 1)
+    live = Indexes()
+    first = live.queue(s.state, PREDICTED).entries["q"][0][2]
+    s.run("q", gpus("r0n0", 0), at=t + 2)
+    live.queue(s.state, PREDICTED)
+    s.apply(_release("q", t + 52))  # ran 50 s of its ~100
+    again = live.queue(s.state, PREDICTED).entries["q"][0][2]
+    assert again < first
+    assert again == Indexes().queue(s.state, PREDICTED).entries["q"][0][2]

@@ -49,7 +49,8 @@ def worlds(draw):
     overrides = {}
     if preset not in ("naive", "fifo"):
         overrides = dict(min_runtime_s=draw(st.sampled_from([0.0, 50.0])), las=draw(st.booleans()),
-                         backfill=draw(st.booleans()) if preset == "full" else False)
+                         backfill=draw(st.booleans()) if preset == "full" else False,
+                         las_predicted=draw(st.booleans()))
     steps = draw(st.lists(st.tuples(st.integers(1, 200), st.integers(0, 2**16)), min_size=1, max_size=8))
     return dict(racks=racks, nodes=nodes, gpus=gpus, nvlink=nvlink, blocks=blocks, teams=teams, jobs=jobs,
                 preset=preset, overrides=overrides, steps=steps)

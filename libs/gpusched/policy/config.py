@@ -65,6 +65,14 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: Anti-thrash for LAS preemption: a job may be taken for LAS only after running
     #: `min_runtime_s * 2**preemptions` since its (re)start, at most this long (None: off).
     las_backoff_max_s: float | None = None
+    #: With `las`, pending jobs are ordered (within team and priority class) by their predicted
+    #: remaining GPU-seconds instead of their LAS queue: the median of what is left of the run
+    #: times of completed jobs like them (policy/predict.py) that ran longer than they already
+    #: did, times their gang; shortest first (SRPT on predictions, with attained service
+    #: entering through the conditioning). Frozen when the job enters the queue, from the jobs
+    #: completed before then: a function of the log (`predict.FrozenEstimates`). Preemption
+    #: still goes by LAS queue. Off by default (docs/sim.md, "Predicted order": measured).
+    las_predicted: bool = False
 
     #: Fair share: the fold's usage half-life (the state is folded with it; kept here for reports).
     half_life_s: float = 7 * 24 * 3600.0

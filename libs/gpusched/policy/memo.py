@@ -48,7 +48,10 @@ class Indexes:
         mode = queue_mode(config)
         idx = self.queues.get(mode)
         if idx is None or idx.state is not state:
-            idx = self.queues[mode] = QueueIndex(state, config, mode)
+            predictor = self.predictor(state) if config.las and config.las_predicted else None
+            idx = self.queues[mode] = QueueIndex(state, config, mode, predictor)
+        elif idx.frozen is not None:
+            self.predictor(state)  # learns what completed since (the index's keys read it)
         idx.update()
         return idx
 

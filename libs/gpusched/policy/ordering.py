@@ -25,6 +25,7 @@ from ..core.model import PRIORITY_RANK
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .fairshare import team_rank
+from .predict import FrozenEstimates, RuntimePredictor, queued_at
 
 #: Every this many calls the index forgets which reasons it has seen settled and checks them
 #: all again (a guard against reasons appended by another writer).
@@ -41,19 +42,29 @@ def las_queue(attained_gpu_s: float, config: PolicyConfig) -> float:
     return attained_gpu_s
 
 
-def job_key(job: Job, config: PolicyConfig) -> tuple:
-    """Lower sorts first, within one team (or the whole queue without fair share)."""
+def job_key(job: Job, config: PolicyConfig, frozen: FrozenEstimates | None = None) -> tuple:
+    """Lower sorts first, within one team (or the whole queue without fair share). With
+    `las_predicted` (and `frozen`), the LAS level is the job's predicted remaining GPU-seconds,
+    frozen when it entered the queue, instead of its attained service."""
     prio = -PRIORITY_RANK[job.spec.priority] if config.priority else 0
     # A pending job holds nothing: its attained service is static while it waits.
-    attained = las_queue(job.service_gpu_s, config) if config.las else 0.0
-    return (job.yielded_idle, prio, attained, job.submitted_at, job.job_id)
+    if frozen is not None and config.las and config.las_predicted:
+        level = frozen.remaining_gpu_s(job)
+    else:
+        level = las_queue(job.service_gpu_s, config) if config.las else 0.0
+    return (job.yielded_idle, prio, level, job.submitted_at, job.job_id)
 
 
 class QueueIndex:
     """The pending queue of one state, sorted (per team with fair share), kept incrementally."""
 
-    def __init__(self, state: ClusterState, config: PolicyConfig, mode: tuple) -> None:
+    def __init__(self, state: ClusterState, config: PolicyConfig, mode: tuple,
+                 predictor: RuntimePredictor | None = None) -> None:
         self.state, self.config, self.mode = state, config, mode
+        #: With `las_predicted`: each pending job's predicted remaining GPU-seconds, frozen.
+        self.frozen: FrozenEstimates | None = None
+        if config.las and config.las_predicted:
+            self.frozen = FrozenEstimates(predictor if predictor is not None else RuntimePredictor(state))
         self.entries: dict[str, tuple[tuple, tuple[int, int]]] = {}  # job -> (sort key, (attempt, updates))
         self.queues: dict[str | None, list[tuple]] = {}  # team (None without fair share) -> keys
         self.settled: dict[str, None] = {}  # waiting jobs whose state shows their tail reason
@@ -69,7 +80,7 @@ class QueueIndex:
         return _YIELDED if key[0] else job.spec.team
 
     def _insert(self, job: Job) -> None:
-        key = job_key(job, self.config)
+        key = job_key(job, self.config, self.frozen)
         self.entries[job.job_id] = (key, (job.attempt, job.updates))
         insort(self.queues.setdefault(self._queue_of(job, key), []), key)
         if job.spec.time_limit_s is not None:
@@ -77,12 +88,14 @@ class QueueIndex:
         if job.spec.preemptible:
             self.preemptible[job.job_id] = None
 
-    def _remove(self, job_id: str) -> None:
+    def _remove(self, job_id: str, left: bool = True) -> None:
         key, _ = self.entries.pop(job_id)
         q = self.queues[self._queue_of(self.state.jobs[job_id], key)]
         i = bisect_left(q, key)
         del q[i]
         self.settled.pop(job_id, None)
+        if left and self.frozen is not None:
+            self.frozen.forget(job_id)
         self.timed.pop(job_id, None)
         self.preemptible.pop(job_id, None)
 
@@ -102,11 +115,16 @@ class QueueIndex:
             changed.append(jid)
         fresh = sum(1 for jid in changed if jid not in entries)
         if len(entries) > len(pend) - fresh:
-            for jid in entries.keys() - pend.keys():
+            gone = entries.keys() - pend.keys()
+            for jid in gone:
                 self._remove(jid)
+            if self.frozen is not None:
+                self.frozen.left_queue(gone)
+        if self.frozen is not None:  # frozen predictions are asked in order of queue time
+            changed.sort(key=lambda j: (queued_at(jobs[j]), j), reverse=True)
         for jid in reversed(changed):
             if jid in entries:
-                self._remove(jid)
+                self._remove(jid, left=False)  # re-keyed: its frozen prediction stays
             self._insert(jobs[jid])
 
     def starving(self, now: float) -> list[Job]:
@@ -120,7 +138,7 @@ class QueueIndex:
         out = []
         for key, _ in self.entries.values():
             job = jobs[key[-1]]
-            if key[2] <= 0 or job.yielded_idle:
+            if las_queue(job.service_gpu_s, config) <= 0 or job.yielded_idle:
                 continue
             since = job.held_since if job.attempt > 0 else job.submitted_at
             ran = job.service_gpu_s / max(1, job.spec.gpus)
@@ -186,7 +204,7 @@ class QueueIndex:
 def queue_mode(config: PolicyConfig) -> tuple:
     """The config knobs the queue order depends on: one `QueueIndex` per mode."""
     return (config.priority, config.las, tuple(config.las_queues_gpu_s), config.fairshare,
-            config.strict_fifo or not config.gang, config.elastic, config.las_starve_factor)
+            config.strict_fifo or not config.gang, config.elastic, config.las_starve_factor, config.las_predicted)
 
 
 def queue_index(state: ClusterState, config: PolicyConfig) -> QueueIndex:

@@ -21,6 +21,7 @@ own spec and elapsed time: never of its true duration, which nothing here can se
 
 from __future__ import annotations
 
+import heapq
 import math
 import zlib
 from bisect import bisect_right
@@ -153,9 +154,11 @@ class RuntimePredictor:
     def __init__(self, state: ClusterState, history: RuntimeHistory | None = None) -> None:
         self.state = state
         self.history = history if history is not None else RuntimeHistory()
+        #: Every job learned, in the order learned (append-only: `FrozenEstimates` reads it).
+        self.completed: list[Job] = []
         done = [j for j in state.jobs.values() if j.state == "completed"]
         for job in sorted(done, key=lambda j: (j.finished_at or 0.0, j.job_id)):
-            self.history.learn(job)
+            self._learn(job)
         self.watching: dict[str, None] = dict.fromkeys(state.running)
 
     def watch(self, job_ids: list[str]) -> None:
@@ -175,14 +178,73 @@ class RuntimePredictor:
                 if job is not None and job.state == "completed":
                     ended.append(job)
             for job in sorted(ended, key=lambda j: (j.finished_at or 0.0, j.job_id)):
-                self.history.learn(job)
+                self._learn(job)
         if len(self.watching) < len(running):
             for jid in running:
                 if jid not in self.watching:
                     self.watching[jid] = None
 
+    def _learn(self, job: Job) -> None:
+        self.history.learn(job)
+        self.completed.append(job)
+
     def estimate(self, job: Job, now: float) -> Estimate:
         return self.history.estimate(job, now)
+
+
+def queued_at(job: Job) -> float:
+    """When a pending job entered the queue: its submission, or its last requeue (the fold
+    sets `held_since` when a job's GPUs go back)."""
+    return job.submitted_at if job.attempt == 0 else job.held_since
+
+
+class FrozenEstimates:
+    """Predicted remaining GPU-seconds of pending jobs, each frozen when the job entered the
+    queue (`queued_at`), from the jobs that completed strictly before that instant: so a
+    job's key is a function of the log alone, the same for a long-lived index and a fresh one
+    (a restarted service, `gpusched show`), and it never moves while the job waits.
+
+    It keeps its own `RuntimeHistory`, fed from the predictor's completions (`completed`) in
+    order of completion, never past the queue time of the job it is asked about: callers ask
+    in order of queue time (`QueueIndex.update` sorts what it inserts). A completion appended
+    with an earlier time than a queue time already answered (writers' clocks out of step) is
+    learned late: the incremental answer may then differ from a fresh one by that job."""
+
+    def __init__(self, predictor: RuntimePredictor) -> None:
+        self.predictor = predictor
+        self.history = RuntimeHistory()
+        self.read = 0  # how many of `predictor.completed` are in `backlog` or learned
+        self.backlog: list[tuple[float, str, Job]] = []  # completions not learned yet, a heap
+        self.frozen: dict[str, tuple[float, int, float]] = {}  # job -> (queued at, attempt, GPU-s)
+
+    def remaining_gpu_s(self, job: Job) -> float:
+        """The median remaining run time of pending `job` times its gang, as of its queue time."""
+        at = queued_at(job)
+        hit = self.frozen.get(job.job_id)
+        if hit is not None and hit[0] == at and hit[1] == job.attempt:
+            return hit[2]
+        done = self.predictor.completed
+        backlog = self.backlog
+        for j in done[self.read:]:
+            heapq.heappush(backlog, (j.finished_at or 0.0, j.job_id, j))
+        self.read = len(done)
+        while backlog and backlog[0][0] < at:
+            self.history.learn(heapq.heappop(backlog)[2])
+        gpu_s = self.history.estimate(job, at).remaining_s * max(1, job.spec.gpus)
+        self.frozen[job.job_id] = (at, job.attempt, gpu_s)
+        return gpu_s
+
+    def left_queue(self, job_ids) -> None:
+        """Jobs that left the queue since the last look: one that was granted and has already
+        completed (by another writer, between two cycles) is learned all the same, so that no
+        completion in the log escapes the frozen keys."""
+        p = self.predictor
+        p.watch([j for j in job_ids if j not in p.watching])
+        p.update()
+
+    def forget(self, job_id: str) -> None:
+        """A job left the queue for good or was granted (it is frozen afresh when requeued)."""
+        self.frozen.pop(job_id, None)
 
 
 def predicted_free(holders: list[Job], now: float, grace: float, borrowers: dict[str, None],
@@ -204,4 +266,5 @@ def predicted_free(holders: list[Job], now: float, grace: float, borrowers: dict
     return point, low, high
 
 
-__all__ = ["Estimate", "RuntimeHistory", "RuntimePredictor", "elapsed", "predicted_free", "run_time"]
+__all__ = ["Estimate", "FrozenEstimates", "RuntimeHistory", "RuntimePredictor", "elapsed", "predicted_free",
+           "queued_at", "run_time"]
