@@ -600,6 +600,10 @@ class Admission:
     async def _decide_and_append(self, cmd: Command, caller: Caller = ADMIN) -> CommandReply:
         state = self.folded.state
         decision = admit(state, cmd, time.time(), self.config, self.capacity, self._taken, caller)
+        if decision.event is None and not decision.reply.ok and await self._caught_up():
+            # A refusal must not come from a lagging fold: the node the caller just registered,
+            # the job it just submitted, may be in the log and not folded yet. Decide again.
+            decision = admit(state, cmd, time.time(), self.config, self.capacity, self._taken, caller)
         if decision.event is None:
             return decision.reply
         job_id = decision.event.job_id if isinstance(decision.event, ev.JobSubmitted) else None
@@ -618,6 +622,17 @@ class Admission:
         (log.debug if decision.reply.ok else log.info)("command_decided", kind=decision.event.kind, ok=decision.reply.ok, seq=seq,
                  request_id=cmd.request_id, job_id=decision.reply.job_id, error=decision.reply.error or None)
         return msgspec.structs.replace(decision.reply, seq=seq)
+
+    async def _caught_up(self) -> bool:
+        """Read barrier before a refusal: fold the log up to its head as of now. True when the
+        fold moved (worth deciding again); False when it held the head already or the log does
+        not answer (the refusal stands: it was decided on what admission knew)."""
+        before = self.folded.seen_seq
+        try:
+            await self.folded.catch_up(timeout=self.append_patience_s)
+        except Exception:  # noqa: BLE001 - no answer from the log: refuse on what the fold holds
+            return False
+        return self.folded.seen_seq != before
 
     async def drain(self) -> None:
         if self._tasks:
