@@ -58,6 +58,11 @@ or below its guarantee is never preempted for one at or over its own) still hold
 runs on every arrival, completion and checkpoint rather than on the peer's event grid. How
 `full` schedules and how each of its knobs was chosen: [policy.md](policy.md).
 """
+SATURATED = """The week offers this cluster about 5.8× what it can deliver. Why `full` trails 2D-LAS here (fair
+share holds the team with thousands of short jobs to its entitlement; reservations hold GPUs for
+big gangs whose holders' ends are unknown; 10% of the jobs are high-priority and never taken):
+[policy.md](policy.md#why-full-trails-2d-las-on-a-saturated-cluster).
+"""
 BURST = "team=6c71a0,at=172800,count=300,gpus=1,duration=1800,every=6"
 
 
@@ -75,7 +80,7 @@ def scenarios(shared: Path) -> list[dict]:
              presets=["fifo", "gang", "full", "tiresias"], plots={}, note=PEER, peer="2x32x8"),
         dict(key="saturated", title="Philly week, 1x16x8 (saturated), the peer's assumptions", trace=None, fmt=None,
              cluster="1x16x8", model="ideal", topology="any", presets=["gang", "full", "tiresias"], plots={},
-             peer="1x16x8"),
+             peer="1x16x8", note=SATURATED),
         dict(key="philly_any", title="Philly week, 2x32x8, realistic runtime, `--topology any`", trace=None, fmt=None,
              cluster="2x32x8", model="realistic", topology="any", presets=ALL, plots={}),
         dict(key="burst", title="Philly week + interactive burst, 2x32x8, realistic runtime", trace=None, fmt=None,
