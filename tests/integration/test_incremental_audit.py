@@ -14,7 +14,7 @@ from gpusched.core import events as ev
 from gpusched.security import signing
 from gpusched.security.audit import Audit, Checkpoint
 
-from .test_signing import Writers, grant, honest_history, submit
+from .test_signing import Writers, _last_header, grant, honest_history, submit
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ async def test_an_audit_from_its_checkpoint_finds_what_a_full_audit_finds(nats_u
     try:
         unsigned = await admin.append(ev.JobCancelled(at=6, job_id="j1", reason="forged"))
         forged_grant = grant("j2", ["n1/0", "n1/1"])
-        header = await _placement_header(plc)
+        header = await _last_header(plc)
         forged = (await admin.js.publish(subjects.event_subject(forged_grant), ev.encode_event(forged_grant),
                                          headers={signing.SIG_HEADER: header.rsplit(" ", 1)[0] + " " + "A" * 86})).seq
     finally:
@@ -83,16 +83,6 @@ async def _alloc_seq(log: EventLog) -> int:
     async for msg in log.raw():
         if msg.subject.startswith("gpusched.evt.alloc."):
             last = msg.seq
-    return last
-
-
-async def _placement_header(log: EventLog) -> str:
-    last = None
-    async for msg in log.raw():
-        header = (msg.headers or {}).get(signing.SIG_HEADER, "")
-        if header.split(" ")[1:2] == [log.signer.public_key]:
-            last = header
-    assert last is not None
     return last
 
 
