@@ -29,7 +29,7 @@ from gpusched.services.runtime import FoldedLog, append_cas
 def synthetic_log(n_events: int, nodes: int = 1000, gpus_per_node: int = 8):
     """A realistic mix: node registrations, then jobs cycling submit -> grant -> start -> complete."""
     for i in range(nodes):
-        yield ev.NodeRegistered(at=0, node=f"n{i:04d}", rack=f"r{i // 32}",
+        yield ev.NodeRegistered(at=0.0, node=f"n{i:04d}", rack=f"r{i // 32}",
                                 gpus=[GpuInfo(index=k, uuid=f"GPU-{i}-{k}") for k in range(gpus_per_node)])
     emitted, job, t = nodes, 0, 1.0
     slots = [f"n{i:04d}/{k}" for i in range(nodes) for k in range(gpus_per_node)]
@@ -95,7 +95,7 @@ async def bench_grants(url: str, n_grants: int, writers: int = 4, per_cycle: int
     setup = await EventLog.open(url)
     nodes = max(1, n_grants // 8 + 1)
     for i in range(nodes):
-        await setup.append(ev.NodeRegistered(at=0, node=f"c{per_cycle}g{i:04d}", rack="r0",
+        await setup.append(ev.NodeRegistered(at=0.0, node=f"c{per_cycle}g{i:04d}", rack="r0",
                                              gpus=[GpuInfo(index=k, uuid=f"G-{i}-{k}") for k in range(8)]))
     per_writer = n_grants // writers
     await asyncio.gather(*(setup.append(ev.JobSubmitted(at=1, job_id=f"c{per_cycle}w{w}j{k}", spec=JobSpec(team="a", gpus=1)))
