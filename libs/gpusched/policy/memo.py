@@ -48,7 +48,7 @@ class Indexes:
         mode = queue_mode(config)
         idx = self.queues.get(mode)
         if idx is None or idx.state is not state:
-            predictor = self.predictor(state) if config.las and config.las_predicted else None
+            predictor = self.predictor(state, record=True) if config.las and config.las_predicted else None
             idx = self.queues[mode] = QueueIndex(state, config, mode, predictor)
         elif idx.frozen is not None:
             self.predictor(state)  # learns what completed since (the index's keys read it)
@@ -63,11 +63,12 @@ class Indexes:
         idx.update()
         return idx
 
-    def predictor(self, state: ClusterState) -> RuntimePredictor:
-        """The (updated) run-time predictor of `state`: it has learned every completed job."""
+    def predictor(self, state: ClusterState, record: bool = False) -> RuntimePredictor:
+        """The (updated) run-time predictor of `state`: it has learned every completed job.
+        `record`: it keeps the jobs it learned in order (`predict.FrozenEstimates` reads them)."""
         p = self.predictor_
-        if p is None or p.state is not state:
-            p = self.predictor_ = RuntimePredictor(state)
+        if p is None or p.state is not state or (record and p.completed is None):
+            p = self.predictor_ = RuntimePredictor(state, record=record)
         p.update()
         return p
 

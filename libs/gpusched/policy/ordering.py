@@ -64,7 +64,7 @@ class QueueIndex:
         #: With `las_predicted`: each pending job's predicted remaining GPU-seconds, frozen.
         self.frozen: FrozenEstimates | None = None
         if config.las and config.las_predicted:
-            self.frozen = FrozenEstimates(predictor if predictor is not None else RuntimePredictor(state))
+            self.frozen = FrozenEstimates(predictor if predictor is not None else RuntimePredictor(state, record=True))
         self.entries: dict[str, tuple[tuple, tuple[int, int]]] = {}  # job -> (sort key, (attempt, updates))
         self.queues: dict[str | None, list[tuple]] = {}  # team (None without fair share) -> keys
         self.settled: dict[str, None] = {}  # waiting jobs whose state shows their tail reason
@@ -140,9 +140,8 @@ class QueueIndex:
             job = jobs[key[-1]]
             if las_queue(job.service_gpu_s, config) <= 0 or job.yielded_idle:
                 continue
-            since = job.held_since if job.attempt > 0 else job.submitted_at
             ran = job.service_gpu_s / max(1, job.spec.gpus)
-            if now - since >= factor * ran:
+            if now - queued_at(job) >= factor * ran:
                 out.append(job)
         out.sort(key=lambda j: (j.submitted_at, j.job_id))
         return out

@@ -151,11 +151,13 @@ class RuntimePredictor:
     granted by another writer (the fallback) that completes between two updates is not learned
     by a long-lived predictor (a fresh one learns it): its answers may differ by that much."""
 
-    def __init__(self, state: ClusterState, history: RuntimeHistory | None = None) -> None:
+    def __init__(self, state: ClusterState, history: RuntimeHistory | None = None, record: bool = False) -> None:
         self.state = state
         self.history = history if history is not None else RuntimeHistory()
-        #: Every job learned, in the order learned (append-only: `FrozenEstimates` reads it).
-        self.completed: list[Job] = []
+        #: With `record`: every job learned, in the order learned (append-only: `FrozenEstimates`
+        #: reads it). Off otherwise: the list would hold every completed job for the life of a
+        #: service, past the fold's forgetting horizon.
+        self.completed: list[Job] | None = [] if record else None
         done = [j for j in state.jobs.values() if j.state == "completed"]
         for job in sorted(done, key=lambda j: (j.finished_at or 0.0, j.job_id)):
             self._learn(job)
@@ -186,7 +188,8 @@ class RuntimePredictor:
 
     def _learn(self, job: Job) -> None:
         self.history.learn(job)
-        self.completed.append(job)
+        if self.completed is not None:
+            self.completed.append(job)
 
     def estimate(self, job: Job, now: float) -> Estimate:
         return self.history.estimate(job, now)
@@ -211,6 +214,8 @@ class FrozenEstimates:
     learned late: the incremental answer may then differ from a fresh one by that job."""
 
     def __init__(self, predictor: RuntimePredictor) -> None:
+        if predictor.completed is None:
+            raise ValueError("FrozenEstimates reads a predictor made with record=True")
         self.predictor = predictor
         self.history = RuntimeHistory()
         self.read = 0  # how many of `predictor.completed` are in `backlog` or learned
@@ -224,6 +229,7 @@ class FrozenEstimates:
         if hit is not None and hit[0] == at and hit[1] == job.attempt:
             return hit[2]
         done = self.predictor.completed
+        assert done is not None  # checked in __init__
         backlog = self.backlog
         for j in done[self.read:]:
             heapq.heappush(backlog, (j.finished_at or 0.0, j.job_id, j))
