@@ -33,11 +33,10 @@ Cycle = Callable[..., list[ev.Event]]
 def run(plan: CyclePlan, ctx: Context, cycle: Cycle | None = None) -> None:
     """`cycle`: the policy's cycle (`cycle.cycle`), for the plan of the queue."""
     ranges: dict[str, tuple[float, float]] = {}
-    _head(plan, ctx, ranges)
-    planned: dict[str, float] | None = None
-    if ctx.config.eta_plan_every_s is not None and cycle is not None:
-        ranges.clear()
-        planned = _planned(plan, ctx, cycle, ranges)
+    plan_with = cycle if ctx.config.eta_plan_every_s is not None else None
+    # With a plan of the queue, the plan gives every ETA: the head's own predicted one is not worked out.
+    _head(plan, ctx, ranges, predicted=ctx.config.predict_runtimes and plan_with is None)
+    planned = None if plan_with is None else _planned(plan, ctx, plan_with, ranges)
     _emit(plan, ctx, ranges, planned)
 
 
@@ -86,13 +85,20 @@ def _planned(plan: CyclePlan, ctx: Context, cycle: Cycle,
         if job is None or job.state != "pending" or s.at < now:
             continue
         etas[jid] = s.at - now
-        low, high = max(0.0, s.low - now), s.high - now
-        if high - low > 300.0 and high > 2.0 * max(low, 1.0):
-            ranges[jid] = (round(low, 3), round(high, 3))
+        _range(ranges, jid, max(0.0, s.low - now), s.high - now)
     return etas
 
 
-def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]]) -> None:
+def _range(ranges: dict[str, tuple[float, float]], jid: str, low: float, high: float) -> None:
+    """Show an ETA as a range (seconds from now) when it is uncertain: the range is wider than
+    five minutes and its far end more than twice its near end."""
+    if high - low > 300.0 and high > 2.0 * max(low, 1.0):
+        ranges[jid] = (round(max(0.0, low), 3), round(high, 3))
+
+
+def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]], predicted: bool) -> None:
+    """The head's reason in detail, and its ETA: the reservation's, or with `predicted` the one
+    worked out from predicted run times (`_eta`)."""
     head = plan.head if any(b is plan.head for b in plan.blocked) else (plan.blocked[0] if plan.blocked else None)
     if head is None or not isinstance(plan.reason_of(head), NoRoom):
         return
@@ -102,14 +108,14 @@ def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]])
         res = head_reservation(plan, ctx)
         if res is not None:
             why = no_fit(pool, lo, head.spec.topology.required, res.holders, reserved=True)
-            eta = _eta(plan, ctx, head, why, ranges) if ctx.config.predict_runtimes else (
+            eta = _eta(plan, ctx, head, why, ranges) if predicted else (
                 None if not res.known else max(0.0, res.at - ctx.now))
             plan.note(head, why, eta)
             return
     # No protected reservation: still name the jobs whose end would let it start.
     lo_res = reserve(ctx.state, plan.pool, head, lo, ctx.now, ctx.config, holders(plan, ctx), ctx.placer.place)
     why = no_fit(pool, lo, head.spec.topology.required, lo_res.holders if lo_res is not None else [])
-    plan.note(head, why, _eta(plan, ctx, head, why, ranges) if ctx.config.predict_runtimes else None)
+    plan.note(head, why, _eta(plan, ctx, head, why, ranges) if predicted else None)
 
 
 def _eta(plan: CyclePlan, ctx: Context, head: Job, why: Reason,
@@ -139,8 +145,7 @@ def _eta(plan: CyclePlan, ctx: Context, head: Job, why: Reason,
         return None
     low = max((ends[j][1] for j in res.holders), default=now)
     high = max((ends[j][2] for j in res.holders), default=now)
-    if high - low > 300.0 and high - now > 2.0 * max(low - now, 1.0):
-        ranges[head.job_id] = (round(max(0.0, low - now), 3), round(high - now, 3))
+    _range(ranges, head.job_id, low - now, high - now)
     return max(0.0, res.at - now)
 
 
