@@ -618,7 +618,7 @@ class Admission:
             log.warning("command_unavailable", kind=decision.event.kind, request_id=cmd.request_id, error=str(err))
             return CommandReply(ok=False, error=str(err))
         if job_id and len(self._taken) > 4096:
-            self._taken = {j: r for j, r in self._taken.items() if j not in state.jobs}
+            self._taken = {j: r for j, r in self._taken.items() if not state.knows(j)}
         (log.debug if decision.reply.ok else log.info)("command_decided", kind=decision.event.kind, ok=decision.reply.ok, seq=seq,
                  request_id=cmd.request_id, job_id=decision.reply.job_id, error=decision.reply.error or None)
         return msgspec.structs.replace(decision.reply, seq=seq)

@@ -223,7 +223,8 @@ class Simulation:
     def _shown(self, e: ev.GpusGranted, t: float) -> None:
         """Score the start estimates shown for a job that starts now, and predict its run time."""
         shown = self._eta.pop(e.job_id, ())
-        if self._waited.pop(e.job_id, 0) is None:
+        if e.job_id in self._waited:
+            del self._waited[e.job_id]
             self.eta_waits[0] += 1
             self.eta_waits[1] += bool(shown)
         for predicted, low, high in shown:
@@ -241,14 +242,12 @@ class Simulation:
             started.append(e.job_id)
             self._granted(self.runs[e.job_id], e, t)
             self._shown(e, t)
-        elif isinstance(e, ev.JobPending) and e.eta_s is None:
-            self._waited[e.job_id] = None
         elif isinstance(e, ev.JobPending):
-            # a later withdrawal ("ETA unknown") does not excuse what a user was shown
             self._waited[e.job_id] = None
-            low = None if e.eta_low_s is None else e.at + e.eta_low_s
-            high = None if e.eta_high_s is None else e.at + e.eta_high_s
-            self._eta.setdefault(e.job_id, []).append((e.at + e.eta_s, low, high))
+            if e.eta_s is not None:  # a later withdrawal ("ETA unknown") does not excuse what a user was shown
+                low = None if e.eta_low_s is None else e.at + e.eta_low_s
+                high = None if e.eta_high_s is None else e.at + e.eta_high_s
+                self._eta.setdefault(e.job_id, []).append((e.at + e.eta_s, low, high))
         elif isinstance(e, ev.JobResized):
             self._resized(self.runs[e.job_id], e, t)
         elif isinstance(e, ev.PreemptionRequested):
