@@ -410,9 +410,10 @@ def _cancel_array(state: ClusterState, cmd: CancelJob, now: float, caller: Calle
     """Cancelling a job array's id cancels every task of it not yet ended (as `scancel` does).
     One fact per task, each with its own message id: a retried request cancels what is left
     and stores nothing twice."""
-    tasks = [j for j in state.jobs.values() if j.array_job == cmd.job_id]
+    ids = state.array_tasks(cmd.job_id)
+    tasks = [state.jobs[t] for t in ids if t in state.jobs]
     if not tasks:
-        if any(t.array_job == cmd.job_id for t in state.forgotten.values()):
+        if ids:
             return Decision(CommandReply(ok=False, job_id=cmd.job_id,
                                          error=f"job array {cmd.job_id}: every task ended long ago (forgotten)"))
         return Decision(CommandReply(ok=False, error=_unknown(state, cmd.job_id)))

@@ -151,6 +151,30 @@ def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
     assert not cancel.ok and "already completed" in cancel.error and "horizon" in cancel.error
 
 
+def test_an_array_is_found_by_its_index_whole_forgotten_or_from_an_old_snapshot():
+    from gpusched.core.commands import CancelJob
+    from gpusched.core.model import ArraySpec
+    from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit
+
+    arr = ev.JobSubmitted(at=0.0, job_id="arr", request_id="r-arr", spec=JobSpec(team="a", gpus=1, array=ArraySpec(2, 4)))
+    ends = [ev.JobCancelled(at=5.0, job_id=f"arr_{i}") for i in (2, 3, 4)]
+    live = fold([node(), arr, *ends[:2], tick(DAY)], 10 * DAY)
+    gone = fold([node(), arr, *ends, tick(30 * DAY)], DAY)
+    assert live.array_tasks("arr") == gone.array_tasks("arr") == ["arr_2", "arr_3", "arr_4"]
+    assert set(gone.forgotten) == {"arr_2", "arr_3", "arr_4"} and live.array_tasks("nope") == []
+
+    def cancel(st: ClusterState):
+        return admit(st, CancelJob(request_id="c", job_id="arr"), 30 * DAY, AdmissionConfig(), Capacity(),
+                     caller=Caller("alice", "a"))
+
+    assert [e.job_id for e in [cancel(live).event]] == ["arr_4"]
+    assert not cancel(gone).reply.ok and "ended long ago" in cancel(gone).reply.error
+    for st in (live, gone):  # a snapshot written before the index existed has no `arrays`
+        raw = msgspec.msgpack.decode(st.snapshot())
+        del raw["arrays"]
+        assert ClusterState.restore(msgspec.msgpack.encode(raw)).arrays == {"arr": (2, 4)}
+
+
 def test_show_of_a_forgotten_job_says_so_and_where_its_history_is():
     from gpusched.cli.views import forgotten_doc
 

@@ -217,6 +217,8 @@ class ClusterState(Struct):
     finished_head: int = 0  # `finished[:finished_head]` were looked at already (compacted lazily)
     forgotten: dict[str, Tombstone] = {}
     forgotten_counts: dict[str, int] = {}  # final state -> forgotten jobs that ended so
+    arrays: dict[str, tuple[int, int]] = {}  # job array id -> (first, last) task index, so that a
+    # command naming an array finds its tasks by id, not by scanning every job and tombstone
 
     # --- the fold ------------------------------------------------------------------------
 
@@ -574,9 +576,17 @@ class ClusterState(Struct):
         """A compact encoding of the whole state (Redis snapshots: snapshot + tail)."""
         return msgspec.msgpack.encode(self)
 
+    def array_tasks(self, array_id: str) -> list[str]:
+        """The ids of a job array's tasks, whole or forgotten ([]: no such array)."""
+        first, last = self.arrays.get(array_id, (0, -1))
+        return [array_task_id(array_id, i) for i in range(first, last + 1)]
+
     @classmethod
     def restore(cls, data: bytes) -> ClusterState:
-        return msgspec.msgpack.decode(data, type=cls)
+        state = msgspec.msgpack.decode(data, type=cls)
+        if not state.arrays:  # a snapshot from before the index: rebuild it from the tasks
+            state.arrays = _array_index(state)
+        return state
 
 
 # --- idle GPUs (JobIdle/JobBusy): held-but-unused accounting, outside the class for its size ---
@@ -819,6 +829,18 @@ def array_task_id(array_job: str, index: int) -> str:
     return f"{array_job}_{index}"
 
 
+def _array_index(st: ClusterState) -> dict[str, tuple[int, int]]:
+    """`ClusterState.arrays` rebuilt from the tasks' ids (`<array>_<index>`), whole or forgotten."""
+    index: dict[str, tuple[int, int]] = {}
+    tasks = [(j.job_id, j.array_job) for j in st.jobs.values() if j.array_job]
+    tasks += [(jid, t.array_job) for jid, t in st.forgotten.items() if t.array_job]
+    for jid, array_id in tasks:
+        i = int(jid.rsplit("_", 1)[1])
+        first, last = index.get(array_id, (i, i))
+        index[array_id] = (min(first, i), max(last, i))
+    return index
+
+
 def _submit_array(st: ClusterState, e: ev.JobSubmitted) -> None:
     """One job per index of the array, each with its index in its environment; the request id
     names the array."""
@@ -829,6 +851,7 @@ def _submit_array(st: ClusterState, e: ev.JobSubmitted) -> None:
     if clash:
         st._violate("duplicate_job", f"array {e.job_id} submitted over existing jobs", clash[:8])
         return
+    st.arrays[e.job_id] = (arr.first, arr.last)
     for i, jid in zip(range(arr.first, arr.last + 1), ids):
         env = {**e.spec.env, "GPUSCHED_ARRAY_JOB_ID": e.job_id, "GPUSCHED_ARRAY_INDEX": str(i),
                "SLURM_ARRAY_JOB_ID": e.job_id, "SLURM_ARRAY_TASK_ID": str(i)}
