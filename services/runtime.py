@@ -9,7 +9,7 @@ fold has caught up with the stream so that the caller can decide again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
@@ -51,6 +51,7 @@ class FoldedLog:
         #: too: they occupy sequences that the compare-and-set check sees.
         self.seen_seq = 0
         self.alloc_seq = 0
+        self.heads = SharedRead(event_log.last_seq)
 
     @classmethod
     async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None,
@@ -164,8 +165,10 @@ class FoldedLog:
             await cancel_tasks(tasks)
 
     async def catch_up(self, timeout: float = 10.0) -> None:
-        """Wait until the fold has applied everything in the stream as of now."""
-        await self.wait_seq(await self.log.last_seq(), timeout)
+        """Wait until the fold has applied everything in the stream as of now (one stream-info
+        request serves every caller waiting at once: `SharedRead`)."""
+        head = await asyncio.wait_for(self.heads.read(), timeout)
+        await self.wait_seq(head, timeout)
 
     async def wait_seq(self, target: int, timeout: float = 10.0) -> None:
         """Wait until the fold has read up to `target` (e.g. the writer's own last append)."""
@@ -188,6 +191,38 @@ class FoldedLog:
             return False
         finally:
             self.changed.clear()
+
+
+class SharedRead:
+    """One request in flight for many callers: a caller gets the answer of a request that began
+    after it asked (a read barrier stays a barrier), and every caller that asks while one is in
+    flight shares the next. A burst of refusals, each wanting the stream's head, costs two
+    stream-info round trips instead of one each (JetStream's API is shared by the cluster)."""
+
+    def __init__(self, read: Callable[[], Awaitable[int]]):
+        self._read = read
+        self._next: asyncio.Future[int] | None = None  # what callers asking now will get
+        self._busy = False
+        self._task: asyncio.Task | None = None  # held: the loop keeps only a weak reference
+
+    async def read(self) -> int:
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+            if not self._busy:
+                self._task = asyncio.get_running_loop().create_task(self._serve())
+        return await asyncio.shield(self._next)  # one caller's timeout must not cancel the others'
+
+    async def _serve(self) -> None:
+        self._busy = True
+        try:
+            while self._next is not None:
+                answer, self._next = self._next, None
+                try:
+                    answer.set_result(await self._read())
+                except Exception as err:  # noqa: BLE001 - handed to every caller that shared it
+                    answer.set_exception(err)
+        finally:
+            self._busy = False
 
 
 async def cancel_tasks(tasks: list[asyncio.Task], timeout: float = 5.0) -> None:
