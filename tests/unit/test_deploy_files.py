@@ -231,6 +231,8 @@ def test_node_agent_follows_the_nvidia_conventions(rendered):
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     # it takes no device-plugin allocation: gpusched schedules the node's GPUs itself
     assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
+    # its jobs end with its pod: a new image must not replace it on a node that runs jobs
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
 
 # --- images and pins ------------------------------------------------------------------------------
