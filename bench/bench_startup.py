@@ -64,7 +64,8 @@ def churn_batch(b: int, jobs_per_day: float) -> list[ev.Event]:
         size = (1, 1, 2, 4, 8)[job % 5]
         slot = (job - first) * 40  # 200 jobs x 40 slots = the 8,000 GPUs, no two jobs share one
         gpus = [f"n{(slot + k) // GPUS:04d}/{(slot + k) % GPUS}" for k in range(size)]
-        node, jid, t = gpus[0].split("/")[0], f"j{job}", job * dt
+        # ids shaped as admission makes them (`j-` + 8 hex; an odd multiplier keeps them distinct)
+        node, jid, t = gpus[0].split("/")[0], f"j-{job * 2654435761 % 2**32:08x}", job * dt
         lives.append((ev.JobSubmitted(at=t, job_id=jid, spec=JobSpec(team=f"t{job % 7}", gpus=size),
                                       request_id=f"r{job}", user="bench"),
                       ev.GpusGranted(at=t, job_id=jid, attempt=1, gpus=gpus),
@@ -187,22 +188,31 @@ async def one_size(n: int, tail: int, jobs_per_day: float, inflight: int, scratc
 
 
 def memory_per_job(jobs: int) -> None:
-    """Bytes of Python heap per finished job: kept whole vs forgotten (its tombstone)."""
+    """Bytes of Python heap per finished job: kept whole, forgotten (its tombstone), retired (its
+    id only, past the second horizon: `RETIRE_AFTER_HORIZONS` horizons after it ended)."""
     landed = [(1 + NODES + b * MAX_BATCH, churn_batch(b, 1000.0)) for b in range(jobs // JOBS_PER_BATCH)]
+    # forgotten: a horizon far longer than the jobs' spread (days), then a clock past one horizon and
+    # not past the second, so every job is a tombstone; retired: a 1 s horizon, so jobs retire as
+    # the log goes on (as in a long-lived fold: the dicts never hold every tombstone at once)
+    horizon = 1e9
     heap = {}
-    for h in (None, 1.0):
+    for name, h, later in (("kept whole", None, 1e12), ("forgotten", horizon, 2 * horizon), ("retired", 1.0, 1e12)):
         state = ClusterState(forget_after_s=h)
         for i, e in enumerate(nodes_batch()):
             state.apply(e, i + 1)
+        empty = len(state.snapshot())  # the nodes and GPUs: not a per-job cost
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         fold_landed(state, landed)
-        state.apply(ev.PlacementRecovered(at=1e12), landed[-1][0] + MAX_BATCH)  # past every horizon
-        heap[h] = (tracemalloc.get_traced_memory()[0] - before) / jobs
+        at = later if name != "forgotten" else state.now + later  # past one horizon, not past the second
+        state.apply(ev.PlacementRecovered(at=at), landed[-1][0] + MAX_BATCH)
+        heap[name] = (tracemalloc.get_traced_memory()[0] - before) / jobs
         tracemalloc.stop()
-        print(f"memory per finished job, {'kept whole' if h is None else 'forgotten':10s}: {heap[h]:5.0f} B "
-              f"({len(state.jobs)} whole, {len(state.forgotten)} tombstones)")
-    print(f"forgetting saves {heap[None] - heap[1.0]:.0f} B per job ({heap[None] / heap[1.0]:.1f}x less)")
+        print(f"memory per finished job, {name:10s}: {heap[name]:5.0f} B ({len(state.jobs)} whole, "
+              f"{len(state.forgotten)} tombstones, {len(state.retired)} retired ids); "
+              f"snapshot {(len(state.snapshot()) - empty) / jobs:5.0f} B per job")
+    print(f"forgetting saves {heap['kept whole'] - heap['forgotten']:.0f} B per job "
+          f"({heap['kept whole'] / heap['forgotten']:.1f}x less); retiring leaves {heap['retired']:.0f} B per job")
 
 
 async def main(a) -> None:

@@ -45,7 +45,7 @@ from gpusched.core.commands import (
 )
 from gpusched.core.model import LEVEL_RANK, TeamQuota
 from gpusched.core.reasons import NoMatchingNode
-from gpusched.core.state import TERMINAL, ClusterState, Job
+from gpusched.core.state import TERMINAL, ClusterState, Job, array_tasks
 from gpusched.policy.eligibility import not_eligible
 from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import common_arguments
@@ -246,10 +246,16 @@ def time_limit_problem(quota: TeamQuota | None, limit_s: float | None) -> str | 
 
 
 def dependency_problem(state: ClusterState, spec) -> str | None:
-    """Dependencies must name jobs the log knows (their end state is checked when it comes)."""
+    """Dependencies must name jobs whose state the fold keeps (their end state is checked when
+    it comes): not an array's id, not a job retired past the second horizon."""
     for d in spec.dependency:
-        if not state.knows(d.job):
-            return f"spec.dependency: unknown job {d.job!r} ({d.kind}:{d.job})"
+        if state.job_status(d.job) is not None:
+            continue
+        if d.job in state.arrays:
+            return f"spec.dependency: {d.job} is a job array; depend on its tasks ({d.job}_INDEX)"
+        if state.knows(d.job):
+            return f"spec.dependency: job {d.job} ended too long ago: {_RETIRED}"
+        return f"spec.dependency: unknown job {d.job!r} ({d.kind}:{d.job})"
     return None
 
 
@@ -273,11 +279,15 @@ def with_defaults(state: ClusterState, spec):
     return spec
 
 
+#: What the fold keeps of a job past its second horizon (`core.state.RETIRE_AFTER_HORIZONS`).
+_RETIRED = "only its id is kept (past the fold's second horizon); its history is in the log and its exported segments"
+
+
 def _unknown(state: ClusterState, job_id: str) -> str:
     """Why a command names no job it can act on: never in the log, or ended and forgotten."""
     tomb = state.forgotten.get(job_id)
     if tomb is None:
-        return f"unknown job {job_id!r}"
+        return f"job {job_id} ended long ago: {_RETIRED}" if state.knows(job_id) else f"unknown job {job_id!r}"
     return (f"job {job_id} already {tomb.state} (ended long ago, past the fold's horizon: "
             f"`gpusched show {job_id}` points to its history)")
 
@@ -410,7 +420,7 @@ def _cancel_array(state: ClusterState, cmd: CancelJob, now: float, caller: Calle
     """Cancelling a job array's id cancels every task of it not yet ended (as `scancel` does).
     One fact per task, each with its own message id: a retried request cancels what is left
     and stores nothing twice."""
-    ids = state.array_tasks(cmd.job_id)
+    ids = array_tasks(state, cmd.job_id)
     tasks = [state.jobs[t] for t in ids if t in state.jobs]
     if not tasks:
         if ids:

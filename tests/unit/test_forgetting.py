@@ -8,7 +8,7 @@ from hypothesis import given, settings
 
 from gpusched.core import events as ev
 from gpusched.core.model import Dependency, GpuInfo, JobSpec, TeamQuota
-from gpusched.core.state import ClusterState, Tombstone
+from gpusched.core.state import ClusterState, Tombstone, array_tasks
 from gpusched.policy.eligibility import dependency_reason
 
 from .fold_gen import legal_events
@@ -68,27 +68,27 @@ def test_the_horizon_is_log_time():
 
 
 def test_a_job_whose_processes_may_still_run_is_not_forgotten_until_they_end():
-    st = fold([node(), *life("a", 0.0, fenced=False), tick(30 * DAY)], DAY)
+    st = fold([node(), *life("a", 0.0, fenced=False), tick(3 * DAY)], DAY)
     assert "a" in st.jobs and st.node_live == {"n0": {"a": None}}  # the fence still needs it
-    st.apply(ev.ProcessesEnded(at=30 * DAY, job_id="a", attempt=1, node="n0"))
-    st.apply(tick(30 * DAY))
+    st.apply(ev.ProcessesEnded(at=3 * DAY, job_id="a", attempt=1, node="n0"))
+    st.apply(tick(3 * DAY))
     assert "a" in st.forgotten and not st.node_live
 
 
 def test_a_forgotten_id_cannot_be_submitted_again():
-    st = fold([node(), *life("a", 0.0), tick(30 * DAY)], DAY)
-    st.apply(ev.JobSubmitted(at=30 * DAY, job_id="a", spec=JobSpec(team="a", gpus=1)))
+    st = fold([node(), *life("a", 0.0), tick(3 * DAY)], DAY)
+    st.apply(ev.JobSubmitted(at=3 * DAY, job_id="a", spec=JobSpec(team="a", gpus=1)))
     assert [v.rule for v in st.violations()] == ["duplicate_job"]
 
 
 def test_dependencies_on_forgotten_jobs_keep_their_end_state():
-    events = [node(), *life("ok", 0.0), *life("bad", 100.0, end=ev.JobFailed), tick(30 * DAY)]
+    events = [node(), *life("ok", 0.0), *life("bad", 100.0, end=ev.JobFailed), tick(3 * DAY)]
     st = fold(events, DAY)
     assert {"ok", "bad"} <= set(st.forgotten)
     for deps, reason in (([Dependency(kind="afterok", job="ok")], None),
                          ([Dependency(kind="afterany", job="bad")], None),
                          ([Dependency(kind="afterok", job="bad")], "DependencyNever")):
-        st.apply(ev.JobSubmitted(at=30 * DAY, job_id=f"w{len(st.jobs)}", spec=JobSpec(team="a", gpus=1, dependency=deps)))
+        st.apply(ev.JobSubmitted(at=3 * DAY, job_id=f"w{len(st.jobs)}", spec=JobSpec(team="a", gpus=1, dependency=deps)))
         job = st.jobs[f"w{len(st.jobs) - 1}"]
         got = dependency_reason(st, job)
         assert (None if got is None else type(got).__name__) == reason
@@ -102,14 +102,16 @@ def test_a_snapshot_and_its_tail_forget_exactly_what_the_whole_fold_forgets():
         for e in events[cut:]:
             st.apply(e)
         assert st.snapshot() == whole.snapshot()
-    assert len(whole.forgotten) == 35 and len(whole.jobs) == 5  # j34 ended exactly 5 days before j39
+    assert len(whole.jobs) == 5  # j34 ended exactly 5 days before j39
+    assert len(whole.forgotten) == 15 and len(whole.retired) == 20  # and j19 exactly 20 days before
 
 
 def test_the_queue_of_finished_jobs_is_compacted():
     events = [node()] + [e for i in range(3000) for e in life(f"j{i}", i * 100.0)]
     st = fold(events, 1000.0)
     assert len(st.finished) - st.finished_head < 20 and len(st.finished) < 2100
-    assert len(st.forgotten) > 2980
+    assert len(st.retiring) - st.retiring_head < 50 and len(st.retiring) < 2100
+    assert len(st.forgotten) < 50 and len(st.retired) > 2940
 
 
 @settings(max_examples=60, deadline=None)
@@ -117,12 +119,15 @@ def test_the_queue_of_finished_jobs_is_compacted():
 def test_forgetting_never_changes_an_invariant_verdict_or_a_live_job(events):
     whole, short = fold(events, None), fold(events, 50.0)
     assert [(v.seq, v.rule) for v in short.violations()] == [(v.seq, v.rule) for v in whole.violations()]
-    assert set(short.jobs) | set(short.forgotten) == set(whole.jobs)
+    assert set(short.jobs) | set(short.forgotten) <= set(whole.jobs)
     for job_id, job in whole.jobs.items():
+        assert short.knows(job_id)
         if job_id in short.jobs:
             assert msgspec.to_builtins(short.jobs[job_id]) == msgspec.to_builtins(job)
-        else:
+        elif job_id in short.forgotten:
             assert job.state == short.forgotten[job_id].state and not job.live
+        else:  # retired: only its id is kept
+            assert job.finished_at is not None and job.finished_at <= short.now - 4 * 50.0 and not job.live
     assert short.job_counts() == whole.job_counts()
     assert (short.gpus, short.nodes, short.node_live) == (whole.gpus, whole.nodes, whole.node_live)
 
@@ -132,11 +137,11 @@ def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
     from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit, job_id_for
 
     reused = job_id_for("fresh", ClusterState())
-    st = fold([node(), *life("old", 0.0), *life(reused, 20.0), tick(30 * DAY)], DAY)
+    st = fold([node(), *life("old", 0.0), *life(reused, 20.0), tick(3 * DAY)], DAY)
     assert {"old", reused} <= set(st.forgotten)
 
     def decide(cmd, caller=Caller("alice", "a")):
-        return admit(st, cmd, 30 * DAY, AdmissionConfig(placeholders="any"), Capacity(), caller=caller).reply
+        return admit(st, cmd, 3 * DAY, AdmissionConfig(placeholders="any"), Capacity(), caller=caller).reply
 
     retry = decide(SubmitJob(request_id="r-old", spec=JobSpec(team="a", gpus=1)))
     assert retry.ok and retry.duplicate and retry.job_id == "old"
@@ -152,33 +157,67 @@ def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
 
 
 def test_an_array_is_found_by_its_index_whole_forgotten_or_from_an_old_snapshot():
-    from gpusched.core.commands import CancelJob
+    from gpusched.core.commands import CancelJob, SubmitJob
     from gpusched.core.model import ArraySpec
     from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit
 
     arr = ev.JobSubmitted(at=0.0, job_id="arr", request_id="r-arr", spec=JobSpec(team="a", gpus=1, array=ArraySpec(2, 4)))
     ends = [ev.JobCancelled(at=5.0, job_id=f"arr_{i}") for i in (2, 3, 4)]
     live = fold([node(), arr, *ends[:2], tick(DAY)], 10 * DAY)
-    gone = fold([node(), arr, *ends, tick(30 * DAY)], DAY)
-    assert live.array_tasks("arr") == gone.array_tasks("arr") == ["arr_2", "arr_3", "arr_4"]
-    assert set(gone.forgotten) == {"arr_2", "arr_3", "arr_4"} and live.array_tasks("nope") == []
+    gone = fold([node(), arr, *ends, tick(3 * DAY)], DAY)
+    assert array_tasks(live, "arr") == array_tasks(gone, "arr") == ["arr_2", "arr_3", "arr_4"]
+    assert set(gone.forgotten) == {"arr_2", "arr_3", "arr_4"} and array_tasks(live, "nope") == []
 
     def cancel(st: ClusterState):
-        return admit(st, CancelJob(request_id="c", job_id="arr"), 30 * DAY, AdmissionConfig(), Capacity(),
+        return admit(st, CancelJob(request_id="c", job_id="arr"), 3 * DAY, AdmissionConfig(), Capacity(),
                      caller=Caller("alice", "a"))
 
     assert [e.job_id for e in [cancel(live).event]] == ["arr_4"]
     assert not cancel(gone).reply.ok and "ended long ago" in cancel(gone).reply.error
+    on_array = admit(live, SubmitJob(request_id="w", spec=JobSpec(team="a", gpus=1, dependency=[
+        Dependency(kind="afterok", job="arr")])), DAY, AdmissionConfig(placeholders="any"), Capacity(), caller=Caller("alice", "a"))
+    assert not on_array.reply.ok and "is a job array; depend on its tasks" in on_array.reply.error
+    assert live.knows("arr") and live.knows("arr_4") and not live.knows("arr_5")  # never handed out as a job id
     for st in (live, gone):  # a snapshot written before the index existed has no `arrays`
         raw = msgspec.msgpack.decode(st.snapshot())
         del raw["arrays"]
         assert ClusterState.restore(msgspec.msgpack.encode(raw)).arrays == {"arr": (2, 4)}
 
 
+def test_past_the_second_horizon_only_the_id_stays_and_it_is_never_handed_out_again():
+    from gpusched.cli.views import retired_note
+    from gpusched.core.commands import CancelJob, SubmitJob
+    from gpusched.core.state import RETIRE_AFTER_HORIZONS
+    from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit, job_id_for
+
+    old = job_id_for("first", ClusterState())  # an id admission makes: kept in 4 bytes
+    events = [node(), *life(old, 0.0), *life("other", 1.0)]
+    forgotten = fold([*events, tick(RETIRE_AFTER_HORIZONS * DAY)], DAY)
+    assert {old, "other"} <= set(forgotten.forgotten)  # ended 10 s after the second horizon's start
+    st = fold([*events, tick(RETIRE_AFTER_HORIZONS * DAY + 20)], DAY)
+    assert not st.forgotten and old in st.retired and "other" in st.retired and len(st.retired) == 2
+    assert st.knows(old) and st.job_status(old) is None and st.job_counts()["completed"] == 2
+    assert f"r-{old}" not in st.requests  # request-id dedupe ends with the tombstone
+    assert st.retired.runs == [bytes.fromhex(old[2:])[::-1]]  # little-endian uint32
+
+    def decide(cmd):
+        return admit(st, cmd, st.now, AdmissionConfig(placeholders="any"), Capacity(), caller=Caller("alice", "a")).reply
+
+    again = decide(SubmitJob(request_id="first", spec=JobSpec(team="a", gpus=1)))
+    assert again.ok and not again.duplicate and again.job_id not in (old, "")  # the id is never reused
+    after = decide(SubmitJob(request_id="w", spec=JobSpec(team="a", gpus=1, dependency=[Dependency(kind="afterok", job=old)])))
+    assert not after.ok and "only its id is kept" in after.error
+    cancel = decide(CancelJob(request_id="c", job_id=old))
+    assert not cancel.ok and "only its id is kept" in cancel.error
+    assert "only its id is kept" in retired_note(st, old)
+    restored = ClusterState.restore(st.snapshot())
+    assert restored.knows(old) and restored.snapshot() == st.snapshot()
+
+
 def test_show_of_a_forgotten_job_says_so_and_where_its_history_is():
     from gpusched.cli.views import forgotten_doc
 
-    st = fold([node(), *life("old", 0.0), tick(30 * DAY)], DAY)
+    st = fold([node(), *life("old", 0.0), tick(3 * DAY)], DAY)
     doc = forgotten_doc(st, "old")["forgotten"]
     assert (doc["state"], doc["team"], doc["request_id"], doc["finished_at"]) == ("completed", "a", "r-old", 10.0)
     assert "GPUSCHED_FORGET_AFTER_S=none gpusched show old" in doc["history"] and "--from-file" in doc["history"]

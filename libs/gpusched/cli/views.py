@@ -590,7 +590,8 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
         if job_id in state.forgotten:
             return forgotten_doc(state, job_id)
         if job_id not in state.jobs:
-            return {"job_id": job_id, "error": f"no job {job_id} in the log (at seq {state.last_seq})"}
+            return {"job_id": job_id, "error": retired_note(state, job_id) if state.knows(job_id)
+                    else f"no job {job_id} in the log (at seq {state.last_seq})"}
         history = await job_history(event_log, job_id)
     finally:
         await event_log.close()
@@ -614,19 +615,28 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
     return data
 
 
+def _history_hint(job_id: str) -> str:
+    from gpusched.store import HORIZON_ENV
+
+    return (f"Its whole history is in the log: `{HORIZON_ENV}=none gpusched show {job_id}` folds the stream "
+            f"keeping every job; if the stream was bounded, `gpusched replay --from-file SEGMENT...` over the "
+            f"exported segments.")
+
+
+def retired_note(state: ClusterState, job_id: str) -> str:
+    """`show` of a job (or array) past the second horizon: the fold kept only its id."""
+    return f"job {job_id} ended long ago (past the fold's second horizon): only its id is kept. {_history_hint(job_id)}"
+
+
 def forgotten_doc(state: ClusterState, job_id: str) -> dict[str, Any]:
     """`show` of a job that ended before the fold's horizon: what the fold kept, and where the
     rest of its history is."""
-    from gpusched.store import HORIZON_ENV
-
     tomb = state.forgotten[job_id]
     return {"job_id": job_id, "seq": state.last_seq, "forgotten": {
         "state": tomb.state, "finished_at": tomb.finished_at, "request_id": tomb.request_id, "team": tomb.team,
         "array_job": tomb.array_job, "forget_after_s": state.forget_after_s,
         "history": f"ended {iso(tomb.finished_at)}, more than {state.forget_after_s:g} s of log time before "
-                   f"the latest event, so the fold kept only its end. Its whole history is in the log: "
-                   f"`{HORIZON_ENV}=none gpusched show {job_id}` folds the stream keeping every job; if the "
-                   f"stream was bounded, `gpusched replay --from-file SEGMENT...` over the exported segments."}}
+                   f"the latest event, so the fold kept only its end. {_history_hint(job_id)}"}}
 
 
 def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:

@@ -17,6 +17,7 @@ from . import events as ev
 from . import rules
 from .model import GpuId, JobSpec, TeamQuota, gpu_id
 from .reasons import Reason
+from .retired import RetiredIds
 from .topology import Gpu, Node, span_level
 
 JobStatus = Literal["pending", "starting", "running", "completed", "failed", "cancelled", "timeout"]
@@ -28,6 +29,10 @@ PARTIAL_CHECKPOINTS = 8
 #: The services' default horizon (`ClusterState.forget_after_s`, log time): a finished job is kept
 #: whole for 90 days after it ended, then only as a `Tombstone` (docs/operating.md, "Retention").
 FORGET_AFTER_S = 90 * 24 * 3600.0
+#: A tombstone lives this many horizons after the job ended (a year at the default 90 days); then
+#: only the job's id is kept (`RetiredIds`, 4 bytes), so that no id is ever handed out twice:
+#: request-id dedupe, `afterok` on the job and `show` end there (docs/operating.md, "Retention").
+RETIRE_AFTER_HORIZONS = 4
 
 
 class Checkpoint(Struct):
@@ -219,6 +224,9 @@ class ClusterState(Struct):
     forgotten_counts: dict[str, int] = {}  # final state -> forgotten jobs that ended so
     arrays: dict[str, tuple[int, int]] = {}  # job array id -> (first, last) task index, so that a
     # command naming an array finds its tasks by id, not by scanning every job and tombstone
+    retiring: list[str] = []  # forgotten jobs, in the order they were forgotten
+    retiring_head: int = 0  # `retiring[:retiring_head]` were retired already (compacted lazily)
+    retired: RetiredIds = msgspec.field(default_factory=RetiredIds)
 
     # --- the fold ------------------------------------------------------------------------
 
@@ -233,7 +241,7 @@ class ClusterState(Struct):
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
-        if self.finished_head < len(self.finished):
+        if self.finished_head < len(self.finished) or self.retiring_head < len(self.retiring):
             _forget_old(self)
 
     def _violate(self, rule: str, detail: str, jobs: list[str] = (), gpus: list[str] = ()) -> None:  # type: ignore[assignment]
@@ -565,8 +573,9 @@ class ClusterState(Struct):
         return None if tomb is None else tomb.state
 
     def knows(self, job_id: str) -> bool:
-        """The log has (had) this job: whole in `jobs`, or forgotten past the horizon."""
-        return job_id in self.jobs or job_id in self.forgotten
+        """The log has (had) this job or job array: whole, forgotten, or retired."""
+        return (job_id in self.jobs or job_id in self.forgotten or job_id in self.arrays or job_id in self.retired
+                or _array_task_known(self, job_id))
 
     def summary(self) -> dict:
         """What `gpusched replay --json` prints."""
@@ -575,11 +584,6 @@ class ClusterState(Struct):
     def snapshot(self) -> bytes:
         """A compact encoding of the whole state (Redis snapshots: snapshot + tail)."""
         return msgspec.msgpack.encode(self)
-
-    def array_tasks(self, array_id: str) -> list[str]:
-        """The ids of a job array's tasks, whole or forgotten ([]: no such array)."""
-        first, last = self.arrays.get(array_id, (0, -1))
-        return [array_task_id(array_id, i) for i in range(first, last + 1)]
 
     @classmethod
     def restore(cls, data: bytes) -> ClusterState:
@@ -650,9 +654,33 @@ def _forget_old(st: ClusterState) -> None:
         st.forgotten[job.job_id] = Tombstone(job.state, job.finished_at or 0.0, job.request_id, job.team,
                                              job.array_job)
         st.forgotten_counts[job.state] = st.forgotten_counts.get(job.state, 0) + 1
+        st.retiring.append(job.job_id)
     if st.finished_head > 1024 and st.finished_head * 2 > len(queue):
         del queue[:st.finished_head]
         st.finished_head = 0
+    _retire_old(st, st.now - st.forget_after_s * RETIRE_AFTER_HORIZONS)
+
+
+def _retire_old(st: ClusterState, horizon: float) -> None:
+    """Past the second horizon a tombstone goes and only the id stays (`RetiredIds`); an array's
+    tasks need nothing more, `arrays` keeps their range."""
+    queue = st.retiring
+    while st.retiring_head < len(queue):
+        tomb = st.forgotten.get(queue[st.retiring_head])
+        if tomb is not None and tomb.finished_at > horizon:
+            break
+        job_id = queue[st.retiring_head]
+        st.retiring_head += 1
+        if tomb is None:
+            continue
+        del st.forgotten[job_id]
+        if tomb.request_id and st.requests.get(tomb.request_id) in (job_id, tomb.array_job):
+            del st.requests[tomb.request_id]
+        if not tomb.array_job:
+            st.retired.add(job_id)
+    if st.retiring_head > 1024 and st.retiring_head * 2 > len(queue):
+        del queue[:st.retiring_head]
+        st.retiring_head = 0
 
 
 def _summary(st: ClusterState) -> dict:
@@ -827,6 +855,18 @@ def _fold_checkpoint(self, e: ev.CheckpointSaved) -> None:
 
 def array_task_id(array_job: str, index: int) -> str:
     return f"{array_job}_{index}"
+
+
+def array_tasks(st: ClusterState, array_id: str) -> list[str]:
+    """The ids of a job array's tasks, whole, forgotten or retired ([]: no such array)."""
+    first, last = st.arrays.get(array_id, (0, -1))
+    return [array_task_id(array_id, i) for i in range(first, last + 1)]
+
+
+def _array_task_known(st: ClusterState, job_id: str) -> bool:
+    array_id, _, index = job_id.rpartition("_")
+    span = st.arrays.get(array_id)
+    return span is not None and index.isdigit() and span[0] <= int(index) <= span[1]
 
 
 def _array_index(st: ClusterState) -> dict[str, tuple[int, int]]:
