@@ -12,6 +12,9 @@ from gpusched.policy.cycle import cycle
 from gpusched.policy.forecast import forecast
 from gpusched.policy.memo import Indexes
 from gpusched.policy.predict import RuntimePredictor
+from gpusched.sim.engine import Cluster, Simulation
+from gpusched.sim.runtime import IDEAL
+from gpusched.sim.traces import TraceJob
 
 from .policy_helpers import Scenario, gpus
 
@@ -123,3 +126,14 @@ def test_an_empty_plan_is_made_again_when_jobs_come():
     assert idx.forecast_ is empty  # not at once (arrivals come in bursts)
     cycle(s.state, 400.0, FULL, idx)
     assert idx.forecast_ is not empty and idx.forecast_.first == ["y"]
+
+
+def test_the_same_start_said_again_is_scored_once():
+    """The sim scores each distinct estimate a job was shown: the same start said again with a
+    new reason is one estimate; a moved start is another; the first of the wait is kept apart."""
+    sim = Simulation([TraceJob("b", 0.0, 100.0, 1, "x")], Cluster.parse("1x1x8"), PRESETS["full"], IDEAL)
+    for at, reason, eta in [(0.0, "r1", 100.0), (10.0, "r2", 90.0), (20.0, "r3", 200.0), (30.0, "r4", 190.0)]:
+        sim._react(ev.JobPending(at=at, job_id="b", reason=reason, eta_s=eta), at, [])
+    sim._shown(ev.GpusGranted(at=150.0, job_id="b", attempt=2, gpus=["r0n0/0"]), 150.0)
+    assert sim.eta_errors == [pytest.approx(50.0), pytest.approx(-70.0)]
+    assert sim.eta_first == [pytest.approx(50.0)] and sim.eta_ahead == [100.0, 200.0]
