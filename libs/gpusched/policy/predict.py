@@ -20,12 +20,14 @@ Batches: a team submits many jobs together at one size (a sweep, retries of one 
 those run about as long as each other: on the bundled Philly week two consecutive jobs of one
 team and size submitted within a minute differ by a median factor of 1.17, against 1.95 for two
 of the same key picked at random. So the point estimate of a job with such siblings is theirs:
-the median of the (up to) `siblings` completed jobs of its most specific team-and-size key
-submitted nearest to it, within `sibling_window_s` (an hour: a working session), among those
-that ran longer than it has; the range stays the key's (widened to hold the point). A user's
-time limit bounds every answer from above. Everything is a
-function of the completed jobs in the order they finished (ties by job id) and of the job's
-own spec and elapsed time: never of its true duration, which nothing here can see.
+the median of the (up to) `siblings` completed jobs of its team and size (the same user and
+command first, where known) submitted nearest to it, within `sibling_window_s` (an hour: a
+working session), among those that ran longer than it has; the range stays the key's (widened
+to hold the point).
+
+A user's time limit bounds every answer from above. Everything is a function of the completed
+jobs in the order they finished (ties by job id) and of the job's own spec, submission and
+elapsed time: never of its true duration, which nothing here can see.
 """
 
 from __future__ import annotations
@@ -134,9 +136,10 @@ class RuntimeHistory:
             self.by_submit.pop(old, None)
 
     def _batch(self, job: Job, keys: list[tuple], ran: float) -> float | None:
-        """The job's batch: the median run time of the (up to) `siblings` completed jobs of its
-        most specific key submitted nearest to it, within `sibling_window_s`, among those that
-        ran longer than it has (None: no such job). Why: jobs a team submits together at one
+        """The job's batch: the median run time of the (up to) `siblings` completed jobs
+        submitted nearest to it, within `sibling_window_s`, among those that ran longer than it
+        has, in the most specific of its team-and-size keys that has one (None: no key has).
+        Why: jobs a team submits together at one
         size are mostly one experiment (a sweep, retries), and run about as long as each other,
         far closer than a random job of the same key."""
         sub, window, want = job.submitted_at, self.sibling_window_s, self.siblings
