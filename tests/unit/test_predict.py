@@ -11,7 +11,7 @@ from gpusched.cli.views import eta_text
 from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
 from gpusched.policy.cycle import cycle
-from gpusched.policy.predict import RuntimeHistory, RuntimePredictor
+from gpusched.policy.predict import FrozenEstimates, RuntimeHistory, RuntimePredictor
 from gpusched.sim.engine import Cluster, Simulation
 from gpusched.sim.runtime import IDEAL
 from gpusched.sim.traces import TraceJob
@@ -56,9 +56,9 @@ def test_learns_from_completed_jobs_conditional_on_what_ran():
 
 
 def _batch_scene() -> Scenario:
-    """Team a's 1-GPU jobs: ten old ones of 100 s or 20,000 s (a mixed key), then a batch of
-    three 3,000 s runs submitted together, the last of which (`q`) still runs."""
-    s = _history([100.0, 20_000.0] * 5)
+    """Team a's 1-GPU jobs: ten old ones, six of 100 s and four of 20,000 s (a mixed key), then
+    a batch of three 3,000 s runs submitted together, the last of which (`q`) still runs."""
+    s = _history([100.0] * 6 + [20_000.0] * 4)
     t0 = s.now
     for i in range(2):
         s.submit(f"b{i}", at=t0 + i)
@@ -101,6 +101,22 @@ def test_siblings_that_ran_shorter_or_were_submitted_apart_do_not_count():
     later.run("q", ["r0n0/1"], at=later.now + _APART)
     e = RuntimePredictor(later.state).estimate(later.state.jobs["q"], later.now + _APART + 10.0)
     assert not e.basis.endswith("+batch")
+
+
+def test_the_frozen_las_keys_keep_the_keys_median():
+    """`las_predicted` orders by estimates frozen at queue time; they leave batches out (no
+    better on the week), so that knob's order is what it was: a batch-mate of b0 and b1
+    queued after they finished is keyed by the mixed key's median, not their 3,000 s."""
+    s = _batch_scene()
+    s.submit("late", at=s.now + 1.0)
+    frozen = FrozenEstimates(RuntimePredictor(s.state, record=True))
+    key_only = RuntimeHistory(siblings=0)
+    for jid in [f"done{i}" for i in range(10)] + ["b0", "b1"]:
+        key_only.learn(s.state.jobs[jid])
+    job = s.state.jobs["late"]
+    assert frozen.remaining_gpu_s(job) == pytest.approx(key_only.estimate(job, s.now).remaining_s) == 1_550.0
+    ours = RuntimePredictor(s.state).estimate(job, s.now)  # the ETAs do use the batch
+    assert ours.basis.endswith("+batch") and ours.remaining_s == pytest.approx(3_000.0)
 
 
 def test_time_limit_bounds_every_answer():
