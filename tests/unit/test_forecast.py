@@ -12,6 +12,9 @@ from gpusched.policy.cycle import cycle
 from gpusched.policy.forecast import forecast
 from gpusched.policy.memo import Indexes
 from gpusched.policy.predict import RuntimePredictor
+from gpusched.sim.engine import Cluster, Simulation
+from gpusched.sim.runtime import IDEAL
+from gpusched.sim.traces import TraceJob
 
 from .policy_helpers import Scenario, gpus
 
@@ -97,6 +100,31 @@ def test_cycle_says_every_planned_eta_and_keeps_the_plan_between_plans():
     assert idx.forecast_ is not made and idx.forecast_.made_at == s.now + 1800.0
 
 
+@pytest.mark.parametrize("stale_s, replanned", [(900.0, True), (None, False)])
+def test_a_plan_that_went_wrong_is_made_again(stale_s, replanned):
+    """The plan says big starts at 9000, when x's predicted end frees the node; x runs on.
+    Past 9000 with big still waiting, the plan is wrong: it is made again once it is
+    `eta_replan_stale_s` old, and big is told its new start (x now ran longer than
+    any run time known: the Lindy guess, as long again). Without the knob, the plan waits out
+    its period."""
+    s = _scene()
+    idx = Indexes()
+    cfg = FULL.replace(eta_plan_every_s=1800.0, eta_plan_horizon_s=3600.0, eta_replan_stale_s=stale_s)
+    out = cycle(s.state, s.now, cfg, idx)
+    s.apply(*out)
+    made = idx.forecast_
+    assert made is not None and made.starts["big"].at == pytest.approx(9000.0)
+    cycle(s.state, 8900.0, cfg, idx)
+    assert idx.forecast_ is made  # not wrong yet
+    out = cycle(s.state, 9100.0, cfg, idx)
+    said = {e.job_id: e.eta_s for e in out if isinstance(e, ev.JobPending)}
+    if replanned:
+        assert idx.forecast_ is not made and idx.forecast_.made_at == 9100.0
+        assert said["big"] == pytest.approx(1100.0)
+    else:
+        assert idx.forecast_ is made and "big" not in said
+
+
 def test_without_the_plan_only_the_head_has_an_eta():
     s = _scene()
     out = cycle(s.state, s.now, FULL.replace(eta_plan_every_s=None), Indexes())
@@ -123,3 +151,14 @@ def test_an_empty_plan_is_made_again_when_jobs_come():
     assert idx.forecast_ is empty  # not at once (arrivals come in bursts)
     cycle(s.state, 400.0, FULL, idx)
     assert idx.forecast_ is not empty and idx.forecast_.first == ["y"]
+
+
+def test_the_same_start_said_again_is_scored_once():
+    """The sim scores each distinct estimate a job was shown: the same start said again with a
+    new reason is one estimate; a moved start is another; the first of the wait is kept apart."""
+    sim = Simulation([TraceJob("b", 0.0, 100.0, 1, "x")], Cluster.parse("1x1x8"), PRESETS["full"], IDEAL)
+    for at, reason, eta in [(0.0, "r1", 100.0), (10.0, "r2", 90.0), (20.0, "r3", 200.0), (30.0, "r4", 190.0)]:
+        sim._react(ev.JobPending(at=at, job_id="b", reason=reason, eta_s=eta), at, [])
+    sim._shown(ev.GpusGranted(at=150.0, job_id="b", attempt=2, gpus=["r0n0/0"]), 150.0)
+    assert sim.eta_errors == [pytest.approx(50.0), pytest.approx(-70.0)]
+    assert sim.eta_first == [pytest.approx(50.0)] and sim.eta_ahead == [100.0, 200.0]

@@ -11,7 +11,7 @@ from gpusched.cli.views import eta_text
 from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
 from gpusched.policy.cycle import cycle
-from gpusched.policy.predict import RuntimeHistory, RuntimePredictor
+from gpusched.policy.predict import FrozenEstimates, RuntimeHistory, RuntimePredictor
 from gpusched.sim.engine import Cluster, Simulation
 from gpusched.sim.runtime import IDEAL
 from gpusched.sim.traces import TraceJob
@@ -25,12 +25,19 @@ def _finish(s: Scenario, job_id: str, start: float, run_s: float, gpus: int = 1,
     s.apply(ev.JobCompleted(at=start + run_s, job_id=job_id, attempt=1))
 
 
+#: Submissions further apart than this are not one batch (`RuntimeHistory.sibling_window_s`).
+_APART = 2 * RuntimeHistory().sibling_window_s
+
+
 def _history(runs: list[float], team: str = "a") -> Scenario:
+    """Completed jobs one after another, each submitted `_APART` after the last ended: separate
+    experiments, so the answers come from the key's distribution, not from a batch."""
     s = Scenario(nodes=1)
     t = 0.0
     for i, r in enumerate(runs):
         _finish(s, f"done{i}", t, r, team=team)
-        t += r
+        t += r + _APART
+    s.now = t
     return s
 
 
@@ -46,6 +53,70 @@ def test_learns_from_completed_jobs_conditional_on_what_ran():
     later = p.estimate(s.state.jobs["q"], s.now + 450.0)  # ran 450 s: only the 5 longer runs count
     assert s.now + 450.0 + later.remaining_s >= s.now + fresh.remaining_s  # its predicted end moved later
     assert later.samples == 6 or later.basis != "team+gpus"
+
+
+def _batch_scene() -> Scenario:
+    """Team a's 1-GPU jobs: ten old ones, six of 100 s and four of 20,000 s (a mixed key), then
+    a batch of three 3,000 s runs submitted together, the last of which (`q`) still runs."""
+    s = _history([100.0] * 6 + [20_000.0] * 4)
+    t0 = s.now
+    for i in range(2):
+        s.submit(f"b{i}", at=t0 + i)
+    s.submit("q", at=t0 + 2)
+    for i in range(2):
+        s.run(f"b{i}", [f"r0n0/{i}"], at=t0 + 10)
+    s.run("q", ["r0n0/2"], at=t0 + 10)
+    for i in range(2):
+        s.apply(ev.JobCompleted(at=t0 + 3_010.0, job_id=f"b{i}", attempt=1))
+    s.now = t0 + 3_010.0
+    return s
+
+
+def test_a_batch_runs_about_as_long_as_its_finished_siblings():
+    """A running job whose batch-mates (same team and size, submitted with it) finished after
+    3,000 s is predicted to end about when they did, not at the mixed key's median."""
+    s = _batch_scene()
+    p = RuntimePredictor(s.state)
+    q = s.state.jobs["q"]
+    e = p.estimate(q, s.now - 1_000.0)  # ran 2,000 s: its siblings ran 3,000 s
+    assert e.basis.endswith("+batch") and e.remaining_s == pytest.approx(1_000.0)
+    assert e.low_s <= e.remaining_s <= e.high_s
+    without = RuntimeHistory(siblings=0)
+    for jid in ("done0", "done1", "done2", "done3", "done4", "done5", "done6", "done7", "done8", "done9", "b0", "b1"):
+        without.learn(s.state.jobs[jid])
+    assert abs(without.estimate(q, s.now - 1_000.0).remaining_s - 1_000.0) > 5_000.0  # the key alone is far off
+
+
+def test_siblings_that_ran_shorter_or_were_submitted_apart_do_not_count():
+    s = _batch_scene()
+    p = RuntimePredictor(s.state)
+    q = s.state.jobs["q"]
+    past = p.estimate(q, s.now + 1_000.0)  # ran 4,000 s: longer than its siblings, they say nothing
+    assert not past.basis.endswith("+batch")
+    later = Scenario(nodes=1)  # the same runs, but q submitted long after its would-be batch
+    for jid in ("b0", "b1"):
+        later.run(jid, ["r0n0/0"], at=later.now)
+        later.now += 3_000.0
+        later.apply(ev.JobCompleted(at=later.now, job_id=jid, attempt=1))
+    later.run("q", ["r0n0/1"], at=later.now + _APART)
+    e = RuntimePredictor(later.state).estimate(later.state.jobs["q"], later.now + _APART + 10.0)
+    assert not e.basis.endswith("+batch")
+
+
+def test_the_frozen_las_keys_keep_the_keys_median():
+    """`las_predicted` orders by estimates frozen at queue time; they leave batches out (no
+    better on the week), so that knob's order is what it was: a batch-mate of b0 and b1
+    queued after they finished is keyed by the mixed key's median, not their 3,000 s."""
+    s = _batch_scene()
+    s.submit("late", at=s.now + 1.0)
+    frozen = FrozenEstimates(RuntimePredictor(s.state, record=True))
+    key_only = RuntimeHistory(siblings=0)
+    for jid in [f"done{i}" for i in range(10)] + ["b0", "b1"]:
+        key_only.learn(s.state.jobs[jid])
+    job = s.state.jobs["late"]
+    assert frozen.remaining_gpu_s(job) == pytest.approx(key_only.estimate(job, s.now).remaining_s) == 1_550.0
+    ours = RuntimePredictor(s.state).estimate(job, s.now)  # the ETAs do use the batch
+    assert ours.basis.endswith("+batch") and ours.remaining_s == pytest.approx(3_000.0)
 
 
 def test_time_limit_bounds_every_answer():
@@ -87,6 +158,7 @@ def test_memory_is_bounded():
         _finish(s, f"j{i}", float(i), 10.0 + i, team=f"t{i % 50}")
         h.learn(s.state.jobs[f"j{i}"])
     assert len(h.by_key) <= 16 and all(len(d) <= 4 for d in h.by_key.values())
+    assert set(h.by_submit) <= set(h.by_key) and all(len(v) <= 4 for v in h.by_submit.values())
     assert h.learned == 200
 
 

@@ -231,10 +231,15 @@ def test_eta_error_of_pending_estimates():
     assert {j: r.first_start for j, r in sim.runs.items()} == {"a": 0, "b": 110, "d": 100}
     assert sim.eta_errors == [pytest.approx(10.0)]
     assert m["eta_error"] == {"predictions": 1, "median_abs_s": 10.0, "p90_abs_s": 10.0, "late_share": 1.0,
-                              "ranges": 0, "range_coverage": None, "unscored": 0, "waits": 2, "shown_share": 0.5}
-    assert eta_error([0.0, -150.0, 30.0], [True, False], unscored=1, waits=[4, 3]) == {
+                              "ranges": 0, "range_coverage": None, "unscored": 0, "waits": 2, "shown_share": 0.5,
+                              "first_median_abs_s": 10.0, "first_p90_abs_s": 10.0,
+                              "median_abs_s_by_eta": {"<5m": 10.0, "5-30m": None, ">30m": None}}
+    assert eta_error([0.0, -150.0, 30.0], [True, False], unscored=1, waits=[4, 3], first=[-150.0, 30.0],
+                     ahead=[60.0, 900.0, 4000.0]) == {
         "predictions": 3, "median_abs_s": 30.0, "p90_abs_s": 126.0, "late_share": 0.3333,
-        "ranges": 2, "range_coverage": 0.5, "unscored": 1, "waits": 4, "shown_share": 0.75}
+        "ranges": 2, "range_coverage": 0.5, "unscored": 1, "waits": 4, "shown_share": 0.75,
+        "first_median_abs_s": 90.0, "first_p90_abs_s": 138.0,
+        "median_abs_s_by_eta": {"<5m": 0.0, "5-30m": 150.0, ">30m": 30.0}}
 
 
 def test_planned_etas_are_all_scored():

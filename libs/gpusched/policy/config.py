@@ -116,6 +116,11 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: How far the plan looks ahead (seconds): a job it does not start within this gets no ETA
     #: (an ETA beyond it is mostly wrong: arrivals and misjudged run times move it).
     eta_plan_horizon_s: float = 1800.0
+    #: A plan that went wrong (a start it planned is past and the job still waits) is made
+    #: again once it is this old (seconds; None: only on `eta_plan_every_s`). Half the period
+    #: by default: a plan then costs at most twice as much, and every estimate resting on the
+    #: wrong guess is put right within this long.
+    eta_replan_stale_s: float | None = 900.0
 
     #: Idle: a job whose GPUs all stay under this utilization (percent) ...
     idle_util_pct: float = 5.0

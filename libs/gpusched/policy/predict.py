@@ -14,9 +14,20 @@ the job already ran (`elapsed`): among the run times of the most specific key th
 `min_samples` of them longer than `elapsed`, the quantiles of what is left (`x - elapsed`): the
 median is the point estimate, the `low_q`..`high_q` quantiles its range. A job that already ran
 longer than every run time the history knows gets the Lindy guess (as long again as it ran,
-range 0..`lindy_high`x). A user's time limit bounds every answer from above. Everything is a
-function of the completed jobs in the order they finished (ties by job id) and of the job's
-own spec and elapsed time: never of its true duration, which nothing here can see.
+range 0..`lindy_high`x).
+
+Batches: a team submits many jobs together at one size (a sweep, retries of one experiment), and
+those run about as long as each other: on the bundled Philly week two consecutive jobs of one
+team and size submitted within a minute differ by a median factor of 1.17, against 1.95 for two
+of the same key picked at random. So the point estimate of a job with such siblings is theirs:
+the median of the (up to) `siblings` completed jobs of its team and size (the same user and
+command first, where known) submitted nearest to it, within `sibling_window_s` (an hour: a
+working session), among those that ran longer than it has; the range stays the key's (widened
+to hold the point).
+
+A user's time limit bounds every answer from above. Everything is a function of the completed
+jobs in the order they finished (ties by job id) and of the job's own spec, submission and
+elapsed time: never of its true duration, which nothing here can see.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 import zlib
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict, deque
 
 from msgspec import Struct
@@ -88,10 +99,15 @@ class RuntimeHistory:
     jobs learned in the same order give the same answers."""
 
     def __init__(self, keep: int = 128, max_keys: int = 4096, min_samples: int = 8,
-                 low_q: float = 0.1, high_q: float = 0.9, lindy_high: float = 3.0) -> None:
+                 low_q: float = 0.1, high_q: float = 0.9, lindy_high: float = 3.0,
+                 sibling_window_s: float = 3600.0, siblings: int = 3) -> None:
         self.keep, self.max_keys, self.min_samples = keep, max_keys, min_samples
         self.low_q, self.high_q, self.lindy_high = low_q, high_q, lindy_high
+        self.sibling_window_s, self.siblings = sibling_window_s, siblings
         self.by_key: OrderedDict[tuple, deque[float]] = OrderedDict()
+        #: key -> (submitted at, run time) of its last `keep` completions, in submission order
+        #: (the keys that name a team and a gang size: a batch is one team's, at one size)
+        self.by_submit: dict[tuple, list[tuple[float, float]]] = {}
         self._sorted: dict[tuple, list[float]] = {}  # key -> its run times sorted (a memo)
         self.learned = 0
 
@@ -109,14 +125,55 @@ class RuntimeHistory:
                 self.by_key.move_to_end(key)
             d.append(x)
             self._sorted.pop(key, None)
+            if key[0] <= 2:
+                near = self.by_submit.setdefault(key, [])
+                insort(near, (job.submitted_at, x))
+                if len(near) > self.keep:
+                    del near[0]
         while len(self.by_key) > self.max_keys:
-            self._sorted.pop(self.by_key.popitem(last=False)[0], None)
+            old = self.by_key.popitem(last=False)[0]
+            self._sorted.pop(old, None)
+            self.by_submit.pop(old, None)
+
+    def _batch(self, job: Job, keys: list[tuple], ran: float) -> float | None:
+        """The job's batch: the median run time of the (up to) `siblings` completed jobs
+        submitted nearest to it, within `sibling_window_s`, among those that ran longer than it
+        has, in the most specific of its team-and-size keys that has one (None: no key has).
+        Why: jobs a team submits together at one
+        size are mostly one experiment (a sweep, retries), and run about as long as each other,
+        far closer than a random job of the same key."""
+        sub, window, want = job.submitted_at, self.sibling_window_s, self.siblings
+        for key in keys:
+            if key[0] > 2:
+                return None
+            near = self.by_submit.get(key)
+            if not near:
+                continue
+            hi = bisect_left(near, (sub, -math.inf))
+            lo = hi - 1
+            got: list[float] = []
+            while len(got) < want:
+                back = sub - near[lo][0] if lo >= 0 else math.inf
+                ahead = near[hi][0] - sub if hi < len(near) else math.inf
+                if min(back, ahead) > window:
+                    break
+                if back <= ahead:
+                    x, lo = near[lo][1], lo - 1
+                else:
+                    x, hi = near[hi][1], hi + 1
+                if x > ran:
+                    got.append(x)
+            if got:
+                got.sort()
+                return _quantile(got, 0.5)
+        return None
 
     def estimate(self, job: Job, now: float) -> Estimate:
         """The remaining run time of a pending or running `job` at `now`."""
         ran = elapsed(job, now)
         answer: Estimate | None = None
-        for key in _keys(job):
+        keys = _keys(job)
+        for key in keys:
             xs = self._sorted.get(key)
             if xs is None:
                 d = self.by_key.get(key)
@@ -133,6 +190,11 @@ class RuntimeHistory:
         if answer is None:
             guess = max(ran, 60.0)
             answer = Estimate(guess, 0.0, self.lindy_high * guess, 0, "lindy")
+        batch = self._batch(job, keys, ran) if self.siblings > 0 else None
+        if batch is not None:
+            point = batch - ran
+            answer = Estimate(point, min(answer.low_s, point), max(answer.high_s, point), answer.samples,
+                              answer.basis + "+batch")
         limit = job.spec.time_limit_s
         if limit is not None:
             # the limit counts from the current attempt's start (a restart gets a fresh limit)
@@ -217,7 +279,9 @@ class FrozenEstimates:
         if predictor.completed is None:
             raise ValueError("FrozenEstimates reads a predictor made with record=True")
         self.predictor = predictor
-        self.history = RuntimeHistory()
+        # Without batches: ordering by them was no better on the bundled week (las_predicted avg
+        # JCT 17,305 s against 17,186 s by the key's median), so the ordering keeps the key's.
+        self.history = RuntimeHistory(siblings=0)
         self.read = 0  # how many of `predictor.completed` are in `backlog` or learned
         self.backlog: list[tuple[float, str, Job]] = []  # completions not learned yet, a heap
         self.frozen: dict[str, tuple[float, int, float]] = {}  # job -> (queued at, attempt, GPU-s)

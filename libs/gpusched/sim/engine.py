@@ -55,6 +55,12 @@ class SimViolation(RuntimeError):
         super().__init__(f"invariant broken at t={event.at:.0f}s by {event.kind} {_describe(event)}: {detail}")
 
 
+def _same_estimate(a: tuple, b: tuple) -> bool:
+    """The same start (and range) said again, e.g. with a new reason: one estimate, scored once.
+    (The ETA is said rounded to the millisecond, so the absolute times match to about that.)"""
+    return all((x is None) == (y is None) and (x is None or abs(x - y) < 0.01) for x, y in zip(a[:3], b[:3]))
+
+
 def _describe(event: ev.Event) -> str:
     job = getattr(event, "job_id", None)
     return f"(job {job})" if job else ""
@@ -108,9 +114,12 @@ class Simulation:
         self._seq = 0
         self.now = 0.0
         self.cycles = 0
-        self._eta: dict[str, list[tuple[float, float | None, float | None]]] = {}  # job -> every start the
-        # policy predicted (JobPending.eta_s), with its range if it gave one (absolute times)
+        self._eta: dict[str, list[tuple[float, float | None, float | None, float]]] = {}  # job -> every
+        # distinct start the policy predicted (JobPending.eta_s), with its range if it gave one
+        # (absolute times), and the ETA as said (seconds ahead)
         self.eta_errors: list[float] = []  # actual start - predicted start, for every prediction made
+        self.eta_ahead: list[float] = []  # per prediction: how far ahead it was said (its eta_s)
+        self.eta_first: list[float] = []  # actual - predicted start of the first estimate of each wait
         self.eta_ranges: list[bool] = []  # per prediction with a range: the start fell in it
         self._waited: dict[str, None] = {}  # jobs told why they wait (a JobPending) since their last grant
         self.eta_waits = [0, 0]  # starts after a JobPending: all, and those shown an ETA before
@@ -227,10 +236,13 @@ class Simulation:
             del self._waited[e.job_id]
             self.eta_waits[0] += 1
             self.eta_waits[1] += bool(shown)
-        for predicted, low, high in shown:
+        for predicted, low, high, ahead in shown:
             self.eta_errors.append(t - predicted)
+            self.eta_ahead.append(ahead)
             if low is not None and high is not None:
                 self.eta_ranges.append(low - 1e-6 <= t <= high + 1e-6)
+        if shown:
+            self.eta_first.append(t - shown[0][0])
         if e.attempt == 1:
             self.predictor.update()
             self._predicted[e.job_id] = self.predictor.estimate(self.state.jobs[e.job_id], t)
@@ -247,7 +259,9 @@ class Simulation:
             if e.eta_s is not None:  # a later withdrawal ("ETA unknown") does not excuse what a user was shown
                 low = None if e.eta_low_s is None else e.at + e.eta_low_s
                 high = None if e.eta_high_s is None else e.at + e.eta_high_s
-                self._eta.setdefault(e.job_id, []).append((e.at + e.eta_s, low, high))
+                shown = self._eta.setdefault(e.job_id, [])
+                if not shown or not _same_estimate(shown[-1], (e.at + e.eta_s, low, high)):
+                    shown.append((e.at + e.eta_s, low, high, e.eta_s))
         elif isinstance(e, ev.JobResized):
             self._resized(self.runs[e.job_id], e, t)
         elif isinstance(e, ev.PreemptionRequested):
@@ -437,7 +451,7 @@ class Simulation:
             "events": self.state.events,
             "cycles": self.cycles,
             "eta_error": eta_error(self.eta_errors, self.eta_ranges, unscored=sum(map(len, self._eta.values())),
-                                   waits=self.eta_waits),
+                                   waits=self.eta_waits, first=self.eta_first, ahead=self.eta_ahead),
             "runtime_prediction": runtime_error(self.runtime_errors),
             "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
             **self._used_vs_held(),

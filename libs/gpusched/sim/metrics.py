@@ -192,18 +192,30 @@ class Recorder:
         }
 
 
+#: How far ahead an estimate was said, for its error by size: (label, up to this many seconds).
+ETA_SIZES = (("<5m", 300.0), ("5-30m", 1800.0), (">30m", math.inf))
+
+
 def eta_error(errors: list[float], ranges: list[bool] | None = None, unscored: int = 0,
-              waits: list[int] | None = None) -> dict:
-    """How good the start estimates of `gpusched show` are. Every `JobPending` with an ETA the
-    policy appended is one prediction, scored when the job next starts: actual start minus
-    predicted start (negative: it started early); a later estimate, or a withdrawal, never
-    replaces an earlier one. `ranges`: for each estimate shown as a range, whether the start
-    fell in it. `unscored`: predictions of jobs that never started (cancelled, or the trace
-    ended). `waits`: (starts after a `JobPending`, those of them shown an ETA before it): how
-    many waits had an estimate at all (`shown_share`)."""
+              waits: list[int] | None = None, first: list[float] | None = None,
+              ahead: list[float] | None = None) -> dict:
+    """How good the start estimates of `gpusched show` are. Every distinct start estimate a job
+    was shown (a `JobPending` with an ETA; the same start said again with a new reason counts
+    once) is one prediction, scored when the job next starts: actual start minus predicted
+    start (negative: it started early); a later estimate, or a withdrawal, never replaces an
+    earlier one. `ranges`: for each estimate shown as a range, whether the start fell in it.
+    `unscored`: predictions of jobs that never started (cancelled, or the trace ended).
+    `waits`: (starts after a `JobPending`, those of them shown an ETA before it): how many
+    waits had an estimate at all (`shown_share`). `first`: the error of the first estimate of
+    each wait (what a user saw first: more estimates later cannot improve it). `ahead`: per
+    prediction, how far ahead it was said: the median error by that size (`median_abs_s_by_eta`)."""
     absolute = [abs(e) for e in errors]
     ranges = ranges or []
     waited, shown = waits or (0, 0)
+    firsts = [abs(e) for e in first or []]
+    by_size: dict[str, list[float]] = {label: [] for label, _ in ETA_SIZES}
+    for a, e in zip(ahead or [], absolute):
+        by_size[next(label for label, top in ETA_SIZES if a < top)].append(e)
     return {
         "unscored": unscored,
         "waits": waited,
@@ -214,6 +226,10 @@ def eta_error(errors: list[float], ranges: list[bool] | None = None, unscored: i
         "median_abs_s": _r(percentile(absolute, 50)) if errors else None,
         "p90_abs_s": _r(percentile(absolute, 90)) if errors else None,
         "late_share": _r(sum(1 for e in errors if e > 1e-6) / len(errors), 4) if errors else None,
+        "first_median_abs_s": _r(percentile(firsts, 50)) if firsts else None,
+        "first_p90_abs_s": _r(percentile(firsts, 90)) if firsts else None,
+        "median_abs_s_by_eta": {label: _r(percentile(v, 50)) if v else None for label, v in by_size.items()}
+        if ahead else {},
     }
 
 

@@ -16,7 +16,7 @@ from itertools import islice
 
 from ...core import events as ev
 from ...core.reasons import NoRoom, Reason
-from ...core.state import Job
+from ...core.state import ClusterState, Job
 from ..backfill import reserve
 from ..eligibility import restrict
 from ..forecast import Forecast, forecast
@@ -47,8 +47,9 @@ NEW_JOB_REPLAN_S = 300.0
 
 
 def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
-    """The latest plan of the queue: made again when it is `eta_plan_every_s` old, or
-    `NEW_JOB_REPLAN_S` old when it planned no job and jobs wait now. The plan starts from the
+    """The latest plan of the queue: made again when it is `eta_plan_every_s` old,
+    `NEW_JOB_REPLAN_S` old when it planned no job and jobs wait now, or `eta_replan_stale_s`
+    old when it went wrong (`_stale`). The plan starts from the
     state this cycle leaves (its events applied), so it never disagrees with what this cycle
     just decided."""
     st, now, cfg, idx = ctx.state, ctx.now, ctx.config, ctx.indexes
@@ -60,7 +61,9 @@ def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
     started = {job.job_id for job, _ in plan.started}
     queue = idx.queue(st, cfg).ordered(now, lambda t: st.teams[t].held if t in st.teams else 0)
     first = [j.job_id for j in islice((j for j in queue if j.job_id not in started), cfg.eta_plan_jobs)]
-    if f is not None and every is not None and 0.0 <= age < every and (f.first or not first):
+    stale_after = cfg.eta_replan_stale_s
+    if f is not None and every is not None and 0.0 <= age < every and (f.first or not first) \
+            and not (stale_after is not None and age >= stale_after and _stale(f, st, now)):
         return f
     if not first:  # nothing waits: nothing to plan (no copy made)
         f = idx.forecast_ = Forecast(made_at=now, first=[], starts={}, cycles=0, complete=True, pending=0,
@@ -72,6 +75,17 @@ def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
                                  first, plan.events, max_cycles=cfg.eta_plan_jobs,
                                  horizon_s=cfg.eta_plan_horizon_s)
     return f
+
+
+def _stale(f: Forecast, state: ClusterState, now: float) -> bool:
+    """The plan went wrong: a start it planned is past and the job still waits (a running job
+    ran past its predicted end, or another job took the GPUs). Its other starts rest on the
+    same wrong guess."""
+    jobs = state.jobs
+    for jid, s in f.starts.items():
+        if s.at < now and (job := jobs.get(jid)) is not None and job.state == "pending":
+            return True
+    return False
 
 
 def _planned(plan: CyclePlan, ctx: Context, cycle: Cycle,
