@@ -140,6 +140,18 @@ class Load:
             await asyncio.wait(pending)
 
 
+def _environ(pid: int, patience_s: float = 0.02) -> bytes:
+    """A process's environment. It reads empty for a moment while an exec sets up the new image
+    (a launcher that has just started), so an empty read is tried again, briefly."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+        if raw or time.monotonic() > deadline:
+            return raw
+        time.sleep(0.001)
+
+
 class ProcessCensus:
     """The stack's job processes, counted in the OS: every `every` s, each process in /proc
     whose control directory lies under `work_dir` and that leads its process group (the
@@ -164,11 +176,10 @@ class ProcessCensus:
                 continue
             pid = int(entry)
             try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    raw = f.read()
-                if b"GPUSCHED_JOB_ID=" not in raw or os.getpgid(pid) != pid:
-                    continue
+                raw = _environ(pid) if os.getpgid(pid) == pid else b""  # launchers lead their group
             except OSError:  # gone, or not ours to read
+                continue
+            if b"GPUSCHED_JOB_ID=" not in raw:
                 continue
             env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
             if not env.get(E.CONTROL_DIR.encode(), b"").decode(errors="replace").startswith(self.prefix):
