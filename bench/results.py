@@ -428,7 +428,9 @@ def prediction_section(full: dict) -> str:
         jobs=f"{p['jobs']:,}", p_med=s(p["median_abs_s"]), p_p90=s(p["p90_abs_s"]), p_cov=share(p["range_coverage"]),
         p_under=share(p["under_share"]), n=f"{e['predictions']:,}", e_med=s(e["median_abs_s"]),
         e_p90=s(e["p90_abs_s"]), e_late=share(e["late_share"]), ranges=f"{e['ranges']:,}",
-        e_cov=share(e["range_coverage"]), before_med=ETA_BEFORE[0], before_p90=f"{ETA_BEFORE[1]:,}")
+        e_cov=share(e["range_coverage"]), before_med=ETA_BEFORE[0], before_p90=f"{ETA_BEFORE[1]:,}",
+        shown=share(e["shown_share"]), waits=f"{e['waits']:,}", f_med=s(e["first_median_abs_s"]),
+        f_p90=s(e["first_p90_abs_s"]), near=s(e["median_abs_s_by_eta"]["<5m"]), mid=s(e["median_abs_s_by_eta"]["5-30m"]))
 
 
 def _img(name: str) -> str:
@@ -526,9 +528,11 @@ gpusched sim --cluster 2x32x8 --policy full --json
 `policy/predict.py` predicts how long a job will still run from the jobs that completed before
 it: run times kept per key from (team, user, GPUs, command) down to all jobs, the last 128 per
 key; the answer is the median (point) and 10%..90% quantiles (range) of what is left among
-the run times longer than what the job already ran. It never sees a job's true duration
-(`tests/unit/test_predict.py`). The simulator scores it at every job's first start.
-How start estimates are made: [operating.md](operating.md#why-is-my-job-pending).
+the run times longer than what the job already ran, and a job with batch-mates (completed jobs of
+its team and size submitted within an hour of it that ran longer than it has) gets theirs as its
+point. It never sees a job's true duration (`tests/unit/test_predict.py`). The simulator scores
+it at every job's first start, and scores every distinct start estimate a job was shown once,
+at its start. How start estimates are made: [operating.md](operating.md#why-is-my-job-pending).
 
 | measure | value |
 |---|---|
@@ -536,9 +540,12 @@ How start estimates are made: [operating.md](operating.md#why-is-my-job-pending)
 | predictor, p90 absolute error | {p_p90} |
 | predictor, actual run time inside its 10%..90% range | {p_cov} (nominal 80%) |
 | predictor, share of jobs it under-predicted | {p_under} |
-| start estimates shown (`JobPending.eta_s`), every one scored at the job's start | {n} |
+| start estimates shown (`JobPending.eta_s`), every distinct one scored at the job's start | {n} |
+| waits shown an estimate | {shown} of {waits} |
 | ETA median absolute error (before issue 12: {before_med} s) | {e_med} |
 | ETA p90 absolute error (before issue 12: {before_p90} s) | {e_p90} |
+| the first estimate of each wait: median / p90 absolute error | {f_med} / {f_p90} |
+| median absolute error of estimates said < 5 min / 5-30 min ahead | {near} / {mid} |
 | estimates that were late | {e_late} |
 | estimates shown as a range; starts inside it | {ranges}; {e_cov} |
 
