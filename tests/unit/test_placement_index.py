@@ -121,8 +121,8 @@ def test_index_follows_the_pool_through_take_and_add():
     s = Scenario(racks=1, nodes=3)
     s.run("x", [f"r0n1/{i}" for i in range(5)])
     pool = Pool(s.state)
-    assert [sorted(b) for b in pool.by_count()] == [[], [], [], [1], [], [], [], [], [0, 2]]
+    assert pool.by_count() == [{}, {}, {}, {0: {1}}, {}, {}, {}, {}, {0: {0, 2}}]
     pool.take(["r0n0/0", "r0n0/1"])
     pool.add(["r0n1/0"])
-    assert [sorted(b) for b in pool.by_count()] == [[], [], [], [], [1], [], [0], [], [2]]
+    assert pool.by_count() == [{}, {}, {}, {}, {0: {1}}, {}, {0: {0}}, {}, {0: {2}}]
     assert place(pool, 4).gpus == ["r0n1/5", "r0n1/6", "r0n1/7", "r0n1/0"]  # best fit: 4 free on r0n1

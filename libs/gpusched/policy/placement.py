@@ -16,7 +16,7 @@ domain sizes) is indexed once per state and reused until a node registers.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Mapping
 
 from msgspec import Struct
 
@@ -26,6 +26,9 @@ from ..core.state import ClusterState
 
 #: NVLink domain size of the standard layouts (None: the whole node; 0: read the GPU records).
 _DOMAIN_SIZE = {"all": None, "pairs": 2, "quads": 4, "none": 1}
+
+#: Nodes of one free count, by rack: rack index -> node indices (see `Pool.by_count`).
+Group = Mapping[int, Collection[int]]
 
 
 class Placement(Struct, frozen=True):
@@ -96,7 +99,7 @@ class Pool:
         self.count = state.free_count
         self._cnt: list[int] | None = None  # free count per node index, built on first use
         self._rack: list[int] | None = None  # free count per rack index, built on first use
-        self._by_count: list[set[int]] | None = None  # node indices by free count, built on second use
+        self._by_count: list[dict[int, set[int]]] | None = None  # see `by_count`, built on second use
         self._scanned = False  # answered one `fitting` question by a scan (the next builds the index)
         self.fails: set = set()
 
@@ -129,31 +132,33 @@ class Pool:
             self._rack = [sum(map(cnt.__getitem__, m)) for m in self.topo.rack_members]
         return self._rack
 
-    def fitting(self, n: int) -> list[Collection[int]]:
-        """The node indices with n or more free GPUs, grouped by free count, fewest first (each
-        group in any order). The first question of a pool is answered by a scan of the counts
-        (a pool that places once, e.g. a what-if copy, pays no more than that); from the second
-        on, from the index `by_count`, which costs about three scans to build and then looks
-        only at the nodes that can hold n."""
+    def fitting(self, n: int) -> list[Group]:
+        """The nodes with n or more free GPUs, grouped by free count, fewest first, each group
+        by rack (rack index -> node indices, in any order). The first question of a pool is
+        answered by a scan of the counts (a pool that places once, e.g. a what-if copy, pays no
+        more than that); from the second on, from the index `by_count`, which costs about three
+        scans to build and then looks only at the nodes that can hold n."""
         if self._by_count is None and not self._scanned:
             self._scanned = True
-            cnt = self.node_counts()
-            groups: dict[int, list[int]] = {}
+            cnt, rack_of = self.node_counts(), self.topo.rack_of
+            groups: dict[int, dict[int, list[int]]] = {}
             for i in [i for i, k in enumerate(cnt) if k >= n]:
-                groups.setdefault(cnt[i], []).append(i)
+                groups.setdefault(cnt[i], {}).setdefault(rack_of[i], []).append(i)
             return [groups[k] for k in sorted(groups)]
-        return [nodes for nodes in self.by_count()[n:] if nodes]
+        return [group for group in self.by_count()[n:] if group]
 
-    def by_count(self) -> list[set[int]]:
-        """Node indices by free count: `by_count()[k]` holds the nodes with exactly k free GPUs
-        (k from 0 to the largest node's size). One pass over the counts on first use, then each
-        change of a node's count moves it between two sets."""
+    def by_count(self) -> list[dict[int, set[int]]]:
+        """Nodes by free count, then rack: `by_count()[k][r]` holds the nodes of rack r with
+        exactly k free GPUs (k from 0 to the largest node's size; a rack without such a node
+        has no entry). One pass over the counts on first use, then each change of a node's
+        count moves it between two sets. By rack because best fit breaks ties by the rack's
+        free count: the racks of a group are fewer than its nodes."""
         if self._by_count is None:
-            cnt = self.node_counts()
+            cnt, rack_of = self.node_counts(), self.topo.rack_of
             top = self.topo.max_node
-            out: list[set[int]] = [set() for _ in range(top + 1)]
+            out: list[dict[int, set[int]]] = [{} for _ in range(top + 1)]
             for i, k in enumerate(cnt):
-                out[min(max(k, 0), top)].add(i)
+                out[min(max(k, 0), top)].setdefault(rack_of[i], set()).add(i)
             self._by_count = out
         return self._by_count
 
@@ -185,11 +190,21 @@ class Pool:
             self._cnt[i] = k + d
             if self._rack is not None:
                 self._rack[self.topo.rack_of[i]] += d
-            by_count = self._by_count
-            if by_count is not None:
-                top = len(by_count) - 1
-                by_count[min(max(k, 0), top)].discard(i)
-                by_count[min(max(k + d, 0), top)].add(i)
+            if self._by_count is not None:
+                self._move(i, k, k + d)
+
+    def _move(self, i: int, was: int, now: int) -> None:
+        """Node i's free count went from `was` to `now`: move it in the index."""
+        by_count = self._by_count
+        assert by_count is not None
+        top, r = len(by_count) - 1, self.topo.rack_of[i]
+        group = by_count[min(max(was, 0), top)]
+        nodes = group.get(r)
+        if nodes is not None:
+            nodes.discard(i)
+            if not nodes:
+                del group[r]
+        by_count[min(max(now, 0), top)].setdefault(r, set()).add(i)
 
     def take(self, gpus: list[GpuId]) -> None:
         gi = self.state.gpus
@@ -367,32 +382,35 @@ def _within_node(pool: Pool, n: int, limit: int) -> _Found | tuple[()] | None:
     return _pick_on_node(pool, names[i], n), "node", f"one node {names[i]}"
 
 
-def _least_rack(pool: Pool, nodes: Iterable[int]) -> int:
-    """The node of `nodes` whose rack has the least free GPUs; ties to the first registered."""
-    rc, rack_of = pool.rack_counts(), pool.topo.rack_of
-    return min(nodes, key=lambda i: (rc[rack_of[i]], i))
+def _least_rack(pool: Pool, group: Group) -> int:
+    """The node of `group` whose rack has the least free GPUs; ties to the first registered."""
+    rc = pool.rack_counts()
+    if len(group) == 1:
+        return min(next(iter(group.values())))
+    least = min(rc[r] for r in group)
+    return min(min(nodes) for r, nodes in group.items() if rc[r] == least)
 
 
-def _best_domain(pool: Pool, fits: list[Collection[int]], n: int) -> tuple[int, int | None] | None:
+def _best_domain(pool: Pool, fits: list[Group], n: int) -> tuple[int, int | None] | None:
     """(node index, NVLink domain; None: the whole node) of the best fitting domain, among the
     nodes that can hold n (`fits`: by free count, fewest first). Key: (domain's free GPUs,
     node's free GPUs, rack's free GPUs, node index), smallest wins. A node that is one NVLink
-    domain ("all") has its free count as its domain's, so the best of those is in the first set
-    holding one; a node of several domains is looked at domain by domain."""
+    domain ("all") has its free count as its domain's, so the best of those is in the first
+    group holding one; a node of several domains is looked at domain by domain."""
     topo = pool.topo
     if topo.only_all_layout:
         return _least_rack(pool, fits[0]), None
     cnt, rc, rack_of = pool.node_counts(), pool.rack_counts(), topo.rack_of
     best: tuple[tuple[int, int, int, int], int, int | None] | None = None
     all_layout, dom_cap = topo.all_layout, topo.dom_cap
-    for nodes in fits if topo.any_all_layout else ():
-        fast = [i for i in nodes if all_layout[i] and dom_cap[i] >= n]
+    for group in fits if topo.any_all_layout else ():
+        fast = [i for nodes in group.values() for i in nodes if all_layout[i] and dom_cap[i] >= n]
         if fast:
-            i = _least_rack(pool, fast)
+            i = min(fast, key=lambda i: (rc[rack_of[i]], i))
             best = ((cnt[i], cnt[i], rc[rack_of[i]], i), i, None)
             break
-    for nodes in fits:
-        for i in nodes:
+    for group in fits:
+        for i in (i for nodes in group.values() for i in nodes):
             if all_layout[i] or dom_cap[i] < n:
                 continue
             for d, gs in _domains(pool, topo.names[i]).items():
