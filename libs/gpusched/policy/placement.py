@@ -208,6 +208,7 @@ class Pool:
 
     def take(self, gpus: list[GpuId]) -> None:
         gi = self.state.gpus
+        per_node: dict[str, int] = {}  # a gang takes several GPUs of a node: one count change each
         for g in gpus:
             node = gi[g].node
             extra = self.added.get(node)
@@ -215,7 +216,9 @@ class Pool:
                 extra.remove(g)
             else:
                 self.taken.add(g)
-            self._bump(node, -1)
+            per_node[node] = per_node.get(node, 0) + 1
+        for node, k in per_node.items():
+            self._bump(node, -k)
 
     def add(self, gpus: list[GpuId]) -> None:
         """GPUs released this cycle; only those the fold will make placeable again, once each."""
