@@ -9,7 +9,7 @@ third of the placement writer's process (py-spy, `bench_e2e.py`).
 
 - `parse_header_lines` is nats-py 2.16's `Client._parse_header_lines` (same output for every
   input: tests/unit/test_fastpath.py checks it against nats-py's own on arbitrary bytes), with
-  the per-character whitespace check of each name done by one C call.
+  the per-character whitespace check of each name done by one C call, once per name.
 - `send_publish` is nats-py's `Client._send_publish` (same bytes on the wire for every header
   dict, checked the same way), translating a value only when it holds a CR or LF, checking a
   header name against nats-py's pattern once per name, and joining the command in one go.
@@ -36,19 +36,30 @@ _NAME_SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 _V1_TOKENS = 9  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
 
 
+#: Header names already read, by the raw bytes before the colon: a service reads the same few
+#: names on every fact. Only valid names; bounded, so arbitrary input cannot grow it.
+_READ_NAMES: dict[bytes, str] = {}
+_READ_NAMES_MAX = 256
+
+
 def parse_header_lines(raw: bytes) -> dict[str, str]:
     """`Name: Value` lines as a dict, exactly as nats-py's `_parse_header_lines` reads them:
     lines without a colon, names with non-ASCII bytes or with whitespace inside are skipped;
     values are stripped and decoded as UTF-8 with replacement; a repeated name keeps the last."""
     out: dict[str, str] = {}
     for line in raw.split(_CRLF):
-        name, sep, value = line.partition(b":")
+        head, sep, value = line.partition(b":")
         if not sep:
             continue
-        name = name.strip()
-        if not name.isascii() or len(name.translate(None, _NAME_SPACE)) != len(name):
-            continue
-        out[name.decode("ascii")] = value.strip().decode("utf-8", "replace")
+        name = _READ_NAMES.get(head)
+        if name is None:
+            key = head.strip()
+            if not key.isascii() or len(key.translate(None, _NAME_SPACE)) != len(key):
+                continue
+            name = key.decode("ascii")
+            if len(_READ_NAMES) < _READ_NAMES_MAX:
+                _READ_NAMES[head] = name
+        out[name] = value.strip().decode("utf-8", "replace")
     return out
 
 
