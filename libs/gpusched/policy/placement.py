@@ -8,9 +8,9 @@ is the naive baseline and the fallback.
 
 Both work on a `Pool`: the fold's incremental per-node free sets seen through a small overlay of
 what this cycle already granted or released, so one cycle never double-books and never mutates
-the state. The pool keeps its nodes indexed by free count (built once per pool, then moved as
-GPUs are taken and released), so a placement within one node looks only at the nodes that can
-hold it, not at every node; the static shape of the cluster (node -> rack -> block, NVLink
+the state. The pool keeps its nodes indexed by free count (built on a pool's second placement,
+then moved as GPUs are taken and released), so a placement within one node looks only at the
+nodes that can hold it, not at every node; the static shape of the cluster (node -> rack -> block, NVLink
 domain sizes) is indexed once per state and reused until a node registers.
 """
 
@@ -387,9 +387,9 @@ def _within_node(pool: Pool, n: int, limit: int) -> _Found | tuple[()] | None:
 
 def _least_rack(pool: Pool, group: Group) -> int:
     """The node of `group` whose rack has the least free GPUs; ties to the first registered."""
-    rc = pool.rack_counts()
     if len(group) == 1:
         return min(next(iter(group.values())))
+    rc = pool.rack_counts()
     least = min(rc[r] for r in group)
     return min(min(nodes) for r, nodes in group.items() if rc[r] == least)
 
