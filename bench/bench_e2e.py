@@ -225,9 +225,39 @@ async def churn(url: str, watch: GrantWatch, exclude: set[str], seconds: float, 
         per_cpu = len(new) / (cpu1 - cpu0)
         print(f"  placement process: {cpu1 - cpu0:.2f} CPU-s in the {seconds:g} s window "
               f"({100 * (cpu1 - cpu0) / seconds:.0f}% of one core) = {per_cpu:.0f} grants per placement CPU-second")
+    decided = decision_rounds(text, t0, t0 + seconds)
+    if decided:
+        print(f"  placement's decision rounds in the window: {decided['rounds']}, {decided['events_p50']:.0f} events "
+              f"each (p50; {decided['events_mean']:.0f} mean), deciding {decided['decide_s']:.2f} s of the "
+              f"{seconds:g} s ({decided['decide_ms_p50']:.1f} ms per round p50)")
     return {"grants_per_s": grants, "completions_per_s": total["appended"] / seconds,
             "generator_lag_per_s": lag / seconds, "missed_per_s": total["missed"] / seconds,
             "grants_per_cpu_s": per_cpu, "load_start": load0, "load_end": load[0]}
+
+
+def decision_rounds(text: str, t0: float, t1: float) -> dict | None:
+    """Placement's rounds between unix times t0 and t1, from its `decided` lines (logged at
+    `--placement-log-level debug`): how many, how big, and the time spent deciding. On an idle
+    machine fewer, bigger rounds mean the per-cycle cost (the queue's order, its tail) is
+    shared by more grants."""
+    from datetime import datetime
+
+    rounds = []
+    for line in text.splitlines():
+        if '"decided"' not in line:
+            continue
+        try:
+            rec = msgspec.json.decode(line)
+            at = datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
+        except (msgspec.DecodeError, KeyError, ValueError):
+            continue
+        if t0 <= at <= t1:
+            rounds.append((rec["events"], rec["seconds"]))
+    if not rounds:
+        return None
+    events = [float(e) for e, _ in rounds]
+    return {"rounds": len(rounds), "events_p50": pct(events, 50), "events_mean": sum(events) / len(events),
+            "decide_s": sum(s for _, s in rounds), "decide_ms_p50": 1000 * pct([s for _, s in rounds], 50)}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -253,7 +283,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--churn-s", type=float, default=10.0, help="sustained phase with completions (0: skip)")
     ap.add_argument("--churn-rate", type=float, default=3000.0, help="completions/s offered in the churn phase")
     ap.add_argument("--churn-workers", type=int, default=2, help="load generator processes in the churn phase")
-    ap.add_argument("--placement-log-level", default="info", help="debug: one line per decision round")
+    ap.add_argument("--placement-log-level", default="info",
+                    help="debug: one line per decision round (and the churn window's rounds summed up)")
     ap.add_argument("--raw", type=int, default=5000, help="messages for the raw publish-ack rates")
     ap.add_argument("--signed", action="store_true",
                     help="admission and placement sign with a signing seed of their own (GPUSCHED_SIGNING_SEED) "

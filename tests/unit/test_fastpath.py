@@ -131,3 +131,15 @@ def test_any_headers_publish_as_nats_py_publishes_them(headers):
 
     fast, plain = asyncio.run(_both(headers))
     assert fast == plain
+
+
+async def test_names_seen_before_read_and_publish_as_the_first_time():
+    # the second pass goes through the caches of names already checked
+    for _ in range(2):
+        for raw in (FACT_HEADERS, *ODD):
+            assert fastpath.parse_header_lines(raw) == Client._parse_header_lines(raw), raw
+        for headers in ({"Nats-Msg-Id": "a", " Padded ": " v "}, {"Bad Name": "x"}, {"Caf\u00e9": "x"}):
+            fast, plain = await _both(headers)
+            assert fast == plain, headers
+    assert "Nats-Msg-Id" in fastpath._NAMES and " Padded " not in fastpath._NAMES
+    assert fastpath._READ_NAMES[b"Gpusched-Sig"] == "Gpusched-Sig"

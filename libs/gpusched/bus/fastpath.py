@@ -9,9 +9,10 @@ third of the placement writer's process (py-spy, `bench_e2e.py`).
 
 - `parse_header_lines` is nats-py 2.16's `Client._parse_header_lines` (same output for every
   input: tests/unit/test_fastpath.py checks it against nats-py's own on arbitrary bytes), with
-  the per-character whitespace check of each name done by one C call.
+  the per-character whitespace check of each name done by one C call, once per name.
 - `send_publish` is nats-py's `Client._send_publish` (same bytes on the wire for every header
-  dict, checked the same way), translating a value only when it holds a CR or LF.
+  dict, checked the same way), translating a value only when it holds a CR or LF, checking a
+  header name against nats-py's pattern once per name, and joining the command in one go.
 - `install(nc)` makes one connection use both; nothing else in nats-py changes.
 - `Reader(sub).next()` takes a message that is already waiting in a JetStream push
   subscription's queue without nats-py's per-call task, uuid and timer (its `next_msg` makes all
@@ -35,19 +36,30 @@ _NAME_SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 _V1_TOKENS = 9  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
 
 
+#: Header names already read, by the raw bytes before the colon: a service reads the same few
+#: names on every fact. Only valid names; bounded, so arbitrary input cannot grow it.
+_READ_NAMES: dict[bytes, str] = {}
+_READ_NAMES_MAX = 256
+
+
 def parse_header_lines(raw: bytes) -> dict[str, str]:
     """`Name: Value` lines as a dict, exactly as nats-py's `_parse_header_lines` reads them:
     lines without a colon, names with non-ASCII bytes or with whitespace inside are skipped;
     values are stripped and decoded as UTF-8 with replacement; a repeated name keeps the last."""
     out: dict[str, str] = {}
     for line in raw.split(_CRLF):
-        name, sep, value = line.partition(b":")
+        head, sep, value = line.partition(b":")
         if not sep:
             continue
-        name = name.strip()
-        if not name.isascii() or len(name.translate(None, _NAME_SPACE)) != len(name):
-            continue
-        out[name.decode("ascii")] = value.strip().decode("utf-8", "replace")
+        name = _READ_NAMES.get(head)
+        if name is None:
+            key = head.strip()
+            if not key.isascii() or len(key.translate(None, _NAME_SPACE)) != len(key):
+                continue
+            name = key.decode("ascii")
+            if len(_READ_NAMES) < _READ_NAMES_MAX:
+                _READ_NAMES[head] = name
+        out[name] = value.strip().decode("utf-8", "replace")
     return out
 
 
@@ -55,36 +67,59 @@ _NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 _HDR_START = bytes(_client.NATS_HDR_LINE) + _client._CRLF_
 
 
+#: Header names already checked, as they go on the wire (`b"Name: "`): a service publishes the
+#: same few names on every fact. Only names that need no stripping; bounded, so arbitrary names
+#: cannot grow it.
+_NAMES: dict[str, bytes] = {}
+_NAMES_MAX = 256
+
+
+def _name(k: str) -> bytes | None:
+    """`b"Name: "` for header name `k` as nats-py writes it (stripped; None: an empty name,
+    skipped), or its `BadHeaderError` for a name outside its pattern."""
+    name = _NAMES.get(k)
+    if name is not None:
+        return name
+    key = k.strip()
+    if not key:
+        return None
+    if not _client._HEADER_KEY_RE.fullmatch(key):
+        raise _client.errors.BadHeaderError(key)
+    name = key.encode() + b": "
+    if key == k and len(_NAMES) < _NAMES_MAX:
+        _NAMES[k] = name
+    return name
+
+
 async def send_publish(self: Any, subject: str, reply: str, payload: bytes, payload_size: int,
                        headers: dict[str, Any] | None) -> None:
     """nats-py's `Client._send_publish` with headers encoded as it encodes them (names checked
-    against its pattern, values stripped, CR and LF turned into spaces); anything else is its own."""
+    against its pattern, values stripped, CR and LF turned into spaces) and its `HPUB` command
+    built in one join; anything else is its own."""
     if headers is None or subject == "":
         return await type(self)._send_publish(self, subject, reply, payload, payload_size, headers)
-    hdr = bytearray(_HDR_START)
+    parts = [_HDR_START]
     for k, v in headers.items():
-        key = k.strip()
-        if not key:
+        name = _name(k)
+        if name is None:
             continue
-        if not _client._HEADER_KEY_RE.fullmatch(key):
-            raise _client.errors.BadHeaderError(key)
         value = v.strip()
         if "\r" in value or "\n" in value:
             value = value.translate(_NEWLINES)
-        hdr += key.encode()
-        hdr += b": "
-        hdr += value.encode()
-        hdr += b"\r\n"
-    hdr += b"\r\n"
+        parts += (name, value.encode(), _CRLF)
+    parts.append(_CRLF)
+    hdr = b"".join(parts)
     self.stats["out_msgs"] += 1
     self.stats["out_bytes"] += payload_size
-    await self._send_command(_client.prot_command.hpub_cmd(subject, reply, hdr, payload))
+    size = len(hdr)
+    await self._send_command(b"".join((f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode(), hdr,
+                                       payload, _CRLF)))
     if self._flush_queue is not None and self._flush_queue.empty():
         await self._flush_pending()
 
 
 #: The nats-py internals `send_publish` relies on: with any missing, nats-py publishes as it does.
-_PUBLISH_NEEDS = ("NATS_HDR_LINE", "_CRLF_", "_HEADER_KEY_RE", "errors", "prot_command")
+_PUBLISH_NEEDS = ("NATS_HDR_LINE", "_CRLF_", "_HEADER_KEY_RE", "errors")
 
 
 def install(nc: Any) -> None:

@@ -8,12 +8,15 @@ is the naive baseline and the fallback.
 
 Both work on a `Pool`: the fold's incremental per-node free sets seen through a small overlay of
 what this cycle already granted or released, so one cycle never double-books and never mutates
-the state. A placement costs a few passes over per-node free counts (no scan of every GPU);
-the static shape of the cluster (node -> rack -> block, NVLink domain sizes) is indexed once
-per state and reused until a node registers.
+the state. The pool keeps its nodes indexed by free count (built on a pool's second placement,
+then moved as GPUs are taken and released), so a placement within one node looks only at the
+nodes that can hold it, not at every node; the static shape of the cluster (node -> rack -> block, NVLink
+domain sizes) is indexed once per state and reused until a node registers.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection, Mapping
 
 from msgspec import Struct
 
@@ -23,6 +26,9 @@ from ..core.state import ClusterState
 
 #: NVLink domain size of the standard layouts (None: the whole node; 0: read the GPU records).
 _DOMAIN_SIZE = {"all": None, "pairs": 2, "quads": 4, "none": 1}
+
+#: Nodes of one free count, by rack: rack index -> node indices (see `Pool.by_count`).
+Group = Mapping[int, Collection[int]]
 
 
 class Placement(Struct, frozen=True):
@@ -35,7 +41,7 @@ class Topology:
     """The static shape of a cluster, by node index in registration order."""
 
     __slots__ = ("nodes", "names", "index", "rack_of", "racks", "rack_members", "block_of_rack",
-                 "dom_cap", "all_layout", "max_node")
+                 "dom_cap", "all_layout", "only_all_layout", "any_all_layout", "max_node")
 
     def __init__(self, state: ClusterState) -> None:
         self.nodes = state.nodes
@@ -66,6 +72,9 @@ class Topology:
             self.dom_cap.append(size)
         self.racks = list(racks)
         self.all_layout = [node.nvlink == "all" for node in state.nodes.values()]
+        #: every node is one NVLink domain: a node's free GPUs are its best domain
+        self.only_all_layout = all(self.all_layout)
+        self.any_all_layout = any(self.all_layout)
         self.max_node = max((len(n.gpus) for n in state.nodes.values()), default=0)
 
 
@@ -78,7 +87,8 @@ class Pool:
     so a failure stays valid across `take`/`remove` and copies; `add` (the pool grows) forgets
     them all. It lets a long queue of jobs alike cost one placement, not one each."""
 
-    __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack", "fails")
+    __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack", "_by_count", "_scanned",
+                 "fails")
 
     def __init__(self, state: ClusterState, topo: Topology | None = None) -> None:
         self.state = state
@@ -89,6 +99,8 @@ class Pool:
         self.count = state.free_count
         self._cnt: list[int] | None = None  # free count per node index, built on first use
         self._rack: list[int] | None = None  # free count per rack index, built on first use
+        self._by_count: list[dict[int, set[int]]] | None = None  # see `by_count`, built on second use
+        self._scanned = False  # answered one `fitting` question by a scan (the next builds the index)
         self.fails: set = set()
 
     def copy(self) -> Pool:
@@ -98,6 +110,7 @@ class Pool:
         p.added = {k: list(v) for k, v in self.added.items()}
         p._cnt = None if self._cnt is None else list(self._cnt)
         p._rack = None if self._rack is None else list(self._rack)
+        p._by_count, p._scanned = None, False  # rebuilt from the counts if the copy places within a node
         p.fails = set(self.fails)
         return p
 
@@ -118,6 +131,36 @@ class Pool:
             cnt = self.node_counts()
             self._rack = [sum(map(cnt.__getitem__, m)) for m in self.topo.rack_members]
         return self._rack
+
+    def fitting(self, n: int) -> list[Group]:
+        """The nodes with n or more free GPUs, grouped by free count, fewest first, each group
+        by rack (rack index -> node indices, in any order). The first question of a pool is
+        answered by a scan of the counts (a pool that places once, e.g. a what-if copy, pays no
+        more than that); from the second on, from the index `by_count`, which costs about three
+        scans to build and then looks only at the nodes that can hold n."""
+        if self._by_count is None and not self._scanned:
+            self._scanned = True
+            cnt, rack_of = self.node_counts(), self.topo.rack_of
+            groups: dict[int, dict[int, list[int]]] = {}
+            for i in [i for i, k in enumerate(cnt) if k >= n]:
+                groups.setdefault(cnt[i], {}).setdefault(rack_of[i], []).append(i)
+            return [groups[k] for k in sorted(groups)]
+        return [group for group in self.by_count()[n:] if group]
+
+    def by_count(self) -> list[dict[int, set[int]]]:
+        """Nodes by free count, then rack: `by_count()[k][r]` holds the nodes of rack r with
+        exactly k free GPUs (k from 0 to the largest node's size; a rack without such a node
+        has no entry). One pass over the counts on first use, then each change of a node's
+        count moves it between two sets. By rack because best fit breaks ties by the rack's
+        free count: the racks of a group are fewer than its nodes."""
+        if self._by_count is None:
+            cnt, rack_of = self.node_counts(), self.topo.rack_of
+            top = self.topo.max_node
+            out: list[dict[int, set[int]]] = [{} for _ in range(top + 1)]
+            for i, k in enumerate(cnt):
+                out[min(max(k, 0), top)].setdefault(rack_of[i], set()).add(i)
+            self._by_count = out
+        return self._by_count
 
     def counts(self) -> dict[str, int]:
         """Free count of every node by name, in node order (zeros included)."""
@@ -143,12 +186,29 @@ class Pool:
         self.count += d
         if self._cnt is not None:
             i = self.topo.index[node]
-            self._cnt[i] += d
+            k = self._cnt[i]
+            self._cnt[i] = k + d
             if self._rack is not None:
                 self._rack[self.topo.rack_of[i]] += d
+            if self._by_count is not None:
+                self._move(i, k, k + d)
+
+    def _move(self, i: int, was: int, now: int) -> None:
+        """Node i's free count went from `was` to `now`: move it in the index."""
+        by_count = self._by_count
+        assert by_count is not None
+        top, r = len(by_count) - 1, self.topo.rack_of[i]
+        group = by_count[min(max(was, 0), top)]
+        nodes = group.get(r)
+        if nodes is not None:
+            nodes.discard(i)
+            if not nodes:
+                del group[r]
+        by_count[min(max(now, 0), top)].setdefault(r, set()).add(i)
 
     def take(self, gpus: list[GpuId]) -> None:
         gi = self.state.gpus
+        per_node: dict[str, int] = {}  # a gang takes several GPUs of a node: one count change each
         for g in gpus:
             node = gi[g].node
             extra = self.added.get(node)
@@ -156,7 +216,9 @@ class Pool:
                 extra.remove(g)
             else:
                 self.taken.add(g)
-            self._bump(node, -1)
+            per_node[node] = per_node.get(node, 0) + 1
+        for node, k in per_node.items():
+            self._bump(node, -k)
 
     def add(self, gpus: list[GpuId]) -> None:
         """GPUs released this cycle; only those the fold will make placeable again, once each."""
@@ -308,42 +370,57 @@ _Found = tuple[list[GpuId], str, str]
 def _within_node(pool: Pool, n: int, limit: int) -> _Found | tuple[()] | None:
     """1. one NVLink domain: best fit domain, then node, then rack; 2. one node: best fit node,
     ties to the rack with the least free. `()`: a node-bound job that cannot fit."""
-    topo, cnt = pool.topo, pool.node_counts()
-    names = topo.names
-    cands = [i for i, k in enumerate(cnt) if k >= n]
-    if not cands:
+    fits = pool.fitting(n)
+    if not fits:
         return None
-    rc, rack_of = pool.rack_counts(), topo.rack_of
-    best_dom = _best_domain(pool, [i for i in cands if topo.dom_cap[i] >= n], n)
+    names = pool.topo.names
+    best_dom = _best_domain(pool, fits, n)
     if best_dom is not None:
         i, d = best_dom
         gpus = pool.free_on(names[i])[:n] if d is None else _domains(pool, names[i])[d][:n]
         return gpus, "nvlink", f"one NVLink domain on {names[i]}"
     if limit < LEVEL_RANK["node"]:
         return ()
-    kmin = min(cnt[i] for i in cands)
-    i = min((i for i in cands if cnt[i] == kmin), key=lambda i: rc[rack_of[i]])
+    i = _least_rack(pool, fits[0])  # best fit: the fewest free GPUs that hold n
     return _pick_on_node(pool, names[i], n), "node", f"one node {names[i]}"
 
 
-def _best_domain(pool: Pool, dom_cands: list[int], n: int) -> tuple[int, int | None] | None:
-    """(node index, NVLink domain; None: the whole node) of the best fitting domain."""
-    topo, cnt, rc = pool.topo, pool.node_counts(), pool.rack_counts()
-    rack_of = topo.rack_of
+def _least_rack(pool: Pool, group: Group) -> int:
+    """The node of `group` whose rack has the least free GPUs; ties to the first registered."""
+    if len(group) == 1:
+        return min(next(iter(group.values())))
+    rc = pool.rack_counts()
+    least = min(rc[r] for r in group)
+    return min(min(nodes) for r, nodes in group.items() if rc[r] == least)
+
+
+def _best_domain(pool: Pool, fits: list[Group], n: int) -> tuple[int, int | None] | None:
+    """(node index, NVLink domain; None: the whole node) of the best fitting domain, among the
+    nodes that can hold n (`fits`: by free count, fewest first). Key: (domain's free GPUs,
+    node's free GPUs, rack's free GPUs, node index), smallest wins. A node that is one NVLink
+    domain ("all") has its free count as its domain's, so the best of those is in the first
+    group holding one; a node of several domains is looked at domain by domain."""
+    topo = pool.topo
+    if topo.only_all_layout:
+        return _least_rack(pool, fits[0]), None
+    cnt, rc, rack_of = pool.node_counts(), pool.rack_counts(), topo.rack_of
     best: tuple[tuple[int, int, int, int], int, int | None] | None = None
-    fast = [i for i in dom_cands if topo.all_layout[i]]
-    if fast:
-        kmin = min(cnt[i] for i in fast)
-        i = min((i for i in fast if cnt[i] == kmin), key=lambda i: rc[rack_of[i]])
-        best = ((kmin, kmin, rc[rack_of[i]], i), i, None)
-    for i in dom_cands:
-        if topo.all_layout[i]:
-            continue
-        for d, gs in _domains(pool, topo.names[i]).items():
-            if len(gs) >= n:
-                key = (len(gs), cnt[i], rc[rack_of[i]], i)
-                if best is None or key < best[0]:
-                    best = (key, i, d)
+    all_layout, dom_cap = topo.all_layout, topo.dom_cap
+    for group in fits if topo.any_all_layout else ():
+        fast = [i for nodes in group.values() for i in nodes if all_layout[i] and dom_cap[i] >= n]
+        if fast:
+            i = min(fast, key=lambda i: (rc[rack_of[i]], i))
+            best = ((cnt[i], cnt[i], rc[rack_of[i]], i), i, None)
+            break
+    for group in fits:
+        for i in (i for nodes in group.values() for i in nodes):
+            if all_layout[i] or dom_cap[i] < n:
+                continue
+            for d, gs in _domains(pool, topo.names[i]).items():
+                if len(gs) >= n:
+                    key = (len(gs), cnt[i], rc[rack_of[i]], i)
+                    if best is None or key < best[0]:
+                        best = (key, i, d)
     return None if best is None else (best[1], best[2])
 
 
