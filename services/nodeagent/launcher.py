@@ -37,9 +37,11 @@ from .backends import VIRTUAL_PID_BASE
 from .procs import JobGroup
 
 #: Variables of the daemon's environment a job inherits (names, or prefixes ending in `_`);
-#: everything else is dropped. HOME, USER and LOGNAME are the job user's.
+#: everything else is dropped. HOME, USER and LOGNAME are the job user's. The node's tuning of
+#: the numeric libraries (threads, the BLAS kernel: `OPENBLAS_CORETYPE` changes a job's last
+#: bits) passes, so a job computes what the same program computes in the node's shell.
 ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH",
-             "LC_", "CUDA_", "NCCL_", "NVIDIA_")
+             "LC_", "CUDA_", "NCCL_", "NVIDIA_", "OMP_", "OPENBLAS_", "MKL_", "GOTO_")
 #: The exit status of the job's command, written by the wrapper (control dir).
 EXIT_FILE = "exit-status"
 #: Exit code reported when an adopted process ended while no daemon watched and left no status.

@@ -109,8 +109,11 @@ def train_spec(ckpt_dir: Path, steps: int = 60, every: int = 10, step_time: floa
 def reference_weights(tmp: Path, steps: int) -> bytes:
     import subprocess
 
+    from gpusched.services.nodeagent.launcher import allowed
+
     out = tmp / "reference.npy"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCHED_")}
+    # the environment a job gets from the daemon (the numeric libraries' settings change the bits)
+    env = {k: v for k, v in os.environ.items() if allowed(k) and not k.startswith("GPUSCHED_")}
     subprocess.run([PY, str(EXAMPLE), "--steps", str(steps), "--out", str(out)], check=True, env=env,
                    capture_output=True, timeout=60)
     return out.read_bytes()
