@@ -522,3 +522,146 @@ def test_full_starvation_bound_puts_a_starving_job_first_in_its_team_only():
     assert [j.job_id for j in idx.ordered(bound, lambda t: 0)] == ["bjob", "old", "q0"]
     # before it has waited that long it keeps its LAS place, behind the queue-0 job
     assert [j.job_id for j in idx.ordered(bound - 1, lambda t: 0)] == ["bjob", "q0", "old"]
+
+
+# --- full's preemption restraint (issue 12): predicted run times and the back-off -------------
+# `preempt_predicted`: a victim predicted (policy/predict.py, from completed jobs) to end before
+# the blocked job would, by more than its checkpoint + restore, is left to finish: for LAS,
+# reclaim and a borrower yielding to the head; never for priority classes.
+
+NEAR_END = [4100.0] * 8  # every job like it ran 4100 s: one that ran 4000 s has 100 s left
+HEAVY_TAIL = [100.0] * 8 + [20000.0] * 8  # one that ran 4000 s has 16,000 s left, a new one 10,050
+
+
+def _history(s, runs: list[float], team: str = "a", gpu: list[str] = N0_1) -> float:
+    """Completed 1-GPU jobs of `team`, one after another on `gpu`; returns when the last ended."""
+    t = 0.0
+    for i, d in enumerate(runs):
+        s.run(f"h{i}", gpu, at=t, team=team)
+        s.finish(f"h{i}", at=t + d)
+        t += d
+    return t
+
+
+def _las_after(runs: list[float]):
+    """One 1-GPU node. Team a's `long` has run 4000 s (queue 1) when its `new` job (queue 0)
+    arrives; the cycle is 10 s later."""
+    def setup(s) -> float:
+        s.team("a", guaranteed=1)
+        t = _history(s, runs) + 100
+        s.run("long", N0_1, at=t, preemptible=True)
+        s.submit("new", 1, at=t + 3990, preemptible=True)
+        return t + 4000
+    return setup
+
+
+def _borrower(runs: list[float]):
+    """One 8-GPU node. `x` (4 GPUs) ends at the cycle; `big` (8) waits as the head; borrower
+    `b` (4 GPUs, backfilled, preemptible) has run 900 s on the rest."""
+    def setup(s) -> float:
+        t = _history(s, runs) + 100
+        s.run("x", gpus("r0n0", 0, 1, 2, 3), at=t)
+        s.submit("big", 8, at=t + 10)
+        s.run("b", gpus("r0n0", 4, 5, 6, 7), at=t + 100, backfill=True, preemptible=True)
+        s.finish("x", at=t + 1000)
+        return t + 1000
+    return setup
+
+
+def _reclaim_after(runs: list[float]):
+    """Two nodes. Team poor (guaranteed 8) holds nothing and wants 8 GPUs; rich (guaranteed 0)
+    holds both nodes in jobs that have run about 4000 s. The history is another team's."""
+    def setup(s) -> float:
+        s.team("poor", guaranteed=8)
+        s.team("rich", guaranteed=0)
+        t = _history(s, runs, team="h", gpu=gpus("r0n1", 0)) + 100
+        s.run("r1", N0, at=t, team="rich", preemptible=True)
+        s.run("r2", N1, at=t + 10, team="rich", preemptible=True)
+        s.submit("p", 8, team="poor", at=t + 3990)
+        return t + 4000
+    return setup
+
+
+def _priority_after(runs: list[float]):
+    """`_priority` after a history that predicts `lo` ends in 100 s: priority still preempts."""
+    def setup(s) -> float:
+        t = _history(s, runs, gpu=gpus("r0n1", 0)) + 100
+        s.run("lo", N0, at=t, priority="low", preemptible=True)
+        s.run("keep", N1, at=t)
+        s.submit("hi", 8, at=t + 3990, priority="high")
+        return t + 4000
+    return setup
+
+
+_NO_PREDICTIONS = _full(preempt_predicted=False)
+
+# name: (setup -> cycle time, (racks, nodes, gpus), config, want the cycle's first decision)
+PREDICTED_CASES = {
+    "LAS: a victim predicted to end before the new job would is left to finish": (
+        _las_after(NEAR_END), (1, 1, 1), _full(), []),
+    "LAS: the same with predictions off: taken": (
+        _las_after(NEAR_END), (1, 1, 1), _NO_PREDICTIONS, [("preempt", "long", "new")]),
+    "LAS: a heavy tail, the victim is predicted to outlast the new job: taken": (
+        _las_after(HEAVY_TAIL), (1, 1, 1), _full(), [("preempt", "long", "new")]),
+    "LAS: no completed job to predict from (the Lindy guess): taken as before": (
+        _las_after([]), (1, 1, 1), _full(), [("preempt", "long", "new")]),
+    "borrower predicted to end first (8 x 100 s < 4 x (1000 s + 90 s)): the head waits for it": (
+        _borrower([1000.0] * 8), (1, 1, 8), _full(), []),
+    "borrower, predictions off: it yields as soon as the head could start": (
+        _borrower([1000.0] * 8), (1, 1, 8), _NO_PREDICTIONS, [("preempt", "b", "big")]),
+    "borrower predicted to outlast the head (8 x 9100 s > 4 x (5050 s + 90 s)): it yields": (
+        _borrower([100.0] * 8 + [10000.0] * 8), (1, 1, 8), _full(), [("preempt", "b", "big")]),
+    "reclaim: victims predicted to end first are left to finish": (
+        _reclaim_after(NEAR_END), (1, 2, 8), _full(), []),
+    "reclaim, predictions off: the team below its guarantee reclaims": (
+        _reclaim_after(NEAR_END), (1, 2, 8), _NO_PREDICTIONS, [("preempt", "r2", "p")]),
+    "reclaim: victims predicted to outlast the reclaimer are taken": (
+        _reclaim_after(HEAVY_TAIL), (1, 2, 8), _full(), [("preempt", "r2", "p")]),
+    "priority classes ignore predictions: a low job about to end is still taken for a high one": (
+        _priority_after(NEAR_END), (1, 2, 8), _full(), [("preempt", "lo", "hi")]),
+}
+
+
+@pytest.mark.parametrize("name", list(PREDICTED_CASES))
+def test_full_preempt_predicted(name):
+    setup, (racks, nodes, size), config, want = PREDICTED_CASES[name]
+    s = Scenario(racks=racks, nodes=nodes, gpus=size)
+    now = setup(s)
+    out = s.cycle(config(), now=now)
+    assert summary(out)[:1] == want
+    assert s.state.violations() == []
+
+
+def test_outlasts_is_the_exchange_argument_with_the_checkpoint_costs():
+    """v > j + checkpoint + restore, weighted when asked; no evidence (the Lindy guess), taken."""
+    from gpusched.policy.predict import Estimate
+    from gpusched.policy.preemption import outlasts
+
+    def est(left: float, samples: int = 8) -> Estimate:
+        return Estimate(left, left, left, samples, "team")
+
+    full = PRESETS["full"]  # 30 s + 60 s
+    assert outlasts(est(1091.0), est(1000.0), full)
+    assert not outlasts(est(1090.0), est(1000.0), full)
+    assert outlasts(est(1.0), est(0.0), full.replace(checkpoint_cost_s=0.0, restore_cost_s=0.0))
+    assert outlasts(est(10.0, samples=0), est(1000.0), full)
+    assert outlasts(est(600.0), est(1000.0), full, weights=(1, 2))  # 2 x 600 > 1 x 1090
+    assert not outlasts(est(1000.0), est(1000.0), full, weights=(2, 1))  # 1000 < 2 x 1090
+
+
+# `_taken_before` under full: the back-off across teams is on (`preempt_backoff_max_s`, one
+# week: doubling per preemption, with no cap below fair share's memory).
+BACKOFF_CASES = {
+    "full: a job taken 3 times for other teams waits min_runtime_s * 8 (2400 s)": (_taken_before(3, 200.0), []),
+    "full: a job taken once waits min_runtime_s * 2 (600 s), then may be taken again": (
+        _taken_before(1, 200.0), [("preempt", "r2", "p")]),
+}
+
+
+@pytest.mark.parametrize("name", list(BACKOFF_CASES))
+def test_full_backs_off_across_teams(name):
+    setup, want = BACKOFF_CASES[name]
+    s = Scenario(racks=1, nodes=2)
+    setup(s)
+    assert summary(s.cycle("full", now=1000))[:1] == want
+    assert s.state.violations() == []

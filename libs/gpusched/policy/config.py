@@ -65,6 +65,13 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: Anti-thrash for LAS preemption: a job may be taken for LAS only after running
     #: `min_runtime_s * 2**preemptions` since its (re)start, at most this long (None: off).
     las_backoff_max_s: float | None = None
+    #: Preemption asks the run-time predictions (policy/predict.py, learned from completed
+    #: jobs): a victim predicted to end before the blocked job would, by more than its
+    #: checkpoint and restore, is left to finish (`preemption.outlasts`, the exchange argument
+    #: for two jobs on one set of GPUs). For LAS, reclaim to a guarantee, and a borrower
+    #: yielding to the reserved head; never for priority classes (a stated importance, not a
+    #: guess at run times).
+    preempt_predicted: bool = False
     #: With `las`, pending jobs are ordered (within team and priority class) by their predicted
     #: remaining GPU-seconds instead of their LAS queue: the median of what is left of the run
     #: times of completed jobs like them (policy/predict.py) that ran longer than they already
@@ -81,9 +88,9 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     fairshare_horizon_s: float = 3600.0
     #: Anti-thrash: a job runs at least this long after (re)start before it can be preempted.
     min_runtime_s: float = 300.0
-    #: Anti-thrash across teams, opt-in: a job may be taken for another team (reclaim, or
-    #: priority across teams) only after running `min_runtime_s * 2**preemptions` since its
-    #: (re)start, at most this long (None: off; `min_runtime_s` alone applies).
+    #: Anti-thrash across teams: a job may be taken for another team (reclaim, or priority
+    #: across teams) only after running `min_runtime_s * 2**preemptions` since its (re)start,
+    #: at most this long (None: off; `min_runtime_s` alone applies). `full`: one week.
     preempt_backoff_max_s: float | None = None
     #: How long a preempted job has to checkpoint before its GPUs are taken back.
     checkpoint_grace_s: float = 60.0
@@ -147,6 +154,12 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 _FULL_LAS: dict = {"las_preempt": True, "las_queues_gpu_s": [3250.0, 7200.0, 18000.0],
                    "las_backoff_max_s": 1800.0}
 
+#: `full`'s preemption restraint (issue 12, docs/policy.md "Preemptions"): the exchange test on
+#: predicted run times, and the back-off across teams doubling per preemption with no cap below
+#: fair share's own memory (its usage half-life): a job is taken for other teams at most about
+#: log2(its run / `min_runtime_s`) times.
+_FULL_RESTRAINT: dict = {"preempt_predicted": True, "preempt_backoff_max_s": 7 * 24 * 3600.0}
+
 _FIFO = PolicyConfig(
     gang=False, topology=False, strict_fifo=True, priority=False, preemption=False,
     fairshare=False, checkpoint=False, elastic=False, backfill=False, las=False,
@@ -175,7 +188,7 @@ PRESETS: dict[str, PolicyConfig] = {
     # class, jobs go by 2D-LAS queue and preempt jobs of a later queue of their own team when
     # the saving beats the checkpoint + restore cost; a requeued job that waited
     # `las_starve_factor` times its run so far goes first in its team (the starvation bound).
-    "full": PolicyConfig(las=True, **_FULL_LAS),
+    "full": PolicyConfig(las=True, **_FULL_LAS, **_FULL_RESTRAINT),
 }
 
 # Tiresias's 2D-LAS as published (Gu et al., NSDI 2019; SymbioticLab/Tiresias `dlas-gpu`):

@@ -27,11 +27,14 @@ Across teams (reclaim, or priority) preemption must converge:
   the next walk and take the freed GPUs straight back (often with the victim itself), and the
   blocked job would ask again: the same job preempted every `min_runtime_s`, each round
   costing a checkpoint and a restore. The same holds for borrowers yielding on demand (`due`).
-- optionally (`preempt_backoff_max_s`), the victim has run `min_runtime_s * 2**preemptions`
-  since its (re)start, at most that long: a job taken over and over is left alone longer each
-  time. Off by default: with the rule above it barely lowers preemptions, and on an
-  oversubscribed cluster it delays the jobs that reclaim (Philly week on 2x16x8 under full:
-  avg JCT 18.7 h without it, 25.0 h with a 3600 s cap).
+- (`preempt_backoff_max_s`, `full`: one week) the victim has run `min_runtime_s *
+  2**preemptions` since its (re)start, at most that long: a job taken over and over is left
+  alone longer each time, so it is taken for other teams about log2(its run / min_runtime_s)
+  times at most (docs/policy.md, "Preemptions").
+
+With `preempt_predicted` (`full`), LAS, reclaim and a borrower's yielding also ask the run-time
+predictions: a victim predicted to end before the blocked job would, by more than its checkpoint
+and restore, is left to finish (`outlasts`). Priority classes never ask them.
 
 Holdings are judged as they will be: the victim teams' less the GPUs already asked to yield
 (`leaving`) and those taken earlier in the same set; the beneficiary team's plus the GPUs already
@@ -57,9 +60,27 @@ from .config import PolicyConfig
 from .fairshare import may_preempt, over_share, team_rank
 from .ordering import las_queue
 from .placement import Pool
+from .predict import Estimate
 
 # The one definition of the work a job loses, re-exported for the policies that import it here.
 work_since_checkpoint = rules.work_since_checkpoint
+
+#: A job's predicted remaining run time as of the cycle's `now` (policy/predict.py).
+Remaining = Callable[[Job], Estimate]
+
+
+def outlasts(victim: Estimate, job: Estimate, config: PolicyConfig, weights: tuple[int, int] = (1, 1)) -> bool:
+    """Whether a victim predicted to run `victim.remaining_s` more is worth preempting for a job
+    predicted to run `job.remaining_s` on the GPUs it frees: the exchange argument for two jobs
+    and one set of GPUs, in the completion times mean JCT sums. Victim first, the two complete
+    at v and v + j; the job first, at j and j + v + the victim's checkpoint and restore. The job
+    goes first only if v > j + checkpoint + restore; `weights` (victim's, job's) weigh each
+    completion, e.g. by the GPUs that wait with it. A victim whose prediction rests on no
+    completed job (the Lindy guess) is taken as before: nothing says it ends soon."""
+    if victim.samples == 0:
+        return True
+    wv, wj = weights
+    return wj * victim.remaining_s > wv * (job.remaining_s + config.checkpoint_cost_s + config.restore_cost_s)
 
 
 def las_worth(v: Job, attained: float, for_attained: float, now: float, config: PolicyConfig) -> bool:
@@ -80,13 +101,14 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
                    candidates: list[Job], held: Callable[[str], int],
                    fits: Callable[[Pool], bool], scope: Callable[[GpuId], object] | None,
                    leaving: dict[str, int] | None = None, incoming: dict[str, int] | None = None,
-                   due: bool = False) -> list[Job] | None:
+                   due: bool = False, left: Remaining | None = None) -> list[Job] | None:
     """The victims to preempt so that `job` fits (`fits(pool)` after their GPUs return), or None.
     `candidates` are already filtered for preemptibility and runtime; `scope` maps a GPU to its
     group at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
     team already asked to yield; `incoming`: GPUs per team already coming free for its blocked
     jobs; `due`: the candidates yield whatever their rank (borrowed reservations), subject only
-    to the fold's rule and to the queue order (`_Rule.keeps_order`). `pool` may include GPUs
+    to the fold's rule and to the queue order (`_Rule.keeps_order`); `left`: predicted remaining
+    run times, for LAS and reclaim (`preempt_predicted`). `pool` may include GPUs
     already coming free (in-flight preemptions). Within a group, free GPUs plus victims' GPUs are counted (exact at every level but a partial
     NVLink domain); only the cheapest groups' sets are checked with a real placement."""
     if not candidates:
@@ -103,7 +125,7 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     cand = sorted(candidates, key=lambda v: (-over[v.spec.team], level[v.job_id], lost[v.job_id], -len(v.gpus),
                                              v.job_id))
     groups = _groups(cand, scope, feasible)
-    rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now)
+    rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now, left)
     options = []
     for key, group in groups.items():
         got = _greedy(rule, group, need - base.get(key, 0), lost)
@@ -160,7 +182,7 @@ class _Rule:
     """May this victim be taken for the job, given what the set already takes from its team?"""
 
     def __init__(self, state: ClusterState, job: Job, config: PolicyConfig, held, leaving, incoming, due,
-                 now: float = 0.0) -> None:
+                 now: float = 0.0, left: Remaining | None = None) -> None:
         self.state, self.job, self.held, self.leaving, self.due = state, job, held, leaving, due
         self.config, self.now = config, now
         self.rank = PRIORITY_RANK[job.spec.priority]
@@ -169,15 +191,29 @@ class _Rule:
         self.under = config.fairshare and over_share(state, job.team, self.for_held) < 0
         self._for_rank: tuple | None = None
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
+        self.left = left
+        self._for_left: Estimate | None = None
+
+    def outlasts(self, v: Job) -> bool:
+        """With predictions (`preempt_predicted`), whether `v` is predicted to outlast the job by
+        more than its checkpoint and restore (`outlasts`); without, always."""
+        if self.left is None:
+            return True
+        if self._for_left is None:
+            self._for_left = self.left(self.job)
+        return outlasts(self.left(v), self._for_left, self.config)
 
     def las_after(self, v: Job) -> bool:
         """With `las_preempt`: `v` sits in a later LAS queue than the job (it attained more), and
-        taking it is worth its checkpoint and restore (`las_worth`)."""
+        taking it is worth its checkpoint and restore (`las_worth`) and, with predictions, it
+        is predicted to outlast the job (`outlasts`: attained service alone takes long-running
+        jobs near their end)."""
         if self.las_level is None:
             return False
         attained = v.attained_gpu_s(self.now)
         return (las_queue(attained, self.config) > self.las_level
-                and las_worth(v, attained, self.job.service_gpu_s, self.now, self.config))
+                and las_worth(v, attained, self.job.service_gpu_s, self.now, self.config)
+                and self.outlasts(v))
 
     def backed_off(self, v: Job, cap_s: float | None = None) -> bool:
         """Whether `v` has run its back-off since its (re)start: `min_runtime_s` doubled per
@@ -234,6 +270,10 @@ class _Rule:
         # lowers the largest shortfall, so reclaims never ping-pong between two teams.
         reclaim = (self.under and not at_or_under
                    and over_share(st, v.team, vh - len(v.gpus)) > over_share(st, job.team, self.for_held))
+        # With predictions, a victim predicted to end first is left to finish: its GPUs come
+        # back before the reclaiming job, started now, would have ended.
+        if reclaim and not lower:
+            reclaim = self.outlasts(v)
         if not (lower or reclaim):
             return False, at_or_under
         # Hysteresis across teams: never preempt what the victim's team would win straight back

@@ -12,7 +12,7 @@ from ..fairshare import may_preempt, over_share
 from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
-from ..preemption import choose_victims
+from ..preemption import Remaining, choose_victims, outlasts
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
 VICTIM_POOL = 48
@@ -52,7 +52,17 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
     if gathered < want:
         return None
     return choose_victims(st, plan.pool, job, need, now, config, cands, plan.held, fits, scope(ctx, job),
-                          plan.leaving, plan.incoming)
+                          plan.leaving, plan.incoming, left=remaining(ctx))
+
+
+def remaining(ctx: Context) -> Remaining | None:
+    """With `preempt_predicted`, a job's predicted remaining run time at `now` (policy/predict.py:
+    the median of what is left of the run times of completed jobs like it that ran longer than
+    it already has); else None."""
+    if not ctx.config.preempt_predicted:
+        return None
+    predictor, now = ctx.indexes.predictor(ctx.state), ctx.now
+    return lambda job: predictor.estimate(job, now)
 
 
 def _las_filter(ctx: Context, job: Job) -> Callable[[Job], bool] | None:
@@ -103,9 +113,20 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
     lift that team back above the head's. Its jobs would then lead the next walk and take
     the freed GPUs (another borrow, or a start ahead of the head), that team would sink
     again, this head lead again and evict again: a livelock within one instant where
-    checkpoints take no time (Philly week, ideal runtime, t=340549 s)."""
+    checkpoints take no time (Philly week, ideal runtime, t=340549 s).
+
+    With `preempt_predicted`, a borrower is asked to yield only if it is predicted to outlast
+    the head (`preemption.outlasts`), each weighted by its gang: while the head waits, its whole
+    reserved set waits with it (no one may borrow a set that is due), so the head's wait costs
+    its GPUs x the borrower's remaining run time, the eviction the borrower's GPUs x (the head's
+    run + checkpoint + restore). The prediction grows as the borrower runs (run times are
+    heavy-tailed), so one that overstays its prediction is asked later."""
     st = ctx.state
     cands = [v for j in ctx.running.borrowers if plan.touchable(v := st.jobs[j])]
+    left = remaining(ctx) if cands else None
+    if left is not None:  # a borrower predicted to end first is left to finish
+        head_left = left(job)
+        cands = [v for v in cands if outlasts(left(v), head_left, ctx.config, (len(v.gpus), job.spec.gpus))]
     if not cands:
         return None
     # The head's reservation already counts GPUs in flight: so does its claim on borrowers.
