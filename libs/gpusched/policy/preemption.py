@@ -201,19 +201,20 @@ class _Rule:
             return True
         if self._for_left is None:
             self._for_left = self.left(self.job)
-        return outlasts(self.left(v), self._for_left, self.config)
+        # a borrower (`due`) and the head are weighed by their gangs: the head's whole reserved set waits with it
+        weights = (len(v.gpus), self.job.spec.gpus) if self.due else (1, 1)
+        return outlasts(self.left(v), self._for_left, self.config, weights)
 
     def las_after(self, v: Job) -> bool:
         """With `las_preempt`: `v` sits in a later LAS queue than the job (it attained more), and
-        taking it is worth its checkpoint and restore (`las_worth`) and, with predictions, it
-        is predicted to outlast the job (`outlasts`: attained service alone takes long-running
-        jobs near their end)."""
+        taking it is worth its checkpoint and restore (`las_worth`). With predictions, `admits`
+        also asks `outlasts` (attained service alone takes long-running jobs near their end),
+        last: a prediction costs more than every other test."""
         if self.las_level is None:
             return False
         attained = v.attained_gpu_s(self.now)
         return (las_queue(attained, self.config) > self.las_level
-                and las_worth(v, attained, self.job.service_gpu_s, self.now, self.config)
-                and self.outlasts(v))
+                and las_worth(v, attained, self.job.service_gpu_s, self.now, self.config))
 
     def backed_off(self, v: Job, cap_s: float | None = None) -> bool:
         """Whether `v` has run its back-off since its (re)start: `min_runtime_s` doubled per
@@ -256,12 +257,13 @@ class _Rule:
         if not may_preempt(st, v.team, vh, job.team, self.for_held):
             return False, at_or_under
         if self.due:
-            return self.keeps_order(v.team, vh - len(v.gpus)), at_or_under
+            return self.keeps_order(v.team, vh - len(v.gpus)) and self.outlasts(v), at_or_under
         # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
-        las = self.las_after(v) and (v.team == job.team or not self.config.fairshare)
+        las = (v.team == job.team or not self.config.fairshare) and self.las_after(v)
         by_class = self.priority and PRIORITY_RANK[v.spec.priority] < self.rank
         if las and not by_class and self.config.las_backoff_max_s is not None:
             las = self.backed_off(v, self.config.las_backoff_max_s)  # LAS alone: anti-thrash
+        las = las and self.outlasts(v)
         lower = by_class or las
         if v.team == job.team:
             return lower, False
@@ -270,15 +272,15 @@ class _Rule:
         # lowers the largest shortfall, so reclaims never ping-pong between two teams.
         reclaim = (self.under and not at_or_under
                    and over_share(st, v.team, vh - len(v.gpus)) > over_share(st, job.team, self.for_held))
-        # With predictions, a victim predicted to end first is left to finish: its GPUs come
-        # back before the reclaiming job, started now, would have ended.
-        if reclaim and not lower:
-            reclaim = self.outlasts(v)
         if not (lower or reclaim):
             return False, at_or_under
         # Hysteresis across teams: never preempt what the victim's team would win straight back
         # (and, if configured, leave a job taken over and over alone longer each time).
-        return self.backed_off(v) and self.keeps_order(v.team, vh - len(v.gpus)), at_or_under
+        if not (self.backed_off(v) and self.keeps_order(v.team, vh - len(v.gpus))):
+            return False, at_or_under
+        # With predictions, a victim predicted to end first is left to finish: its GPUs come
+        # back before the reclaiming job, started now, would have ended.
+        return lower or self.outlasts(v), at_or_under
 
 
 def _greedy(rule: _Rule, group: list[tuple[Job, int]], want: int, lost) -> tuple[list[Job], int] | None:

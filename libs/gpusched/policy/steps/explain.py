@@ -69,9 +69,10 @@ def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
         f = idx.forecast_ = Forecast(made_at=now, first=[], starts={}, cycles=0, complete=True, pending=0,
                                      running=len(st.running))
         return f
-    fork_idx = Indexes()
+    predictor = idx.predictor(st)
+    fork_idx = Indexes.for_plan(predictor)
     quiet = cfg.replace(eta_plan_every_s=None, predict_runtimes=False)
-    f = idx.forecast_ = forecast(st, now, quiet, idx.predictor(st), lambda s, t, c: cycle(s, t, c, fork_idx),
+    f = idx.forecast_ = forecast(st, now, quiet, predictor, lambda s, t, c: cycle(s, t, c, fork_idx),
                                  first, plan.events, max_cycles=cfg.eta_plan_jobs,
                                  horizon_s=cfg.eta_plan_horizon_s)
     return f

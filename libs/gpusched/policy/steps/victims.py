@@ -12,7 +12,7 @@ from ..fairshare import may_preempt, over_share
 from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
-from ..preemption import Remaining, choose_victims, outlasts
+from ..preemption import Remaining, choose_victims
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
 VICTIM_POOL = 48
@@ -123,16 +123,14 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
     heavy-tailed), so one that overstays its prediction is asked later."""
     st = ctx.state
     cands = [v for j in ctx.running.borrowers if plan.touchable(v := st.jobs[j])]
-    left = remaining(ctx) if cands else None
-    if left is not None:  # a borrower predicted to end first is left to finish
-        head_left = left(job)
-        cands = [v for v in cands if outlasts(left(v), head_left, ctx.config, (len(v.gpus), job.spec.gpus))]
     if not cands:
         return None
-    # The head's reservation already counts GPUs in flight: so does its claim on borrowers.
+    # The head's reservation already counts GPUs in flight: so does its claim on borrowers. A
+    # borrower predicted to end first is left to finish (`_Rule.outlasts`, asked last: only of
+    # the borrowers a set would take).
     coming = plan.coming if plan.coming is not None else plan.pool
     return choose_victims(st, coming, job, need, ctx.now, ctx.config, cands, plan.held, fits,
-                          scope(ctx, job), plan.leaving, plan.incoming, due=True)
+                          scope(ctx, job), plan.leaving, plan.incoming, due=True, left=remaining(ctx))
 
 
 def scope(ctx: Context, job: Job) -> Callable[[GpuId], object] | None:
