@@ -556,14 +556,18 @@ def _las_after(runs: list[float]):
 
 
 def _borrower(runs: list[float]):
-    """One 8-GPU node. `x` (4 GPUs) ends at the cycle; `big` (8) waits as the head; borrower
-    `b` (4 GPUs, backfilled, preemptible) has run 900 s on the rest."""
+    """One 8-GPU node. `x1`, `x2` (2 GPUs each) end at the cycle; `big` (8) waits as the head;
+    borrower `b` (4 GPUs, backfilled, preemptible) has run 900 s on the rest. (Not one 4-GPU
+    `x`: a job of b's size submitted just before it is its batch-mate, `predict._batch`, and would
+    decide b's prediction instead of `runs`.)"""
     def setup(s) -> float:
         t = _history(s, runs) + 100
-        s.run("x", gpus("r0n0", 0, 1, 2, 3), at=t)
+        s.run("x1", gpus("r0n0", 0, 1), at=t)
+        s.run("x2", gpus("r0n0", 2, 3), at=t)
         s.submit("big", 8, at=t + 10)
         s.run("b", gpus("r0n0", 4, 5, 6, 7), at=t + 100, backfill=True, preemptible=True)
-        s.finish("x", at=t + 1000)
+        s.finish("x1", at=t + 1000)
+        s.finish("x2", at=t + 1000)
         return t + 1000
     return setup
 
@@ -609,7 +613,7 @@ PREDICTED_CASES = {
         _borrower([1000.0] * 8), (1, 1, 8), _full(), []),
     "borrower, predictions off: it yields as soon as the head could start": (
         _borrower([1000.0] * 8), (1, 1, 8), _NO_PREDICTIONS, [("preempt", "b", "big")]),
-    "borrower predicted to outlast the head (8 x 9100 s > 4 x (5050 s + 90 s)): it yields": (
+    "borrower predicted to outlast the head (8 x 9100 s > 4 x (1000 s + 90 s)): it yields": (
         _borrower([100.0] * 8 + [10000.0] * 8), (1, 1, 8), _full(), [("preempt", "b", "big")]),
     "reclaim: victims predicted to end first are left to finish": (
         _reclaim_after(NEAR_END), (1, 2, 8), _full(), []),
