@@ -77,10 +77,11 @@ class GrantWatch:
         self.stored: dict[str, float] = {}  # job -> the server's store time (unix)
         self.changed = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.sub = None
 
     async def start(self) -> None:
-        sub = await self.log.js.subscribe("gpusched.evt.alloc.GpusGranted.>", ordered_consumer=True,
-                                          pending_msgs_limit=0, pending_bytes_limit=0)
+        sub = self.sub = await self.log.js.subscribe("gpusched.evt.alloc.GpusGranted.>", ordered_consumer=True,
+                                                     pending_msgs_limit=0, pending_bytes_limit=0)
 
         async def run() -> None:
             while True:
@@ -91,6 +92,14 @@ class GrantWatch:
                 self.changed.set()
 
         self.task = asyncio.create_task(run())
+
+    async def stop(self) -> None:
+        """Stop reading and unsubscribe: a subscription left with messages queued makes the
+        connection's drain wait for a reader that is gone (a 30 s timeout at every run's end)."""
+        if self.task is not None:
+            self.task.cancel()
+        if self.sub is not None:
+            await self.sub.unsubscribe()
 
     async def wait_count(self, n: int, timeout: float) -> bool:
         deadline = time.perf_counter() + timeout
@@ -150,6 +159,7 @@ async def _churn_worker(url: str, index: int, workers: int, rate: float, seconds
             appended += n
         await asyncio.sleep(max(0.0, tick - (time.time() - now)))
     reader.cancel()
+    await sub.unsubscribe()  # else the drain waits for the reader that is gone (see GrantWatch.stop)
     await log.close()
     return {"offered": offered, "appended": appended, "missed": missed, "batches": len(batch_s),
             "batch_ms_p50": 1000 * pct(batch_s, 50) if batch_s else 0.0,
@@ -442,7 +452,7 @@ async def run(args: argparse.Namespace, url: str, redis_url: str, work: Path, pr
         if granted >= backlog:
             print(f"  WARNING: all {backlog} backlog jobs were granted by the window's end: the sustained figure is "
                   f"bounded by the backlog, not by placement; run again with a larger --backlog")
-    watch.task.cancel()
+    await watch.stop()
     await client.close()
     await log.close()
 
