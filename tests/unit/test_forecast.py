@@ -100,6 +100,33 @@ def test_cycle_says_every_planned_eta_and_keeps_the_plan_between_plans():
     assert idx.forecast_ is not made and idx.forecast_.made_at == s.now + 1800.0
 
 
+def test_a_plan_uses_the_live_predictor_and_never_learns_from_its_own_guesses(monkeypatch):
+    """The plan's cycles (on a copy of the state) ask the live fold's predictor as it learned:
+    a fresh one per plan relearned the whole history each time, and learned the plan's
+    predicted ends as if they were history."""
+    made: list[RuntimePredictor] = []
+    init = RuntimePredictor.__init__
+
+    def counting(self, *args, **kw):
+        made.append(self)
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(RuntimePredictor, "__init__", counting)
+    # `x` preemptible and in a later LAS queue than the waiting jobs: the plan's cycles search
+    # victims, and the restraint (`preempt_predicted`) asks the predictor there
+    s = Scenario(racks=1, nodes=1)
+    for i in range(8):
+        s.run(f"done{i}", gpus("r0n0", 0), at=i * 1000.0)
+        s.apply(ev.JobCompleted(at=i * 1000.0 + 1000.0, job_id=f"done{i}", attempt=1))
+    s.run("x", gpus("r0n0", *range(8)), at=8000.0, preemptible=True)
+    s.submit("small", 4, at=8500.0)
+    s.submit("tiny", 4, at=8510.0)
+    idx = Indexes()
+    cycle(s.state, 8600.0, FULL.replace(eta_plan_every_s=1800.0, eta_plan_horizon_s=3600.0), idx)
+    assert idx.forecast_ is not None and idx.forecast_.cycles >= 2  # the plan ran the policy forward
+    assert made == [idx.predictor_]  # one predictor: the live one (a fresh one per plan: 2)
+
+
 @pytest.mark.parametrize("stale_s, replanned", [(900.0, True), (None, False)])
 def test_a_plan_that_went_wrong_is_made_again(stale_s, replanned):
     """The plan says big starts at 9000, when x's predicted end frees the node; x runs on.
