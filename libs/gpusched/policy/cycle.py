@@ -65,8 +65,8 @@ def decide(state: ClusterState, now: float, config: PolicyConfig, placer: str | 
     for enabled, step in STEPS:
         if enabled(config):
             step(plan, ctx)
-    if ctx.indexes.predictor_ is not None and plan.started:  # it may complete before the next cycle
-        ctx.indexes.predictor_.watch([job.job_id for job, _ in plan.started])
+    if plan.started:
+        ctx.indexes.started([job.job_id for job, _ in plan.started])
     return plan
 
 

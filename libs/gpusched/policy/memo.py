@@ -86,6 +86,13 @@ class Indexes:
         p.update()
         return p
 
+    def started(self, job_ids: list[str]) -> None:
+        """Jobs a cycle just granted: the predictor watches them (they may complete before its
+        next update). A plan's predictor (`for_plan`) is the live fold's and learns nothing from
+        the plan: its starts are guesses about jobs that, in the fold, still wait."""
+        if self.predictor_ is not None and not self.pinned:
+            self.predictor_.watch(job_ids)
+
     def topology(self, state: ClusterState) -> Topology:
         """The topology of `state` (nodes only ever register, never leave: a count suffices)."""
         t = self.topology_
