@@ -19,6 +19,11 @@ from msgspec import Struct
 _COMPACT = re.compile(r"j-[0-9a-f]{8}")
 
 
+def _compact(job_id: str) -> int | None:
+    """An admission-made id (`j-` + 8 hex) as its integer; None for any other id."""
+    return int(job_id[2:], 16) if _COMPACT.fullmatch(job_id) else None
+
+
 def _ints(run: bytes) -> array:
     values = array("I", run)
     if sys.byteorder == "big":
@@ -38,18 +43,19 @@ class RetiredIds(Struct, array_like=True):
     other: dict[str, None] = {}
 
     def add(self, job_id: str) -> None:
-        if _COMPACT.fullmatch(job_id) is None:
+        value = _compact(job_id)
+        if value is None:
             self.other[job_id] = None
             return
-        merged = array("I", [int(job_id[2:], 16)])
+        merged = array("I", [value])
         while self.runs and len(self.runs[-1]) <= 2 * 4 * len(merged):
             merged = array("I", merge(_ints(self.runs.pop()), merged))  # no list of n ints in between
         self.runs.append(_bytes(merged))
 
     def __contains__(self, job_id: str) -> bool:
-        if _COMPACT.fullmatch(job_id) is None:
+        value = _compact(job_id)
+        if value is None:
             return job_id in self.other
-        value = int(job_id[2:], 16)
         for run in self.runs:
             values = memoryview(run).cast("I") if sys.byteorder == "little" else _ints(run)
             i = bisect_left(values, value)
