@@ -178,6 +178,12 @@ def test_an_array_is_found_by_its_index_whole_forgotten_or_from_an_old_snapshot(
         Dependency(kind="afterok", job="arr")])), DAY, AdmissionConfig(placeholders="any"), Capacity(), caller=Caller("alice", "a"))
     assert not on_array.reply.ok and "is a job array; depend on its tasks" in on_array.reply.error
     assert live.knows("arr") and live.knows("arr_4") and not live.knows("arr_5")  # never handed out as a job id
+    for odd in ("arr_²", "arr_٣", "arr_03", "arr_", "arr_-1"):  # not a task's id, and no error either
+        assert not live.knows(odd), odd
+        hostile = admit(live, SubmitJob(request_id=f"w-{odd}", spec=JobSpec(team="a", gpus=1, dependency=[
+            Dependency(kind="afterok", job=odd)])), DAY, AdmissionConfig(placeholders="any"), Capacity(),
+            caller=Caller("alice", "a"))
+        assert not hostile.reply.ok and hostile.reply.error == f"spec.dependency: unknown job {odd!r} (afterok:{odd})"
     for st in (live, gone):  # a snapshot written before the index existed has no `arrays`
         raw = msgspec.msgpack.decode(st.snapshot())
         del raw["arrays"]

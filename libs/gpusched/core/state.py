@@ -864,9 +864,14 @@ def array_tasks(st: ClusterState, array_id: str) -> list[str]:
 
 
 def _array_task_known(st: ClusterState, job_id: str) -> bool:
+    """`job_id` is exactly the id of a task of a known array (`array_task_id`: ASCII digits, no
+    leading zero; `str.isdigit` alone takes '²', which `int` refuses, and '٣', which it reads as 3)."""
     array_id, _, index = job_id.rpartition("_")
     span = st.arrays.get(array_id)
-    return span is not None and index.isdigit() and span[0] <= int(index) <= span[1]
+    if span is None or not (index.isascii() and index.isdigit()):
+        return False
+    i = int(index)
+    return span[0] <= i <= span[1] and array_task_id(array_id, i) == job_id
 
 
 def _array_index(st: ClusterState) -> dict[str, tuple[int, int]]:
