@@ -108,7 +108,7 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     team already asked to yield; `incoming`: GPUs per team already coming free for its blocked
     jobs; `due`: the candidates yield whatever their rank (borrowed reservations), subject only
     to the fold's rule and to the queue order (`_Rule.keeps_order`); `left`: predicted remaining
-    run times, for LAS and reclaim (`preempt_predicted`). `pool` may include GPUs
+    run times, for LAS, reclaim and borrowers (`preempt_predicted`). `pool` may include GPUs
     already coming free (in-flight preemptions). Within a group, free GPUs plus victims' GPUs are counted (exact at every level but a partial
     NVLink domain); only the cheapest groups' sets are checked with a real placement."""
     if not candidates:
