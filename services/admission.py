@@ -252,7 +252,7 @@ def dependency_problem(state: ClusterState, spec) -> str | None:
         if state.job_status(d.job) is not None:
             continue
         if d.job in state.arrays:
-            return f"spec.dependency: {d.job} is a job array; depend on its tasks ({d.job}_INDEX)"
+            return f"spec.dependency: {_array_named(d.job)}"
         if state.knows(d.job):
             return f"spec.dependency: job {d.job} ended too long ago: {_RETIRED}"
         return f"spec.dependency: unknown job {d.job!r} ({d.kind}:{d.job})"
@@ -283,10 +283,17 @@ def with_defaults(state: ClusterState, spec):
 _RETIRED = "only its id is kept (past the fold's second horizon); its history is in the log and its exported segments"
 
 
+def _array_named(job_id: str) -> str:
+    return f"{job_id} is a job array; name one of its tasks ({job_id}_INDEX)"
+
+
 def _unknown(state: ClusterState, job_id: str) -> str:
-    """Why a command names no job it can act on: never in the log, or ended and forgotten."""
+    """Why a command names no job it can act on: never in the log, a job array's id, or ended
+    and forgotten or retired."""
     tomb = state.forgotten.get(job_id)
     if tomb is None:
+        if job_id in state.arrays:
+            return _array_named(job_id)
         return f"job {job_id} ended long ago: {_RETIRED}" if state.knows(job_id) else f"unknown job {job_id!r}"
     return (f"job {job_id} already {tomb.state} (ended long ago, past the fold's horizon: "
             f"`gpusched show {job_id}` points to its history)")

@@ -157,7 +157,7 @@ def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
 
 
 def test_an_array_is_found_by_its_index_whole_forgotten_or_from_an_old_snapshot():
-    from gpusched.core.commands import CancelJob, SubmitJob
+    from gpusched.core.commands import CancelJob, HoldJob, SubmitJob
     from gpusched.core.model import ArraySpec
     from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit
 
@@ -176,7 +176,12 @@ def test_an_array_is_found_by_its_index_whole_forgotten_or_from_an_old_snapshot(
     assert not cancel(gone).reply.ok and "ended long ago" in cancel(gone).reply.error
     on_array = admit(live, SubmitJob(request_id="w", spec=JobSpec(team="a", gpus=1, dependency=[
         Dependency(kind="afterok", job="arr")])), DAY, AdmissionConfig(placeholders="any"), Capacity(), caller=Caller("alice", "a"))
-    assert not on_array.reply.ok and "is a job array; depend on its tasks" in on_array.reply.error
+    assert not on_array.reply.ok and on_array.reply.error == "spec.dependency: arr is a job array; name one of its tasks (arr_INDEX)"
+    hold = admit(live, HoldJob(request_id="h", job_id="arr"), DAY, AdmissionConfig(), Capacity(), caller=Caller("alice", "a"))
+    assert not hold.reply.ok and hold.reply.error == "arr is a job array; name one of its tasks (arr_INDEX)"
+    from gpusched.cli.views import _not_a_job
+    assert _not_a_job(live, "arr") == "arr is a job array: show one of its tasks, arr_2 .. arr_4"
+    assert "only its id is kept" not in _not_a_job(gone, "arr") and _not_a_job(live, "nope").startswith("no job nope")
     assert live.knows("arr") and live.knows("arr_4") and not live.knows("arr_5")  # never handed out as a job id
     for odd in ("arr_²", "arr_٣", "arr_03", "arr_", "arr_-1"):  # not a task's id, and no error either
         assert not live.knows(odd), odd

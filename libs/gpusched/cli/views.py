@@ -590,8 +590,7 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
         if job_id in state.forgotten:
             return forgotten_doc(state, job_id)
         if job_id not in state.jobs:
-            return {"job_id": job_id, "error": retired_note(state, job_id) if state.knows(job_id)
-                    else f"no job {job_id} in the log (at seq {state.last_seq})"}
+            return {"job_id": job_id, "error": _not_a_job(state, job_id)}
         history = await job_history(event_log, job_id)
     finally:
         await event_log.close()
@@ -621,6 +620,16 @@ def _history_hint(job_id: str) -> str:
     return (f"Its whole history is in the log: `{HORIZON_ENV}=none gpusched show {job_id}` folds the stream "
             f"keeping every job; if the stream was bounded, `gpusched replay --from-file SEGMENT...` over the "
             f"exported segments.")
+
+
+def _not_a_job(state: ClusterState, job_id: str) -> str:
+    """`show` of an id the fold holds no job for: a job array's, a retired job's, or none."""
+    if job_id in state.arrays:
+        first, last = state.arrays[job_id]
+        return f"{job_id} is a job array: show one of its tasks, {job_id}_{first} .. {job_id}_{last}"
+    if state.knows(job_id):
+        return retired_note(state, job_id)
+    return f"no job {job_id} in the log (at seq {state.last_seq})"
 
 
 def retired_note(state: ClusterState, job_id: str) -> str:
