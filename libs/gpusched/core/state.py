@@ -227,6 +227,7 @@ class ClusterState(Struct):
     retiring: list[str] = []  # forgotten jobs, in the order they were forgotten
     retiring_head: int = 0  # `retiring[:retiring_head]` were retired already (compacted lazily)
     retired: RetiredIds = msgspec.field(default_factory=RetiredIds)
+    handover: dict[str, None] = {}  # jobs GPUs were freed for since the last grant (_nominate)
 
     # --- the fold ------------------------------------------------------------------------
 
@@ -290,6 +291,7 @@ class ClusterState(Struct):
             job.idle_requeues += 1
         elif e.reason == "preempted":
             job.preemptions += 1
+            _nominate(self, job)
         elif e.reason in ("no_process", "process_failed"):
             job.restarts += 1
         job.lost_gpu_s += e.lost_gpu_s
@@ -707,6 +709,14 @@ def _summary(st: ClusterState) -> dict:
 _END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed: "failed",
                                      ev.JobCancelled: "cancelled"}
 
+def _nominate(st: ClusterState, victim: Job) -> None:
+    """A victim releases for another job: that job's turn to take the freed GPUs first, until
+    the next grant (policy/steps/handover.py; a job moved for itself is nobody's beneficiary)."""
+    p = victim.preemption
+    if p is not None and p.for_job != victim.job_id:
+        st.handover[p.for_job] = None
+
+
 def _fold_granted(self, e: ev.GpusGranted) -> None:
     job = self.jobs.get(e.job_id)
     if job is None or job.state != "pending":
@@ -722,6 +732,8 @@ def _fold_granted(self, e: ev.GpusGranted) -> None:
             e.gpus,
         )
     granted = self._take(e.job_id, e.gpus, e.at)
+    if self.handover:
+        self.handover.clear()  # the grants after a release are decided: the hand-over had its turn
     del self.pending[e.job_id]
     self.running[e.job_id] = None
     job.state, job.attempt, job.gpus = "starting", e.attempt, granted

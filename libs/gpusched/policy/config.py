@@ -94,6 +94,10 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     preempt_backoff_max_s: float | None = None
     #: How long a preempted job has to checkpoint before its GPUs are taken back.
     checkpoint_grace_s: float = 60.0
+    #: GPUs a preemption freed go first to the job they were freed for, once all its victims
+    #: have released (steps/handover.py), not to whoever leads the next walk (who would leave
+    #: that job to preempt again). Off in `tiresias`, whose simulator hands GPUs out in queue order.
+    hand_over: bool = True
     #: Jobs on a quarantined GPU are asked to checkpoint and move (preemptible ones; see unhealthy.py).
     move_off_unhealthy: bool = True
     #: How many blocked jobs per cycle may trigger preemption (bounds the cost of a cycle).
@@ -197,7 +201,7 @@ PRESETS: dict[str, PolicyConfig] = {
 PRESETS["tiresias"] = _FIFO.replace(
     strict_fifo=False, gang=True, preemption=True, checkpoint=True, las=True,
     las_queues_gpu_s=[3250.0, 7200.0, 18000.0], las_preempt=True, min_runtime_s=0.0,
-    max_preemptors_per_cycle=64,
+    max_preemptors_per_cycle=64, hand_over=False,
 )
 
 # `full` plans its queue for ETAs every half hour of policy time (issue 12, docs/sim.md).

@@ -35,6 +35,8 @@ def run(plan: CyclePlan, ctx: Context) -> None:
             break  # (blocked jobs covered by GPUs in flight trigger no preemption: see reclaim)
         if plan.head is not None and claimants >= reclaimers + plan.inflight_gpus and _all_reserved(plan, ctx, idx):
             break
+        if job.job_id in plan.status:
+            continue  # started by the hand-over
         processed[job.job_id] = None
         blocked = len(plan.blocked)
         limit_stop = _consider(plan, ctx, job)
