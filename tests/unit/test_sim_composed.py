@@ -29,9 +29,10 @@ def both():
     # Without `preempt_predicted` (issue 12). The two modes differ in detail from the first hours
     # with or without it (about 300 of the 400 first starts differ, the first at t=8,931 s: a
     # request waits a round for another writer's grant); on this small slice the averages then
-    # land 0.1% apart without the rule and up to 3% apart with it (min_runtime_s=310: 23,578 s
-    # vs 24,256 s), chaos of 400 jobs rather than a rule that means something else in services
-    # mode: on the whole week the two modes agree (17,132 s vs 17,269 s).
+    # land 0.1% apart without the rule and up to 2.1% apart with it (avg queue 16,056 s vs
+    # 16,396 s; with the hand-over, before it up to 3%), chaos of 400 jobs rather than a rule
+    # that means something else in services mode: on the whole week the two modes agree
+    # (17,162 s vs 17,327 s).
     off = {"preempt_predicted": "false"}
     return (simulate(jobs, cluster, "full", model, off), simulate(jobs, cluster, "full", model, off, services=True))
 
