@@ -94,9 +94,10 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     preempt_backoff_max_s: float | None = None
     #: How long a preempted job has to checkpoint before its GPUs are taken back.
     checkpoint_grace_s: float = 60.0
-    #: GPUs a preemption freed go first to the job they were freed for, once all its victims
-    #: have released (steps/handover.py), not to whoever leads the next walk (who would leave
-    #: that job to preempt again). Off in `tiresias`, whose simulator hands GPUs out in queue order.
+    #: GPUs a preemption freed go first to the job they were freed for, when no other team's job
+    #: is first in line (steps/handover.py), not to whoever leads the next walk in its team (who
+    #: would leave that job to preempt again). Off in `tiresias`, whose simulator hands GPUs out
+    #: in queue order.
     hand_over: bool = True
     #: Jobs on a quarantined GPU are asked to checkpoint and move (preemptible ones; see unhealthy.py).
     move_off_unhealthy: bool = True
