@@ -105,6 +105,12 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     max_preemptors_per_cycle: int = 4
     #: Backfill: treat a running job without a time limit as ending after this long (None: never).
     unknown_runtime_s: float | None = None
+    #: A blocked head that must run within one node, while enough GPUs are free but scattered,
+    #: moves small jobs off the node nearest to holding it onto free GPUs elsewhere, and takes
+    #: the node (steps/consolidate.py; KAI Scheduler's consolidation). Each move is a preemption.
+    #: Off: on the bundled week it shortens the 8-GPU jobs' queue at the small jobs' expense,
+    #: mean JCT even, more preemptions (docs/policy.md, "Node-sized gangs").
+    consolidate: bool = False
 
     # --- run-time prediction (policy/predict.py): learned from completed jobs, never an oracle
     #: Opt-in: ETAs from the reservation plan with predicted run times (ends of jobs without a

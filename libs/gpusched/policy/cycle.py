@@ -1,7 +1,7 @@
 """One scheduling cycle: a short list of steps over one plan, each delegating a question to a
 policy (as Volcano's actions over a session).
 
-    expire -> settle -> handover -> unhealthy -> walk -> reclaim -> grow -> explain -> idle
+    expire -> settle -> handover -> unhealthy -> walk -> consolidate -> reclaim -> grow -> explain -> idle
 
 `cycle(state, now, config)` returns the events the cycle decides, valid to apply in order to
 `state`. It never mutates the state: every step changes the cycle's tentative world, the
@@ -26,7 +26,7 @@ from .config import PRESETS, PolicyConfig
 from .memo import Indexes
 from .plan import Context, CyclePlan, Placer
 from .running import RunningIndex
-from .steps import expire, explain, grow, handover, idle, reclaim, settle, walk
+from .steps import consolidate, expire, explain, grow, handover, idle, reclaim, settle, walk
 
 #: The fallback keeps the cheap ordering decisions (priority classes, fair-share order, limits)
 #: and loses the expensive ones (topology, preemption, backfill): otherwise a flood of
@@ -47,6 +47,7 @@ STEPS: list[tuple[Callable[[PolicyConfig], bool], Step]] = [
     (lambda c: c.preemption and c.checkpoint and c.hand_over, handover.run),  # freed GPUs to the job they were freed for
     (lambda c: c.move_off_unhealthy and c.preemption, unhealthy.run),  # off quarantined GPUs
     (_always, walk.run),  # the queue in order: start, backfill, or record why not
+    (lambda c: c.consolidate and c.preemption and c.backfill, consolidate.run),  # a node for the head: move small jobs off it
     (lambda c: c.preemption or c.elastic, reclaim.run),  # blocked jobs: claim, shrink, preempt
     (lambda c: c.elastic, grow.run),  # nothing waits: elastic jobs grow
     (_always, lambda plan, ctx: explain.run(plan, ctx, cycle)),  # JobPending: reasons and ETAs that changed

@@ -1,6 +1,6 @@
 """The steps of a scheduling cycle, one module each, each a function of (plan, context).
 
-    expire -> settle -> handover -> walk -> reclaim -> grow -> explain -> idle
+    expire -> settle -> handover -> unhealthy -> walk -> consolidate -> reclaim -> grow -> explain -> idle
 
 `policy/cycle.py` lists them in order, each gated by the config.
 """
