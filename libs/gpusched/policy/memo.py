@@ -11,7 +11,8 @@ current (another state object, e.g. a fold that adopted a snapshot); `forget()` 
 
 from __future__ import annotations
 
-from ..core.state import ClusterState
+from ..core.model import GpuId
+from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .forecast import Forecast
 from .ordering import QueueIndex, queue_mode
@@ -23,7 +24,7 @@ from .running import RunningIndex
 class Indexes:
     """The derived indexes of one fold (see the module docstring)."""
 
-    __slots__ = ("queues", "running_", "topology_", "tail_reasons", "predictor_", "forecast_", "pinned")
+    __slots__ = ("queues", "running_", "topology_", "tail_reasons", "predictor_", "forecast_", "pinned", "groups_")
 
     def __init__(self, tail_reasons: int | None = None) -> None:
         self.queues: dict[tuple, QueueIndex] = {}  # one per ordering mode (config knobs)
@@ -38,6 +39,7 @@ class Indexes:
         #: The latest plan of the queue (`policy.forecast`), the ETAs between two plans.
         self.forecast_: Forecast | None = None
         self.pinned = False  # `predictor_` is another fold's, as it learned (see `for_plan`)
+        self.groups_: dict[str, GpuGroups] = {}  # see `gpu_groups`
 
     @classmethod
     def for_plan(cls, predictor: RuntimePredictor) -> Indexes:
@@ -52,6 +54,7 @@ class Indexes:
     def forget(self) -> None:
         """Drop every index: the next cycle rebuilds them from its state."""
         self.queues.clear()
+        self.groups_.clear()
         self.running_ = self.topology_ = self.predictor_ = self.forecast_ = None
         self.pinned = False
 
@@ -100,5 +103,54 @@ class Indexes:
             t = self.topology_ = Topology(state)
         return t
 
+    def gpu_groups(self, state: ClusterState, level: str) -> GpuGroups:
+        """The GPUs' groups at a topology level ("node", "rack", or "block": a node's block, else
+        its rack), for victim searches. Built with the topology it belongs to, and rebuilt when
+        that is (a node's GPUs, rack and block never change once registered)."""
+        topo = self.topology(state)
+        memo = self.groups_.get(level)
+        if memo is None or memo.topology is not topo:
+            memo = self.groups_[level] = GpuGroups(state, topo, level)
+        return memo
 
-__all__ = ["Indexes"]
+
+class GpuGroups:
+    """Each GPU's group at one topology level, and each running job's GPUs per group. A
+    victim search counts them for every candidate, and the same few hundred running jobs are
+    candidates of tens of thousands of searches a week: a lookup here costs less than walking
+    GPU -> node -> rack each time. A job's counts are kept while it holds the same GPU list
+    (the fold gives a job a new list whenever its GPUs change, and never edits one)."""
+
+    __slots__ = ("topology", "of", "_spread")
+
+    def __init__(self, state: ClusterState, topology: Topology, level: str) -> None:
+        self.topology = topology
+        nodes = state.nodes
+        if level == "node":
+            self.of: dict[GpuId, object] = {g: gpu.node for g, gpu in state.gpus.items()}
+        elif level == "rack":
+            self.of = {g: nodes[gpu.node].rack for g, gpu in state.gpus.items()}
+        else:
+            self.of = {g: nodes[gpu.node].block or nodes[gpu.node].rack for g, gpu in state.gpus.items()}
+        self._spread: dict[str, tuple[list[GpuId], dict[object, int]]] = {}
+
+    def spread(self, job: Job) -> dict[object, int]:
+        """The job's GPUs per group (read-only: shared by every search)."""
+        memo = self._spread.get(job.job_id)
+        if memo is not None and memo[0] is job.gpus:
+            return memo[1]
+        if len(self._spread) > _SPREAD_KEEP:
+            self._spread.clear()  # jobs long gone: start afresh
+        per: dict[object, int] = {}
+        for g in job.gpus:
+            key = self.of[g]
+            per[key] = per.get(key, 0) + 1
+        self._spread[job.job_id] = (job.gpus, per)
+        return per
+
+
+#: Jobs whose GPU counts a `GpuGroups` keeps before it starts afresh (bounds its memory).
+_SPREAD_KEEP = 4096
+
+
+__all__ = ["GpuGroups", "Indexes"]

@@ -54,10 +54,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core import rules
-from ..core.model import PRIORITY_RANK, GpuId
+from ..core.model import PRIORITY_RANK
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .fairshare import may_preempt, over_share, team_rank
+from .memo import GpuGroups
 from .ordering import las_queue
 from .placement import Pool
 from .predict import Estimate
@@ -99,12 +100,12 @@ def las_worth(v: Job, attained: float, for_attained: float, now: float, config: 
 
 def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
                    candidates: list[Job], held: Callable[[str], int],
-                   fits: Callable[[Pool], bool], scope: Callable[[GpuId], object] | None,
+                   fits: Callable[[Pool], bool], scope: GpuGroups | None,
                    leaving: dict[str, int] | None = None, incoming: dict[str, int] | None = None,
                    due: bool = False, left: Remaining | None = None) -> list[Job] | None:
     """The victims to preempt so that `job` fits (`fits(pool)` after their GPUs return), or None.
-    `candidates` are already filtered for preemptibility and runtime; `scope` maps a GPU to its
-    group at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
+    `candidates` are already filtered for preemptibility and runtime; `scope`: the GPUs' groups
+    at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
     team already asked to yield; `incoming`: GPUs per team already coming free for its blocked
     jobs; `due`: the candidates yield whatever their rank (borrowed reservations), subject only
     to the fold's rule and to the queue order (`_Rule.keeps_order`); `left`: predicted remaining
@@ -114,17 +115,23 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     if not candidates:
         return None
     # First, cheaply: can any group free enough at all? (Most searches end here.)
-    base, totals = _group_counts(state, pool, candidates, scope)
+    base, spread, totals = _group_counts(state, pool, candidates, scope)
     feasible = {key for key, t in totals.items() if t + base.get(key, 0) >= need}
     if not feasible:
         return None
-    lost = {v.job_id: work_since_checkpoint(v, now) for v in candidates}
+    # Only the candidates with GPUs in a feasible group are weighed (the same order, fewer to sort).
+    within = [(v, mine) for v, per in zip(candidates, spread)
+              if (mine := {key: k for key, k in per.items() if key in feasible})]
+    lost = {v.job_id: work_since_checkpoint(v, now) for v, _ in within}
     leaving = leaving or {}
-    over = {t: over_share(state, t, held(t) - leaving.get(t, 0)) for t in {v.spec.team for v in candidates}}
-    level = {v.job_id: -las_queue(v.attained_gpu_s(now), config) if config.las_preempt else 0.0 for v in candidates}
-    cand = sorted(candidates, key=lambda v: (-over[v.spec.team], level[v.job_id], lost[v.job_id], -len(v.gpus),
-                                             v.job_id))
-    groups = _groups(cand, scope, feasible)
+    over = {t: over_share(state, t, held(t) - leaving.get(t, 0)) for t in {v.spec.team for v, _ in within}}
+    level = {v.job_id: -las_queue(v.attained_gpu_s(now), config) if config.las_preempt else 0.0 for v, _ in within}
+    within.sort(key=lambda c: (-over[c[0].spec.team], level[c[0].job_id], lost[c[0].job_id], -len(c[0].gpus),
+                               c[0].job_id))
+    groups: dict[object, list[tuple[Job, int]]] = {}  # per feasible group, its candidates in order
+    for v, per in within:
+        for key, k in per.items():
+            groups.setdefault(key, []).append((v, k))
     rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now, left)
     options = []
     for key, group in groups.items():
@@ -143,39 +150,25 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     return None
 
 
-def _group_counts(state: ClusterState, pool: Pool, candidates: list[Job],
-                  scope: Callable[[GpuId], object] | None) -> tuple[dict[object, int], dict[object, int]]:
-    """Free GPUs per topology group, and the candidates' GPUs per group."""
+def _group_counts(state: ClusterState, pool: Pool, candidates: list[Job], scope: GpuGroups | None,
+                  ) -> tuple[dict[object, int], list[dict[object, int]], dict[object, int]]:
+    """Free GPUs per topology group, each candidate's GPUs per group (in the candidates'
+    order), and all the candidates' GPUs per group: the feasibility test and the groups'
+    victim lists read the same counts."""
     if scope is None:
-        return {None: pool.count}, {None: sum(len(v.gpus) for v in candidates)}
+        return ({None: pool.count}, [{None: len(v.gpus)} for v in candidates],
+                {None: sum(len(v.gpus) for v in candidates)})
     base: dict[object, int] = {}
     for name, k in pool.counts().items():
         if k > 0:
-            key = scope(state.nodes[name].gpus[0])
+            key = scope.of[state.nodes[name].gpus[0]]
             base[key] = base.get(key, 0) + k
+    spread = [scope.spread(v) for v in candidates]
     totals: dict[object, int] = {}
-    for v in candidates:
-        for g in v.gpus:
-            key = scope(g)
-            totals[key] = totals.get(key, 0) + 1
-    return base, totals
-
-
-def _groups(cand: list[Job], scope: Callable[[GpuId], object] | None,
-            feasible: set[object]) -> dict[object, list[tuple[Job, int]]]:
-    """Per feasible group, its candidates in order with the GPUs each holds there."""
-    if scope is None:
-        return {None: [(v, len(v.gpus)) for v in cand]}
-    groups: dict[object, list[tuple[Job, int]]] = {}
-    for v in cand:
-        per: dict[object, int] = {}
-        for g in v.gpus:
-            key = scope(g)
-            if key in feasible:
-                per[key] = per.get(key, 0) + 1
+    for per in spread:
         for key, k in per.items():
-            groups.setdefault(key, []).append((v, k))
-    return groups
+            totals[key] = totals.get(key, 0) + k
+    return base, spread, totals
 
 
 class _Rule:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...core.model import PRIORITY_RANK, GpuId
+from ...core.model import PRIORITY_RANK
 from ...core.state import Job
 from ..fairshare import may_preempt, over_share
+from ..memo import GpuGroups
 from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
@@ -133,14 +134,9 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
                           scope(ctx, job), plan.leaving, plan.incoming, due=True, left=remaining(ctx))
 
 
-def scope(ctx: Context, job: Job) -> Callable[[GpuId], object] | None:
-    """Groups of GPUs at the job's required level (None: the whole cluster)."""
+def scope(ctx: Context, job: Job) -> GpuGroups | None:
+    """The GPUs' groups at the job's required level (None: the whole cluster)."""
     required = job.spec.topology.required
     if required == "cluster":
         return None
-    gi, nodes = ctx.state.gpus, ctx.state.nodes
-    if required in ("nvlink", "node"):
-        return lambda g: gi[g].node
-    if required == "rack":
-        return lambda g: nodes[gi[g].node].rack
-    return lambda g: nodes[gi[g].node].block or nodes[gi[g].node].rack
+    return ctx.indexes.gpu_groups(ctx.state, "node" if required == "nvlink" else required)
