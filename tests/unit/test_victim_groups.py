@@ -3,6 +3,8 @@ state counts, follow a job's GPUs when they change, and be rebuilt when the topo
 
 from __future__ import annotations
 
+import pytest
+
 from gpusched.core import events as ev
 from gpusched.policy.memo import Indexes
 
@@ -40,3 +42,19 @@ def test_rebuilt_when_a_node_registers():
     again = idx.gpu_groups(s.state, "rack")
     assert again is not first
     assert again.spread(s.state.jobs["j"]) == {"r9": 2}
+
+
+@pytest.mark.parametrize("required", ["rack", "block"])
+def test_a_rack_or_block_counts_its_free_gpus_across_its_nodes(required):
+    """16 GPUs within one rack (or block): rack r0 has a free node and a low-priority job,
+    rack r1 a low-priority job and a job that may not be preempted. Only r0 can make room
+    (8 free on one node + the victim's 8 on the other). In one block of both racks, the
+    cheaper low job (less work lost since it started) makes room with the free node."""
+    s = Scenario(racks=2, nodes=2, blocks=1)
+    s.run("victim", gpus("r0n1", *range(8)), at=0.0, priority="low", preemptible=True)
+    s.run("other", gpus("r1n0", *range(8)), at=100.0, priority="low", preemptible=True)
+    s.run("keep", gpus("r1n1", *range(8)), at=0.0)
+    s.submit("big", 16, at=1000.0, priority="high", required=required)
+    out = s.cycle("full", now=1000.0)
+    asked = {e.job_id for e in out if isinstance(e, ev.PreemptionRequested)}
+    assert asked == ({"victim"} if required == "rack" else {"other"})

@@ -121,17 +121,19 @@ class GpuGroups:
     GPU -> node -> rack each time. A job's counts are kept while it holds the same GPU list
     (the fold gives a job a new list whenever its GPUs change, and never edits one)."""
 
-    __slots__ = ("topology", "of", "_spread")
+    __slots__ = ("topology", "by_node", "of", "of_node", "_spread")
 
     def __init__(self, state: ClusterState, topology: Topology, level: str) -> None:
         self.topology = topology
+        self.by_node = level == "node"  # each group is one node, named as the node
         nodes = state.nodes
         if level == "node":
-            self.of: dict[GpuId, object] = {g: gpu.node for g, gpu in state.gpus.items()}
+            self.of_node: dict[str, object] = {name: name for name in nodes}
         elif level == "rack":
-            self.of = {g: nodes[gpu.node].rack for g, gpu in state.gpus.items()}
+            self.of_node = {name: node.rack for name, node in nodes.items()}
         else:
-            self.of = {g: nodes[gpu.node].block or nodes[gpu.node].rack for g, gpu in state.gpus.items()}
+            self.of_node = {name: node.block or node.rack for name, node in nodes.items()}
+        self.of = {g: self.of_node[gpu.node] for g, gpu in state.gpus.items()}
         self._spread: dict[str, tuple[list[GpuId], dict[object, int]]] = {}
 
     def spread(self, job: Job) -> dict[object, int]:

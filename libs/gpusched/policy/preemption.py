@@ -115,7 +115,7 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     if not candidates:
         return None
     # First, cheaply: can any group free enough at all? (Most searches end here.)
-    base, spread, totals = _group_counts(state, pool, candidates, scope)
+    base, spread, totals = _group_counts(pool, candidates, scope)
     feasible = {key for key, t in totals.items() if t + base.get(key, 0) >= need}
     if not feasible:
         return None
@@ -150,7 +150,7 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     return None
 
 
-def _group_counts(state: ClusterState, pool: Pool, candidates: list[Job], scope: GpuGroups | None,
+def _group_counts(pool: Pool, candidates: list[Job], scope: GpuGroups | None,
                   ) -> tuple[dict[object, int], list[dict[object, int]], dict[object, int]]:
     """Free GPUs per topology group, each candidate's GPUs per group (in the candidates'
     order), and all the candidates' GPUs per group: the feasibility test and the groups'
@@ -158,16 +158,20 @@ def _group_counts(state: ClusterState, pool: Pool, candidates: list[Job], scope:
     if scope is None:
         return ({None: pool.count}, [{None: len(v.gpus)} for v in candidates],
                 {None: sum(len(v.gpus) for v in candidates)})
-    base: dict[object, int] = {}
-    for name, k in pool.counts().items():
-        if k > 0:
-            key = scope.of[state.nodes[name].gpus[0]]
-            base[key] = base.get(key, 0) + k
     spread = [scope.spread(v) for v in candidates]
     totals: dict[object, int] = {}
     for per in spread:
         for key, k in per.items():
             totals[key] = totals.get(key, 0) + k
+    cnt, names = pool.node_counts(), pool.topo.names
+    if scope.by_node:  # a group is a node: only the nodes the candidates hold GPUs on matter
+        index = pool.topo.index
+        return {key: k for key in totals if (k := cnt[index[key]]) > 0}, spread, totals  # type: ignore[index]
+    base: dict[object, int] = {}
+    for i, k in enumerate(cnt):
+        if k > 0:
+            key = scope.of_node[names[i]]
+            base[key] = base.get(key, 0) + k
     return base, spread, totals
 
 
@@ -180,8 +184,10 @@ class _Rule:
         self.config, self.now = config, now
         self.rank = PRIORITY_RANK[job.spec.priority]
         self.priority = config.priority
-        self.for_held = held(job.team) + incoming.get(job.team, 0)
-        self.under = config.fairshare and over_share(state, job.team, self.for_held) < 0
+        self.team = job.spec.team
+        self.for_held = held(self.team) + incoming.get(self.team, 0)
+        self.for_over = over_share(state, self.team, self.for_held)
+        self.under = config.fairshare and self.for_over < 0
         self._for_rank: tuple | None = None
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
         self.left = left
@@ -233,43 +239,49 @@ class _Rule:
         ranks first at an equal fraction of it), and an exact tie keeps the victim: the queue
         would order the two teams by their head jobs, and the victim, requeued with its
         original submission time, may well lead."""
-        if not self.config.fairshare or team == self.job.team:
+        if not self.config.fairshare or team == self.team:
             return True
         st, config = self.state, self.config
         if self._for_rank is None:
-            self._for_rank = team_rank(st, self.job.team, self.for_held, st.team_usage(self.job.team, self.now), config)
+            self._for_rank = team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config)
         return team_rank(st, team, after, st.team_usage(team, self.now), config) > self._for_rank
 
     def victim_held(self, team: str, drop: dict[str, int]) -> int:
         return self.held(team) - self.leaving.get(team, 0) - drop.get(team, 0)
 
-    def admits(self, v: Job, vh: int) -> tuple[bool, bool]:
-        """(may take it, its team is at or below its guarantee before it is taken)."""
-        st, job = self.state, self.job
-        at_or_under = over_share(st, v.team, vh) <= 0
-        if not may_preempt(st, v.team, vh, job.team, self.for_held):
-            return False, at_or_under
-        if self.due:
-            return self.keeps_order(v.team, vh - len(v.gpus)) and self.outlasts(v), at_or_under
-        # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
-        las = (v.team == job.team or not self.config.fairshare) and self.las_after(v)
+    def lower(self, v: Job, las_allowed: bool) -> bool:
+        """Whether `v` ranks below the job: a lower priority class, or, where LAS may preempt
+        (`las_allowed`), a later LAS queue (`las_after`, backed off if LAS alone decides),
+        predicted to outlast the job."""
+        las = las_allowed and self.las_after(v)
         by_class = self.priority and PRIORITY_RANK[v.spec.priority] < self.rank
         if las and not by_class and self.config.las_backoff_max_s is not None:
             las = self.backed_off(v, self.config.las_backoff_max_s)  # LAS alone: anti-thrash
         las = las and self.outlasts(v)
-        lower = by_class or las
-        if v.team == job.team:
-            return lower, False
+        return by_class or las
+
+    def admits(self, v: Job, vh: int) -> tuple[bool, bool]:
+        """(may take it, its team is at or below its guarantee before it is taken)."""
+        st, team = self.state, v.spec.team
+        if team == self.team and not self.due:
+            # Within a team the fold's rule always allows, and no guarantee protects: the ranks decide.
+            return self.lower(v, True), False
+        at_or_under = over_share(st, team, vh) <= 0
+        if not may_preempt(st, team, vh, self.team, self.for_held):
+            return False, at_or_under
+        if self.due:
+            return self.keeps_order(team, vh - len(v.gpus)) and self.outlasts(v), at_or_under
+        # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
+        lower = self.lower(v, not self.config.fairshare)
         # Reclaim, whatever the priorities: from a team over its share, and only if that team
         # ends less far below its guarantee than the reclaiming team is now. Every reclaim then
         # lowers the largest shortfall, so reclaims never ping-pong between two teams.
-        reclaim = (self.under and not at_or_under
-                   and over_share(st, v.team, vh - len(v.gpus)) > over_share(st, job.team, self.for_held))
+        reclaim = self.under and not at_or_under and over_share(st, team, vh - len(v.gpus)) > self.for_over
         if not (lower or reclaim):
             return False, at_or_under
         # Hysteresis across teams: never preempt what the victim's team would win straight back
         # (and, if configured, leave a job taken over and over alone longer each time).
-        if not (self.backed_off(v) and self.keeps_order(v.team, vh - len(v.gpus))):
+        if not (self.backed_off(v) and self.keeps_order(team, vh - len(v.gpus))):
             return False, at_or_under
         # With predictions, a victim predicted to end first is left to finish: its GPUs come
         # back before the reclaiming job, started now, would have ended.
@@ -288,24 +300,24 @@ def _greedy(rule: _Rule, group: list[tuple[Job, int]], want: int, lost) -> tuple
     freed = 0
     later: list[tuple[Job, int]] = []
     for v, k in group:
-        ok, protected = rule.admits(v, rule.victim_held(v.team, drop))
+        ok, protected = rule.admits(v, rule.victim_held(v.spec.team, drop))
         if not ok:
             continue
         if protected:
             later.append((v, k))  # only if the teams over their share cannot supply
             continue
         chosen.append((v, k, False))
-        drop[v.team] = drop.get(v.team, 0) + len(v.gpus)
+        drop[v.spec.team] = drop.get(v.spec.team, 0) + len(v.gpus)
         freed += k
         if freed >= want:
             break
     if freed < want:
         for v, k in later:
-            ok, protected = rule.admits(v, rule.victim_held(v.team, drop))
+            ok, protected = rule.admits(v, rule.victim_held(v.spec.team, drop))
             if not ok:
                 continue
             chosen.append((v, k, protected))
-            drop[v.team] = drop.get(v.team, 0) + len(v.gpus)
+            drop[v.spec.team] = drop.get(v.spec.team, 0) + len(v.gpus)
             freed += k
             if freed >= want:
                 break
