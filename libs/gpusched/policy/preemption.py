@@ -52,6 +52,7 @@ taking least from teams at or below their guarantee, then the cheapest, wins.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import itemgetter
 
 from ..core import rules
 from ..core.model import PRIORITY_RANK
@@ -120,16 +121,12 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     if not feasible:
         return None
     # Only the candidates with GPUs in a feasible group are weighed (the same order, fewer to sort).
-    within = [(v, mine) for v, per in zip(candidates, spread)
-              if (mine := {key: k for key, k in per.items() if key in feasible})]
-    lost = {v.job_id: work_since_checkpoint(v, now) for v, _ in within}
+    within = [(v, per if per.keys() <= feasible else {key: k for key, k in per.items() if key in feasible})
+              for v, per in zip(candidates, spread) if not feasible.isdisjoint(per)]
     leaving = leaving or {}
-    over = {t: over_share(state, t, held(t) - leaving.get(t, 0)) for t in {v.spec.team for v, _ in within}}
-    level = {v.job_id: -las_queue(v.attained_gpu_s(now), config) if config.las_preempt else 0.0 for v, _ in within}
-    within.sort(key=lambda c: (-over[c[0].spec.team], level[c[0].job_id], lost[c[0].job_id], -len(c[0].gpus),
-                               c[0].job_id))
+    lost: dict[str, float] = {}  # work each loses since its last checkpoint
     groups: dict[object, list[tuple[Job, int]]] = {}  # per feasible group, its candidates in order
-    for v, per in within:
+    for v, per in _in_order(state, within, now, config, held, leaving, lost):
         for key, k in per.items():
             groups.setdefault(key, []).append((v, k))
     rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now, left)
@@ -148,6 +145,26 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
         if fits(hyp):
             return chosen
     return None
+
+
+def _in_order(state: ClusterState, within: list[tuple[Job, dict[object, int]]], now: float, config: PolicyConfig,
+              held: Callable[[str], int], leaving: dict[str, int],
+              lost: dict[str, float]) -> list[tuple[Job, dict[object, int]]]:
+    """The candidates in the order they are taken (see the module docstring): teams furthest
+    over their share first, then (`las_preempt`) the latest LAS queue, then least work lost
+    (recorded in `lost`), then biggest; the job id breaks ties."""
+    over: dict[str, int] = {}
+    keyed = []
+    for v, per in within:
+        team = v.spec.team
+        o = over.get(team)
+        if o is None:
+            o = over[team] = over_share(state, team, held(team) - leaving.get(team, 0))
+        w = lost[v.job_id] = work_since_checkpoint(v, now)
+        level = -las_queue(v.attained_gpu_s(now), config) if config.las_preempt else 0.0
+        keyed.append(((-o, level, w, -len(v.gpus), v.job_id), v, per))
+    keyed.sort(key=itemgetter(0))
+    return [(v, per) for _, v, per in keyed]
 
 
 def _group_counts(pool: Pool, candidates: list[Job], scope: GpuGroups | None,
