@@ -85,9 +85,15 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     for_held = plan.held(job.team) + plan.incoming.get(job.team, 0)
     under = config.fairshare and over_share(st, job.team, for_held) < 0
     found = []
+    shares: dict[str, tuple[int, int]] = {}  # team -> (GPUs it holds less those leaving, over its share)
     for (team, r), bucket in ctx.running.preemptible.items():
-        vh = plan.held(team) - plan.leaving.get(team, 0)
-        over = over_share(st, team, vh)
+        if not bucket:
+            continue  # nothing to take
+        share = shares.get(team)
+        if share is None:
+            vh = plan.held(team) - plan.leaving.get(team, 0)
+            share = shares[team] = (vh, over_share(st, team, vh))
+        vh, over = share
         lower = config.priority and r < rank
         las = config.las and config.las_preempt  # judged per job (`_Rule.las_after`)
         if team == job.team:
