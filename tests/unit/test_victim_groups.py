@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gpusched.core import events as ev
+from gpusched.policy.config import PRESETS
 from gpusched.policy.memo import Indexes
+from gpusched.policy.ordering import las_queue
 
 from .policy_helpers import Scenario, gpus
 
@@ -58,3 +60,28 @@ def test_a_rack_or_block_counts_its_free_gpus_across_its_nodes(required):
     out = s.cycle("full", now=1000.0)
     asked = {e.job_id for e in out if isinstance(e, ev.PreemptionRequested)}
     assert asked == ({"victim"} if required == "rack" else {"other"})
+
+
+def _scan_above(state, now, config, level):
+    """What LasLevels answers, by walking every running job."""
+    return sum(len(j.gpus) for j in (state.jobs[x] for x in state.running)
+               if las_queue(j.attained_gpu_s(now), config) > level)
+
+
+def test_las_levels_count_what_a_scan_counts_and_follow_the_state_and_the_clock():
+    config = PRESETS["tiresias"]  # queues at 3,250, 7,200 and 18,000 GPU-seconds
+    s = Scenario(racks=1, nodes=2)
+    s.run("old", gpus("r0n0", *range(4)), at=0.0)  # 4 GPUs since 0
+    s.run("mid", gpus("r0n0", 4, 5), at=500.0)
+    s.run("new", gpus("r0n1", 0), at=900.0)
+    idx = Indexes()
+    for now in (1000.0, 2000.0, 5000.0):
+        levels = idx.las_levels(s.state, now, config)
+        for level in (-1.0, 0.0, 1.0, 2.0, 3.0):
+            assert levels.gpus_above(level) == _scan_above(s.state, now, config, level), (now, level)
+    assert idx.las_levels(s.state, 1000.0, config).gpus_above(0.0) == 4  # old: 4,000 GPU-s, queue 1
+    first = idx.las_levels(s.state, 1000.0, config)
+    assert idx.las_levels(s.state, 1000.0, config) is first  # same state, same instant: kept
+    s.run("more", gpus("r0n1", *range(1, 8)), at=1000.0)  # an event: counted afresh
+    assert idx.las_levels(s.state, 1000.0, config) is not first
+    assert idx.las_levels(s.state, 1000.0, config).gpus_above(-1.0) == 14
