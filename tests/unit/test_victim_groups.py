@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpusched.core import events as ev
+from gpusched.policy import memo
 from gpusched.policy.config import PRESETS
 from gpusched.policy.memo import Indexes
 from gpusched.policy.ordering import las_queue
@@ -85,3 +86,17 @@ def test_las_levels_count_what_a_scan_counts_and_follow_the_state_and_the_clock(
     s.run("more", gpus("r0n1", *range(1, 8)), at=1000.0)  # an event: counted afresh
     assert idx.las_levels(s.state, 1000.0, config) is not first
     assert idx.las_levels(s.state, 1000.0, config).gpus_above(-1.0) == 14
+
+
+def test_the_counts_of_jobs_that_ended_are_forgotten(monkeypatch):
+    monkeypatch.setattr(memo, "_SPREAD_KEEP", 2)
+    s = Scenario(racks=1, nodes=1)
+    groups = Indexes().gpu_groups(s.state, "node")
+    for i in range(6):
+        s.run(f"j{i}", gpus("r0n0", i), at=0.0)
+        assert groups.spread(s.state.jobs[f"j{i}"]) == {"r0n0": 1}
+    for i in range(5):
+        s.finish(f"j{i}", at=10.0)
+    s.run("k", gpus("r0n0", 6), at=20.0)  # 6 kept > twice the 2 running: the ended ones go
+    assert groups.spread(s.state.jobs["k"]) == {"r0n0": 1}
+    assert set(groups._spread) == {"j5", "k"}

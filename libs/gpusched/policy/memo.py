@@ -119,7 +119,6 @@ class Indexes:
             memo = self.groups_[level] = GpuGroups(state, topo, level)
         return memo
 
-
     def las_levels(self, state: ClusterState, now: float, config: PolicyConfig) -> LasLevels:
         """The running jobs' LAS queues at `now` (`LasLevels`), for the victim searches of the
         cycles at this instant. Kept while the state is the same object, has applied no event
@@ -160,10 +159,10 @@ class GpuGroups:
     GPU -> node -> rack each time. A job's counts are kept while it holds the same GPU list
     (the fold gives a job a new list whenever its GPUs change, and never edits one)."""
 
-    __slots__ = ("topology", "by_node", "of", "of_node", "_spread")
+    __slots__ = ("state", "topology", "by_node", "of", "of_node", "_spread")
 
     def __init__(self, state: ClusterState, topology: Topology, level: str) -> None:
-        self.topology = topology
+        self.state, self.topology = state, topology
         self.by_node = level == "node"  # each group is one node, named as the node
         nodes = state.nodes
         if level == "node":
@@ -180,8 +179,9 @@ class GpuGroups:
         memo = self._spread.get(job.job_id)
         if memo is not None and memo[0] is job.gpus:
             return memo[1]
-        if len(self._spread) > _SPREAD_KEEP:
-            self._spread.clear()  # jobs long gone: start afresh
+        if len(self._spread) > max(_SPREAD_KEEP, 2 * len(self.state.running)):
+            running = self.state.running  # forget the jobs that hold no GPUs now
+            self._spread = {jid: m for jid, m in self._spread.items() if jid in running}
         per: dict[object, int] = {}
         for g in job.gpus:
             key = self.of[g]
@@ -190,7 +190,8 @@ class GpuGroups:
         return per
 
 
-#: Jobs whose GPU counts a `GpuGroups` keeps before it starts afresh (bounds its memory).
+#: Jobs whose GPU counts a `GpuGroups` keeps (or twice the running jobs, if more) before it
+#: forgets those no longer running: bounded memory, amortized constant cost.
 _SPREAD_KEEP = 4096
 
 
