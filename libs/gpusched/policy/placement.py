@@ -224,6 +224,7 @@ class Pool:
         """GPUs released this cycle; only those the fold will make placeable again, once each."""
         st = self.state
         count = self.count
+        per_node: dict[str, int] = {}  # a gang frees several GPUs of a node: one count change each
         for g in gpus:
             rec = st.gpus[g]
             node = st.nodes[rec.node]
@@ -238,7 +239,9 @@ class Pool:
                 if g in extra:
                     continue
                 extra.append(g)
-            self._bump(rec.node, 1)
+            per_node[rec.node] = per_node.get(rec.node, 0) + 1
+        for name, k in per_node.items():
+            self._bump(name, k)
         if self.count != count and self.fails:
             self.fails.clear()  # the pool grew: what did not fit may fit now
 

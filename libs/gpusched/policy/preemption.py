@@ -52,12 +52,14 @@ taking least from teams at or below their guarantee, then the cheapest, wins.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import itemgetter
 
 from ..core import rules
-from ..core.model import PRIORITY_RANK, GpuId
+from ..core.model import PRIORITY_RANK
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .fairshare import may_preempt, over_share, team_rank
+from .memo import GpuGroups
 from .ordering import las_queue
 from .placement import Pool
 from .predict import Estimate
@@ -99,12 +101,12 @@ def las_worth(v: Job, attained: float, for_attained: float, now: float, config: 
 
 def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
                    candidates: list[Job], held: Callable[[str], int],
-                   fits: Callable[[Pool], bool], scope: Callable[[GpuId], object] | None,
+                   fits: Callable[[Pool], bool], scope: GpuGroups | None,
                    leaving: dict[str, int] | None = None, incoming: dict[str, int] | None = None,
                    due: bool = False, left: Remaining | None = None) -> list[Job] | None:
     """The victims to preempt so that `job` fits (`fits(pool)` after their GPUs return), or None.
-    `candidates` are already filtered for preemptibility and runtime; `scope` maps a GPU to its
-    group at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
+    `candidates` are already filtered for preemptibility and runtime; `scope`: the GPUs' groups
+    at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
     team already asked to yield; `incoming`: GPUs per team already coming free for its blocked
     jobs; `due`: the candidates yield whatever their rank (borrowed reservations), subject only
     to the fold's rule and to the queue order (`_Rule.keeps_order`); `left`: predicted remaining
@@ -114,17 +116,19 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     if not candidates:
         return None
     # First, cheaply: can any group free enough at all? (Most searches end here.)
-    base, totals = _group_counts(state, pool, candidates, scope)
+    base, spread, totals = _group_counts(pool, candidates, scope)
     feasible = {key for key, t in totals.items() if t + base.get(key, 0) >= need}
     if not feasible:
         return None
-    lost = {v.job_id: work_since_checkpoint(v, now) for v in candidates}
+    # Only the candidates with GPUs in a feasible group are weighed (the same order, fewer to sort).
+    within = [(v, per if per.keys() <= feasible else {key: k for key, k in per.items() if key in feasible})
+              for v, per in zip(candidates, spread) if not feasible.isdisjoint(per)]
     leaving = leaving or {}
-    over = {t: over_share(state, t, held(t) - leaving.get(t, 0)) for t in {v.spec.team for v in candidates}}
-    level = {v.job_id: -las_queue(v.attained_gpu_s(now), config) if config.las_preempt else 0.0 for v in candidates}
-    cand = sorted(candidates, key=lambda v: (-over[v.spec.team], level[v.job_id], lost[v.job_id], -len(v.gpus),
-                                             v.job_id))
-    groups = _groups(cand, scope, feasible)
+    lost: dict[str, float] = {}  # work each loses since its last checkpoint
+    groups: dict[object, list[tuple[Job, int]]] = {}  # per feasible group, its candidates in order
+    for v, per in _in_order(state, within, now, config, held, leaving, lost):
+        for key, k in per.items():
+            groups.setdefault(key, []).append((v, k))
     rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now, left)
     options = []
     for key, group in groups.items():
@@ -143,39 +147,49 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     return None
 
 
-def _group_counts(state: ClusterState, pool: Pool, candidates: list[Job],
-                  scope: Callable[[GpuId], object] | None) -> tuple[dict[object, int], dict[object, int]]:
-    """Free GPUs per topology group, and the candidates' GPUs per group."""
+def _in_order(state: ClusterState, within: list[tuple[Job, dict[object, int]]], now: float, config: PolicyConfig,
+              held: Callable[[str], int], leaving: dict[str, int],
+              lost: dict[str, float]) -> list[tuple[Job, dict[object, int]]]:
+    """The candidates in the order they are taken (see the module docstring): teams furthest
+    over their share first, then (`las_preempt`) the latest LAS queue, then least work lost
+    (recorded in `lost`), then biggest; the job id breaks ties."""
+    over: dict[str, int] = {}
+    keyed = []
+    for v, per in within:
+        team = v.spec.team
+        o = over.get(team)
+        if o is None:
+            o = over[team] = over_share(state, team, held(team) - leaving.get(team, 0))
+        w = lost[v.job_id] = work_since_checkpoint(v, now)
+        level = -las_queue(v.attained_gpu_s(now), config) if config.las_preempt else 0.0
+        keyed.append(((-o, level, w, -len(v.gpus), v.job_id), v, per))
+    keyed.sort(key=itemgetter(0))
+    return [(v, per) for _, v, per in keyed]
+
+
+def _group_counts(pool: Pool, candidates: list[Job], scope: GpuGroups | None,
+                  ) -> tuple[dict[object, int], list[dict[object, int]], dict[object, int]]:
+    """Free GPUs per topology group, each candidate's GPUs per group (in the candidates'
+    order), and all the candidates' GPUs per group: the feasibility test and the groups'
+    victim lists read the same counts."""
     if scope is None:
-        return {None: pool.count}, {None: sum(len(v.gpus) for v in candidates)}
-    base: dict[object, int] = {}
-    for name, k in pool.counts().items():
-        if k > 0:
-            key = scope(state.nodes[name].gpus[0])
-            base[key] = base.get(key, 0) + k
+        return ({None: pool.count}, [{None: len(v.gpus)} for v in candidates],
+                {None: sum(len(v.gpus) for v in candidates)})
+    spread = [scope.spread(v) for v in candidates]
     totals: dict[object, int] = {}
-    for v in candidates:
-        for g in v.gpus:
-            key = scope(g)
-            totals[key] = totals.get(key, 0) + 1
-    return base, totals
-
-
-def _groups(cand: list[Job], scope: Callable[[GpuId], object] | None,
-            feasible: set[object]) -> dict[object, list[tuple[Job, int]]]:
-    """Per feasible group, its candidates in order with the GPUs each holds there."""
-    if scope is None:
-        return {None: [(v, len(v.gpus)) for v in cand]}
-    groups: dict[object, list[tuple[Job, int]]] = {}
-    for v in cand:
-        per: dict[object, int] = {}
-        for g in v.gpus:
-            key = scope(g)
-            if key in feasible:
-                per[key] = per.get(key, 0) + 1
+    for per in spread:
         for key, k in per.items():
-            groups.setdefault(key, []).append((v, k))
-    return groups
+            totals[key] = totals.get(key, 0) + k
+    cnt, names = pool.node_counts(), pool.topo.names
+    if scope.by_node:  # a group is a node: only the nodes the candidates hold GPUs on matter
+        index = pool.topo.index
+        return {key: k for key in totals if (k := cnt[index[key]]) > 0}, spread, totals  # type: ignore[index]
+    base: dict[object, int] = {}
+    for i, k in enumerate(cnt):
+        if k > 0:
+            key = scope.of_node[names[i]]
+            base[key] = base.get(key, 0) + k
+    return base, spread, totals
 
 
 class _Rule:
@@ -187,8 +201,10 @@ class _Rule:
         self.config, self.now = config, now
         self.rank = PRIORITY_RANK[job.spec.priority]
         self.priority = config.priority
-        self.for_held = held(job.team) + incoming.get(job.team, 0)
-        self.under = config.fairshare and over_share(state, job.team, self.for_held) < 0
+        self.team = job.spec.team
+        self.for_held = held(self.team) + incoming.get(self.team, 0)
+        self.for_over = over_share(state, self.team, self.for_held)
+        self.under = config.fairshare and self.for_over < 0
         self._for_rank: tuple | None = None
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
         self.left = left
@@ -240,43 +256,49 @@ class _Rule:
         ranks first at an equal fraction of it), and an exact tie keeps the victim: the queue
         would order the two teams by their head jobs, and the victim, requeued with its
         original submission time, may well lead."""
-        if not self.config.fairshare or team == self.job.team:
+        if not self.config.fairshare or team == self.team:
             return True
         st, config = self.state, self.config
         if self._for_rank is None:
-            self._for_rank = team_rank(st, self.job.team, self.for_held, st.team_usage(self.job.team, self.now), config)
+            self._for_rank = team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config)
         return team_rank(st, team, after, st.team_usage(team, self.now), config) > self._for_rank
 
     def victim_held(self, team: str, drop: dict[str, int]) -> int:
         return self.held(team) - self.leaving.get(team, 0) - drop.get(team, 0)
 
-    def admits(self, v: Job, vh: int) -> tuple[bool, bool]:
-        """(may take it, its team is at or below its guarantee before it is taken)."""
-        st, job = self.state, self.job
-        at_or_under = over_share(st, v.team, vh) <= 0
-        if not may_preempt(st, v.team, vh, job.team, self.for_held):
-            return False, at_or_under
-        if self.due:
-            return self.keeps_order(v.team, vh - len(v.gpus)) and self.outlasts(v), at_or_under
-        # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
-        las = (v.team == job.team or not self.config.fairshare) and self.las_after(v)
+    def lower(self, v: Job, las_allowed: bool) -> bool:
+        """Whether `v` ranks below the job: a lower priority class, or, where LAS may preempt
+        (`las_allowed`), a later LAS queue (`las_after`, backed off if LAS alone decides),
+        predicted to outlast the job."""
+        las = las_allowed and self.las_after(v)
         by_class = self.priority and PRIORITY_RANK[v.spec.priority] < self.rank
         if las and not by_class and self.config.las_backoff_max_s is not None:
             las = self.backed_off(v, self.config.las_backoff_max_s)  # LAS alone: anti-thrash
         las = las and self.outlasts(v)
-        lower = by_class or las
-        if v.team == job.team:
-            return lower, False
+        return by_class or las
+
+    def admits(self, v: Job, vh: int) -> tuple[bool, bool]:
+        """(may take it, its team is at or below its guarantee before it is taken)."""
+        st, team = self.state, v.spec.team
+        if team == self.team and not self.due:
+            # Within a team the fold's rule always allows, and no guarantee protects: the ranks decide.
+            return self.lower(v, True), False
+        at_or_under = over_share(st, team, vh) <= 0
+        if not may_preempt(st, team, vh, self.team, self.for_held):
+            return False, at_or_under
+        if self.due:
+            return self.keeps_order(team, vh - len(v.gpus)) and self.outlasts(v), at_or_under
+        # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
+        lower = self.lower(v, not self.config.fairshare)
         # Reclaim, whatever the priorities: from a team over its share, and only if that team
         # ends less far below its guarantee than the reclaiming team is now. Every reclaim then
         # lowers the largest shortfall, so reclaims never ping-pong between two teams.
-        reclaim = (self.under and not at_or_under
-                   and over_share(st, v.team, vh - len(v.gpus)) > over_share(st, job.team, self.for_held))
+        reclaim = self.under and not at_or_under and over_share(st, team, vh - len(v.gpus)) > self.for_over
         if not (lower or reclaim):
             return False, at_or_under
         # Hysteresis across teams: never preempt what the victim's team would win straight back
         # (and, if configured, leave a job taken over and over alone longer each time).
-        if not (self.backed_off(v) and self.keeps_order(v.team, vh - len(v.gpus))):
+        if not (self.backed_off(v) and self.keeps_order(team, vh - len(v.gpus))):
             return False, at_or_under
         # With predictions, a victim predicted to end first is left to finish: its GPUs come
         # back before the reclaiming job, started now, would have ended.
@@ -295,24 +317,24 @@ def _greedy(rule: _Rule, group: list[tuple[Job, int]], want: int, lost) -> tuple
     freed = 0
     later: list[tuple[Job, int]] = []
     for v, k in group:
-        ok, protected = rule.admits(v, rule.victim_held(v.team, drop))
+        ok, protected = rule.admits(v, rule.victim_held(v.spec.team, drop))
         if not ok:
             continue
         if protected:
             later.append((v, k))  # only if the teams over their share cannot supply
             continue
         chosen.append((v, k, False))
-        drop[v.team] = drop.get(v.team, 0) + len(v.gpus)
+        drop[v.spec.team] = drop.get(v.spec.team, 0) + len(v.gpus)
         freed += k
         if freed >= want:
             break
     if freed < want:
         for v, k in later:
-            ok, protected = rule.admits(v, rule.victim_held(v.team, drop))
+            ok, protected = rule.admits(v, rule.victim_held(v.spec.team, drop))
             if not ok:
                 continue
             chosen.append((v, k, protected))
-            drop[v.team] = drop.get(v.team, 0) + len(v.gpus)
+            drop[v.spec.team] = drop.get(v.spec.team, 0) + len(v.gpus)
             freed += k
             if freed >= want:
                 break

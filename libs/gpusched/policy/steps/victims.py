@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...core.model import PRIORITY_RANK, GpuId
+from ...core.model import PRIORITY_RANK
 from ...core.state import Job
 from ..fairshare import may_preempt, over_share
+from ..memo import GpuGroups
 from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
@@ -24,16 +25,18 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
         chosen = due(plan, ctx, job, need, fits)
         if chosen:
             return chosen
+    # The set is chosen so that the job fits on free GPUs plus its own victims: GPUs coming
+    # free for other jobs serve only jobs they cover entirely (`reclaim._claim`), as a job that
+    # topped up scattered leftovers with victims elsewhere would span needlessly wide.
+    want = max(1, need - plan.pool.count)
+    mine = _las_level(ctx, job)
+    if mine is not None and ctx.indexes.las_levels(st, now, config).gpus_above(mine) < want:
+        return None  # the jobs of later LAS queues, candidates or not, hold too few GPUs
     buckets = _buckets(plan, ctx, job)
     if not buckets:
         return None
     # Candidates: teams furthest over their share first, oldest start first within a bucket
     # (the ones past `min_runtime_s`); enough of them to choose well from, not all.
-    # The set is chosen so that the job fits on free GPUs plus its own victims: GPUs coming
-    # free for other jobs serve only jobs they cover entirely (`reclaim._claim`), as a job that
-    # topped up scattered leftovers with victims elsewhere would span needlessly wide.
-    want = max(1, need - plan.pool.count)
-    las = _las_filter(ctx, job)
     cands: list[Job] = []
     gathered = 0
     for bucket in buckets:
@@ -41,7 +44,7 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
             v = st.jobs[jid]
             if v.started_at is not None and now - v.started_at < config.min_runtime_s:
                 break  # start order: the rest are younger still
-            if not plan.touchable(v) or (las is not None and not las(v)):
+            if not plan.touchable(v) or (mine is not None and las_queue(v.attained_gpu_s(now), config) <= mine):
                 continue
             cands.append(v)
             gathered += len(v.gpus)
@@ -65,14 +68,13 @@ def remaining(ctx: Context) -> Remaining | None:
     return lambda job: predictor.estimate(job, now)
 
 
-def _las_filter(ctx: Context, job: Job) -> Callable[[Job], bool] | None:
+def _las_level(ctx: Context, job: Job) -> float | None:
     """With `las_preempt` (and no priority classes to go by), only jobs of a later LAS queue
-    than `job` are candidates."""
+    than `job`'s (returned) are candidates; else None."""
     config = ctx.config
     if not (config.las and config.las_preempt) or config.priority:
         return None
-    mine = las_queue(job.service_gpu_s, config)
-    return lambda v: las_queue(v.attained_gpu_s(ctx.now), config) > mine
+    return las_queue(job.service_gpu_s, config)
 
 
 def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
@@ -84,9 +86,15 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     for_held = plan.held(job.team) + plan.incoming.get(job.team, 0)
     under = config.fairshare and over_share(st, job.team, for_held) < 0
     found = []
+    shares: dict[str, tuple[int, int]] = {}  # team -> (GPUs it holds less those leaving, over its share)
     for (team, r), bucket in ctx.running.preemptible.items():
-        vh = plan.held(team) - plan.leaving.get(team, 0)
-        over = over_share(st, team, vh)
+        if not bucket:
+            continue  # nothing to take
+        share = shares.get(team)
+        if share is None:
+            vh = plan.held(team) - plan.leaving.get(team, 0)
+            share = shares[team] = (vh, over_share(st, team, vh))
+        vh, over = share
         lower = config.priority and r < rank
         las = config.las and config.las_preempt  # judged per job (`_Rule.las_after`)
         if team == job.team:
@@ -133,14 +141,9 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
                           scope(ctx, job), plan.leaving, plan.incoming, due=True, left=remaining(ctx))
 
 
-def scope(ctx: Context, job: Job) -> Callable[[GpuId], object] | None:
-    """Groups of GPUs at the job's required level (None: the whole cluster)."""
+def scope(ctx: Context, job: Job) -> GpuGroups | None:
+    """The GPUs' groups at the job's required level (None: the whole cluster)."""
     required = job.spec.topology.required
     if required == "cluster":
         return None
-    gi, nodes = ctx.state.gpus, ctx.state.nodes
-    if required in ("nvlink", "node"):
-        return lambda g: gi[g].node
-    if required == "rack":
-        return lambda g: nodes[gi[g].node].rack
-    return lambda g: nodes[gi[g].node].block or nodes[gi[g].node].rack
+    return ctx.indexes.gpu_groups(ctx.state, "node" if required == "nvlink" else required)
