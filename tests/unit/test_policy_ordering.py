@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
 from gpusched.policy.memo import Indexes
-from gpusched.policy.ordering import ordered
+from gpusched.policy.ordering import REVERIFY_EVERY, ordered
 
 from .policy_helpers import Scenario, gpus
 
@@ -180,3 +181,21 @@ def test_predicted_order_is_refrozen_when_a_job_is_requeued():
     again = live.queue(s.state, PREDICTED).entries["q"][0][2]
     assert again < first
     assert again == Indexes().queue(s.state, PREDICTED).entries["q"][0][2]
+
+
+def test_reading_the_queue_again_changes_nothing_it_re_verifies():
+    """The index re-checks its settled reasons every `REVERIFY_EVERY` fold versions, not every
+    `REVERIFY_EVERY` reads: a step that reads the queue once more in a cycle (the hand-over, the
+    ETA plan) must not move when the cycle's reasons are re-emitted."""
+    s = Scenario(racks=1, nodes=1)
+    s.submit("a", 8)
+    indexes, config = Indexes(), PRESETS["full"]
+    q = indexes.queue(s.state, config)
+    q.settled["a"] = None
+    for _ in range(2 * REVERIFY_EVERY):
+        assert indexes.queue(s.state, config) is q
+    assert "a" in q.settled  # the same fold version, read many times
+    for i in range(REVERIFY_EVERY):
+        s.apply(ev.JobPending(at=float(i), job_id="a", reason="r"))
+        indexes.queue(s.state, config)
+    assert "a" not in q.settled  # REVERIFY_EVERY new versions: checked again

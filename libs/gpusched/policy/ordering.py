@@ -27,8 +27,10 @@ from .config import PolicyConfig
 from .fairshare import team_rank
 from .predict import FrozenEstimates, RuntimePredictor, queued_at
 
-#: Every this many calls the index forgets which reasons it has seen settled and checks them
-#: all again (a guard against reasons appended by another writer).
+#: Every this many updates to a new fold version the index forgets which reasons it has seen
+#: settled and checks them all again (a guard against reasons appended by another writer).
+#: Counted per fold version, not per call, so that reading the queue an extra time in a cycle
+#: (the hand-over, the ETA plan) changes nothing the cycle emits.
 REVERIFY_EVERY = 256
 #: The queue of jobs yielded by their idle timeout (with fair share: after every team's queue).
 _YIELDED = "\x00yielded"
@@ -72,7 +74,8 @@ class QueueIndex:
         #: (ending before it is due) or preemptible (borrowing it). The walk stops early without.
         self.timed: dict[str, None] = {}
         self.preemptible: dict[str, None] = {}
-        self.calls = 0
+        self.calls = 0  # updates at a new fold version (`state.events`)
+        self.seen = -1
 
     def _queue_of(self, job: Job, key: tuple) -> str | None:
         if not self.config.fairshare:
@@ -102,9 +105,11 @@ class QueueIndex:
     def update(self) -> None:
         st = self.state
         pend, jobs, entries = st.pending, st.jobs, self.entries
-        self.calls += 1
-        if self.calls % REVERIFY_EVERY == 0:
-            self.settled.clear()
+        if st.events != self.seen:
+            self.seen = st.events
+            self.calls += 1
+            if self.calls % REVERIFY_EVERY == 0:
+                self.settled.clear()
         # Jobs (re)queued since the last call sit at the end of the insertion-ordered `pending`:
         # a job that left the queue was granted (its attempt moved) or ended for good.
         changed = []
