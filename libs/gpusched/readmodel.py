@@ -184,7 +184,9 @@ def health_doc(state: ClusterState) -> dict[str, Any]:
 #: One human line per event kind (the event tail).
 _LINES: dict[str, Any] = {
     "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}{'/' + e.user if e.user else ''}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
-    "GpusGranted": lambda e: f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}{', backfill' if e.backfill else ''})",
+    "GpusGranted": lambda e: (f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}"
+                              f"{', backfill' if e.backfill else ''}"
+                              f"{', handed over: GPUs a preemption freed for it' if e.handover else ''})"),
     "JobPending": lambda e: f"{e.job_id} pending: {e.reason}",
     "JobStarted": lambda e: f"{e.job_id} started on {e.node} (attempt {e.attempt})",
     "PreemptionRequested": lambda e: f"{e.job_id} preempted for {e.for_job}: {e.reason}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
+from gpusched.readmodel import describe
 
 from .policy_helpers import Scenario, gpus
 
@@ -41,6 +42,9 @@ def test_the_freed_gpus_go_to_the_job_they_were_freed_for():
     assert _granted(out) == ["x"]
     assert s.state.jobs["x"].gpus == N0
     assert s.state.handover == {} and s.state.violations() == []
+    grant = next(e for e in out if isinstance(e, ev.GpusGranted))
+    assert grant.handover  # the log says why x went ahead of z: `gpusched show` prints it
+    assert "handed over: GPUs a preemption freed for it" in describe(grant)
 
 
 def test_without_the_hand_over_the_walk_gives_them_to_the_queue_head():
@@ -49,6 +53,7 @@ def test_without_the_hand_over_the_walk_gives_them_to_the_queue_head():
     s = _own_team()
     out = s.cycle(PRESETS["full"].replace(hand_over=False), now=3010)
     assert _granted(out) == ["z"]
+    assert not any(e.handover for e in out if isinstance(e, ev.GpusGranted))
     assert s.state.jobs["x"].state == "pending"
 
 

@@ -84,7 +84,8 @@ class JobUpdated(Event, frozen=True, kw_only=True):
 
 class GpusGranted(Event, frozen=True, kw_only=True):
     """A gang starts: every GPU of the job in one append, or none. `level` is the widest
-    topology level the set spans; `placer` tells topology-aware placement from the fallback."""
+    topology level the set spans; `placer` tells topology-aware placement from the fallback;
+    `handover`: it starts ahead of its team's queue on GPUs a preemption freed for it."""
 
     ALLOC: ClassVar[bool] = True
     job_id: JobId
@@ -93,6 +94,7 @@ class GpusGranted(Event, frozen=True, kw_only=True):
     placer: Literal["topo", "naive", "sim"] = "topo"
     level: Level = "cluster"
     backfill: bool = False
+    handover: bool = False
 
 
 class JobResized(Event, frozen=True, kw_only=True):

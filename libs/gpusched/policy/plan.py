@@ -127,11 +127,11 @@ class CyclePlan:
 
     # --- verbs ---------------------------------------------------------------------------------
 
-    def grant(self, job: Job, p: Placement, backfill: bool) -> None:
+    def grant(self, job: Job, p: Placement, backfill: bool, handover: bool = False) -> None:
         ctx = self.ctx
         self.events.append(ev.GpusGranted(at=ctx.now, job_id=job.job_id, attempt=job.attempt + 1, gpus=p.gpus,
                                           placer=ctx.placer.name, level=p.level,  # type: ignore[arg-type]
-                                          backfill=backfill))
+                                          backfill=backfill, handover=handover))
         self.pool.take(p.gpus)
         self.fits_now.clear()
         if self.outside is not None:

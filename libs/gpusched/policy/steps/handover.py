@@ -47,7 +47,7 @@ def run(plan: CyclePlan, ctx: Context) -> None:
             continue
         placed = plan.fit(job, plan.pool, room)
         if placed is not None and _first_in_line(plan, ctx, job).team == job.team:
-            plan.grant(job, placed, backfill=False)
+            plan.grant(job, placed, backfill=False, handover=True)
 
 
 def _first_in_line(plan: CyclePlan, ctx: Context, job: Job) -> Job:
