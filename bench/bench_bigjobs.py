@@ -39,17 +39,17 @@ A situation holds until the next cycle. Also reported:
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter, defaultdict
+
+from bench_preempt_causes import run_full, scenario_parser  # the same scenario options
 
 from gpusched.core import events as ev
 from gpusched.core.model import PRIORITY_RANK
 from gpusched.policy import cycle as cycle_mod
 from gpusched.policy.steps import walk
 from gpusched.sim import engine
-from gpusched.sim.engine import Cluster
-from gpusched.sim.report import load_jobs, parse_overrides, runtime_model, simulate
+from gpusched.sim.report import load_jobs
 
 
 class Watch:
@@ -234,11 +234,7 @@ def _cause(state, victim) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--cluster", default="2x32x8")
-    p.add_argument("--topology", default="pack")
-    p.add_argument("--runtime-model", default="realistic")
-    p.add_argument("--set", action="append", default=[])
+    p = scenario_parser()
     p.add_argument("--min-gpus", type=int, default=5)
     p.add_argument("--max-gpus", type=int, default=8)
     args = p.parse_args()
@@ -272,8 +268,7 @@ def main() -> None:
     cycle_mod.STEPS[:] = [(on, watched_walk if step is walk.run else step) for on, step in cycle_mod.STEPS]
     jobs, _ = load_jobs(None, None, None, None)
     watch.left = {j.job_id: j.duration_s for j in jobs}
-    sim = simulate(jobs, Cluster.parse(args.cluster), "full", runtime_model(args.runtime_model),
-                   parse_overrides(args.set), topology=args.topology)
+    sim = run_full(jobs, args)
     s = sim.summary()
     n_jobs = len(watch.per_job)
     total = sum(watch.seconds.values())

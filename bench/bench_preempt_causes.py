@@ -50,12 +50,24 @@ def _cause(plan, job, v, due: bool) -> str:
     return "reclaim" if under else "priority_cross"
 
 
-def main() -> None:
+def scenario_parser() -> argparse.ArgumentParser:
+    """The options of one `full` run of the bundled week (shared by the benches that wrap it)."""
     p = argparse.ArgumentParser()
     p.add_argument("--cluster", default="2x32x8")
     p.add_argument("--topology", default="pack")
     p.add_argument("--runtime-model", default="realistic")
     p.add_argument("--set", action="append", default=[])
+    return p
+
+
+def run_full(jobs, args):
+    """Simulate `jobs` under `full` with the scenario options of `args` (`scenario_parser`)."""
+    return simulate(jobs, Cluster.parse(args.cluster), "full", runtime_model(args.runtime_model),
+                    parse_overrides(args.set), topology=args.topology)
+
+
+def main() -> None:
+    p = scenario_parser()
     p.add_argument("--csv", default=None)
     args = p.parse_args()
     jobs, _ = load_jobs(None, None, None, None)
@@ -118,8 +130,7 @@ def main() -> None:
         real_apply(self, event)
 
     engine.Simulation._apply = apply  # type: ignore[method-assign]
-    sim = simulate(jobs, Cluster.parse(args.cluster), "full", runtime_model(args.runtime_model),
-                   parse_overrides(args.set), topology=args.topology)
+    sim = run_full(jobs, args)
     s = sim.summary()
     for r in rows:  # did the job it was preempted for start when its GPUs came back?
         if "for" in r:
