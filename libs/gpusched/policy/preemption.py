@@ -85,6 +85,16 @@ def outlasts(victim: Estimate, job: Estimate, config: PolicyConfig, weights: tup
     return wj * victim.remaining_s > wv * (job.remaining_s + config.checkpoint_cost_s + config.restore_cost_s)
 
 
+def ran_back_off(v: Job, now: float, min_runtime_s: float, cap_s: float) -> bool:
+    """Whether `v` has run since its (re)start at least `min_runtime_s` doubled per preemption
+    it has had, at most `cap_s` (and never less than `min_runtime_s`): a job taken over and over
+    is left alone longer each time. A job not started has nothing to back off from."""
+    if v.started_at is None:
+        return True
+    cap = max(min_runtime_s, cap_s)
+    return now - v.started_at >= min(cap, min_runtime_s * 2 ** min(v.preemptions, 32))
+
+
 def las_worth(v: Job, attained: float, for_attained: float, now: float, config: PolicyConfig) -> bool:
     """Whether preempting `v` (attained `attained` GPU-seconds) for a job that attained
     `for_attained` is expected to save more than it costs. The saving is LAS's own premise
@@ -236,12 +246,8 @@ class _Rule:
         """Whether `v` has run its back-off since its (re)start: `min_runtime_s` doubled per
         preemption it has had, at most `cap_s` (default `preempt_backoff_max_s`; None: no
         back-off, the candidates already ran `min_runtime_s`)."""
-        config = self.config
-        cap_s = config.preempt_backoff_max_s if cap_s is None else cap_s
-        if cap_s is None or v.started_at is None:
-            return True
-        cap = max(config.min_runtime_s, cap_s)
-        return self.now - v.started_at >= min(cap, config.min_runtime_s * 2 ** min(v.preemptions, 32))
+        cap_s = self.config.preempt_backoff_max_s if cap_s is None else cap_s
+        return cap_s is None or ran_back_off(v, self.now, self.config.min_runtime_s, cap_s)
 
     def keeps_order(self, team: str, after: int) -> bool:
         """With fair share, whether the victim's team, holding `after` once the victim is gone,

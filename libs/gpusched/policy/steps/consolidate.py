@@ -22,6 +22,7 @@ from ...core.state import Job
 from ..eligibility import constrained
 from ..fairshare import may_preempt
 from ..plan import Context, CyclePlan
+from ..preemption import ran_back_off
 from .reservation import due_soon, head_reservation
 
 
@@ -80,8 +81,7 @@ def _movable(plan: CyclePlan, ctx: Context, head: Job, v: Job) -> bool:
         return False
     if config.priority and PRIORITY_RANK[v.spec.priority] > PRIORITY_RANK[head.spec.priority]:
         return False
-    cap = max(config.min_runtime_s, config.preempt_backoff_max_s or config.min_runtime_s)
-    if now - v.started_at < min(cap, config.min_runtime_s * 2 ** min(v.preemptions, 32)):
+    if not ran_back_off(v, now, config.min_runtime_s, config.preempt_backoff_max_s or config.min_runtime_s):
         return False
     vh = plan.held(v.team) - plan.leaving.get(v.team, 0)
     return may_preempt(ctx.state, v.team, vh, head.team, plan.held(head.team) + plan.incoming.get(head.team, 0))
