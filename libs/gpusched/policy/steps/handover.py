@@ -37,30 +37,32 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         if status == "released" and asked is not None and asked.for_job != jid:
             for_jobs[asked.for_job] = None
     for fid in for_jobs:
-        if fid not in st.pending or fid in plan.status:
-            continue  # ended, or started already
+        if fid not in st.pending:
+            continue  # ended meanwhile
         job = jobs[fid]
-        if not_eligible(st, job, ctx.now) is not None or array_full(plan, job):
+        if not _may_start(plan, ctx, job):
             continue
-        room = plan.room(job.team)
-        if room is not None and room < ctx.floor(job):
-            continue
-        placed = plan.fit(job, plan.pool, room)
+        placed = plan.fit(job, plan.pool, plan.room(job.team))
         if placed is not None and _first_in_line(plan, ctx, job).team == job.team:
             plan.grant(job, placed, backfill=False, handover=True)
+
+
+def _may_start(plan: CyclePlan, ctx: Context, job: Job) -> bool:
+    """A pending job this cycle has not started yet, eligible (not held, its dependencies met,
+    its array below its limit), whose team's limit leaves room for its smallest start."""
+    if job.job_id in plan.status or not_eligible(ctx.state, job, ctx.now) is not None or array_full(plan, job):
+        return False
+    room = plan.room(job.team)
+    return room is None or room >= ctx.floor(job)
 
 
 def _first_in_line(plan: CyclePlan, ctx: Context, job: Job) -> Job:
     """The first job in queue order that would fit the pool as it is, reservations aside: `job`
     at the latest (it fits), so the walk stops there."""
-    st = ctx.state
-    idx = ctx.indexes.queue(st, ctx.config)
+    idx = ctx.indexes.queue(ctx.state, ctx.config)
     for other in idx.ordered(ctx.now, plan.held):
         if other is job:
             return job
-        if other.job_id in plan.status or not_eligible(st, other, ctx.now) is not None or array_full(plan, other):
-            continue
-        room = plan.room(other.team)
-        if (room is None or room >= ctx.floor(other)) and plan.fits_pool(other, room):
+        if _may_start(plan, ctx, other) and plan.fits_pool(other, plan.room(other.team)):
             return other
     return job
