@@ -127,6 +127,8 @@ async def decide_and_append(folded: FoldedLog, decide: Decide, kinds: tuple[type
     state = folded.state
     view = folded.alloc_seq
     t0 = time.perf_counter()
+    # The fold's clock is the server's store time (no writer's `at` moves it): a floor under
+    # this host's clock, which runs on between facts (time limits fire in a quiet cluster).
     with metrics.decision_timer(telemetry.current_service()):
         decided = decide(state, max(clock(), state.now))
     events, deferred = budget_reasons(own_decisions(state, decided, kinds), max_reasons)

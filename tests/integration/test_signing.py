@@ -88,7 +88,7 @@ async def honest_history(nats_url: str, w: Writers) -> tuple[EventLog, EventLog,
                                   expect_alloc_seq=first)
     assert seqs == [first + 1, first + 2]
     await n0.append(ev.JobStarted(at=4, job_id="j1", attempt=1, node="n0"))
-    await n1.append(ev.JobCompleted(at=5, job_id="j3", attempt=1))
+    await n1.append(ev.JobCompleted(at=5, job_id="j3", attempt=1, node="n1"))  # as its agent reports it
     return adm, plc, n0
 
 

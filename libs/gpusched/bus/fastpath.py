@@ -145,6 +145,16 @@ def position(msg: Msg) -> tuple[int, int]:
     return meta.sequence.stream, meta.num_pending
 
 
+def stored_at(msg: Msg) -> float:
+    """The server's store time of a message a JetStream consumer delivered (epoch seconds):
+    `msg.metadata.timestamp`, read from the reply subject's nanoseconds token alone when it is
+    there (either ack format; anything else: nats-py's own parse decides)."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == _V1_TOKENS and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[7]) / 1e9
+    return msg.metadata.timestamp.timestamp()
+
+
 #: A reader taking queued messages without waiting lets the other tasks run this often.
 YIELD_EVERY = 64
 

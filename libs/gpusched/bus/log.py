@@ -254,6 +254,7 @@ class Record:
     event: Event
     subject: str
     headers: dict[str, str] | None
+    time: float | None = None  # the server's store time (epoch seconds): the fold's clock
 
 
 @dataclass(frozen=True)
@@ -575,7 +576,7 @@ class EventLog:
                     if on_dead is not None:
                         on_dead(seq, msg.subject)
                 else:
-                    record = Record(seq, event, msg.subject, msg.headers)
+                    record = Record(seq, event, msg.subject, msg.headers, fastpath.stored_at(msg))
                     telemetry.observe(record)  # remember the job's trace context
                     yield record
 

@@ -5,6 +5,10 @@ append returns the stored sequence), compare-and-set over the alloc tree, and at
 implementations to one suite, so retry and conflict paths are tested in milliseconds and the
 simulator can run the real services' composition on it.
 
+Each record carries its store time, as JetStream's do: `clock()` when it was stored, never
+earlier than the record before (the simulator passes its virtual clock, so a replay of its log
+is the same fold on any machine).
+
 Differences, none visible to a writer: the deduplication window is the log's whole life (not
 120 s), and nothing is ever undecodable (events are kept as objects, encoded once to check
 they would be).
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from gpusched.core.events import Event, encode_event, encode_fact
@@ -36,7 +41,8 @@ def subject_matches(pattern: str, subject: str) -> bool:
 class MemoryEventLog:
     """The `EventLog` interface over a list (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self.records_: list[Record] = []
         self.msg_ids: dict[str, int] = {}
         self.alloc_seq = 0
@@ -65,7 +71,10 @@ class MemoryEventLog:
     def _store(self, event: Event, msg_id: str, headers: dict[str, str] | None) -> int:
         seq = len(self.records_) + 1
         subject = subjects.event_subject(event)
-        self.records_.append(Record(seq, event, subject, {**(headers or {}), "Nats-Msg-Id": msg_id}))
+        stored = self.clock()
+        if self.records_:
+            stored = max(stored, self.records_[-1].time or stored)  # store times grow with the sequence
+        self.records_.append(Record(seq, event, subject, {**(headers or {}), "Nats-Msg-Id": msg_id}, stored))
         self.msg_ids[msg_id] = seq
         if event.ALLOC:
             self.alloc_seq = seq

@@ -57,9 +57,9 @@ async def history_data(nats: str | None, at: str | None = None) -> tuple[Any, An
         until = await cut_seq(log, at)
         state, ledger = ClusterState(), Ledger()
         if until is None or until > 0:
-            async for seq, event in log.replay(1, until):
-                state.apply(event, seq)
-                ledger.observe(state, event)
+            async for rec in log.records(1, until):
+                state.apply(rec.event, rec.seq, rec.time)
+                ledger.observe(state, rec.event)
         return state, ledger
     finally:
         await log.close()

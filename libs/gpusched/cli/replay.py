@@ -39,8 +39,8 @@ async def rebuild(nats_url: str | None, until_seq: int | None = None, until_time
         if until_time is not None:
             until_seq = await log.seq_at_time(until_time)
         if until_seq is None or until_seq > 0:
-            async for seq, event in log.replay(1, until_seq):
-                state.apply(event, seq)
+            async for rec in log.records(1, until_seq):
+                state.apply(rec.event, rec.seq, rec.time)
     finally:
         await log.close()
     return state

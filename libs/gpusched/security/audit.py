@@ -9,7 +9,12 @@ For each stored message, in stream order, `Audit.feed` checks:
 - `unknown_signer`, `revoked_signer`: the key is in the keyring and was not revoked when the
   server stored the message;
 - `forbidden_kind`: the signer's role may decide this kind (`roles.may_write`);
-- `foreign_node`: a node's key states facts only about its own node and the jobs placed on it;
+- `foreign_node`: a node states facts only about its own node and the jobs it runs in their
+  current attempt (`ClusterState.node_report_problem`, which the fold applies too), signed or
+  not: an unsigned fact on a node's subject is that node's, and one only nodes write that names
+  no node is no one's (`--allow-unsigned` counts unsigned facts, it never skips these checks);
+- `wrong_subject`: the payload is the fact its subject is for (`subjects.subject_problem`); the
+  live readers dead-letter such a message, so the audit does not fold it either;
 - `reordered`: its chain number does not go back, and a compare-and-set append was stored right
   after the alloc-tree sequence it was decided at;
 - `altered`: the fact is what its writer's next fact committed to (the `prev` digest);
@@ -18,8 +23,7 @@ The invariant violations of the fold (`ClusterState.broken`) are reported as bef
 
 An audit can stop and go on later (`checkpoint` / `resume`, `replay --verify --checkpoint
 FILE`): the checkpoint holds the fold and everything the checks carry from one message to the
-next (each writer chain's number, digest and unchecked signatures, the nodes each job was placed
-on, the findings so far), so a repeated audit costs the tail only. The tail's first fact of each
+next (each writer chain's number, digest and unchecked signatures, the findings so far), so a repeated audit costs the tail only. The tail's first fact of each
 writer must commit to the digest of that writer's last audited fact, which ties the tail to the
 audited head; what the checkpoint vouches for is the head *as it was audited* (re-audit from
 the start, or keep the sealed exports, to re-check the head itself).
@@ -34,9 +38,9 @@ from typing import Protocol
 
 import msgspec
 
+from gpusched.bus import subjects
 from gpusched.core import events as ev
-from gpusched.core.model import split_gpu_id
-from gpusched.core.state import ClusterState
+from gpusched.core.state import NODE_REPORTS, ClusterState
 
 from . import roles, signing
 from .keyring import KeyRing, Principal
@@ -85,12 +89,11 @@ class Checkpoint(msgspec.Struct, frozen=True):
     allow_unsigned: bool
     counts: dict[str, int]
     chains: list[tuple[str, str, int, str, int, list[tuple[int, int, bytes, bytes, str]], int | None]]
-    placed: dict[str, list[str]]
     findings: list[Finding]
     state: bytes
 
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: no `placed` (a node's facts are checked against the fold's current placement)
 
 
 def message_digest(msg: Message) -> str:
@@ -118,7 +121,6 @@ class Audit:
         self.alloc_seq = 0
         self.chains: dict[tuple[str, str], _Chain] = {}  # (signer, chain id) -> where it stands
         self.counts = {"messages": 0, "signed": 0, "unsigned": 0}
-        self.placed: dict[str, set[str]] = {}  # job -> every node it was ever granted GPUs on
         self.last_digest = ""  # `message_digest` of the last message fed (a checkpoint's join)
 
     def feed(self, msg: Message) -> bool:
@@ -139,8 +141,13 @@ class Audit:
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             event = None
             self._find(msg.seq, "undecodable", str(err)[:200])
-        if event is not None and self.until_time is not None and event.at > self.until_time:
+        if self.until_time is not None and msg.time > self.until_time:
             return False
+        if event is not None:
+            problem = subjects.subject_problem(msg.subject, event)
+            if problem is not None:
+                self._find(msg.seq, "wrong_subject", problem)
+                event = None  # dead-lettered by every live reader: not part of the fold
         self._check_signature(msg, event)
         if msg.seq > self.last_seq:
             self.last_digest = message_digest(msg)
@@ -148,10 +155,7 @@ class Audit:
         if msg.subject.startswith(ALLOC_PREFIX):
             self.alloc_seq = msg.seq
         if event is not None:
-            self.state.apply(event, msg.seq)
-            gpus = event.gpus if isinstance(event, ev.GpusGranted) else getattr(event, "added", None)
-            if gpus and isinstance(event, (ev.GpusGranted, ev.JobResized)):
-                self.placed.setdefault(event.job_id, set()).update(split_gpu_id(g)[0] for g in gpus)
+            self.state.apply(event, msg.seq, msg.time)
         return True
 
     def _fold(self, msg: Message) -> bool:
@@ -159,9 +163,10 @@ class Audit:
             event = ev.decode_event(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return True  # as the live replay: an undecodable message is skipped
-        if self.until_time is not None and event.at > self.until_time:
+        if self.until_time is not None and msg.time > self.until_time:
             return False
-        self.state.apply(event, msg.seq)
+        if subjects.subject_problem(msg.subject, event) is None:  # else dead-lettered live: not folded
+            self.state.apply(event, msg.seq, msg.time)
         return True
 
     def _find(self, seq: int, rule: str, detail: str, signer: str = "") -> None:
@@ -173,6 +178,8 @@ class Audit:
             self.counts["unsigned"] += 1
             if not self.allow_unsigned:
                 self._find(msg.seq, "unsigned", f"{_kind(event, msg)} carries no {signing.SIG_HEADER} header")
+            if event is not None:
+                self._check_unsigned(msg, event)
             return
         self.counts["signed"] += 1
         try:
@@ -256,23 +263,39 @@ class Audit:
             if problem:
                 self._find(msg.seq, "foreign_node", f"{event.kind} signed by {who}: {problem}", key)
 
+    def _check_unsigned(self, msg: Message, event: ev.Event) -> None:
+        """The role and node checks of an unsigned fact: whoever may publish its subject wrote
+        it. A node's subject (`...node.<node>`, its own by permissions) makes it that node's
+        fact; a kind only nodes write on any other subject names no node and is no one's."""
+        parts = msg.subject.split(".")
+        if len(parts) == 6 and parts[4] == "node":
+            who = f"unsigned, on node {parts[5]}'s subject"
+            if not roles.may_write(roles.NODE_ROLE, event.kind):
+                self._find(msg.seq, "forbidden_kind", f"{event.kind} {who}: only "
+                           f"{', '.join(sorted(roles.EVENT_WRITERS.get(event.kind, ())))} may decide it")
+                return
+            problem = self._foreign(event, [getattr(event, "node", None) or parts[5]])
+        elif roles.EVENT_WRITERS.get(event.kind) == frozenset({roles.NODE_ROLE}):
+            who, problem = "unsigned", f"a fact only node daemons report, on {msg.subject}, which is no node's"
+        else:
+            return
+        if problem:
+            self._find(msg.seq, "foreign_node", f"{event.kind} {who}: {problem}")
+
     def _foreign(self, event: ev.Event, own: list[str]) -> str:
-        """Why a node's fact is about something not its own ('' when it is its own). `own`: the
+        """Why a node's fact is about something not its own ('' when it is its own): another
+        node, a report that names no node, or a job that does not run on it in the reported
+        attempt now (the fold's `node_report_problem`, on the fold before this fact). `own`: the
         node names (or globs) the key speaks for."""
         mine = " or ".join(own) or "no node"
-
-        def is_own(node: str) -> bool:
-            return any(fnmatch.fnmatchcase(node, pattern) for pattern in own)
-
         node = getattr(event, "node", None)
-        if node is not None and not is_own(node):
+        if node is not None and not any(fnmatch.fnmatchcase(node, pattern) for pattern in own):
             return f"about node {node}, not its own ({mine})"
-        job_id = getattr(event, "job_id", None)
-        if job_id is None:
+        if type(event) not in NODE_REPORTS:
             return ""
-        if not any(is_own(n) for n in self.placed.get(job_id, ())):
-            return f"about job {job_id}, which was never placed on {mine}"
-        return ""
+        if node is None:
+            return f"about job {event.job_id} (a node's report), naming no node"  # type: ignore[attr-defined]
+        return self.state.node_report_problem(event) or ""
 
     # --- checkpoints ----------------------------------------------------------------------
 
@@ -283,7 +306,7 @@ class Audit:
                   for (signer, chain_id), c in self.chains.items()]
         return msgspec.msgpack.encode(Checkpoint(
             CHECKPOINT_VERSION, self.last_seq, self.last_digest, self.alloc_seq, self.allow_unsigned,
-            dict(self.counts), chains, {j: sorted(n) for j, n in self.placed.items()}, list(self.findings),
+            dict(self.counts), chains, list(self.findings),
             self.state.snapshot()))
 
     def resume(self, data: bytes) -> None:
@@ -302,7 +325,6 @@ class Audit:
         self.counts = dict(cp.counts)
         self.chains = {(signer, chain_id): _Chain(n, digest, seq, [tuple(w) for w in window], unvouched)  # type: ignore[misc]
                        for signer, chain_id, n, digest, seq, window, unvouched in cp.chains}
-        self.placed = {j: set(nodes) for j, nodes in cp.placed.items()}
         self.findings = list(cp.findings)
 
     # --- results ------------------------------------------------------------------------

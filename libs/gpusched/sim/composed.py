@@ -51,7 +51,7 @@ class LogFold:
         end = len(records) if target is None else min(target, len(records))
         while self.seen_seq < end:
             rec = records[self.seen_seq]
-            self.state.apply(rec.event, rec.seq)
+            self.state.apply(rec.event, rec.seq, rec.time)
             for listener in self.listeners:
                 listener(rec, self.state)
             self.seen_seq = rec.seq
@@ -93,7 +93,7 @@ class ComposedSimulation(Simulation):
 
     def __init__(self, *args, placement_down: tuple[float, float] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.log = MemoryEventLog()
+        self.log = MemoryEventLog(clock=lambda: self.now)  # stores at the virtual clock
         self.folded_seq = 0  # how far the world's fold (self.state) has read the log
         self.placement_down = placement_down
         self.writers = self._writers()

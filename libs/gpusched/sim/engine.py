@@ -137,7 +137,7 @@ class Simulation:
 
     def _apply(self, event: ev.Event) -> None:
         broken = len(self.state.broken)
-        self.state.apply(event)
+        self.state.apply(event, stored_at=self.now)  # the log's clock is the simulator's, as the server's live
         self.ledger.observe(self.state, event)
         if len(self.state.broken) > broken:
             raise SimViolation(event, self.state.broken[broken:])
