@@ -235,42 +235,18 @@ class ClusterState(Struct):
     # --- the fold ------------------------------------------------------------------------
 
     def apply(self, event: ev.Event, seq: int | None = None, stored_at: float | None = None) -> None:
-        """Apply one event. `seq` is its log sequence (the simulator numbers its own);
-        `stored_at` the log's store time of it (JetStream's timestamp, the in-memory log's and
-        the simulator's clock), which no writer controls: it is the fold's clock, and an `at`
-        more than `AT_LEAD_S` ahead of it is bounded to it (`clock_ahead`). None (a bare
-        fold of events): the events' `at` is the clock."""
+        """Apply one event. `seq`: its log sequence (the simulator numbers its own); `stored_at`:
+        the log's store time of it, the fold's clock (`_clocked`; None: the events' `at`)."""
         self.last_seq = seq if seq is not None else self.last_seq + 1
         if event.ALLOC:
             self.last_alloc_seq = self.last_seq
         self.events += 1
-        if stored_at is not None:
-            event = self._bounded(event, stored_at)
-        clock = event.at if stored_at is None else stored_at
-        if clock > self.now:
-            self.now = clock
+        event = _clocked(self, event, stored_at)
         handler = _HANDLERS.get(type(event))
-        if handler is not None and type(event) in NODE_REPORTS and event.node is not None:  # type: ignore[attr-defined]
-            problem = self.node_report_problem(event)
-            if problem is not None:  # a node speaks only for itself: the fact has no effect
-                self._violate("foreign_node", problem, [event.job_id])  # type: ignore[attr-defined]
-                return
-        if handler is not None:
+        if handler is not None and not _refused(self, event):
             handler(self, event)
         if self.finished_head < len(self.finished) or self.retiring_head < len(self.retiring):
             _forget_old(self)
-
-    def _bounded(self, event: ev.Event, stored_at: float) -> ev.Event:
-        """`event` with its `at` no later than `AT_LEAD_S` after its store time: a writer's
-        clock (or a forger's) cannot date a fact into the future. An `at` behind is kept: a
-        report is often decided, or buffered by a node through an outage, before it is stored."""
-        latest = stored_at + AT_LEAD_S
-        if event.at <= latest:
-            return event
-        self._violate("clock_ahead", f"{event.kind} says it happened at {event.at:.3f}, {event.at - stored_at:.3f} s "
-                      f"after the log stored it ({stored_at:.3f}): folded as at {latest:.3f}",
-                      [j] if (j := getattr(event, "job_id", None)) else [])
-        return msgspec.structs.replace(event, at=latest)
 
     def _violate(self, rule: str, detail: str, jobs: list[str] = (), gpus: list[str] = ()) -> None:  # type: ignore[assignment]
         self.broken.append(Violation(self.last_seq, rule, detail, list(jobs), list(gpus)))
@@ -330,10 +306,8 @@ class ClusterState(Struct):
         if job is None or job.state in TERMINAL:
             return
         attempt = getattr(e, "attempt", None)
-        if attempt is not None and job.holding and attempt != job.attempt:
-            return  # a late exit of an attempt that was already released
-        if getattr(e, "node", None) is not None and not job.holding:
-            return  # a node's late report: the attempt it ran was released, the job waits again
+        if (job.holding and attempt not in (None, job.attempt)) or (not job.holding and getattr(e, "node", None)):
+            return  # a late exit of an attempt already released (a node's report of a waiting job is one)
         if job.holding:
             self._release_all(job, e.at)
             del self.running[job.job_id]
@@ -608,26 +582,6 @@ class ClusterState(Struct):
         return (job_id in self.jobs or job_id in self.forgotten or job_id in self.arrays or job_id in self.retired
                 or _array_task_known(self, job_id))
 
-    def node_report_problem(self, e: ev.Event) -> str | None:
-        """Why a node's report about a job (`NODE_REPORTS`, naming its `node`) is not that node's
-        to make, or None. While the job holds GPUs in the reported attempt, only the nodes it holds
-        them on now speak for it (and, for its processes and saves, the nodes whose ranks of that
-        attempt still drain after a resize); a report about an attempt that ended comes only
-        from a node that ran it. The node is the one its subject names (permissions: its own)."""
-        node, job = e.node, self.jobs.get(e.job_id)  # type: ignore[attr-defined]
-        if job is None:
-            return None  # nothing to act on: every handler ignores a job it does not know
-        attempt = getattr(e, "attempt", job.attempt)  # `GpusReleased` names none: the current one
-        ran = any(x.node == node and x.attempt == attempt for x in job.live)
-        if job.holding and attempt == job.attempt:
-            if node in job_node_order(job) or (ran and not isinstance(e, _ENDINGS)):
-                return None
-            where = ", ".join(job_node_order(job)) or "no node"
-            return f"{e.kind} from node {node} about job {job.job_id} (attempt {attempt}), which runs on {where}"
-        if ran or (attempt == job.attempt and node in job.nodes_started) or isinstance(e, ev.ProcessesEnded):
-            return None  # late, about its own processes (an end fences only the reporter's): no harm
-        return f"{e.kind} from node {node} about attempt {attempt} of job {job.job_id}, which never ran there"
-
     def summary(self) -> dict:
         """What `gpusched replay --json` prints."""
         return _summary(self)
@@ -755,8 +709,60 @@ def _summary(st: ClusterState) -> dict:
     }
 
 
+# --- what a fact may say: who reports it, and when it happened ---
+
+def _clocked(st: ClusterState, event: ev.Event, stored_at: float | None) -> ev.Event:
+    """Move the fold's clock to the log's store time of `event` (no writer controls it) and
+    return `event` with its `at` no later than `AT_LEAD_S` after it (`clock_ahead`): a writer's
+    clock, or a forger's, cannot date a fact into the future. An `at` behind is kept: a report
+    is often decided, or buffered by a node through an outage, before it is stored. Without a
+    store time (a bare fold of events) the events' `at` is the clock."""
+    clock = event.at if stored_at is None else stored_at
+    if clock > st.now:
+        st.now = clock
+    if stored_at is None or event.at <= stored_at + AT_LEAD_S:
+        return event
+    latest = stored_at + AT_LEAD_S
+    st._violate("clock_ahead", f"{event.kind} says it happened at {event.at:.3f}, {event.at - stored_at:.3f} s "
+                f"after the log stored it ({stored_at:.3f}): folded as at {latest:.3f}",
+                [j] if (j := getattr(event, "job_id", None)) else [])
+    return msgspec.structs.replace(event, at=latest)
+
+
+def _refused(st: ClusterState, event: ev.Event) -> bool:
+    """A node speaks only for itself: its report about a job that is not on it is recorded as
+    a `foreign_node` violation and has no effect."""
+    if type(event) not in NODE_REPORTS or event.node is None:  # type: ignore[attr-defined]
+        return False
+    problem = node_report_problem(st, event)
+    if problem is not None:
+        st._violate("foreign_node", problem, [event.job_id])  # type: ignore[attr-defined]
+    return problem is not None
+
+
+def node_report_problem(st: ClusterState, e: ev.Event) -> str | None:
+    """Why a node's report about a job (`NODE_REPORTS`, naming its `node`) is not that node's
+    to make, or None. While the job holds GPUs in the reported attempt, only the nodes it holds
+    them on now speak for it (and, for its processes and saves, the nodes whose ranks of that
+    attempt still drain after a resize); a report about an attempt that ended comes only
+    from a node that ran it. The node is the one its subject names (permissions: its own)."""
+    node, job = e.node, st.jobs.get(e.job_id)  # type: ignore[attr-defined]
+    if job is None:
+        return None  # nothing to act on: every handler ignores a job it does not know
+    attempt = getattr(e, "attempt", job.attempt)  # `GpusReleased` names none: the current one
+    ran = any(x.node == node and x.attempt == attempt for x in job.live)
+    if job.holding and attempt == job.attempt:
+        if node in job_node_order(job) or (ran and not isinstance(e, _ENDINGS)):
+            return None
+        where = ", ".join(job_node_order(job)) or "no node"
+        return f"{e.kind} from node {node} about job {job.job_id} (attempt {attempt}), which runs on {where}"
+    if ran or (attempt == job.attempt and node in job.nodes_started) or isinstance(e, ev.ProcessesEnded):
+        return None  # late, about its own processes (an end fences only the reporter's): no harm
+    return f"{e.kind} from node {node} about attempt {attempt} of job {job.job_id}, which never ran there"
+
+
 #: Facts a node daemon reports about a job it runs, naming itself (`node`): `apply` refuses one
-#: from a node the job is not on (`ClusterState.node_report_problem`).
+#: from a node the job is not on (`node_report_problem`).
 NODE_REPORTS = frozenset({ev.JobStarted, ev.ProcessesEnded, ev.CheckpointSaved, ev.JobCompleted, ev.JobFailed,
                           ev.GpusReleased})
 #: Node reports that end or requeue the attempt: only from a node it holds GPUs on now.

@@ -68,6 +68,9 @@ class QueueIndex:
         if config.las and config.las_predicted:
             self.frozen = FrozenEstimates(predictor if predictor is not None else RuntimePredictor(state, record=True))
         self.entries: dict[str, tuple[tuple, tuple[int, int]]] = {}  # job -> (sort key, (attempt, updates))
+        #: job -> the queue its key is in: a job that left the queue may be gone from the fold
+        #: too (forgotten in the fold step that ended it), so removal never looks it up there.
+        self.queue_of: dict[str, str | None] = {}
         self.queues: dict[str | None, list[tuple]] = {}  # team (None without fair share) -> keys
         self.settled: dict[str, None] = {}  # waiting jobs whose state shows their tail reason
         #: Waiting jobs that could start on a blocked head's reservation: with a time limit
@@ -85,7 +88,8 @@ class QueueIndex:
     def _insert(self, job: Job) -> None:
         key = job_key(job, self.config, self.frozen)
         self.entries[job.job_id] = (key, (job.attempt, job.updates))
-        insort(self.queues.setdefault(self._queue_of(job, key), []), key)
+        queue = self.queue_of[job.job_id] = self._queue_of(job, key)
+        insort(self.queues.setdefault(queue, []), key)
         if job.spec.time_limit_s is not None:
             self.timed[job.job_id] = None
         if job.spec.preemptible:
@@ -93,7 +97,7 @@ class QueueIndex:
 
     def _remove(self, job_id: str, left: bool = True) -> None:
         key, _ = self.entries.pop(job_id)
-        q = self.queues[self._queue_of(self.state.jobs[job_id], key)]
+        q = self.queues[self.queue_of.pop(job_id)]
         i = bisect_left(q, key)
         del q[i]
         self.settled.pop(job_id, None)
