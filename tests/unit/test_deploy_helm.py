@@ -1,13 +1,11 @@
 """deploy/helm/gpusched: every value a template names exists in values.yaml, the template blocks
-balance, files/ links to the deploy files it ships, and, where `helm` is installed, `helm
-template` renders objects that pass `kubernetes-validate --strict` (defaults; cert-manager, the
-Prometheus Operator's API and an Ingress)."""
+balance, files/ links to the deploy files it ships, `helm lint --strict` passes, and `helm
+template` (Helm's Go SDK, through helm-python-sdk) renders objects that pass
+`kubernetes-validate --strict` (defaults; cert-manager, the Prometheus Operator's API and an Ingress)."""
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,11 +14,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpusched"
 KUBE_VERSION = "1.37"
-HELM = shutil.which("helm")
-#: Kinds of CRDs (cert-manager, Prometheus Operator): not in kubernetes-validate's schemas.
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"}
-needs_helm = pytest.mark.skipif(HELM is None, reason="helm is not installed (no Debian, PyPI or npm package "
-                                "provides it here): the chart is checked statically only")
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"}  # not in kubernetes-validate's schemas
+try:  # Helm's own Go SDK as a library (the helm-python-sdk test extra): `helm template` and `helm lint`
+    import helm_python
+    from helm_python import _native
+except ImportError:  # pragma: no cover - the test extra is missing
+    helm_python = None
+needs_helm = pytest.mark.skipif(helm_python is None, reason="helm-python-sdk is not installed (pip install "
+                                "'.[test]'): the chart is checked statically only, not rendered")
 
 
 def _templates() -> dict[str, str]:
@@ -65,11 +66,18 @@ def test_the_chart_ships_the_deploy_files():
     assert f'version = "{chart["appVersion"]}"' in project  # the image tag is the release
 
 
-def _render(*args: str) -> list[dict]:
-    run = subprocess.run([HELM, "template", "gpusched", str(CHART), "--namespace", "gpusched",
-                          "--kube-version", KUBE_VERSION, *args], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    return [d for d in yaml.safe_load_all(run.stdout) if d]
+def _render(values: dict | None = None, api_versions: tuple[str, ...] = ()) -> list[dict]:
+    """`helm template gpusched CHART -n gpusched --kube-version K [--api-versions ...]`, parsed."""
+    import json
+
+    chart = helm_python.Chart.load(CHART)
+    opts = {"name": "gpusched", "namespace": "gpusched", "kube_version": f"v{KUBE_VERSION}.0",
+            "is_install": True, "api_versions": list(api_versions)}
+    # Chart.render has no api_versions argument; the library's render call takes it (unknown keys are refused).
+    manifests = json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(values or {}),
+                                               json.dumps(opts)))
+    return [d for path, text in manifests.items() if path.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if isinstance(d, dict)]
 
 
 def _validate(docs: list[dict]) -> None:
@@ -78,6 +86,11 @@ def _validate(docs: list[dict]) -> None:
     for doc in docs:
         if doc["kind"] not in CRD_KINDS:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+@needs_helm
+def test_helm_lint_strict():
+    helm_python.lint(CHART, strict=True, kube_version=f"v{KUBE_VERSION}.0")  # raises on any finding
 
 
 @needs_helm
@@ -97,8 +110,9 @@ def test_default_render_validates_and_forms_a_cluster():
 
 @needs_helm
 def test_render_with_cert_manager_operator_and_ingress_validates():
-    docs = _render("--api-versions", "monitoring.coreos.com/v1", "--set", "tls.certManager.enabled=true",
-                   "--set", "dashboard.ingress.enabled=true", "--set", "dashboard.ingress.hosts={gpusched.example.com}")
+    docs = _render({"tls": {"certManager": {"enabled": True}},
+                    "dashboard": {"ingress": {"enabled": True, "hosts": ["gpusched.example.com"]}}},
+                   api_versions=("monitoring.coreos.com/v1",))
     _validate(docs)
     kinds = {d["kind"] for d in docs}
     assert {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer", "Ingress"} <= kinds
