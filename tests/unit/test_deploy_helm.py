@@ -118,3 +118,16 @@ def test_render_with_cert_manager_operator_and_ingress_validates():
     assert {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer", "Ingress"} <= kinds
     rule = next(d for d in docs if d["kind"] == "PrometheusRule")
     assert any(r.get("alert") == "GpuschedPlacementDegraded" for g in rule["spec"]["groups"] for r in g["rules"])
+
+
+@needs_helm
+@pytest.mark.parametrize(("values", "named"), [
+    ({"nats": {"streamReplicas": 2}}, "streamReplicas"),
+    ({"networkPolicy": {"rankPorts": {"start": 29500, "end": 70000}}}, "end"),
+    ({"nodeAgent": {"nodePools": [{"name": "a100", "labels": {"x": "y"}}]}}, "matchLabels"),
+    ({"services": [{"name": "Placement", "run": "placement", "replicas": 1, "args": [], "cpu": "1",
+                    "memory": "1Gi", "memoryLimit": "2Gi"}]}, "name"),
+])
+def test_bad_values_are_refused_naming_the_key(values, named):
+    with pytest.raises(helm_python.HelmError, match=named):  # values.schema.json
+        _render(values)
