@@ -38,7 +38,7 @@ def test_the_command_refuses_beside_another_gpusched(tmp_path, top_level):
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     for command in ("gpusched", "gpusched-cluster"):
         run = subprocess.run([str(BIN / command), "--version"], env=env, capture_output=True, text=True, timeout=60)
-        assert run.returncode == 3, run
+        assert run.returncode == 4, run
         assert "gpusched 9.9 also installs the Python package `gpusched`" in run.stderr
         assert "pip uninstall gpusched" in run.stderr and "Traceback" not in run.stderr
         assert run.stderr.count("\n") == 1

@@ -2,7 +2,7 @@
 
 Errors read as one line on stderr (`gpusched CMD: ...`), never a traceback unless `--debug`
 (or GPUSCHED_DEBUG=1). Exit codes: 0 ok, 1 refused or a check failed, 2 bad usage or a server
-that cannot be reached (the line names the address tried and how to fix it), 3 another
+that cannot be reached (the line names the address tried and how to fix it), 4 another
 distribution installs the `gpusched` package too (`cli.ownership`), 130 interrupted.
 """
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if (why := refusal()) is not None:  # another distribution owns `gpusched` too
         print(why, file=sys.stderr)
-        return 3
+        return 4  # not 3: a service exits 3 when deaf (services.shell)
     args = build_parser().parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("GPUSCHED_DEBUG", "") not in ("", "0")
     if getattr(args, "client", False):

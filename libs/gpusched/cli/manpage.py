@@ -24,7 +24,7 @@ ENVIRONMENT = [
 EXIT_STATUS = [
     ("0", "success"), ("1", "refused, or a check failed"),
     ("2", "bad usage, or a server that cannot be reached (the line says which and how to fix it)"),
-    ("3", "another distribution installs the Python package gpusched too"), ("130", "interrupted"),
+    ("4", "another distribution installs the Python package gpusched too"), ("130", "interrupted"),
 ]
 
 
