@@ -5,11 +5,16 @@ DaemonSet serves every node pool (the downward API cannot read node labels; the 
     topo.rack, topo.block   # from the labels; see `from_labels` for the mapping
 
 It reads `GET /api/v1/nodes/NAME` with the pod's service-account token: the RBAC it needs is
-`get` on `nodes` (deploy/helm/gpusched/templates/nodeagent-rbac.yaml), nothing else.
+`get` on `nodes` (the chart's and deploy/k8s's nodeagent ClusterRole), nothing else.
+
+On bare metal (`from_host`), the rack is the top-of-rack switch the host is cabled to, as LLDP
+(lldpd's `lldpctl -f json`) names it: a fact of the host, not a setting to keep in step.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import ssl
 from dataclasses import dataclass
@@ -83,5 +88,41 @@ async def from_kubernetes(node: str, rack_label: str = RACK_LABEL, block_label: 
     return from_labels(await node_labels(node, **api_options), rack_label, block_label)
 
 
-__all__ = ["Topology", "TopologyUnavailable", "from_labels", "from_kubernetes", "node_labels", "RACK_LABEL",
+def from_lldp(output: str) -> Topology | None:
+    """The rack from `lldpctl -f json`: the neighbour switch's name on the first interface that
+    has one (None: no LLDP neighbour)."""
+    try:
+        interfaces = (json.loads(output).get("lldp") or {}).get("interface") or {}
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(interfaces, dict):  # one interface: an object; several: a list of one-key objects
+        interfaces = [interfaces]
+    found: dict[str, str] = {}
+    for item in interfaces:
+        for name, info in (item or {}).items():
+            chassis = (info or {}).get("chassis") or {}
+            names = [k for k, v in chassis.items() if isinstance(v, dict)] if isinstance(chassis, dict) else []
+            if names:
+                found.setdefault(name, names[0])
+    return Topology(rack=found[min(found)], block=None) if found else None
+
+
+async def from_host(command: tuple[str, ...] = ("lldpctl", "-f", "json"), timeout_s: float = 10.0) -> Topology:
+    """The rack from this host's LLDP neighbour (lldpd must run)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except FileNotFoundError:
+        raise TopologyUnavailable(f"{command[0]} not found: install lldpd, or give --rack/--block") from None
+    except TimeoutError:
+        raise TopologyUnavailable(f"{' '.join(command)} did not answer in {timeout_s:g} s") from None
+    topo = from_lldp(out.decode(errors="replace")) if proc.returncode == 0 else None
+    if topo is None:
+        why = err.decode(errors="replace").strip()[:200] or "no LLDP neighbour seen"
+        raise TopologyUnavailable(f"{' '.join(command)}: {why}: give --rack/--block")
+    return topo
+
+
+__all__ = ["from_host", "from_lldp", "Topology", "TopologyUnavailable", "from_labels", "from_kubernetes", "node_labels", "RACK_LABEL",
            "ZONE_LABEL"]

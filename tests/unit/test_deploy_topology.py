@@ -15,8 +15,10 @@ from gpusched.services.nodeagent.topology_source import (
     ZONE_LABEL,
     Topology,
     TopologyUnavailable,
+    from_host,
     from_kubernetes,
     from_labels,
+    from_lldp,
 )
 
 TOKEN = "sa-token-topo"
@@ -90,3 +92,25 @@ def test_the_daemon_takes_the_options():
     importlib.import_module("gpusched.services.nodeagent.main").add_arguments(parser)
     args = parser.parse_args(["--topology-from", "kubernetes", "--rack-label", "example.com/rack"])
     assert (args.topology_from, args.rack_label, args.block_label) == ("kubernetes", "example.com/rack", ZONE_LABEL)
+
+
+LLDP_ONE = '{"lldp": {"interface": {"eth0": {"via": "LLDP", "chassis": {"tor-r12.dc1": {"id": {"type": "mac"}}}}}}}'
+LLDP_TWO = ('{"lldp": {"interface": [{"ens2": {"chassis": {"tor-r07b": {"id": {}}}}},'
+            ' {"ens1": {"chassis": {"tor-r07a": {"id": {}}}}}]}}')
+
+
+def test_bare_metal_rack_is_the_lldp_neighbour():
+    assert from_lldp(LLDP_ONE) == Topology(rack="tor-r12.dc1", block=None)
+    assert from_lldp(LLDP_TWO) == Topology(rack="tor-r07a", block=None)  # the first interface by name
+    assert from_lldp('{"lldp": {}}') is None and from_lldp("not json") is None
+
+
+async def test_from_host_runs_the_command(tmp_path):
+    lldpctl = tmp_path / "lldpctl"
+    lldpctl.write_text(f"#!/bin/sh\ncat <<'END'\n{LLDP_ONE}\nEND\n")
+    lldpctl.chmod(0o755)
+    assert await from_host((str(lldpctl),)) == Topology(rack="tor-r12.dc1", block=None)
+    with pytest.raises(TopologyUnavailable, match="not found: install lldpd"):
+        await from_host((str(tmp_path / "absent"),))
+    with pytest.raises(TopologyUnavailable, match="no LLDP neighbour"):
+        await from_host(("true",))
