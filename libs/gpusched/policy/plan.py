@@ -92,10 +92,13 @@ class CyclePlan:
         # The walk's findings, read by reclaim and explain.
         self.blocked: list[Job] = []  # waiting for room (not for a limit), in order
         self.head: Job | None = None  # the blocked job the reservation is for
+        self.head_limited = False  # the head waits for its own team's limit (walk._limit_head)
         self.reservation: Reservation | None = None
         self.outside: Pool | None = None  # the pool less the reservation
         self.fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
         self.array_running: dict[str, int] | None = None  # job array -> its tasks holding GPUs (eligibility)
+        self._firm: dict[str, int] | None = None  # team -> GPUs its non-preemptible jobs hold (`job_room`)
+        self._slack = 0  # healthy GPUs no team is guaranteed
 
     # --- what the plan says ------------------------------------------------------------------
 
@@ -106,6 +109,47 @@ class CyclePlan:
     def room(self, team: str) -> int | None:
         """GPUs the team may still take under its hard limit (None: no limit)."""
         return limit_room(self.ctx.state, team, self.held(team))
+
+    def job_room(self, job: Job) -> int | None:
+        """GPUs `job` may still take: its team's limit room and, for a non-preemptible job, what
+        keeps every guarantee reclaimable (`firm_room`)."""
+        room = self.room(job.team)
+        if job.spec.preemptible:
+            return room
+        firm = self.firm_room(job.team)
+        if firm is None:
+            return room
+        return firm if room is None else min(room, firm)
+
+    def firm_room(self, team: str) -> int | None:
+        """GPUs a team's non-preemptible jobs may still take. Only preemptible GPUs can be taken
+        back, so non-preemptible holdings beyond guarantees must fit in the GPUs nobody is
+        guaranteed (`slack`): then every team can always reclaim its guarantee. Guarantees that
+        sum to the cluster leave no slack, and a borrower must be preemptible (as KAI's
+        non-preemptible jobs run only within their queue's quota). An elastic job's extras can
+        be taken back, so only its minimum counts. None: no team is guaranteed anything, and
+        nothing is restricted (issue 26)."""
+        st = self.ctx.state
+        if self._firm is None:
+            firm: dict[str, int] = {}
+            guaranteed = sum(t.quota.guaranteed for t in st.teams.values())
+            if guaranteed > 0:
+                for jid in st.running:
+                    j = st.jobs[jid]
+                    if not j.spec.preemptible:
+                        firm[j.team] = firm.get(j.team, 0) + min(len(j.gpus), j.spec.gang_min)
+                for j, gpus in self.started:
+                    if not j.spec.preemptible:
+                        firm[j.team] = firm.get(j.team, 0) + min(len(gpus), j.spec.gang_min)
+                self._slack = max(0, sum(1 for g in st.gpus if rules.gpu_healthy(st, g)) - guaranteed)
+            else:
+                self._slack = -1
+            self._firm = firm
+        if self._slack < 0:
+            return None
+        firm = self._firm
+        excess = sum(max(0, n - _guaranteed(st, t)) for t, n in firm.items() if t != team)
+        return _guaranteed(st, team) + max(0, self._slack - excess) - firm.get(team, 0)
 
     def touchable(self, job: Job) -> bool:
         """A running job this cycle may still take GPUs from or grow: not released, not being
@@ -139,6 +183,8 @@ class CyclePlan:
         if self.coming is not None:
             self.coming.remove(p.gpus)  # a GPU an earlier claim counted on: that claim is void
         self._count(job.team, len(p.gpus))
+        if self._firm is not None and not job.spec.preemptible:
+            self._firm[job.team] = self._firm.get(job.team, 0) + min(len(p.gpus), job.spec.gang_min)
         self.status[job.job_id] = "borrowed" if backfill and job.spec.preemptible else "granted"
         self.started.append((job, p.gpus))
         self.reasons.pop(job.job_id, None)
@@ -289,6 +335,11 @@ class CyclePlan:
         if p is not None:
             self.grant(job, p, backfill=False)
             self.blocked = [b for b in self.blocked if b is not job]
+
+
+def _guaranteed(state: ClusterState, team: str) -> int:
+    t = state.teams.get(team)
+    return t.quota.guaranteed if t is not None else 0
 
 
 __all__ = ["Context", "CyclePlan", "Placer", "Status"]
