@@ -55,6 +55,13 @@ def _firm_slack_taken(s):
     s.submit("a4", 8, team="a", at=1000)
 
 
+def _firm_never_fits(s):
+    # a non-preemptible job its guarantee (plus the slack) could never hold is not barred for ever
+    s.team("a", guaranteed=8)
+    s.team("b", guaranteed=24)
+    s.submit("a1", 16, team="a", at=1000)
+
+
 def _limit_head(s):
     # 4x8, nlp --limit 32: a 24-GPU job (limit 120 s), then a 32-GPU head H, then 8-GPU jobs of
     # 60 s and 600 s. The 60-s one ends before H is due and may start; the 600-s one may not.
@@ -94,6 +101,8 @@ CASES = {
         _firm_beyond_guarantee, 1000, [("grant", "a3")]),
     "a non-preemptible job may use GPUs nobody is guaranteed": (_firm_in_slack, 1000, [("grant", "a2")]),
     "... once: the other team's guarantee stays reclaimable": (_firm_slack_taken, 1001, []),
+    "a non-preemptible job larger than its guarantee and the slack is not starved": (
+        _firm_never_fits, 1000, [("grant", "a1")]),
     "a job at its team's hard limit keeps its team's room: a later job that outlasts it waits": (
         _limit_head, 63, []),
     "... and it starts when the room comes": (_limit_head_due, 120, [("grant", "H")]),

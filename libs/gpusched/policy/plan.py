@@ -114,11 +114,12 @@ class CyclePlan:
         """GPUs `job` may still take: its team's limit room and, for a non-preemptible job, what
         keeps every guarantee reclaimable (`firm_room`)."""
         room = self.room(job.team)
-        if job.spec.preemptible:
-            return room
+        config = self.ctx.config
+        if job.spec.preemptible or not (config.fairshare and config.preemption):
+            return room  # without reclaim no guarantee is taken back anyway
         firm = self.firm_room(job.team)
-        if firm is None:
-            return room
+        if firm is None or self.ctx.floor(job) > _guaranteed(self.ctx.state, job.team) + self._slack:
+            return room  # a job its guarantee could never hold is not barred for ever (see `firm_room`)
         return firm if room is None else min(room, firm)
 
     def firm_room(self, team: str) -> int | None:
@@ -128,7 +129,12 @@ class CyclePlan:
         sum to the cluster leave no slack, and a borrower must be preemptible (as KAI's
         non-preemptible jobs run only within their queue's quota). An elastic job's extras can
         be taken back, so only its minimum counts. None: no team is guaranteed anything, and
-        nothing is restricted (issue 26)."""
+        nothing is restricted (issue 26).
+
+        The rule starves nobody: a barred job starts once its own team's non-preemptible jobs
+        (and other teams' beyond their guarantees) end. A job larger than its team's guarantee
+        plus the slack could never start under it, so it is not barred (`job_room`): such a job
+        is the one exception, and it keeps the old risk to other teams' guarantees."""
         st = self.ctx.state
         if self._firm is None:
             firm: dict[str, int] = {}
