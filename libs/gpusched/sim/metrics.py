@@ -249,3 +249,13 @@ def runtime_error(errors: list[tuple[float, bool]]) -> dict:
 
 def _r(x: float, digits: int = 1) -> float:
     return round(float(x), digits)
+
+
+def guarantee_wait(served: list[float], open_waits: list[float]) -> dict:
+    """How long a team's demand within its guarantee waits for GPUs: every wait that began with
+    the team, counting the job's minimum, within a non-zero guarantee (issue 26's bound). Waits
+    still open at the end count with their length so far."""
+    waits = served + open_waits
+    return {"waits": len(waits), "unserved": len(open_waits), "p50_s": _r(percentile(waits, 50)),
+            "p99_s": _r(percentile(waits, 99)), "max_s": _r(max(waits, default=0.0))}
+
