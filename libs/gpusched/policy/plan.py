@@ -147,7 +147,8 @@ class CyclePlan:
                 for j, gpus in self.started:
                     if not j.spec.preemptible:
                         firm[j.team] = firm.get(j.team, 0) + min(len(gpus), j.spec.gang_min)
-                self._slack = max(0, sum(1 for g in st.gpus if rules.gpu_healthy(st, g)) - guaranteed)
+                capacity = self.pool.count + sum(self.held(t) for t in st.teams)  # free + held, as this cycle sees them
+                self._slack = max(0, capacity - guaranteed)
             else:
                 self._slack = -1
             self._firm = firm

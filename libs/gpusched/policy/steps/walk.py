@@ -99,8 +99,9 @@ def _all_reserved(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
     head, st = plan.head, ctx.state
     assert head is not None
     if plan.held(head.team) + ctx.floor(head) > st.teams[head.team].quota.guaranteed and any(
-            t != head.team and 0 < u.quota.guaranteed >= plan.held(t) for t, u in st.teams.items()):
-        return False  # a job of an entitled team may pass the borrowing head (`_entitled_past`)
+            t != head.team and q and (u := st.teams.get(t)) is not None and 0 < u.quota.guaranteed >= plan.held(t)
+            for t, q in idx.queues.items() if t is not None):
+        return False  # a waiting job of an entitled team may pass the borrowing head (`_entitled_past`)
     config = ctx.config
     return not (config.preemption and config.borrow and idx.preemptible and not due_soon(res, ctx))
 
