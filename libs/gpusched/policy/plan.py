@@ -25,6 +25,7 @@ from .backfill import Reservation
 from .config import PolicyConfig
 from .eligibility import constrained, restrict
 from .fairshare import limit_room
+from .guarantee import Firm
 from .memo import Indexes
 from .placement import Placement, Pool, first_free, place
 from .running import RunningIndex
@@ -97,8 +98,7 @@ class CyclePlan:
         self.outside: Pool | None = None  # the pool less the reservation
         self.fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
         self.array_running: dict[str, int] | None = None  # job array -> its tasks holding GPUs (eligibility)
-        self._firm: dict[str, int] | None = None  # team -> GPUs its non-preemptible jobs hold (`job_room`)
-        self._slack = 0  # healthy GPUs no team is guaranteed
+        self._firm: Firm | None = None  # non-preemptible holdings (`job_room`)
 
     # --- what the plan says ------------------------------------------------------------------
 
@@ -111,52 +111,19 @@ class CyclePlan:
         return limit_room(self.ctx.state, team, self.held(team))
 
     def job_room(self, job: Job) -> int | None:
-        """GPUs `job` may still take: its team's limit room and, for a non-preemptible job, what
-        keeps every guarantee reclaimable (`firm_room`)."""
+        """GPUs `job` may still take: its team's limit room and, for a non-preemptible job where
+        reclaim exists, what keeps every guarantee reclaimable (`guarantee.Firm`)."""
         room = self.room(job.team)
         config = self.ctx.config
         if job.spec.preemptible or not (config.fairshare and config.preemption):
             return room  # without reclaim no guarantee is taken back anyway
-        firm = self.firm_room(job.team)
-        if firm is None or self.ctx.floor(job) > _guaranteed(self.ctx.state, job.team) + self._slack:
-            return room  # a job its guarantee could never hold is not barred for ever (see `firm_room`)
-        return firm if room is None else min(room, firm)
-
-    def firm_room(self, team: str) -> int | None:
-        """GPUs a team's non-preemptible jobs may still take. Only preemptible GPUs can be taken
-        back, so non-preemptible holdings beyond guarantees must fit in the GPUs nobody is
-        guaranteed (`slack`): then every team can always reclaim its guarantee. Guarantees that
-        sum to the cluster leave no slack, and a borrower must be preemptible (as KAI's
-        non-preemptible jobs run only within their queue's quota). An elastic job's extras can
-        be taken back, so only its minimum counts. None: no team is guaranteed anything, and
-        nothing is restricted (issue 26).
-
-        The rule starves nobody: a barred job starts once its own team's non-preemptible jobs
-        (and other teams' beyond their guarantees) end. A job larger than its team's guarantee
-        plus the slack could never start under it, so it is not barred (`job_room`): such a job
-        is the one exception, and it keeps the old risk to other teams' guarantees."""
-        st = self.ctx.state
         if self._firm is None:
-            firm: dict[str, int] = {}
-            guaranteed = sum(t.quota.guaranteed for t in st.teams.values())
-            if guaranteed > 0:
-                for jid in st.running:
-                    j = st.jobs[jid]
-                    if not j.spec.preemptible:
-                        firm[j.team] = firm.get(j.team, 0) + min(len(j.gpus), j.spec.gang_min)
-                for j, gpus in self.started:
-                    if not j.spec.preemptible:
-                        firm[j.team] = firm.get(j.team, 0) + min(len(gpus), j.spec.gang_min)
-                capacity = self.pool.count + sum(self.held(t) for t in st.teams)  # free + held, as this cycle sees them
-                self._slack = max(0, capacity - guaranteed)
-            else:
-                self._slack = -1
-            self._firm = firm
-        if self._slack < 0:
-            return None
+            capacity = self.pool.count + sum(self.held(t) for t in self.ctx.state.teams)  # free + held, as seen now
+            self._firm = Firm(self.ctx.state, self.started, capacity)
         firm = self._firm
-        excess = sum(max(0, n - _guaranteed(st, t)) for t, n in firm.items() if t != team)
-        return _guaranteed(st, team) + max(0, self._slack - excess) - firm.get(team, 0)
+        if not firm.active or firm.never_fits(job.team, self.ctx.floor(job)):
+            return room
+        return firm.room(job.team) if room is None else min(room, firm.room(job.team))
 
     def touchable(self, job: Job) -> bool:
         """A running job this cycle may still take GPUs from or grow: not released, not being
@@ -191,7 +158,7 @@ class CyclePlan:
             self.coming.remove(p.gpus)  # a GPU an earlier claim counted on: that claim is void
         self._count(job.team, len(p.gpus))
         if self._firm is not None and not job.spec.preemptible:
-            self._firm[job.team] = self._firm.get(job.team, 0) + min(len(p.gpus), job.spec.gang_min)
+            self._firm.add(job, len(p.gpus))
         self.status[job.job_id] = "borrowed" if backfill and job.spec.preemptible else "granted"
         self.started.append((job, p.gpus))
         self.reasons.pop(job.job_id, None)
@@ -342,11 +309,6 @@ class CyclePlan:
         if p is not None:
             self.grant(job, p, backfill=False)
             self.blocked = [b for b in self.blocked if b is not job]
-
-
-def _guaranteed(state: ClusterState, team: str) -> int:
-    t = state.teams.get(team)
-    return t.quota.guaranteed if t is not None else 0
 
 
 __all__ = ["Context", "CyclePlan", "Placer", "Status"]

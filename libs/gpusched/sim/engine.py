@@ -28,7 +28,7 @@ from ..core import events as ev
 from ..core.model import JobSpec, TeamQuota, TopologyConstraint
 from ..core.state import ClusterState, Violation, stale_live
 from ..policy.predict import Estimate, RuntimePredictor, run_time
-from .metrics import Recorder, eta_error, guarantee_wait, runtime_error
+from .metrics import GuaranteeWaits, Recorder, eta_error, runtime_error
 from .runtime import REALISTIC, RuntimeModel
 from .traces import TraceJob
 from .world import Cluster, _Run, default_quotas  # noqa: F401  (re-exported: the simulator's API)
@@ -118,8 +118,7 @@ class Simulation:
         # distinct start the policy predicted (JobPending.eta_s), with its range if it gave one
         # (absolute times), and the ETA as said (seconds ahead)
         self.eta_errors: list[float] = []  # actual start - predicted start, for every prediction made
-        self.entitled_waits: list[float] = []  # waits that began within the team's guarantee (`_wait_from`)
-        self.team_waiting: dict[str, int] = {}  # team -> minimums of its waiting jobs
+        self.guarantee_waits = GuaranteeWaits()
         self.eta_ahead: list[float] = []  # per prediction: how far ahead it was said (its eta_s)
         self.eta_first: list[float] = []  # actual - predicted start of the first estimate of each wait
         self.eta_ranges: list[bool] = []  # per prediction with a range: the start fell in it
@@ -327,24 +326,12 @@ class Simulation:
                 self._push(max(nxt, t), _CHECKPOINT, run.trace.job_id, run.epoch)
 
     def _wait_from(self, run: _Run, t: float) -> None:
-        """A wait begins. It is an entitled wait when the team's whole demand (what it holds,
-        and the minimums of all its waiting jobs, this one included) stays within a non-zero
-        guarantee: how long those last is the guarantee's promise (`guarantee_wait`)."""
         run.pending_since = t
-        name = run.trace.team
-        team = self.state.teams.get(name)
-        g = team.quota.guaranteed if team is not None else 0
-        need = run.trace.min_gpus or run.trace.max_gpus or run.trace.gpus
-        waiting = self.team_waiting[name] = self.team_waiting.get(name, 0) + need
-        run.entitled_since = t if 0 < g and team is not None and team.held + waiting <= g else None
+        self.guarantee_waits.begin(run, self.state, t)
 
     def _granted(self, run: _Run, e: ev.GpusGranted, t: float) -> None:
         run.queue_s += t - run.pending_since
-        j = run.trace
-        self.team_waiting[j.team] -= j.min_gpus or j.max_gpus or j.gpus
-        if run.entitled_since is not None:
-            self.entitled_waits.append(t - run.entitled_since)
-            run.entitled_since = None
+        self.guarantee_waits.granted(run, t)
         if run.first_start is None:
             run.first_start = t
         level = self.state.span(e.gpus)
@@ -473,9 +460,7 @@ class Simulation:
                                    waits=self.eta_waits, first=self.eta_first, ahead=self.eta_ahead),
             "runtime_prediction": runtime_error(self.runtime_errors),
             "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
-            "guarantee_wait": guarantee_wait(self.entitled_waits,
-                                             [self.state.now - r.entitled_since for r in self.runs.values()
-                                              if r.entitled_since is not None and r.mode == "pending"]),
+            "guarantee_wait": self.guarantee_waits.summary(self.runs.values(), self.state.now),
             **self._used_vs_held(),
             "sim_wall_s": round(self.wall_s, 3),
             "gpu_hours_by_team": gpu_hours_by_team(self.ledger, self.state.now),
