@@ -66,9 +66,16 @@ def table(key: str, runs: dict[str, dict]) -> str:
         lines.append(f"| {name} | {r['avg_jct_s']:,.0f} | {r['jain_fairness']:.3f} | "
                      f"{r['avg_queue_s_by_size']['>8']:,.0f} | {g.get('p99_s', 0):,.0f} | {r['locality']:.3f} | "
                      f"{r['lost_share']:.4f} | {r['sim_wall_s']:.1f} |")
+    lines += ["", "| target | figure | |", "|---|---|---|"]
+    lines += [f"| {t} | {f} | {'met' if ok else '**missed**'} |" for t, f, ok in checks(key, runs)]
+    return "\n".join(lines) + "\n"
+
+
+def checks(key: str, runs: dict[str, dict]) -> list[tuple[str, str, bool]]:
+    """The issue's targets on one run: (target, figure, met)."""
     full, las, fair, fifo = runs["full"], runs["tiresias"], runs[FAIR], runs["fifo"]
     price = full["avg_jct_s"] / las["avg_jct_s"]
-    checks = [
+    out = [
         ("full ÷ tiresias ≤ 1.25 and Jain ≥ 0.95", f"{price:.2f}×, {full['jain_fairness']:.3f}",
          price <= 1.25 and full["jain_fairness"] >= 0.95),
         ("full dominates fair tiresias", f"{full['avg_jct_s'] / fair['avg_jct_s']:.2f}× JCT, Jain "
@@ -78,11 +85,20 @@ def table(key: str, runs: dict[str, dict]) -> str:
          full["avg_queue_s_by_size"][">8"] <= fifo["avg_queue_s_by_size"][">8"]),
     ]
     if key.endswith("_def"):  # under the defaults: locality, lost work, Jain
-        checks.append(("defaults: locality ≥ 0.95, lost ≤ 1%, Jain ≥ 0.9",
+        out.append(("defaults: locality ≥ 0.95, lost ≤ 1%, Jain ≥ 0.9",
                        f"{full['locality']:.3f}, {full['lost_share']:.2%}, {full['jain_fairness']:.3f}",
                        full["locality"] >= 0.95 and full["lost_share"] <= 0.01 and full["jain_fairness"] >= 0.9))
-    lines += ["", "| target | figure | |", "|---|---|---|"]
-    lines += [f"| {t} | {f} | {'met' if ok else '**missed**'} |" for t, f, ok in checks]
+    return out
+
+
+def summary(saved: dict[str, dict[str, dict]]) -> str:
+    """One row per run: which targets hold."""
+    lines = ["| run | full ÷ tiresias, Jain | dominates fair tiresias | >8-GPU queue ≤ fifo | defaults bars |",
+             "|---|---|---|---|---|"]
+    for key, runs in saved.items():
+        cells = [f"{'met' if ok else '**missed**'} ({f})" for _, f, ok in checks(key, runs)]
+        cells += ["—"] * (4 - len(cells))
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -113,7 +129,7 @@ def sensitivity(saved: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def frontier(saved: dict[str, dict[str, dict]], path: Path) -> None:
+def frontier(saved: dict[str, dict[str, dict]], path: Path, sens: dict[str, dict[str, dict]] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,11 +137,21 @@ def frontier(saved: dict[str, dict[str, dict]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     marks = {"fifo": "s", "tiresias": "^", FAIR: "v", "full": "o"}
+    colors = {"fifo": "tab:blue", "tiresias": "tab:orange", FAIR: "tab:green", "full": "tab:red"}
     for key, runs in saved.items():
         base = runs["tiresias"]["avg_jct_s"]
         for name, r in runs.items():
-            ax.scatter(r["avg_jct_s"] / base, r["jain_fairness"], marker=marks.get(name, "x"),
+            ax.scatter(r["avg_jct_s"] / base, r["jain_fairness"], marker=marks.get(name, "x"), c=colors.get(name, "k"),
                        label=name if key == next(iter(saved)) else None)
+    first = True
+    for week, runs in (sens or {}).items():  # each knob at ±50%: against the same week's tiresias run
+        ref = saved.get(f"{week}_2x32x8_peer")
+        if ref is None:
+            continue
+        for name, r in runs.items():
+            ax.scatter(r["avg_jct_s"] / ref["tiresias"]["avg_jct_s"], r["jain_fairness"], marker="x", c="grey",
+                       s=16, label="full, a knob ±50%" if first else None)
+            first = False
     ax.axvline(1.25, ls="--", lw=0.8)
     ax.axhline(0.95, ls="--", lw=0.8)
     ax.set_xscale("log")
@@ -171,24 +197,25 @@ def main() -> None:
     elif not args.md:
         for key, runs in saved.items():
             print(table(key, runs))
+    sens = ({p.stem: json.loads(p.read_text())["runs"] for p in sorted(args.sens.glob("*.json"))
+             if p.read_text().strip()} if args.sens else {})
     if args.plot and saved:
-        frontier(saved, args.plot)
+        frontier(saved, args.plot, sens)
     if args.md:
-        sens = ({p.stem: json.loads(p.read_text())["runs"] for p in sorted(args.sens.glob("*.json"))
-                 if p.read_text().strip()} if args.sens else {})
         args.md.write_text(page(saved, sens, args.plot))
 
 
 def page(saved: dict[str, dict[str, dict]], sens: dict[str, dict[str, dict]], plot: Path | None) -> str:
     """The results page: how the runs were made, a table per run, the frontier, the sensitivity."""
-    out = [PAGE_HEAD]
+    out = [PAGE_HEAD, "## Targets, per run\n", summary(saved)]
     for key, runs in saved.items():
         trace_key, cluster, mode = key.rsplit("_", 2)
         out.append(table(key, runs).replace(f"#### {key}", f"### {TRACES.get(trace_key, trace_key)}, {cluster}, "
                                             f"{'the peer' + chr(39) + 's assumptions' if mode == 'peer' else 'defaults'}"))
     if plot is not None:
-        out.append(f"## The frontier\n\nEvery run above, avg JCT (÷ the `tiresias` preset's in the same run) "
-                   f"against Jain; the dashed lines are the issue's bars (1.25×, 0.95).\n\n![frontier](img/{plot.name})\n")
+        out.append(f"## The frontier\n\nEvery run above and every knob setting of the sensitivity runs below, avg "
+                   f"JCT (÷ the `tiresias` preset's on the same trace, cluster and assumptions) against Jain; the "
+                   f"dashed lines are the issue's bars (1.25×, 0.95).\n\n![frontier](img/{plot.name})\n")
     if sens:
         out.append(SENS_HEAD + sensitivity(sens))
     return "\n".join(out)

@@ -56,7 +56,7 @@ class TeamLimit(_Reason, frozen=True, tag="team_limit"):
 
 class BeyondGuarantee(_Reason, frozen=True, tag="beyond_guarantee"):
     """A non-preemptible job that would hold GPUs another team is guaranteed: only preemptible
-    jobs may borrow, so that every guarantee stays reclaimable (`CyclePlan.firm_room`)."""
+    jobs may borrow, so that every guarantee stays reclaimable (`policy/guarantee.py`)."""
 
     team: str
     guaranteed: int
