@@ -25,6 +25,7 @@ from .backfill import Reservation
 from .config import PolicyConfig
 from .eligibility import constrained, restrict
 from .fairshare import limit_room
+from .guarantee import Firm
 from .memo import Indexes
 from .placement import Placement, Pool, first_free, place
 from .running import RunningIndex
@@ -92,10 +93,12 @@ class CyclePlan:
         # The walk's findings, read by reclaim and explain.
         self.blocked: list[Job] = []  # waiting for room (not for a limit), in order
         self.head: Job | None = None  # the blocked job the reservation is for
+        self.head_limited = False  # the head waits for its own team's limit (walk._limit_head)
         self.reservation: Reservation | None = None
         self.outside: Pool | None = None  # the pool less the reservation
         self.fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
         self.array_running: dict[str, int] | None = None  # job array -> its tasks holding GPUs (eligibility)
+        self._firm: Firm | None = None  # non-preemptible holdings (`job_room`)
 
     # --- what the plan says ------------------------------------------------------------------
 
@@ -106,6 +109,21 @@ class CyclePlan:
     def room(self, team: str) -> int | None:
         """GPUs the team may still take under its hard limit (None: no limit)."""
         return limit_room(self.ctx.state, team, self.held(team))
+
+    def job_room(self, job: Job) -> int | None:
+        """GPUs `job` may still take: its team's limit room and, for a non-preemptible job where
+        reclaim exists, what keeps every guarantee reclaimable (`guarantee.Firm`)."""
+        room = self.room(job.team)
+        config = self.ctx.config
+        if job.spec.preemptible or not (config.fairshare and config.preemption):
+            return room  # without reclaim no guarantee is taken back anyway
+        if self._firm is None:
+            capacity = self.pool.count + sum(self.held(t) for t in self.ctx.state.teams)  # free + held, as seen now
+            self._firm = Firm(self.ctx.state, self.started, capacity)
+        firm = self._firm
+        if not firm.active or firm.never_fits(job.team, self.ctx.floor(job)):
+            return room
+        return firm.room(job.team) if room is None else min(room, firm.room(job.team))
 
     def touchable(self, job: Job) -> bool:
         """A running job this cycle may still take GPUs from or grow: not released, not being
@@ -139,6 +157,8 @@ class CyclePlan:
         if self.coming is not None:
             self.coming.remove(p.gpus)  # a GPU an earlier claim counted on: that claim is void
         self._count(job.team, len(p.gpus))
+        if self._firm is not None and not job.spec.preemptible:
+            self._firm.add(job, len(p.gpus))
         self.status[job.job_id] = "borrowed" if backfill and job.spec.preemptible else "granted"
         self.started.append((job, p.gpus))
         self.reasons.pop(job.job_id, None)
