@@ -19,12 +19,13 @@ One question per module (Volcano-style plugins):
     config.py      PolicyConfig knobs and the PRESETS of the design story
     ordering.py    in which order pending jobs are considered (priority, FIFO, LAS)
     fairshare.py   which team goes next; hard limits; the fairness rule of preemption
-    placement.py   which GPUs a gang gets (topology-aware `place`, naive `first_free`)
+    placer.py      the one entry point of placement: feasibility filters, weighted scorers
+    placement.py   the pool and the search under it (topology-aware `place`, naive `first_free`)
     backfill.py    the blocked head's reservation, and who may start before it
     preemption.py  whom to preempt for a blocked job
     elastic.py     how elastic jobs start small, grow and shrink
     running.py     running jobs indexed for victim search
-    plan.py        the cycle's tentative world and its verbs; the placement strategy
+    plan.py        the cycle's tentative world and its verbs
     steps/         the steps of a cycle, each a function of (plan, context)
     explain.py     the full picture of a pending job, read from the reasons the cycle recorded
 """

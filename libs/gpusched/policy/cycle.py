@@ -61,7 +61,7 @@ def decide(state: ClusterState, now: float, config: PolicyConfig, placer: str | 
     recorded for every job it looked at (`plan.reasons`). The placement strategy is chosen
     here, once: `placer` "topo" or "naive" (default: by `config.topology`). `indexes`: the
     caller's indexes of `state`, kept across its cycles (default: built for this one)."""
-    ctx = Context(state, now, config, Placer(placer or ("topo" if config.topology else "naive")),  # type: ignore[arg-type]
+    ctx = Context(state, now, config, Placer(placer or ("topo" if config.topology else "naive"), now),  # type: ignore[arg-type]
                   running, indexes)
     plan = CyclePlan(ctx)
     for enabled, step in STEPS:
