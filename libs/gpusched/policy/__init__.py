@@ -9,8 +9,8 @@ caller appends them with compare-and-set), `JobResized` (elastic grow/shrink),
 `PreemptionRequested`, `GpusReleased` (overdue preemptions) and `JobPending` (only when a
 job's reason changed). `naive_cycle` is the fallback of a dead placement service.
 
-A cycle is a list of steps (`cycle.STEPS`: expire, settle, walk, reclaim, grow, explain, one
-module each in `steps/`) over one `CyclePlan` (`plan.py`): the tentative world with verbs
+A cycle is a list of steps (`cycle.STEPS`: expire, settle, handover, unhealthy, walk,
+consolidate, reclaim, grow, explain, idle; one module each in `steps/`, unhealthy in `unhealthy.py`) over one `CyclePlan` (`plan.py`): the tentative world with verbs
 (grant, release, request_preemption, shrink, grow) and one `touchable(job)`. The legality rules
 live once in `core/rules.py`; the typed reasons in `core/reasons.py`.
 

@@ -18,6 +18,7 @@ jobs, one `JobResized` each.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..core import events as ev
 from ..core.state import ClusterState
@@ -33,25 +34,34 @@ from .steps import consolidate, expire, explain, grow, handover, idle, reclaim, 
 #: interactive jobs would wait behind requeued batch jobs for as long as placement is dead.
 _NAIVE = PRESETS["gang"].replace(priority=True, fairshare=True)
 
-Step = Callable[[CyclePlan, Context], None]
+class Step(NamedTuple):
+    """One step of a cycle: its name (as the docs list it), the config knobs that switch it
+    on, and what it does to the plan."""
+
+    name: str
+    enabled: Callable[[PolicyConfig], bool]
+    run: Callable[[CyclePlan, Context], None]
 
 
 def _always(config: PolicyConfig) -> bool:
     return True
 
 
-#: The steps of a cycle, in order, each with the config knobs that switch it on.
-STEPS: list[tuple[Callable[[PolicyConfig], bool], Step]] = [
-    (_always, expire.run),  # jobs past their time limit end
-    (lambda c: c.preemption, settle.run),  # preemptions in flight: release or wait
-    (lambda c: c.preemption and c.checkpoint and c.hand_over, handover.run),  # freed GPUs to the job they were freed for
-    (lambda c: c.move_off_unhealthy and c.preemption, unhealthy.run),  # off quarantined GPUs
-    (_always, walk.run),  # the queue in order: start, backfill, or record why not
-    (lambda c: c.consolidate and c.preemption and c.backfill, consolidate.run),  # a node for the head: move small jobs off it
-    (lambda c: c.preemption or c.elastic, reclaim.run),  # blocked jobs: claim, shrink, preempt
-    (lambda c: c.elastic, grow.run),  # nothing waits: elastic jobs grow
-    (_always, lambda plan, ctx: explain.run(plan, ctx, cycle)),  # JobPending: reasons and ETAs that changed
-    (_always, idle.run),  # jobs idle past their timeout yield their GPUs (or end)
+#: The steps of a cycle, in order: the one list the module docstrings and the README name
+#: (`tests/unit/test_structure.py` checks they agree).
+STEPS: list[Step] = [
+    Step("expire", _always, expire.run),  # jobs past their time limit end
+    Step("settle", lambda c: c.preemption, settle.run),  # preemptions in flight: release or wait
+    Step("handover", lambda c: c.preemption and c.checkpoint and c.hand_over,
+         handover.run),  # freed GPUs to the job they were freed for
+    Step("unhealthy", lambda c: c.move_off_unhealthy and c.preemption, unhealthy.run),  # off quarantined GPUs
+    Step("walk", _always, walk.run),  # the queue in order: start, backfill, or record why not
+    Step("consolidate", lambda c: c.consolidate and c.preemption and c.backfill,
+         consolidate.run),  # a node for the head: move small jobs off it
+    Step("reclaim", lambda c: c.preemption or c.elastic, reclaim.run),  # blocked jobs: claim, shrink, preempt
+    Step("grow", lambda c: c.elastic, grow.run),  # nothing waits: elastic jobs grow
+    Step("explain", _always, lambda plan, ctx: explain.run(plan, ctx, cycle)),  # JobPending: reasons, ETAs
+    Step("idle", _always, idle.run),  # jobs idle past their timeout yield their GPUs (or end)
 ]
 
 
@@ -64,9 +74,9 @@ def decide(state: ClusterState, now: float, config: PolicyConfig, placer: str | 
     ctx = Context(state, now, config, Placer(placer or ("topo" if config.topology else "naive"), now),  # type: ignore[arg-type]
                   running, indexes)
     plan = CyclePlan(ctx)
-    for enabled, step in STEPS:
-        if enabled(config):
-            step(plan, ctx)
+    for step in STEPS:
+        if step.enabled(config):
+            step.run(plan, ctx)
     if plan.started:
         ctx.indexes.started([job.job_id for job, _ in plan.started])
     return plan
@@ -84,4 +94,4 @@ def naive_cycle(state: ClusterState, now: float, indexes: Indexes | None = None)
     return decide(state, now, _NAIVE, "naive", indexes=indexes).events
 
 
-__all__ = ["STEPS", "cycle", "decide", "naive_cycle"]
+__all__ = ["STEPS", "Step", "cycle", "decide", "naive_cycle"]
