@@ -235,7 +235,7 @@ async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = 7 * 24 * 
 async def load_snapshot_from(redis_url: str | None,
                              half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState | None:
     """The latest snapshot from the Redis at `redis_url`, or None (no Redis, no snapshot)."""
-    from gpusched.services.lease import connect_redis
+    from gpusched.redis_client import connect_redis
 
     r = connect_redis(redis_url)
     try:
