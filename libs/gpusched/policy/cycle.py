@@ -17,7 +17,7 @@ jobs, one `JobResized` each.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import NamedTuple
 
 from ..core import events as ev
@@ -66,26 +66,30 @@ STEPS: list[Step] = [
 
 
 def decide(state: ClusterState, now: float, config: PolicyConfig, placer: str | None = None,
-           running: RunningIndex | None = None, indexes: Indexes | None = None) -> CyclePlan:
+           running: RunningIndex | None = None, indexes: Indexes | None = None,
+           skip: Collection[str] = ()) -> CyclePlan:
     """Run one cycle and return its plan: the events (`plan.events`) and the typed reason
     recorded for every job it looked at (`plan.reasons`). The placement strategy is chosen
     here, once: `placer` "topo" or "naive" (default: by `config.topology`). `indexes`: the
-    caller's indexes of `state`, kept across its cycles (default: built for this one)."""
+    caller's indexes of `state`, kept across its cycles (default: built for this one). `skip`:
+    names of steps a caller that keeps none of their decisions does not run (the preemptor
+    skips `explain`: the reasons and ETAs of the queue are placement's question)."""
     ctx = Context(state, now, config, Placer(placer or ("topo" if config.topology else "naive"), now),  # type: ignore[arg-type]
                   running, indexes)
     plan = CyclePlan(ctx)
     for step in STEPS:
-        if step.enabled(config):
+        if step.enabled(config) and step.name not in skip:
             step.run(plan, ctx)
     if plan.started:
         ctx.indexes.started([job.job_id for job, _ in plan.started])
     return plan
 
 
-def cycle(state: ClusterState, now: float, config: PolicyConfig, indexes: Indexes | None = None) -> list[ev.Event]:
+def cycle(state: ClusterState, now: float, config: PolicyConfig, indexes: Indexes | None = None,
+          skip: Collection[str] = ()) -> list[ev.Event]:
     """Decide one cycle. Returned events are valid to apply to `state` in order. A caller that
-    runs cycles on one fold passes its `Indexes` (see `policy.memo`)."""
-    return decide(state, now, config, indexes=indexes).events
+    runs cycles on one fold passes its `Indexes` (see `policy.memo`); `skip`: see `decide`."""
+    return decide(state, now, config, indexes=indexes, skip=skip).events
 
 
 def naive_cycle(state: ClusterState, now: float, indexes: Indexes | None = None) -> list[ev.Event]:
