@@ -14,6 +14,8 @@ from msgspec import Meta, Struct
 from . import limits as L
 
 SCHEMA_VERSION = 1
+#: How fast past GPU usage is forgotten in fair share, unless configured: its one default.
+DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0
 
 Priority = Literal["interactive", "high", "normal", "low"]
 #: Higher rank wins; the order of the classes is part of the public contract.
