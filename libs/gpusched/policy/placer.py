@@ -49,7 +49,8 @@ FILTERS: list[Filter] = [by_constraints, by_windows]
 
 class Scorer(NamedTuple):
     """A soft preference: `score(pool, spec, set)` in [0, 1] per unit of `weight`; `wants(spec)`
-    says whether it can tell this job's candidates apart (else it is skipped)."""
+    says whether it can tell this job's candidates apart (else it is skipped). What a job
+    prefers lives in `spec.prefer`: a job without it takes the search's answer directly."""
 
     name: str
     weight: float
@@ -136,6 +137,8 @@ class Placer:
         required, preferred = spec.topology.required, spec.topology.preferred
         if self.name == "naive":
             return first_free(pool, n, required)
+        if spec.prefer is None:  # soft preferences live in `spec.prefer`: none, nothing to weigh
+            return place(pool, n, required, preferred)
         active = [s for s in self.scorers if s.weight and s.name != "tightness" and s.wants(spec)]
         if not active:
             return place(pool, n, required, preferred)
