@@ -32,3 +32,18 @@ def test_skipping_what_it_throws_away_keeps_the_same_decisions():
     assert any(isinstance(e, ev.PreemptionRequested) for e in mine)  # there was a question to decide
     assert [e for e in own if isinstance(e, PREEMPTOR_KINDS)] == mine
     assert any(isinstance(e, ev.JobPending) for e in whole) and not any(isinstance(e, ev.JobPending) for e in own)
+
+
+def test_the_hand_off_is_in_the_log_from_victims_to_the_grant():
+    """Asked for a blocked job, released for it, granted to it: each fact names the job."""
+    s = _contended()
+    config = PRESETS["full"].replace(min_runtime_s=0.0)
+    asked = [e for e in s.cycle(config, now=4000.0) if isinstance(e, ev.PreemptionRequested)]
+    assert asked and all(e.for_job.startswith("a") for e in asked)
+    for e in asked:
+        s.checkpoint(e.job_id, at=4001.0)
+    out = s.cycle(config, now=4002.0)
+    released = {e.job_id: e.for_job for e in out if isinstance(e, ev.GpusReleased)}
+    assert released == {e.job_id: e.for_job for e in asked}
+    granted = {e.job_id for e in out if isinstance(e, ev.GpusGranted)}
+    assert set(released.values()) <= granted

@@ -214,14 +214,20 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
 
 class GpusReleased(Event, frozen=True, kw_only=True):
     """A running job gives back all its GPUs and goes back to the queue, to resume from its
-    last checkpoint. `forced`: it did not checkpoint in time; `lost_gpu_s` is the work lost."""
+    last checkpoint. `forced`: it did not checkpoint in time; `lost_gpu_s` is the work lost;
+    `for_job`: the blocked job a preemption freed them for, the hand-off the preemptor's
+    `PreemptionRequested.for_job` began and a `GpusGranted` (`handover`) ends."""
 
     ALLOC: ClassVar[bool] = True
+    VERSION: ClassVar[int] = 2
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "for_job"}
+    v: int = 2
     job_id: JobId
     reason: Literal["preempted", "no_process", "node_lost", "drained", "process_failed"]
     forced: bool = False
     lost_gpu_s: float = 0.0
     node: str | None = None  # the reporting node daemon, when a node reports it (process_failed)
+    for_job: JobId | None = None
 
 
 class JobCompleted(Event, frozen=True, kw_only=True):

@@ -131,8 +131,10 @@ class CyclePlan:
 
     def release(self, job: Job, forced: bool, lost: float) -> None:
         """A preempted job gives its GPUs back (checkpointed, or its grace is over)."""
+        why = job.preemption
         self.events.append(ev.GpusReleased(at=self.ctx.now, job_id=job.job_id, reason="preempted", forced=forced,
-                                           lost_gpu_s=round(lost, 6)))
+                                           lost_gpu_s=round(lost, 6),
+                                           for_job=why.for_job if why is not None and why.cause == "preempt" else None))
         self._free(job)
 
     def fail(self, job: Job, reason: str) -> None:
