@@ -8,7 +8,7 @@ answer to "may this running job still be taken from or grown?". The plan never m
 state: the fold is the only writer of state, and applies `plan.events` in order.
 
 `Context` holds what a cycle reads but never changes: the state, `now`, the config, the
-placement strategy, chosen once, and the caller's indexes of the state (`memo.Indexes`).
+placer (`placer.py`), chosen once, and the caller's indexes of the state (`memo.Indexes`).
 """
 
 from __future__ import annotations
@@ -23,31 +23,17 @@ from ..core.reasons import Reason
 from ..core.state import ClusterState, Job
 from .backfill import Reservation
 from .config import PolicyConfig
-from .eligibility import constrained, restrict
 from .fairshare import limit_room
 from .guarantee import Firm
 from .memo import Indexes
-from .placement import Placement, Pool, first_free, place
+from .placement import Placement, Pool
+from .placer import Placer
 from .running import RunningIndex
 
 #: What a cycle has done to a job so far (absent: untouched).
 Status = Literal["granted", "borrowed", "released", "preempting", "shrunk"]
 #: Statuses of running jobs a cycle may no longer take from or grow.
 _SETTLED: frozenset[str] = frozenset({"released", "preempting", "shrunk"})
-
-
-class Placer:
-    """The placement strategy of a cycle, chosen once: topology-aware, or first free GPUs."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: Literal["topo", "naive"]) -> None:
-        self.name = name
-
-    def place(self, pool: Pool, n: int, required: str, preferred: str = "nvlink") -> Placement | None:
-        if self.name == "naive":
-            return first_free(pool, n, required)
-        return place(pool, n, required, preferred)
 
 
 class Context:
@@ -165,8 +151,10 @@ class CyclePlan:
 
     def release(self, job: Job, forced: bool, lost: float) -> None:
         """A preempted job gives its GPUs back (checkpointed, or its grace is over)."""
+        why = job.preemption
         self.events.append(ev.GpusReleased(at=self.ctx.now, job_id=job.job_id, reason="preempted", forced=forced,
-                                           lost_gpu_s=round(lost, 6)))
+                                           lost_gpu_s=round(lost, 6),
+                                           for_job=why.for_job if why is not None and why.cause == "preempt" else None))
         self._free(job)
 
     def fail(self, job: Job, reason: str) -> None:
@@ -246,7 +234,7 @@ class CyclePlan:
         what fits, at least its minimum. Jobs alike in what placement reads fail alike: a failure
         is remembered on the pool until it grows, so a long queue costs one placement per shape."""
         ctx, spec = self.ctx, job.spec
-        pool = restrict(pool, spec, ctx.now)
+        pool = ctx.placer.feasible(pool, spec)
         want = spec.gpus if room is None else min(spec.gpus, room)
         lo = ctx.floor(job)
         if want < lo:
@@ -255,7 +243,7 @@ class CyclePlan:
         key = (want, lo, required, spec.topology.preferred)
         if lo > pool.count or key in pool.fails:
             return None
-        p = ctx.placer.place(pool, want, required, spec.topology.preferred)
+        p = ctx.placer.best(pool, spec, want)
         if p is not None or lo == want:
             if p is None:
                 pool.fails.add(key)
@@ -263,7 +251,7 @@ class CyclePlan:
         k = min(want - 1, pool.count)  # elastic: start with what fits now, at least the minimum
         for k in ([k, lo] if k > lo else [lo]):
             if k >= lo:
-                p = ctx.placer.place(pool, k, required)
+                p = ctx.placer.best(pool, spec, k)
                 if p is not None:
                     return p
         pool.fails.add(key)
@@ -287,16 +275,13 @@ class CyclePlan:
         """Whether `need` GPUs for `job` fit a pool (failures remembered on the pool)."""
         required = job.spec.topology.required
         key = ("fits", need, required)
-        placer, now = self.ctx.placer, self.ctx.now
-        spec = job.spec
-        windows = bool(self.ctx.state.windows)
+        placer, spec = self.ctx.placer, job.spec
 
         def fits(pool: Pool) -> bool:
-            if constrained(spec) or windows:
-                pool = restrict(pool, spec, now)
+            pool = placer.feasible(pool, spec)
             if pool.count < need or key in pool.fails:
                 return False
-            if placer.place(pool, need, required) is None:
+            if placer.best(pool, spec, need) is None:
                 pool.fails.add(key)
                 return False
             return True

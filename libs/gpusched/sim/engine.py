@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from ..accounting import Ledger, gpu_hours_by_team
 from ..core import events as ev
-from ..core.model import JobSpec, TeamQuota, TopologyConstraint
+from ..core.model import DEFAULT_HALF_LIFE_S, JobSpec, TeamQuota, TopologyConstraint
 from ..core.state import ClusterState, Violation, stale_live
 from ..policy.predict import Estimate, RuntimePredictor, run_time
 from .metrics import GuaranteeWaits, Recorder, eta_error, runtime_error
@@ -103,7 +103,7 @@ class Simulation:
         self.skipped = [j for j in jobs if (j.min_gpus or j.gpus) > total]
         self.jobs = [j for j in jobs if (j.min_gpus or j.gpus) <= total]
         self.quotas = quotas if quotas is not None else default_quotas(self.jobs, total)
-        half_life = getattr(config, "half_life_s", 7 * 24 * 3600.0)
+        half_life = getattr(config, "half_life_s", DEFAULT_HALF_LIFE_S)
         self.state = ClusterState(half_life_s=half_life)
         self.checkpoint_on_request = bool(getattr(config, "checkpoint", True))
         teams = sorted({j.team for j in self.jobs} | set(self.quotas))

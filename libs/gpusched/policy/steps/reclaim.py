@@ -16,7 +16,7 @@ from collections.abc import Callable
 from ...core.reasons import BehindReservation, ComingFree, WaitingForCheckpoint
 from ...core.state import Job
 from ..elastic import extras, shrink_plan
-from ..eligibility import constrained, restrict
+from ..eligibility import constrained
 from ..fairshare import may_preempt
 from ..ordering import las_queue
 from ..placement import Pool
@@ -104,7 +104,7 @@ def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) 
     key = ("claim", lo, required)
     if coming is None or coming.count < lo or key in coming.fails:
         return False
-    p = ctx.placer.place(restrict(coming, job.spec, ctx.now), lo, required)
+    p = ctx.placer.place(coming, job.spec, lo)
     if p is None:
         if not constrained(job.spec) and not ctx.state.windows:  # a constrained job's failure says nothing of the whole pool
             coming.fails.add(key)
