@@ -40,6 +40,7 @@ import msgspec
 
 from gpusched.bus import subjects
 from gpusched.core import events as ev
+from gpusched.core.model import DEFAULT_HALF_LIFE_S
 from gpusched.core.state import NODE_REPORTS, ClusterState, node_report_problem
 
 from . import roles, signing
@@ -108,7 +109,7 @@ class Audit:
     them (legacy logs written before signing)."""
 
     def __init__(self, keyring: KeyRing | None, allow_unsigned: bool = False, trust: bool = True,
-                 until_time: float | None = None, half_life_s: float | None = 7 * 24 * 3600.0,
+                 until_time: float | None = None, half_life_s: float | None = DEFAULT_HALF_LIFE_S,
                  forget_after_s: float | None = None):
         self.keyring = keyring or KeyRing()
         self.allow_unsigned = allow_unsigned
