@@ -5,6 +5,7 @@ or a full replay is used), and enough to start after the head of the stream has 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import structlog
@@ -160,8 +161,9 @@ async def test_a_snapshot_folded_with_another_horizon_is_refused_and_one_with_ou
                                                                                               monkeypatch):
     """A fold that forgets other jobs is another fold: a process adopts only a snapshot folded
     with its own `GPUSCHED_FORGET_AFTER_S`, and a started process forgets what a replay forgets."""
+    base = time.time() - 5 * 86400.0  # the horizon is measured on the server's clock: jobs that ended in the past
     for i in range(6):  # jobs ending a day apart: 2 days before the last one, the first four ended
-        at = i * 86400.0
+        at = base + i * 86400.0
         await event_log.append(ev.JobSubmitted(at=at, job_id=f"j-{i}", spec=JobSpec(team="t", gpus=1)))
         await event_log.append(ev.JobCancelled(at=at, job_id=f"j-{i}"))
     monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "none")
@@ -176,7 +178,7 @@ async def test_a_snapshot_folded_with_another_horizon_is_refused_and_one_with_ou
     finally:
         await folded.close()
     ours = await SnapshotStore(event_log).save(await fold_log(event_log))
-    await event_log.append(ev.JobSubmitted(at=6 * 86400.0, job_id="j-6", spec=JobSpec(team="t", gpus=1)))
+    await event_log.append(ev.JobSubmitted(at=time.time(), job_id="j-6", spec=JobSpec(team="t", gpus=1)))
     with structlog.testing.capture_logs() as logs:
         folded = await started(nats_url)
     try:
