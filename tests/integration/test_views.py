@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from gpusched.bus.log import EventLog
 from gpusched.cli.main import main
@@ -50,7 +51,10 @@ def _cli_json(capsys, *argv):
     return json.loads(capsys.readouterr().out)
 
 
-def test_views_from_redis_equal_fold_and_rebuild(nats_url, redis_url, capsys):
+def test_views_from_redis_equal_fold_and_rebuild(nats_url, redis_url, capsys, monkeypatch):
+    # The fold's clock is the server's store time, so this log is live: its listings would age
+    # against the wall clock, which moves between the two reads. Compare them at the log's time.
+    monkeypatch.setattr("gpusched.cli.views.display_now", lambda meta: meta.get("at") or 0.0)
     asyncio.run(_append_all(nats_url, _scenario()))
     summary = asyncio.run(projector.rebuild_views(nats_url, redis_url))
     assert summary["seq"] == 14 and summary["jobs"] == 3 and summary["nodes"] == 2
@@ -99,6 +103,11 @@ def test_projector_follows_live(nats_url, redis_url):
             tail = await views.tail()
             assert tail[-1]["seq"] == 14 and "released" in tail[-1]["text"]
             assert (await views.health())["placement_degraded"] is False
+            # shares are sampled once per second of the log's clock, the server's store time: a
+            # fact stored a second later samples the holdings the facts before it left
+            await asyncio.sleep(1.1)
+            await _append_all(nats_url, [ev.JobPending(at=time.time(), job_id="wait", reason="still waiting")])
+            await seq_reaches(15)
             shares = await views.shares()
             assert shares[-1]["teams"] == {"nlp": 6, "vision": 0}
         finally:

@@ -550,7 +550,7 @@ async def read_subject(event_log, subject: str) -> list[Any]:
                 continue
             from gpusched.bus.log import Record
 
-            out.append(Record(msg.metadata.sequence.stream, event, msg.subject, msg.headers))
+            out.append(Record(msg.metadata.sequence.stream, event, msg.subject, msg.headers, msg.metadata.timestamp.timestamp()))
             if msg.metadata.num_pending == 0:
                 break
     finally:
