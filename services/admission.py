@@ -126,6 +126,8 @@ class AdmissionConfig:
     #: "refuse" (real clusters), "bounded" (only with a time limit or GPUSCHED_SIM_DURATION_S:
     #: `gpusched up`), "any" (tests that play the node daemon).
     placeholders: str = "refuse"
+    #: Where a job may name its checkpoint_dir (the nodes' checkpoint roots); () = anywhere.
+    checkpoint_roots: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ _LEVEL_NAMES = {"nvlink": "NVLink domain", "node": "node", "rack": "rack", "bloc
 def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig, capacity: Capacity) -> str | None:
     """Why a well-formed submission cannot be admitted, or None."""
     spec = cmd.spec
-    problem = placeholder_problem(spec, config)
+    problem = placeholder_problem(spec, config) or L.checkpoint_dir_problem(spec.checkpoint_dir, config.checkpoint_roots)
     if problem:
         return problem
     if spec.min_gpus is not None and spec.min_gpus > spec.gpus:
@@ -667,12 +669,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="refuse",
                         help="jobs without a command (simulated clusters only): refuse (default), bounded "
                              "(need a time limit or GPUSCHED_SIM_DURATION_S), any")
+    parser.add_argument("--checkpoint-root", action="append", default=[], metavar="DIR",
+                        help="a job's checkpoint_dir must be under one of these (the nodes' checkpoint roots; "
+                             "repeatable; default: anywhere the path bounds allow)")
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     folded = await FoldedLog.open(args.nats, name="gpusched-admission")
     admission = Admission(folded, AdmissionConfig(auto_create_teams=getattr(args, "auto_create_teams", False),
-                                                      placeholders=getattr(args, "placeholders", "refuse")))
+                                                      placeholders=getattr(args, "placeholders", "refuse"),
+                                                      checkpoint_roots=tuple(getattr(args, "checkpoint_root", []))))
     sub = await folded.log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
                                        pending_msgs_limit=100_000, pending_bytes_limit=64 * 2**20)  # bounded memory
     await folded.log.nc.flush()  # "ready" means the server routes commands here

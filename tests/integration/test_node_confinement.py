@@ -74,11 +74,13 @@ if big:  # one 1 MB acknowledgement, then a good one
         f.write(json.dumps({"path": "/x" * 500000, "step": 1}))
     os.replace(os.path.join(ctl, ".tmp"), os.path.join(ctl, "ack-big.json"))
     time.sleep(0.5)
+weights = os.path.join(os.environ["GPUSCHED_CHECKPOINT_DIR"], "w")  # acks name a file of its own
+open(weights, "w").write("w")
 start = time.monotonic()
 for i in range(n):
     tmp = os.path.join(ctl, ".t%d" % i)
     with open(tmp, "w") as f:
-        json.dump({"path": "/ckpt/%d" % i, "step": i + 2, "request": None}, f)
+        json.dump({"path": weights, "step": i + 2, "request": None}, f)
     os.replace(tmp, os.path.join(ctl, "ack-%09d.json" % i))
     time.sleep(max(0.0, start + seconds * (i + 1) / n - time.monotonic()))
 open(os.path.join(ctl, "..", "flood-done"), "w").write("1")

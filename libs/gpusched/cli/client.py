@@ -78,6 +78,20 @@ def exported(names: str, environ: dict[str, str] | os._Environ) -> dict[str, str
     return out
 
 
+def memory_mb(text: str | None) -> int | None:
+    """`--mem SIZE`: MiB, or with a unit K, M, G, T (powers of 1024), as Slurm's --mem."""
+    if text is None:
+        return None
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    factor = units.get(t[-1:], None)
+    try:
+        value = float(t[:-1] if factor is not None else t) * (factor or 1)
+    except ValueError:
+        raise SystemExit(f"gpusched submit: --mem {text!r} is not a size like 512M or 16G") from None
+    return max(1, int(value))
+
+
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     command = list(args.cmd)
     if command and command[0] == "--":
@@ -92,6 +106,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "team": args.team, "gpus": args.gpus, "min_gpus": args.min_gpus, "priority": args.priority,
         "preemptible": args.preemptible, "time_limit_s": args.time_limit, "command": command, "env": env,
         "checkpoint_dir": args.checkpoint_dir, "name": args.name or "",
+        "cpus": getattr(args, "cpus", None), "memory_mb": memory_mb(getattr(args, "mem", None)),
         "topology": msgspec.to_builtins(TopologyConstraint(required=TOPOLOGY[args.topology],  # type: ignore[arg-type]
                                                            preferred=args.prefer or "nvlink")),
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
@@ -330,6 +345,11 @@ def register(sub) -> None:
                         "are stored in the log, so never export secrets)")
     p.add_argument("--name", default=None, help="a name shown next to the job id")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="an environment variable of the job (repeatable; stored in plaintext in the log: no secrets)")
+    p.add_argument("--cpus", type=float, default=None, metavar="N",
+                   help="CPUs per node (a CFS quota; fractions allowed): the limit of the job's cgroup")
+    p.add_argument("--mem", default=None, metavar="SIZE",
+                   help="memory per node (512M, 16G; plain numbers are MiB): the job's cgroup limit, beyond which "
+                        "the kernel kills the job's processes, not its neighbours'")
     p.add_argument("--secret-env", action="append", metavar="NAME=@FILE",
                    help="pass FILE's content (a file on the nodes, owned by the job's user, not group/world "
                         "writable) as NAME; only the path is stored")

@@ -27,10 +27,27 @@ def default_data_dir() -> Path:
     return Path(base) / "gpusched"
 
 
+def harden_data_dir(data_dir: Path) -> None:
+    """The data dir is traversable (0711: its jobs reach their directories under `work`, nobody
+    lists it), every other part of it is the owner's alone (0700 directories, 0600 files)."""
+    os.chmod(data_dir, 0o711)
+    for entry in data_dir.iterdir():
+        if entry.is_symlink():
+            continue
+        if entry.name == "work" and entry.is_dir():
+            os.chmod(entry, 0o711)
+        elif entry.is_dir():
+            os.chmod(entry, 0o700)
+        else:
+            os.chmod(entry, 0o600)
+
+
 def claim_data_dir(data_dir: Path, fresh: bool = False) -> IO:
-    """Create the data dir (0700) and hold its lock for the life of this `up`; with `fresh`,
-    delete the previous store first. Raises RuntimeError when another `up` holds it."""
+    """Create the data dir (0711, its parts private: `harden_data_dir`) and hold its lock for the
+    life of this `up`; with `fresh`, delete the previous store first. Raises RuntimeError when
+    another `up` holds it."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (data_dir / "work").mkdir(exist_ok=True, mode=0o711)
     lock = open(data_dir / "up.lock", "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -52,6 +69,8 @@ def claim_data_dir(data_dir: Path, fresh: bool = False) -> IO:
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
+        (data_dir / "work").mkdir(exist_ok=True, mode=0o711)
+    harden_data_dir(data_dir)
     return lock
 
 
