@@ -478,7 +478,7 @@ class NodeAgent:
         key = (job.job_id, job.attempt, job.generation)
         try:
             spec = confine(spec, job, self.users, self.host.uid_holder, cgroup_parent=self.cgroup_parent,
-                           cgroup_name=f"{subjects.token(self.node)}-{self.agent_id}-{spec.control_dir.name}",
+                           cgroup_name=f"{subjects.token(job.job_id)}.{spec.control_dir.name}-{self.agent_id}",
                            devices=self.devices, control=self.control_devices, pids_max=self.cfg.pids_max)
         except (NoJobUser, CgroupError) as err:
             self._launch_failed(key, spec, f"cannot confine the job: {err}")
@@ -491,6 +491,7 @@ class NodeAgent:
             return
         if proc.spawn_error:
             self._launch_failed(key, spec, proc.spawn_error)
+            _remove_cgroup(spec)
             return
         run = RunningJob(job.job_id, job.attempt, mine, spec.node_rank, proc, generation=job.generation,
                          acks=AckCoalescer(self.limits))

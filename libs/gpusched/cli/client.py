@@ -92,6 +92,15 @@ def memory_mb(text: str | None) -> int | None:
     return max(1, int(value))
 
 
+def add_resource_arguments(p: argparse.ArgumentParser) -> None:
+    """`submit --cpus N --mem SIZE`: the limits of the job's cgroup on each of its nodes."""
+    p.add_argument("--cpus", type=float, default=None, metavar="N",
+                   help="CPUs per node (a CFS quota; fractions allowed): the limit of the job's cgroup")
+    p.add_argument("--mem", default=None, metavar="SIZE",
+                   help="memory per node (512M, 16G; plain numbers are MiB): the job's cgroup limit, beyond which "
+                        "the kernel kills the job's processes, not its neighbours'")
+
+
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     command = list(args.cmd)
     if command and command[0] == "--":
@@ -345,11 +354,7 @@ def register(sub) -> None:
                         "are stored in the log, so never export secrets)")
     p.add_argument("--name", default=None, help="a name shown next to the job id")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="an environment variable of the job (repeatable; stored in plaintext in the log: no secrets)")
-    p.add_argument("--cpus", type=float, default=None, metavar="N",
-                   help="CPUs per node (a CFS quota; fractions allowed): the limit of the job's cgroup")
-    p.add_argument("--mem", default=None, metavar="SIZE",
-                   help="memory per node (512M, 16G; plain numbers are MiB): the job's cgroup limit, beyond which "
-                        "the kernel kills the job's processes, not its neighbours'")
+    add_resource_arguments(p)
     p.add_argument("--secret-env", action="append", metavar="NAME=@FILE",
                    help="pass FILE's content (a file on the nodes, owned by the job's user, not group/world "
                         "writable) as NAME; only the path is stored")
