@@ -15,7 +15,6 @@ fails (or requeues) the attempt.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 import math
@@ -51,15 +50,15 @@ from gpusched.core.heartbeat import (
 from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
-from gpusched.job import env as E
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
 from . import launcher
-from .acks import Ack, AckCoalescer, AckLimits, checkpoint_sha256, read_acks
+from .acks import AckCoalescer, AckLimits
 from .backends import GpuBackend, SimBackend, process_alive
 from .cgroups import CgroupError, JobCgroup
 from .confine import cgroups_wanted, confine
 from .devices import GpuDevice, nvidia_control_allow, nvidia_devices, sim_devices
+from .handshake import CheckpointHandshake, _write_json
 from .logs import serve_log
 from .users import NoJobUser, UserMap
 
@@ -188,38 +187,6 @@ def _launch_spec_for(self, job: Job, mine: tuple[int, ...], state: ClusterState)
     )
 
 
-def _ask_to_checkpoint(self, run: RunningJob, request: str, reason: str, deadline: float, for_job: str) -> None:
-    """Write the request to the job's control dir and SIGUSR1 the processes that asked for
-    it, if they are members of the job's own process group."""
-    run.request = request
-    if run.proc.virtual:
-        if run.proc.checkpoint_after is not None:
-            run.sim_checkpoint_at = time.monotonic() + run.proc.checkpoint_after
-        return
-    control = run.proc.launch.control_dir
-    try:
-        _write_json(control / E.REQUEST, {"id": request, "reason": reason, "deadline": deadline,
-                                          "for_job": for_job})
-    except OSError as err:
-        log.warning("checkpoint_request_failed", job=run.job_id, node=self.node, error=str(err))
-        return
-    pids = []
-    try:
-        with os.scandir(control) as it:
-            for n, entry in enumerate(it):
-                if n >= self.limits.max_entries:
-                    break
-                suffix = entry.name[len(E.SDK_PREFIX):]
-                if entry.name.startswith(E.SDK_PREFIX) and suffix.isdigit() and len(suffix) < 10:
-                    pids.append(int(suffix))
-    except OSError:
-        pass
-    signalled = run.proc.signal_pids(pids, signal.SIGUSR1) if pids else []
-    refused = sorted(set(pids) - set(signalled))
-    log.info("checkpoint_requested", job=run.job_id, attempt=run.attempt, node=self.node, request=request,
-             signalled=signalled, refused=refused)
-
-
 def _watch_run(self, run: RunningJob, state: ClusterState, now: float) -> None:
     """A live run: SIGKILL after the grace; a draining one stops once its checkpoint is
     complete; a time-limited one is asked to checkpoint before its limit."""
@@ -346,7 +313,7 @@ def _register_node(self: NodeAgent) -> bool:
     return True
 
 
-class NodeAgent:
+class NodeAgent(CheckpointHandshake):
     def __init__(self, host: NodeHost, config: AgentConfig, backend: GpuBackend):
         self.host = host
         self.cfg = config
@@ -584,62 +551,6 @@ class NodeAgent:
                               exit_code=exit_code, reason=reason)
         self.host.submit(e, msg_id=f"ended:{key[0]}:{key[1]}.{key[2]}:{self.node}", cas=False)
 
-    # --- checkpoints ------------------------------------------------------------------------
-
-    _request_checkpoint = _ask_to_checkpoint
-
-    def _collect_acks(self, run: RunningJob, state: ClusterState) -> None:
-        if run.proc.virtual:
-            if run.sim_checkpoint_at is not None and time.monotonic() >= run.sim_checkpoint_at:
-                run.sim_checkpoint_at = None
-                step = int(time.monotonic() - run.proc.started) + (run.proc.launch.resume_step or 0)
-                self._report_checkpoint(run, Ack(step, f"sim://{run.job_id}/{run.attempt}/{step}", run.request))
-            return
-        acks, problems = read_acks(run.proc.launch.control_dir, self.limits)
-        if problems:
-            log.warning("bad_checkpoint_acks", job=run.job_id, node=self.node, count=len(problems), first=problems[0])
-        for ack in acks:
-            run.acks.add(ack)
-        job = state.jobs.get(run.job_id)
-        partial = set(job.partial) if job is not None and job.attempt == run.attempt else set()
-        for ack in run.acks.due(time.monotonic(), run.request, partial):
-            self._report_checkpoint(run, ack)
-
-    def _report_checkpoint(self, run: RunningJob, ack: Ack) -> None:
-        """Hash the acknowledged checkpoint (in a thread: it may be large), then report it with
-        the daemon's own checksum; an ack naming a file outside the job's checkpoint dir is refused."""
-        if run.proc.virtual:
-            self._report_hashed(run, ack)
-            return
-        launch = run.proc.launch
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        job = (ack.path, launch.checkpoint_dir, launch.uid if launch.uid is not None and launch.uid != os.geteuid()
-               else None)
-        if loop is None:
-            self._hashed(run, ack, job, None)
-            return
-        future = loop.run_in_executor(None, checkpoint_sha256, *job)
-        future.add_done_callback(lambda f: self._hashed(run, ack, job, f))
-
-    def _hashed(self, run: RunningJob, ack: Ack, job: tuple, future: asyncio.Future | None) -> None:
-        try:
-            real, digest = future.result() if future is not None else checkpoint_sha256(*job)
-        except (OSError, ValueError) as err:
-            log.warning("checkpoint_ack_refused", job=run.job_id, attempt=run.attempt, node=self.node, step=ack.step,
-                        error=str(err)[:300])
-            return
-        self._report_hashed(run, dataclasses.replace(ack, path=real, sha256=digest))
-
-    def _report_hashed(self, run: RunningJob, ack: Ack) -> None:
-        log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=ack.path, step=ack.step)
-        event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=ack.path,
-                                   step=ack.step, rank=run.node_rank, generation=run.generation,
-                                   node=self.node, sha256=ack.sha256)
-        self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack.step}", cas=False)
-
     # --- processes --------------------------------------------------------------------------
 
     def poll(self, state: ClusterState) -> None:
@@ -816,18 +727,6 @@ def _remove_cgroup(launch: launcher.Launch) -> None:
         cg.kill()
         if not cg.remove(0.5):
             log.warning("cgroup_not_removed", job=launch.job_id, dirs=list(cg.dirs.values()))
-
-
-def _write_json(path: Path, obj: object) -> None:
-    """Atomically, and safely in a directory the job owns: a fresh temp file (never through a
-    name the job may have planted), readable by the job, renamed over the target."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)  # the job may only read it
-    try:
-        os.write(fd, json.dumps(obj).encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 # --- the host: one connection, one fold, many agents -----------------------------------------

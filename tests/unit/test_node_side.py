@@ -234,11 +234,12 @@ def test_heartbeat_schema_is_exported():
 def test_systemd_unit_runs_the_daemon():
     unit = (Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "gpusched-nodeagent.service").read_text()
     assert "gpusched service run nodeagent --backend nvml" in unit or "gpusched.services.nodeagent" in unit
-    # jobs never run as root, and a crashed daemon's jobs survive for the next one to adopt
-    assert "--job-user ${GPUSCHED_JOB_USER}" in unit and "GPUSCHED_JOB_USER=gpusched-job" in unit
+    # jobs never run as root nor share one uid (the root daemon's default: a dynamic uid per job),
+    # and a crashed daemon's jobs survive for the next one to adopt
+    assert "--job-user" not in unit and "--uid-range none" not in unit and "User=root" in unit
     assert "KillMode=process" in unit
     daemonset = (Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "nodeagent.yaml").read_text()
-    assert '"--job-user", "gpusched-job"' in daemonset
+    assert '"--job-user"' not in daemonset and "runAsUser: 0" in daemonset
 
 
 # --- the NVML backend over a stand-in for the driver -------------------------------------------
