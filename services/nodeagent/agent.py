@@ -55,7 +55,7 @@ from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal
 from . import launcher
 from .acks import AckCoalescer, AckLimits
 from .backends import GpuBackend, SimBackend, process_alive
-from .cgroups import CgroupError, JobCgroup
+from .cgroups import CgroupError, JobCgroup, remove_parent
 from .confine import cgroups_wanted, confine
 from .devices import GpuDevice, nvidia_control_allow, nvidia_devices, sim_devices
 from .handshake import CheckpointHandshake, _write_json
@@ -643,6 +643,7 @@ class NodeAgent(CheckpointHandshake):
                 pass
             for rest in ("control_dir",):
                 shutil.rmtree(rec["launch"][rest], ignore_errors=True)
+            _remove_cgroup(launcher.Launch.from_json(rec["launch"]))  # whatever the dead leader left, then the cgroup
         log.warning("job_ended_while_down", job=key[0], attempt=key[1], node=self.node, exit_code=rc)
         self._report_ended(key, rc, "ended while the daemon was down")
         if current:
@@ -1019,6 +1020,8 @@ class NodeHost:
         await self.folded.stop()
         for agent in self.agents.values():
             agent.backend.close()
+            if agent.cgroup_parent:
+                remove_parent(agent.cgroup_parent)  # empty once no run is left under it
         if self.own_log:
             try:
                 await self.log.close()

@@ -150,6 +150,19 @@ class JobCgroup:
         return cls(int(d["version"]), {str(k): str(v) for k, v in d["dirs"].items()})
 
 
+def remove_parent(parent: str, root: Path = ROOT) -> None:
+    """Remove the (empty) parent cgroups `create` made, where no run is left under them."""
+    if version(root) == 2:
+        dirs = [root / parent]
+    else:
+        dirs = [root / c / _own_v1(c).lstrip("/") / parent for c in V1_CONTROLLERS]
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
 def _write(path: Path, value: str, quiet: bool = False) -> None:
     try:
         with open(path, "w") as f:
@@ -230,4 +243,4 @@ def _apply(cg: JobCgroup, limits: Limits) -> None:
             _write(dev / "devices.allow", line)
 
 
-__all__ = ["BASE_DEVICES", "CgroupError", "JobCgroup", "Limits", "create", "version"]
+__all__ = ["BASE_DEVICES", "CgroupError", "JobCgroup", "Limits", "create", "remove_parent", "version"]
