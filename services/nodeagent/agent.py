@@ -503,7 +503,9 @@ class NodeAgent(CheckpointHandshake):
         """The state file a restarted daemon adopts this run from."""
         rec = launcher.record(run.proc)
         rec.update(gpus=list(run.gpus), node_rank=run.node_rank, generation=run.generation)
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        if not self.runs_dir.exists():
+            self.runs_dir.mkdir(parents=True, mode=0o700)  # the daemon's alone: jobs never read them
+            os.chmod(self.runs_dir.parent, 0o700)
         _write_json(self._record_path(run.key), rec)
 
     def _drain(self, run: RunningJob, job: Job) -> None:

@@ -47,7 +47,6 @@ def claim_data_dir(data_dir: Path, fresh: bool = False) -> IO:
     life of this `up`; with `fresh`, delete the previous store first. Raises RuntimeError when
     another `up` holds it."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (data_dir / "work").mkdir(exist_ok=True, mode=0o711)
     lock = open(data_dir / "up.lock", "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,7 +68,6 @@ def claim_data_dir(data_dir: Path, fresh: bool = False) -> IO:
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
-        (data_dir / "work").mkdir(exist_ok=True, mode=0o711)
     harden_data_dir(data_dir)
     return lock
 
