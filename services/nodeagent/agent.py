@@ -336,6 +336,8 @@ class NodeAgent(CheckpointHandshake):
         self._subs: list = []
         self._swept = 0.0
         self.users = config.user_map()
+        if not config.work_dir.exists():  # traversable for its jobs' directories, never listable
+            config.work_dir.mkdir(parents=True, mode=0o711)
         self.cgroup_parent = config.cgroup_parent if cgroups_wanted(config.cgroups) else None
         self.devices, self.control_devices = gpu_devices(config, backend) if self.cgroup_parent else ({}, ())
         
