@@ -247,16 +247,21 @@ def compress_gpus(gpus: list[dict[str, Any]]) -> str:
 
 
 def _dur(seconds: float | None) -> str:
+    """A duration as shown, truncated, never rounded up (179.9 s is 2m59s, as `squeue` would):
+    under 10 s with a tenth, then whole seconds, minutes, hours, days."""
     if seconds is None:
         return "-"
     s = max(0.0, float(seconds))
-    if s < 60:
-        return f"{s:.0f}s" if s >= 10 else f"{s:.1f}s"
-    if s < 3600:
-        return f"{s / 60:.0f}m{s % 60:02.0f}s"
-    if s < 86400:
-        return f"{s / 3600:.0f}h{(s % 3600) / 60:02.0f}m"
-    return f"{s / 86400:.1f}d"
+    if s < 10:
+        return f"{int(s * 10) / 10:.1f}s"
+    whole = int(s)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def eta_text(eta_s: float | None, span: list[float] | tuple[float, float] | None = None) -> str:
@@ -731,8 +736,7 @@ def print_show(data: dict[str, Any]) -> None:
     if d.get("workdir"):
         lines.append(f"runs in {d['workdir']}; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
     for ref in d.get("logs", [])[-8:]:
-        gen = f".{ref['generation']}" if ref["generation"] else ""
-        lines.append(f"log of attempt {ref['attempt']}{gen} rank {ref['rank']}: {ref['node']}:{ref['path']}  "
+        lines.append(f"log of {readmodel.attempt_text(ref['attempt'], ref['generation'])} rank {ref['rank']}: {ref['node']}:{ref['path']}  "
                      f"(gpusched logs {d['job_id']} --attempt {ref['attempt']} --rank {ref['rank']})")
     console.print(Panel("\n".join(lines), title=f"job {d['job_id']}", subtitle=f"log seq {data['seq']}"))
 
