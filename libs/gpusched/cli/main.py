@@ -125,9 +125,34 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args.command, err)
 
 
+def _violation(err: BaseException) -> str | None:
+    """The one line for a request the server refused by its permissions (it answers none, so
+    the client only times out: the violation is what the connection's error callback heard),
+    naming the subject and the caller's role; None when the server said no such thing."""
+    from gpusched.bus import log
+
+    said = [e for e in (*log._last_error, err) if "permissions violation" in str(e).lower()]
+    if not said:
+        return None
+    who = "this connection"
+    path = log.creds_file()
+    if path:
+        try:
+            ident = log.load_identity(path)
+            who = f"{ident.name} (role {ident.role}" + (f", teams {', '.join(ident.teams)})" if ident.teams else ")")
+        except Exception:  # noqa: BLE001 - the violation is the news, the name only helps
+            who = f"the identity in {path}"
+    text = str(said[0]).removeprefix("nats: ").strip("'")
+    return f"permission denied: {who} may not do this: the server says {text}"
+
+
 def _report(command: str, err: Exception) -> int:
     from gpusched.cli.output import UsageError
 
+    denied = _violation(err)
+    if denied is not None:
+        print(f"gpusched {command}: {denied}", file=sys.stderr)
+        return 1
     line = _unreachable(err)
     if line is not None:
         print(f"gpusched {command}: {line}", file=sys.stderr)
