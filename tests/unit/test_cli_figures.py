@@ -35,3 +35,37 @@ def test_the_bill_records_the_submitting_user():
                (3, ev.JobSubmitted(at=t0 + 2, job_id="b", spec=JobSpec(team="t1", gpus=1)))]
     state, ledger = account(records)
     assert {r["job_id"]: r["user"] for r in job_records(state, ledger)} == {"a": "bob", "b": None}
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("300", 300), ("90m", 5400), ("2h", 7200), ("1d2h", 93600), ("1h30m15s", 5415), ("1.5h", 5400),
+    ("1w", 604800), ("PT2H", 7200), ("P1DT2H", 93600), ("pt90s", 90), ("P1W", 604800),
+    ("2h1d", None), ("1h1h", None), ("abc", None), ("P", None), ("PT", None), ("", None), ("-5m", None),
+])
+def test_one_duration_grammar(text, seconds):
+    from gpusched.cli.output import duration_s
+
+    assert duration_s(text) == seconds
+
+
+def test_ages_and_times_ahead_use_the_same_grammar():
+    from gpusched.cli.output import parse_future, parse_time
+
+    assert parse_time("1d2h", now=100_000.0) == 100_000.0 - 93600
+    assert parse_time("PT30M", now=10_000.0) == 10_000.0 - 1800
+    assert parse_future("+1h30m", now=0.0) == 5400
+    assert parse_time("1700000000", now=0.0) == 1_700_000_000  # a bare number stays epoch seconds
+
+
+def test_user_list_has_a_header(tmp_path, capsys):
+    from gpusched.cli.main import main
+    from gpusched.security.trust import TrustStore
+
+    store = TrustStore(tmp_path)
+    store.add("ann", "tenant", teams=["nlp"])
+    assert main(["user", "list", "--trust", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "ROLE", "TEAMS/NODE", "STATE", "PUBLIC_KEY"]
+    assert lines[1].split()[:4] == ["ann", "tenant", "nlp", "active"]
+    assert main(["user", "list", "--trust", str(tmp_path), "--no-header"]) == 0
+    assert capsys.readouterr().out.split()[0] == "ann"
