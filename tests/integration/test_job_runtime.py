@@ -82,6 +82,19 @@ async def test_logs_follow_a_running_job(nats_url, tmp_path):
         assert c.state.jobs["ticker"].state == "completed"
 
 
+async def test_logs_follow_waits_for_a_job_not_yet_started(nats_url, tmp_path):
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["z0"], gpus=1)
+        await c.submit("later", JobSpec(team="t", gpus=1, command=[PY, "-c", "print('MARKER-later')"]))
+        out = io.StringIO()
+        follow = asyncio.ensure_future(run_logs(logs_args(nats_url, "later", follow=True), out))
+        await asyncio.sleep(0.5)
+        assert not follow.done()  # pending: it waits instead of exiting 1
+        await c.grant("later", ["z0/0"])
+        assert await asyncio.wait_for(follow, 30) == 0
+        assert "MARKER-later" in out.getvalue()
+
+
 async def test_time_limit_asks_for_a_checkpoint_before_the_end(nats_url, tmp_path):
     """A time-limited job is asked to checkpoint `timeout_checkpoint_s` before its limit; the
     limit then ends it in its own state, `timeout` (the policy appends JobTimedOut)."""

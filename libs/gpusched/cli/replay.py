@@ -226,7 +226,7 @@ def cmd_replay(args) -> int:
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_summary(summary, Console())
+        print_summary(summary, Console(width=None if sys.stdout.isatty() else 100_000))  # a pipe: never cut
     return 1 if args.verify and (summary["violations"] or summary["trust"]["first"]) else 0
 
 

@@ -280,10 +280,23 @@ def eta_text(eta_s: float | None, span: list[float] | tuple[float, float] | None
     return f"{_dur(low)}–{_dur(high)}"
 
 
+#: How wide a pipe may be: wide enough that rich never cuts a line (boxes fit their content).
+PIPE_WIDTH = 100_000
+
+
 def _console():
+    """A terminal's own width; a pipe's as wide as the widest line, never the 80 columns rich
+    assumes (then `| less -S` or a file keeps every character)."""
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
+def _panel(text: str, **kw):
+    """A box around `text`: the terminal's width, or in a pipe its content's."""
+    from rich.panel import Panel
+
+    return Panel(text, expand=sys.stdout.isatty(), **kw)
 
 
 def display_now(meta: dict[str, Any]) -> float:
@@ -700,7 +713,6 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
 
 
 def print_show(data: dict[str, Any]) -> None:
-    from rich.panel import Panel
     from rich.table import Table
 
     console = _console()
@@ -738,12 +750,12 @@ def print_show(data: dict[str, Any]) -> None:
     for ref in d.get("logs", [])[-8:]:
         lines.append(f"log of {readmodel.attempt_text(ref['attempt'], ref['generation'])} rank {ref['rank']}: {ref['node']}:{ref['path']}  "
                      f"(gpusched logs {d['job_id']} --attempt {ref['attempt']} --rank {ref['rank']})")
-    console.print(Panel("\n".join(lines), title=f"job {d['job_id']}", subtitle=f"log seq {data['seq']}"))
+    console.print(_panel("\n".join(lines), title=f"job {d['job_id']}", subtitle=f"log seq {data['seq']}"))
 
     why = data.get("why_pending")
     if why:
         w = _why_lines(why, d, now)
-        console.print(Panel("\n".join(w), title="why is it pending?", border_style="yellow"))
+        console.print(_panel("\n".join(w), title="why is it pending?", border_style="yellow"))
 
     for p in data["preemptions"]:
         ck = p.get("checkpoint")
