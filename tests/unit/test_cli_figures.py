@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpusched.accounting import account, job_records
-from gpusched.cli.views import _dur
+from gpusched.cli.render import dur
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec
 from gpusched.readmodel import attempt_text, describe
@@ -18,7 +18,7 @@ from gpusched.readmodel import attempt_text, describe
     (3600, "1h00m"), (7199, "1h59m"), (86399, "23h59m"), (86400, "1d00h"), (90000, "1d01h"),
 ])
 def test_durations_are_truncated_not_rounded_up(seconds, shown):
-    assert _dur(seconds) == shown
+    assert dur(seconds) == shown
 
 
 def test_attempts_read_as_integers():

@@ -222,7 +222,7 @@ def test_submit_parses_slurm_style_dependencies():
 # --- `gpusched show` ------------------------------------------------------------------------------
 
 def test_show_explains_held_and_dependency_waits():
-    from gpusched.cli.views import _why_lines
+    from gpusched.cli.render import _why_lines
     from gpusched.policy.explain import explain_pending
 
     s = _scene()

@@ -216,7 +216,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         raise SystemExit("gpusched cancel: give job id(s), or --user/--state/--team to select jobs")
     docs = None
     if _filtering(args):
-        from gpusched.cli.views import load
+        from gpusched.cli.reads import load
 
         docs, _ = asyncio.run(load(args, "jobs"))
     targets = cancel_targets(args, docs)
@@ -357,6 +357,20 @@ def _register_job_edits(sub, common: list) -> None:
     p.set_defaults(func=cmd_node_label)
 
 
+def _register_cancel(sub, common: list) -> None:
+    p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job, or every task of a job array by its id (a tenant: its own team's only)")
+    p.add_argument("job", nargs="*", help="the job id(s)")
+    p.add_argument("--team", dest="as_team", default=None,
+                   help="only this team's jobs (comma-separated; without ids: every live one); a platform's "
+                        "credentials: the team whose job it cancels (default: its first)")
+    p.add_argument("--user", default=None, help="only jobs of these submitting users (comma-separated)")
+    p.add_argument("--state", default=None,
+                   help="only jobs in these states (comma-separated; default: pending,starting,running)")
+    p.add_argument("--fold", action="store_true", help="select by folding the log even when Redis answers")
+    p.add_argument("--reason", default="cancelled by user", help="why (kept in the log)")
+    p.set_defaults(func=cmd_cancel)
+
+
 def register(sub) -> None:
     from .output import CONNECTION
 
@@ -398,17 +412,7 @@ def register(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job, or every task of a job array by its id (a tenant: its own team's only)")
-    p.add_argument("job", nargs="*", help="the job id(s)")
-    p.add_argument("--team", dest="as_team", default=None,
-                   help="only this team's jobs (comma-separated; without ids: every live one); a platform's "
-                        "credentials: the team whose job it cancels (default: its first)")
-    p.add_argument("--user", default=None, help="only jobs of these submitting users (comma-separated)")
-    p.add_argument("--state", default=None,
-                   help="only jobs in these states (comma-separated; default: pending,starting,running)")
-    p.add_argument("--fold", action="store_true", help="select by folding the log even when Redis answers")
-    p.add_argument("--reason", default="cancelled by user", help="why (kept in the log)")
-    p.set_defaults(func=cmd_cancel)
+    _register_cancel(sub, common)
 
     p = sub.add_parser("quota", parents=common, help="change a team's guaranteed share, weight or hard limit (only those given)")
     p.add_argument("team", help="the team")

@@ -56,10 +56,10 @@ async def _wait_for_start(folded, args: argparse.Namespace) -> tuple[str, int, i
 
 
 async def run_logs(args: argparse.Namespace, out=sys.stdout) -> int:
-    from gpusched.cli.views import _open_log
+    from gpusched.cli.reads import open_log
     from gpusched.services.runtime import FoldedLog
 
-    event_log = await _open_log(args.nats)
+    event_log = await open_log(args.nats)
     folded = FoldedLog(event_log)
     try:
         await folded.start()

@@ -16,7 +16,7 @@ import sys
 COMMAND_MODULES = (
     "gpusched.cli.stack",  # up, service run
     "gpusched.cli.client",  # submit, cancel, quota, drain
-    "gpusched.cli.views",  # jobs, show, nodes, teams, queue
+    "gpusched.cli.listings",  # jobs, show, nodes, teams, queue
     "gpusched.cli.history",  # history (accounting, like sacct)
     "gpusched.cli.logs",  # logs
     "gpusched.cli.demo",  # demo (the chaos scene)
@@ -53,11 +53,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("gpusched.cli.client", "change a node: gpusched node label NODE KEY=VALUE... (admin)"),
     "drain": ("gpusched.cli.client", "keep new work off a node (--undo: allow it again)"),
     "restore": ("gpusched.cli.client", "put a quarantined GPU back into service (admin)"),
-    "jobs": ("gpusched.cli.views", "list jobs with their state and the GPUs they hold"),
-    "nodes": ("gpusched.cli.views", "list nodes and their GPUs, coloured by team (-o wide: which job holds which GPU)"),
-    "teams": ("gpusched.cli.views", "list teams: GPUs held vs guaranteed share and limit"),
-    "queue": ("gpusched.cli.views", "list pending jobs in the order the policy considers them, with why"),
-    "show": ("gpusched.cli.views", "a job's history and why it is pending"),
+    "jobs": ("gpusched.cli.listings", "list jobs with their state and the GPUs they hold"),
+    "nodes": ("gpusched.cli.listings", "list nodes and their GPUs, coloured by team (-o wide: which job holds which GPU)"),
+    "teams": ("gpusched.cli.listings", "list teams: GPUs held vs guaranteed share and limit"),
+    "queue": ("gpusched.cli.listings", "list pending jobs in the order the policy considers them, with why"),
+    "show": ("gpusched.cli.listings", "a job's history and why it is pending"),
     "history": ("gpusched.cli.history", "accounting from the log (like sacct): per job wait, run, GPU-hours, "
                                         "end state; --by day|week"),
     "logs": ("gpusched.cli.logs", "a job's stdout/stderr (per rank and attempt, from its node)"),

@@ -168,6 +168,16 @@ def parse_at(text: str | None, option: str = "--at") -> tuple[int | None, float 
                          "(nor epoch seconds, nor an age like 2h)") from None
 
 
+def display_now(meta: dict[str, Any]) -> float:
+    """Ages are shown against the wall clock on a live cluster, against the log's last event
+    time when the log is old (an audit of a past day) or the listing is of the past (`--at`)."""
+    at = meta.get("at") or 0.0
+    if meta.get("past"):
+        return at
+    wall = time.time()
+    return max(at, wall) if abs(wall - at) < 86400 else at
+
+
 def iso(t: float | None) -> str:
     if t is None:
         return "-"
@@ -283,4 +293,4 @@ def emit(docs: list[dict[str, Any]], fields: list[Field], args: argparse.Namespa
 
 
 __all__ = ["CONNECTION", "FILTERS", "AT", "output_parent", "Field", "emit", "filter_docs", "parse_time",
-           "parse_at", "iso", "duration_s", "duration_arg", "UsageError", "plain_table", "columns"]
+           "parse_at", "iso", "display_now", "duration_s", "duration_arg", "UsageError", "plain_table", "columns"]
