@@ -93,6 +93,7 @@ async def test_logs_follow_waits_for_a_job_not_yet_started(nats_url, tmp_path):
         await c.grant("later", ["z0/0"])
         assert await asyncio.wait_for(follow, 30) == 0
         assert "MARKER-later" in out.getvalue()
+        assert "later attempt 1 on z0" in out.getvalue()  # the log's header: an integer, not `1.0`
 
 
 async def test_time_limit_asks_for_a_checkpoint_before_the_end(nats_url, tmp_path):
