@@ -9,8 +9,8 @@ import asyncio
 import io
 import time
 
-from gpusched.cli.client import register as register_client
-from gpusched.cli.client import spec_from_args
+from gpusched.cli.commands import register as register_client
+from gpusched.cli.commands import spec_from_args
 from gpusched.cli.logs import run_logs
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec

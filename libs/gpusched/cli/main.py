@@ -15,7 +15,7 @@ import sys
 #: Modules that add subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
     "gpusched.cli.stack",  # up, service run
-    "gpusched.cli.client",  # submit, cancel, quota, drain
+    "gpusched.cli.commands",  # submit, cancel, quota, drain
     "gpusched.cli.listings",  # jobs, show, nodes, teams, queue
     "gpusched.cli.history",  # history (accounting, like sacct)
     "gpusched.cli.logs",  # logs
@@ -43,16 +43,16 @@ def version() -> str:
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("gpusched.cli.stack", "start NATS, Redis, every service and simulated nodes on this machine"),
     "service": ("gpusched.cli.stack", "run one service (the form deploy files use)"),
-    "submit": ("gpusched.cli.client", "submit a job: gpusched submit --team T --gpus N -- COMMAND..."),
-    "cancel": ("gpusched.cli.client", "cancel a pending or running job, or every task of a job array by its id "
+    "submit": ("gpusched.cli.commands", "submit a job: gpusched submit --team T --gpus N -- COMMAND..."),
+    "cancel": ("gpusched.cli.commands", "cancel a pending or running job, or every task of a job array by its id "
                                       "(a tenant: its own team's only)"),
-    "quota": ("gpusched.cli.client", "change a team's guaranteed share, weight or hard limit (only those given)"),
-    "hold": ("gpusched.cli.client", "hold a pending job: it is never placed until released (a tenant: its own team's)"),
-    "release": ("gpusched.cli.client", "release a held job: it may be placed again"),
-    "update": ("gpusched.cli.client", "change a pending job's priority class or time limit"),
-    "node": ("gpusched.cli.client", "change a node: gpusched node label NODE KEY=VALUE... (admin)"),
-    "drain": ("gpusched.cli.client", "keep new work off a node (--undo: allow it again)"),
-    "restore": ("gpusched.cli.client", "put a quarantined GPU back into service (admin)"),
+    "quota": ("gpusched.cli.commands", "change a team's guaranteed share, weight or hard limit (only those given)"),
+    "hold": ("gpusched.cli.commands", "hold a pending job: it is never placed until released (a tenant: its own team's)"),
+    "release": ("gpusched.cli.commands", "release a held job: it may be placed again"),
+    "update": ("gpusched.cli.commands", "change a pending job's priority class or time limit"),
+    "node": ("gpusched.cli.commands", "change a node: gpusched node label NODE KEY=VALUE... (admin)"),
+    "drain": ("gpusched.cli.commands", "keep new work off a node (--undo: allow it again)"),
+    "restore": ("gpusched.cli.commands", "put a quarantined GPU back into service (admin)"),
     "jobs": ("gpusched.cli.listings", "list jobs with their state and the GPUs they hold"),
     "nodes": ("gpusched.cli.listings", "list nodes and their GPUs, coloured by team (-o wide: which job holds which GPU)"),
     "teams": ("gpusched.cli.listings", "list teams: GPUs held vs guaranteed share and limit"),
