@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "gpusched.cli.sim",  # sim (trace simulation)
     "gpusched.cli.users",  # user add|list|revoke
     "gpusched.cli.chaos",  # chaos (fault drills with a verdict)
+    "gpusched.cli.partition",  # partition [confirm] (declared partitions)
 )
 
 

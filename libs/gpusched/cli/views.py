@@ -611,6 +611,7 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
     }
     if job.state == "pending":
         data["why_pending"] = explain_pending(state, job_id, config=config)
+    data["partitioned_nodes"] = sorted({state.gpus[g].node for g in job.gpus if state.nodes[state.gpus[g].node].partitioned})
     return data
 
 
@@ -728,6 +729,10 @@ def print_show(data: dict[str, Any]) -> None:
         lines.append(f"ended: {d['end_reason']}")
     if d.get("unhealthy_gpus"):
         lines.append(f"[red]runs on unhealthy GPU(s) {compress_gpus(d['unhealthy_gpus'])}: {d['unhealthy_reason']}[/]")
+    if data.get("partitioned_nodes"):
+        lines.append(f"[red]node(s) {', '.join(data['partitioned_nodes'])} in a declared partition (silent with many "
+                     "others): the job is kept, not requeued, until their heartbeats return or an admin confirms "
+                     "them lost (gpusched partition confirm)[/]")
     if d.get("workdir"):
         lines.append(f"runs in {d['workdir']}; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
     for ref in d.get("logs", [])[-8:]:
