@@ -53,8 +53,7 @@ from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
 from gpusched.job import env as E
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
-from . import fencing
-from . import launcher
+from . import fencing, launcher
 from .acks import Ack, AckCoalescer, AckLimits, read_acks
 from .backends import GpuBackend, SimBackend, process_alive
 from .logs import serve_log
