@@ -9,10 +9,12 @@ its clients still reach it). When no probe has succeeded for `fence_after_s`, it
 job to checkpoint, gives them `checkpoint_grace_s`, then stops them (SIGTERM, SIGKILL after the
 agent's kill grace). The bound, with everything it waits for:
 
-    fence_after_s + probe_timeout_s + checkpoint_grace_s + kill_grace_s  <  node_timeout_s
+    heartbeat_s + fence_after_s + probe_s + probe_timeout_s + checkpoint_grace_s + kill_grace_s
+        < node_timeout_s
 
-`fence_after_s` defaults to `node_timeout_s` minus the rest and a `slack_s`, so that the last
-process of a cut-off node is gone before the reconciler may requeue. The node-side equivalent
+(the reconciler counts from the last heartbeat it received, up to `heartbeat_s` before the
+cut). `fence_after_s` defaults to `node_timeout_s` minus the rest and a `slack_s`, so that the
+last process of a cut-off node is gone before the reconciler may requeue. The node-side equivalent
 of Nomad's `stop_after_client_disconnect` (we stop before the server gives the work away,
 rather than Nomad's `max_client_disconnect`, which keeps the job running "unknown" and risks two
 copies); Kubernetes' node leases are the same clock seen from the control plane.
@@ -43,10 +45,14 @@ class FenceConfig:
     slack_s: float = 2.0
     fence_after_s: float | None = None  # default: what is left of node_timeout_s
 
-    def after_s(self, kill_grace_s: float) -> float:
+    def after_s(self, kill_grace_s: float, heartbeat_s: float) -> float:
+        """The last heartbeat the reconciler saw may be `heartbeat_s` older than the last probe
+        that succeeded, and a probe may hang `probe_s + probe_timeout_s`: all of it, the
+        checkpoint grace and the kill grace must fit in the node timeout."""
         if self.fence_after_s is not None:
             return self.fence_after_s
-        rest = self.probe_timeout_s + self.checkpoint_grace_s + kill_grace_s + self.slack_s
+        rest = (heartbeat_s + self.probe_s + self.probe_timeout_s + self.checkpoint_grace_s + kill_grace_s
+                + self.slack_s)
         return max(self.probe_s, self.node_timeout_s - rest)
 
     @classmethod
@@ -66,7 +72,7 @@ class Fence:
     def __init__(self, host: Any, cfg: FenceConfig):
         self.host, self.cfg = host, cfg
         kill = max((a.cfg.kill_grace_s for a in host.agents.values()), default=10.0)
-        self.after_s = cfg.after_s(kill)
+        self.after_s = cfg.after_s(kill, host.heartbeat_s)
         self.last_ok = time.monotonic()
         self.fenced_at: float | None = None  # monotonic, while fenced
         self.fences = 0

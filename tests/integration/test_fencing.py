@@ -1,7 +1,8 @@
 """Fencing: a node agent that cannot reach the log stops its jobs before the reconciler could
 give their GPUs to another attempt. The NATS server the agent uses is frozen (SIGSTOP: packets
 go unanswered, like a cut link); the job's real process must be gone within the bound
-`fence_after_s + probe_timeout_s + checkpoint_grace_s + kill_grace_s < node_timeout_s`, and
+`heartbeat_s + fence_after_s + probe_s + probe_timeout_s + checkpoint_grace_s + kill_grace_s <
+node_timeout_s`, and
 the agent works on once the server answers again. A checkpoint written by a stale attempt is
 never the one a new attempt resumes from."""
 
@@ -23,10 +24,10 @@ FENCE = FenceConfig(node_timeout_s=4.0, probe_s=0.2, probe_timeout_s=0.5, checkp
 
 async def test_a_cut_off_agent_stops_its_jobs_before_the_node_timeout(nats_server, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUSCHED_NODE_TIMEOUT_S", "4")
-    monkeypatch.setenv("GPUSCHED_FENCE_AFTER_S", str(FENCE.after_s(1.0)))
+    monkeypatch.setenv("GPUSCHED_FENCE_AFTER_S", str(FENCE.after_s(1.0, 0.2)))
     async with Cluster(nats_server.url, tmp_path) as c:
         host = await c.start_nodes(["f0"], gpus=2, kill_grace_s=1.0)
-        assert host.fence.after_s == FENCE.after_s(1.0) < FENCE.node_timeout_s - 1.0
+        assert host.fence.after_s == FENCE.after_s(1.0, 0.2) < FENCE.node_timeout_s - 1.0
         await c.submit("long", JobSpec(team="t", gpus=2, command=[sys.executable, "-c", "import time; time.sleep(120)"]))
         await c.grant("long", ["f0/0", "f0/1"])
         await c.wait(lambda s: s.jobs["long"].state == "running", "running")

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "gpusched.cli.users",  # user add|list|revoke
     "gpusched.cli.chaos",  # chaos (fault drills with a verdict)
     "gpusched.cli.partition",  # partition [confirm] (declared partitions)
+    "gpusched.lab.cli",  # lab up|drill (the deployed NATS cluster on network namespaces)
 )
 
 
