@@ -15,8 +15,10 @@ attribute read each).
 `nats_readiness(monitor_url, peers)`: the readiness of one clustered NATS server, from its
 monitoring endpoints. `/healthz?js-enabled-only` says only that JetStream is on, so a server
 whose routes never formed answered ok; ready here means all three of: `/healthz?js-server-only`
-(the JetStream meta layer is current with a leader), `/routez` has routes to `peers` distinct
-servers, `/jsz` names a meta leader. deploy/k8s/nats.yaml's readiness probe is the same check
+(the JetStream meta layer is current with a leader), `/routez` has routes to at least `peers`
+distinct servers (a quorum with itself: 1 of the 2 others in a cluster of 3, so that one
+server down leaves the other two ready, and one cut off in a minority is not), `/jsz` names a
+meta leader. deploy/k8s/nats.yaml's readiness probe is the same check
 in `sh` + `wget` (`NATS_READY_SH`), for the nats image that has no Python."""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def shell_probe(port: int) -> bool:
     nats_yaml = list(yaml.safe_load_all((K8S / "nats.yaml").read_text()))
     pod = next(d for d in nats_yaml if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     script = pod["containers"][0]["readinessProbe"]["exec"]["command"][2]
-    assert script == health.nats_ready_sh(2), "nats.yaml's readiness probe differs from health.nats_ready_sh"
+    assert script == health.nats_ready_sh(1), "nats.yaml's readiness probe differs from health.nats_ready_sh"
     return subprocess.run(["sh", "-c", script.replace("127.0.0.1:8222", f"127.0.0.1:{port}")],
                           capture_output=True, timeout=10).returncode == 0
 
@@ -86,7 +86,7 @@ def shell_probe(port: int) -> bool:
 def wait_ready(ports: list[dict], timeout: float) -> list[tuple[bool, str]]:
     deadline = time.monotonic() + timeout
     while True:
-        states = [health.nats_readiness(f"http://127.0.0.1:{p['http']}", peers=2) for p in ports]
+        states = [health.nats_readiness(f"http://127.0.0.1:{p['http']}", peers=1) for p in ports]
         if all(ok for ok, _ in states) or time.monotonic() > deadline:
             return states
         time.sleep(0.3)

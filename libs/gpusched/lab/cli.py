@@ -16,6 +16,7 @@ import json
 import random
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -107,13 +108,17 @@ def cmd_lab(args: argparse.Namespace) -> int:
             return 0
         rng = random.Random(args.seed)
         kinds = args.drills.split(",")
-        results = [drill(c, kinds[i % len(kinds)], rng, args.hold_s) for i in range(args.runs * len(kinds))]
+        results = []
+        for i in range(args.runs * len(kinds)):
+            results.append(drill(c, kinds[i % len(kinds)], rng, args.hold_s))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        drills = summary(results)
         verdict = {"ok": all(r["recovery_s"] is not None for r in results), "hosts": len(c.lab.hosts),
-                   "drills": summary(results)}
+                   "drills": drills}
         if args.json:
             print(json.dumps({**verdict, "results": results}, indent=1))
         else:
-            for kind, s in verdict["drills"].items():
+            for kind, s in drills.items():
                 print(f"{kind:16} runs {s['runs']:3}  recovery p50 {s['recovery_p50_s']:.2f}s  p99 {s['recovery_p99_s']:.2f}s")
         return 0
     finally:
