@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind
 
 from gpusched.core import limits
 from gpusched.core.commands import CommandReply
-from gpusched.core.model import JobSpec, TeamQuota, TopologyConstraint
+from gpusched.core.model import LEVELS, JobSpec, TeamQuota, TopologyConstraint
 
 TOPOLOGY = {"nvlink": "nvlink", "node": "node", "rack": "rack", "block": "block", "any": "cluster", "cluster": "cluster"}
 
@@ -88,12 +88,13 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         if not sep:
             raise SystemExit(f"gpusched submit: --env {item!r} is not KEY=VALUE")
         env[key] = value
+    level, prefer = preferences_from_args(args.prefer)
     raw = {
         "team": args.team, "gpus": args.gpus, "min_gpus": args.min_gpus, "priority": args.priority,
         "preemptible": args.preemptible, "time_limit_s": args.time_limit, "command": command, "env": env,
         "checkpoint_dir": args.checkpoint_dir, "name": args.name or "",
         "topology": msgspec.to_builtins(TopologyConstraint(required=TOPOLOGY[args.topology],  # type: ignore[arg-type]
-                                                           preferred=args.prefer or "nvlink")),
+                                                           preferred=level)),
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
         "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
         "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
@@ -101,6 +102,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "gpu_type": getattr(args, "gpu_type", None),
         "constraints": pairs_from_args(getattr(args, "constraint", None), "submit: --constraint"),
         "array": array_from_arg(getattr(args, "array", None)),
+        "prefer": prefer,
     }
     try:
         spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
@@ -138,6 +140,26 @@ def array_from_arg(text: str | None) -> dict[str, int] | None:
     except ValueError:
         raise SystemExit(f"gpusched submit: --array {text!r} is not FIRST-LAST[%MAX_RUNNING]") from None
     return out
+
+
+def preferences_from_args(items: list[str] | None) -> tuple[str, dict | None]:
+    """`--prefer` items: a topology level (the one placement aims for), `gpu-type=MODEL`,
+    `label=K=V` or `spread` (soft preferences, `Preferences`)."""
+    level, prefer = "nvlink", {}
+    for item in items or []:
+        what, _, value = item.partition("=")
+        if item in LEVELS:
+            level = item
+        elif what == "gpu-type" and value:
+            prefer["gpu_type"] = value
+        elif what == "label" and "=" in value:
+            prefer.setdefault("labels", {}).update(pairs_from_args([value], "submit: --prefer label="))
+        elif item == "spread":
+            prefer["spread"] = True
+        else:
+            raise SystemExit(f"gpusched submit: --prefer {item!r} is not a level ({', '.join(LEVELS)}), "
+                             "gpu-type=MODEL, label=KEY=VALUE or spread")
+    return level, prefer or None
 
 
 def pairs_from_args(items: list[str] | None, where: str) -> dict[str, str]:
@@ -316,8 +338,10 @@ def register(sub) -> None:
                    help="end the job (as Slurm's TIMEOUT) after this many seconds of running")
     p.add_argument("--topology", choices=["nvlink", "node", "rack", "block", "any"], default="any",
                    help="the widest level the job may span (default: any)")
-    p.add_argument("--prefer", choices=["nvlink", "node", "rack", "block", "cluster"], default=None,
-                   help="the level placement aims for (default: nvlink)")
+    p.add_argument("--prefer", action="append", default=None, metavar="PREFERENCE",
+                   help="repeatable; where the job would rather run when several places fit, never whether "
+                        "it runs: gpu-type=MODEL, label=KEY=VALUE, spread (the emptiest nodes), or the "
+                        "topology level placement aims for (nvlink, node, rack, block, cluster; default nvlink)")
     p.add_argument("--checkpoint-dir", default=None, help="where the job's checkpoints live (resumed from there)")
     p.add_argument("--checkpoint", choices=["rank0", "all"], default="rank0",
                    help="which node ranks save a checkpoint: rank 0 alone (default) or every rank; a "

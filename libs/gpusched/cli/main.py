@@ -2,7 +2,8 @@
 
 Errors read as one line on stderr (`gpusched CMD: ...`), never a traceback unless `--debug`
 (or GPUSCHED_DEBUG=1). Exit codes: 0 ok, 1 refused or a check failed, 2 bad usage or a server
-that cannot be reached (the line names the address tried and how to fix it), 130 interrupted.
+that cannot be reached (the line names the address tried and how to fix it), 4 another
+distribution installs the `gpusched` package too (`cli.ownership`), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -102,7 +103,11 @@ def _add_creds(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from gpusched.bus.log import ServerUnsuitable
+    from gpusched.cli.ownership import refusal
 
+    if (why := refusal()) is not None:  # another distribution owns `gpusched` too
+        print(why, file=sys.stderr)
+        return 4  # not 3: a service exits 3 when deaf (services.shell)
     args = build_parser().parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("GPUSCHED_DEBUG", "") not in ("", "0")
     if getattr(args, "client", False):
