@@ -203,6 +203,8 @@ _LINES: dict[str, Any] = {
     "JobRejected": lambda e: f"submission of {e.team} rejected: {e.reason}",
     "NodeRegistered": lambda e: f"node {e.node} registered in {e.rack} with {len(e.gpus)} GPU(s)",
     "NodeLost": lambda e: f"node {e.node} lost: {e.reason}",
+    "PartitionDeclared": lambda e: f"partition declared: {len(e.nodes)} nodes ({e.reason})",
+    "PartitionEnded": lambda e: f"partition ended: {len(e.nodes)} nodes ({e.reason})",
     "NodeDrained": lambda e: (f"node {e.node} maintenance window {e.start or e.at:.0f}..{e.until:.0f} {e.reason}" if e.until is not None
                               else f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}").rstrip(),
     "ZombieDetected": lambda e: f"zombie on {e.gpu}: pids {e.pids}",

@@ -25,6 +25,8 @@ COMMAND_MODULES = (
     "gpusched.cli.sim",  # sim (trace simulation)
     "gpusched.cli.users",  # user add|list|revoke
     "gpusched.cli.chaos",  # chaos (fault drills with a verdict)
+    "gpusched.cli.partition",  # partition [confirm] (declared partitions)
+    "gpusched.lab.cli",  # lab up|drill (the deployed NATS cluster on network namespaces)
 )
 
 
@@ -70,6 +72,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stream": ("gpusched.cli.users", "admin: create the streams (deploy/; `up` does it itself)"),
     "user": ("gpusched.cli.users", "add, list or revoke the identities that may use the stack"),
     "chaos": ("gpusched.cli.chaos", "fault drills with a verdict (kills services, NATS, Redis under load)"),
+    "partition": ("gpusched.cli.partition", "nodes in a declared partition; `confirm`: an admin declares them lost"),
+    "lab": ("gpusched.lab.cli", "the deployed NATS cluster on separate network hosts (namespaces); fault drills"),
 }
 
 

@@ -286,6 +286,7 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
     }
     if job.state == "pending":
         data["why_pending"] = explain_pending(state, job_id, config=config)
+    data["partitioned_nodes"] = sorted({state.gpus[g].node for g in job.gpus if state.nodes[state.gpus[g].node].partitioned})
     return data
 
 

@@ -385,6 +385,10 @@ def print_show(data: dict[str, Any]) -> None:
         lines.append(f"ended: {d['end_reason']}")
     if d.get("unhealthy_gpus"):
         lines.append(f"[red]runs on unhealthy GPU(s) {compress_gpus(d['unhealthy_gpus'])}: {d['unhealthy_reason']}[/]")
+    if data.get("partitioned_nodes"):
+        lines.append(f"[red]node(s) {', '.join(data['partitioned_nodes'])} in a declared partition (silent with many "
+                     "others): the job is kept, not requeued, until their heartbeats return or an admin confirms "
+                     "them lost (gpusched partition confirm)[/]")
     if d.get("workdir"):
         lines.append(f"runs in {d['workdir']}; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
     for ref in d.get("logs", [])[-8:]:
