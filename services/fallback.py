@@ -25,7 +25,7 @@ import msgspec
 import structlog
 
 from gpusched.core import events as ev
-from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
 
 from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, connect_redis, lease_holder, owner_id
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
@@ -56,6 +56,7 @@ class Fallback:
         self.indexes = Indexes()  # its indexes of its fold, kept across its rounds
         self.decide = lambda state, now: naive_cycle(state, now, self.indexes)
         self.tracker = Tracker(folded)
+        self.failures = FailedRounds("fallback")
         self.started = time.monotonic()
         self.last_seen_placement = time.monotonic()
         self.grants = 0
@@ -105,8 +106,11 @@ class Fallback:
                 try:
                     await self.round()
                 except Exception:
-                    log.exception("fallback_round_failed")
+                    if self.failures.failed():
+                        return
                     await asyncio.sleep(0.5)
+                    continue
+                self.failures.ok()
         finally:
             await keeper
 
