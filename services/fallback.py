@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import time
 
 import msgspec
@@ -40,6 +41,10 @@ def naive(event: ev.Event) -> ev.Event:
     return event
 
 
+#: What a placement process writes as the lease's holder (`lease.owner_id("placement")`).
+PLACEMENT_OWNER = re.compile(r"placement@[A-Za-z0-9._-]{1,255}:[0-9]{1,10}:[0-9a-f]{6}")
+
+
 class Fallback:
     def __init__(self, folded: FoldedLog, redis, own: Lease, placement_key: str, grace_s: float,
                  debounce_s: float = 0.005, tick_s: float | None = None):
@@ -57,6 +62,7 @@ class Fallback:
         self.decide = lambda state, now: naive_cycle(state, now, self.indexes)
         self.tracker = Tracker(folded)
         self.failures = FailedRounds("fallback")
+        self._foreign_said = -1e18
         self.started = time.monotonic()
         self.last_seen_placement = time.monotonic()
         self.grants = 0
@@ -65,6 +71,9 @@ class Fallback:
         """Why placement is considered gone, or None while it is alive (or still starting)."""
         holder = await lease_holder(self.redis, self.placement_key)
         now = time.monotonic()
+        if holder and not PLACEMENT_OWNER.fullmatch(holder):
+            self._foreign(holder)
+            holder = None  # a key anyone with Redis wrote is no placement alive
         if holder:
             self.last_seen_placement = now
             return None
@@ -74,6 +83,13 @@ class Fallback:
         if holder == "":
             return f"redis unreachable for {gone:.1f}s: placement cannot hold its lease"
         return f"placement lease {self.placement_key} absent for {gone:.1f}s"
+
+    def _foreign(self, holder: str) -> None:
+        """Say once a minute that the placement lease is held by no placement process."""
+        now = time.monotonic()
+        if now - self._foreign_said >= 60.0:
+            self._foreign_said = now
+            log.warning("placement_lease_foreign_holder", key=self.placement_key, holder=holder[:80])
 
     async def round(self) -> None:
         reason = await self.placement_lapsed()
