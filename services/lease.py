@@ -16,9 +16,10 @@ import uuid
 import redis.asyncio as aioredis
 import structlog
 
+from gpusched.redis_client import DEFAULT_REDIS_URL, connect_redis, redis_url  # noqa: F401 (the services' names)
+
 log = structlog.get_logger()
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 PLACEMENT_LEASE_KEY = "gpusched:lease:placement"
 FALLBACK_LEASE_KEY = "gpusched:lease:fallback"
 
@@ -34,18 +35,6 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-
-
-def redis_url(url: str | None = None) -> str:
-    """Explicit > $GPUSCHED_REDIS_URL > the client config's (which carries the password)."""
-    from gpusched.security import clientconfig
-
-    return clientconfig.resolve("redis", url, "GPUSCHED_REDIS_URL") or DEFAULT_REDIS_URL
-
-
-def connect_redis(url: str | None = None) -> aioredis.Redis:
-    """The one way services connect to Redis."""
-    return aioredis.Redis.from_url(redis_url(url), socket_timeout=2.0, socket_connect_timeout=2.0)
 
 
 def owner_id(role: str) -> str:

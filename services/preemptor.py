@@ -27,6 +27,9 @@ log = structlog.get_logger()
 
 #: Also the end of jobs past their time limit: like a forced release, a deadline passing.
 PREEMPTOR_KINDS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobFailed, ev.JobTimedOut)
+#: Steps whose decisions the preemptor never keeps: the queue's reasons and ETAs (`JobPending`,
+#: placement's), which cost most of a cycle on a long queue.
+PREEMPTOR_SKIPS = ("explain",)
 
 
 class Preemptor:
@@ -36,7 +39,7 @@ class Preemptor:
 
         self.folded = folded
         self.indexes = Indexes()  # its indexes of its fold, kept across its cycles
-        self.decide = lambda state, now: cycle(state, now, config, self.indexes)
+        self.decide = lambda state, now: cycle(state, now, config, self.indexes, skip=PREEMPTOR_SKIPS)
         self.debounce_s = debounce_s
         self.tick_s = tick_s
         self.appended = 0

@@ -1,7 +1,6 @@
 """Every service by name: what `gpusched service run NAME` and `gpusched up` start.
 
-A service module exposes `add_arguments(parser)` and `async def serve(args, stop)`. Modules
-written to another shape get a small adapter here. A service whose module is not installed
+A service module exposes `add_arguments(parser)` and `async def serve(args, stop)`. A service whose module is not installed
 (yet) is reported as missing and skipped by `gpusched up`.
 """
 
@@ -56,12 +55,6 @@ def load(name: str) -> Entry:
     module = importlib.import_module(service.module)
     add = getattr(module, "add_arguments", None)
     serve = getattr(module, "serve", None)
-    if add is not None and serve is not None:
-        return Entry(add, serve)
-    adapter = _ADAPTERS.get(name)
-    if adapter is None:
+    if add is None or serve is None:
         raise AttributeError(f"{service.module} has no add_arguments/serve")
-    return adapter(module)
-
-
-_ADAPTERS: dict[str, Callable[[object], Entry]] = {}
+    return Entry(add, serve)

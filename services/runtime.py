@@ -18,6 +18,7 @@ from gpusched import health, metrics, store, telemetry
 from gpusched.bus import subjects
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
+from gpusched.core.model import DEFAULT_HALF_LIFE_S
 from gpusched.core.state import ClusterState
 
 log = structlog.get_logger()
@@ -68,7 +69,7 @@ class FailedRounds:
 class FoldedLog:
     """A live fold of the log. `changed` is set after every applied event."""
 
-    def __init__(self, event_log: EventLog, half_life_s: float | None = 7 * 24 * 3600.0):
+    def __init__(self, event_log: EventLog, half_life_s: float | None = DEFAULT_HALF_LIFE_S):
         self.log = event_log
         self.state = store.new_fold(half_life_s)
         self.changed = asyncio.Event()
@@ -84,7 +85,7 @@ class FoldedLog:
 
     @classmethod
     async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None,
-                   half_life_s: float | None = 7 * 24 * 3600.0) -> FoldedLog:
+                   half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> FoldedLog:
         """Connect, replay what exists (from `snapshot` on, when one is given) and keep
         following: what every service starts with. `half_life_s`: the usage half-life of the
         fold (a policy's `PolicyConfig.half_life_s`, the same as the simulator folds with)."""

@@ -6,9 +6,13 @@
   `export_cluster()` serves them (the projector): summing over scrape targets counts each once.
 - Per-service metrics (`gpusched_log_seq`, decision time, handled commands and events,
   compare-and-set conflicts) carry a `service` label and come from every service.
-- Per-GPU metrics from node heartbeats, named as NVIDIA's DCGM exporter names them
-  (`DCGM_FI_DEV_GPU_UTIL`, ...), with node, GPU, job and team labels: served by the reconciler,
-  the one consumer of heartbeats (`GpuMetrics`).
+- Per-GPU metrics from node heartbeats under gpusched's own names (`gpusched_gpu_*`, never
+  DCGM_FI_*: NVIDIA's dcgm-exporter owns those on a real cluster) with node, gpu, UUID, job_id
+  and team labels: served by the reconciler, the one consumer of heartbeats (`GpuMetrics`).
+  Join dcgm-exporter's series to jobs by the shared `UUID` label:
+  `DCGM_FI_DEV_POWER_USAGE * on(UUID) group_left(job_id, team) gpusched_gpu_healthy`.
+- No label is called `job` (Prometheus's own target label: ours would become `exported_job`):
+  a job's id is `job_id`.
 
     metrics.start_metrics_server(9101)            # once per process (idempotent per port)
     metrics.attach(folded)                         # per-service listener (+ cluster, if exported)
@@ -53,7 +57,7 @@ TEAM_HELD_S = Gauge("gpusched_team_gpu_seconds_held", "GPU-seconds a team held (
 TEAM_BUSY_S = Gauge("gpusched_team_gpu_seconds_busy", "GPU-seconds a team held while not idle", ["team"], registry=_R)
 TEAM_EFFICIENCY = Gauge("gpusched_team_gpu_efficiency", "Busy / held GPU-seconds of a team (seff-like)", ["team"],
                         registry=_R)
-JOB_EFFICIENCY = Gauge("gpusched_job_gpu_efficiency", "Busy / held GPU-seconds of a running job", ["job", "team"],
+JOB_EFFICIENCY = Gauge("gpusched_job_gpu_efficiency", "Busy / held GPU-seconds of a running job", ["job_id", "team"],
                        registry=_R)
 
 GRANTS = Counter("gpusched_grants", "Gang grants appended to the log", ["placer", "level"], registry=_R)
@@ -86,14 +90,16 @@ HANDLED = Counter("gpusched_handled", "Commands and events a service handled", [
 CONFLICTS = Counter("gpusched_append_conflicts", "Compare-and-set appends that lost and were retried", ["service"],
                     registry=REGISTRY)
 
-# --- per GPU, from heartbeats (the reconciler), DCGM exporter names ---------------------------------
+# --- per GPU, from heartbeats (the reconciler), gpusched's names, dcgm-exporter's `UUID` label ------
 
-GPU_LABELS = ["node", "gpu", "UUID", "job", "team"]
-GPU_UTIL = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", GPU_LABELS, registry=REGISTRY)
-GPU_FB_USED = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)", GPU_LABELS, registry=REGISTRY)
-GPU_FB_FREE = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)", GPU_LABELS, registry=REGISTRY)
-GPU_TEMP = Gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", GPU_LABELS, registry=REGISTRY)
-GPU_XID = Gauge("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error seen (0: none)", GPU_LABELS, registry=REGISTRY)
+GPU_LABELS = ["node", "gpu", "UUID", "job_id", "team"]
+MIB = 1024 * 1024
+GPU_UTIL = Gauge("gpusched_gpu_utilization_ratio", "GPU utilization the node daemon reported (0-1)", GPU_LABELS,
+                 registry=REGISTRY)
+GPU_FB_USED = Gauge("gpusched_gpu_memory_used_bytes", "GPU memory used", GPU_LABELS, registry=REGISTRY)
+GPU_FB_FREE = Gauge("gpusched_gpu_memory_free_bytes", "GPU memory free", GPU_LABELS, registry=REGISTRY)
+GPU_TEMP = Gauge("gpusched_gpu_temperature_celsius", "GPU temperature", GPU_LABELS, registry=REGISTRY)
+GPU_XID = Gauge("gpusched_gpu_last_xid", "Value of the last XID error seen (0: none)", GPU_LABELS, registry=REGISTRY)
 GPU_XID_COUNT = Counter("gpusched_gpu_xid_errors", "XID errors seen in heartbeats (a new XID value counts once)",
                         ["node", "gpu", "UUID"], registry=REGISTRY)
 GPU_HEALTHY = Gauge("gpusched_gpu_healthy", "1 while the node daemon reports the GPU healthy", GPU_LABELS,
@@ -231,13 +237,21 @@ def observe_efficiency(state: Any) -> None:
 
 
 class FoldMetrics:
-    """A `FoldedLog` listener: counters from the records, gauges refreshed at most every
-    `gauge_interval_s` of wall time (the fold moves fast during replay)."""
+    """A `FoldedLog` listener: counters from the records, gauges at most every `gauge_interval_s`
+    of wall time (the fold moves fast during replay) and, so that they follow the state at once,
+    once more at the end of a throttled burst (the last event of a burst, say PlacementRecovered,
+    is never left unshown) and every `refresh_s` on a timer (nothing else moves them when the log
+    is quiet). The timers run on the event loop that folds, so no scrape sees a half-applied event."""
 
-    def __init__(self, gauge_interval_s: float = 0.5):
+    def __init__(self, gauge_interval_s: float = 0.5, refresh_s: float = 5.0):
         self.gauge_interval_s = gauge_interval_s
+        self.refresh_s = refresh_s
         self._last_gauges = 0.0
         self._queued_at: dict[str, float] = {}
+        self._state: Any = None
+        self._trailing: Any = None  # the pending end-of-burst refresh (an asyncio handle)
+        self._ticking = False
+        self.folded: Any = None  # the FoldedLog it listens to: the timer stops with it
 
     def __call__(self, record: Any, state: Any) -> None:
         e = record.event
@@ -268,13 +282,43 @@ class FoldMetrics:
             FINISHED.labels({ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobTimedOut: "timeout",
                              ev.JobCancelled: "cancelled"}[type(e)]).inc()
             self._queued_at.pop(e.job_id, None)
-        now = time.monotonic()
-        if now - self._last_gauges >= self.gauge_interval_s:
-            self._last_gauges = now
-            observe_state(state)
+        self._state = state
+        wait = self.gauge_interval_s - (time.monotonic() - self._last_gauges)
+        if wait <= 0:
+            self.refresh(state)
+        elif self._trailing is None:
+            self._trailing = _call_later(wait, self._refresh_trailing)
+        if not self._ticking and self.folded is not None:
+            self._ticking = _call_later(self.refresh_s, self._tick) is not None
 
     def refresh(self, state: Any) -> None:
+        self._last_gauges = time.monotonic()
         observe_state(state)
+
+    def _refresh_trailing(self) -> None:
+        self._trailing = None
+        if self._state is not None:
+            self.refresh(self._state)
+
+    def _tick(self) -> None:
+        """The timer: refresh, and go on while the fold it listens to does."""
+        task = getattr(self.folded, "_task", None)
+        if task is None or task.done():
+            self._ticking = False
+            return
+        if self._state is not None:
+            self.refresh(self._state)
+        _call_later(self.refresh_s, self._tick)
+
+
+def _call_later(delay: float, callback: Any) -> Any:
+    """`loop.call_later` on the running loop; None outside one (a plain fold: no timer)."""
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop().call_later(delay, callback)
+    except RuntimeError:
+        return None
 
 
 class ServiceFold:
@@ -311,9 +355,9 @@ class GpuMetrics:
                     with contextlib.suppress(KeyError):
                         gauge.remove(*old)
             self._labels[key] = labels
-            GPU_UTIL.labels(*labels).set(g.utilization_pct)
-            GPU_FB_USED.labels(*labels).set(g.memory_used_mb)
-            GPU_FB_FREE.labels(*labels).set(max(0, g.memory_total_mb - g.memory_used_mb))
+            GPU_UTIL.labels(*labels).set(g.utilization_pct / 100.0)
+            GPU_FB_USED.labels(*labels).set(g.memory_used_mb * MIB)
+            GPU_FB_FREE.labels(*labels).set(max(0, g.memory_total_mb - g.memory_used_mb) * MIB)
             temperature = getattr(g, "temperature_c", None)
             if temperature is not None:
                 GPU_TEMP.labels(*labels).set(temperature)
@@ -341,6 +385,7 @@ def attach(folded: Any, service: str | None = None) -> FoldMetrics:
     if not any(isinstance(x, ServiceFold) and x.service == name for x in folded.listeners):
         folded.listeners.append(ServiceFold(name))
     listener = FoldMetrics()
+    listener.folded = folded
     if exporting_cluster() and not _attached:
         _attached.add(id(folded))
         folded.listeners.append(listener)

@@ -29,6 +29,7 @@ from nats.js.errors import NotFoundError
 from gpusched.bus import subjects
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
+from gpusched.core.model import DEFAULT_HALF_LIFE_S
 from gpusched.core.state import FORGET_AFTER_S, ClusterState
 from gpusched.security import snapshots
 
@@ -60,7 +61,7 @@ def fold_horizon() -> float | None:
     return value
 
 
-def new_fold(half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
+def new_fold(half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> ClusterState:
     """An empty fold as this process's services keep it (usage half-life, forgetting horizon)."""
     return ClusterState(half_life_s=half_life_s, forget_after_s=fold_horizon())
 
@@ -216,7 +217,7 @@ async def untrusted(event_log: EventLog, state: ClusterState) -> str | None:
     return await snapshots.untrusted(event_log, state)
 
 
-async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState | None:
+async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> ClusterState | None:
     """The latest snapshot if its half-life matches (a fold with other parameters is another fold)."""
     try:
         raw = await r.hgetall(SNAPSHOT_KEY)
@@ -234,9 +235,9 @@ async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = 7 * 24 * 
 
 
 async def load_snapshot_from(redis_url: str | None,
-                             half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState | None:
+                             half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> ClusterState | None:
     """The latest snapshot from the Redis at `redis_url`, or None (no Redis, no snapshot)."""
-    from gpusched.services.lease import connect_redis
+    from gpusched.redis_client import connect_redis
 
     r = connect_redis(redis_url)
     try:
@@ -246,7 +247,7 @@ async def load_snapshot_from(redis_url: str | None,
 
 
 async def fold_log(event_log: EventLog, state: ClusterState | None = None, until: int | None = None,
-                   half_life_s: float | None = 7 * 24 * 3600.0) -> ClusterState:
+                   half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> ClusterState:
     """Fold the log (from a snapshot's sequence when given one) up to `until` (default: now)."""
     state = state or new_fold(half_life_s)
     info = (await event_log.js.stream_info(subjects.STREAM)).state

@@ -22,11 +22,9 @@ K = {name: PREFIX + name for name in
 
 
 def redis_client(url: str | None) -> aioredis.Redis:
-    """A Redis client with the control plane's timeouts (`services.lease.connect_redis`)."""
-    try:
-        from gpusched.services.lease import connect_redis
-    except ImportError:  # pragma: no cover - the control plane provides it
-        return aioredis.Redis.from_url(url or "redis://127.0.0.1:6379/0", socket_timeout=2.0)
+    """A Redis client with the control plane's timeouts."""
+    from gpusched.redis_client import connect_redis
+
     return connect_redis(url)
 
 

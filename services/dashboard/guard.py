@@ -9,7 +9,10 @@
   the Host and the time (`nkey_authorization`), valid for two minutes, for a key the keyring
   (`GPUSCHED_KEYS`) lists with role admin and not revoked.
 - Host allow-list (DNS rebinding): every request's `Host` must be one the dashboard is served
-  as (127.0.0.1, localhost, [::1] on its port, plus `--allow-host`), or it gets 421.
+  as (127.0.0.1, localhost, [::1] on its port, plus `--allow-host` / `GPUSCHED_DASHBOARD_HOSTS`),
+  or it gets 421. An allowed name given without a port also passes bare or on 80/443, as a
+  Service or an Ingress sends it (`Host: dashboard.gpusched.svc`); a name given with a port
+  passes only on that port. A rebinding page's Host is its own name, which no list holds.
 - CSRF: a state-changing request must be `application/json` (so `text/plain` and form posts,
   which a foreign page can send without a CORS preflight, are refused), must come from an allowed
   `Origin` when it has one, and when it authenticates by cookie must carry `Origin` and the
@@ -62,6 +65,14 @@ def nkey_authorization(signer: signing.Signer, host: str, now: float | None = No
     return f"Nkey {signer.public_key}.{at}.{sig}"
 
 
+def allowed_forms(name: str, port: int) -> set[str]:
+    """The `Host` values an allowed name stands for: as given when it names its port, else bare
+    and on the dashboard's port and the web's (a Service on 80, an Ingress on 443)."""
+    if ":" in name.rsplit("]", 1)[-1]:  # NAME:PORT or [V6]:PORT
+        return {name}
+    return {name, *(f"{name}:{p}" for p in (port, 80, 443))}
+
+
 class Guard:
     def __init__(self, admin_token: str, port: int, view_token: str | None = None,
                  allow_hosts: Iterable[str] = (), keys: keyring.KeyRing | None = None):
@@ -74,8 +85,9 @@ class Guard:
             self.tokens[view_token] = "viewer"
         self.port = port
         self.cookie = f"gpusched_token_{port}"  # cookies ignore ports: one per dashboard
-        names = {"127.0.0.1", "localhost", "[::1]", *(h.strip().lower() for h in allow_hosts if h.strip())}
-        self.hosts = {n if ":" in n.replace("[::1]", "") else f"{n}:{port}" for n in names}
+        self.hosts = {f"{n}:{port}" for n in ("127.0.0.1", "localhost", "[::1]")}
+        for name in (h.strip().lower() for h in allow_hosts if h.strip()):
+            self.hosts |= allowed_forms(name, port)
         self.origins = {f"http://{h}" for h in self.hosts} | {f"https://{h}" for h in self.hosts}
 
     @classmethod

@@ -17,6 +17,7 @@ from gpusched.core.model import nvlink_domains
 
 from .agent import AgentConfig, NodeHost, default_work_dir
 from .backends import BackendUnavailable, NvmlBackend, SimBackend
+from .topology_source import TopologyUnavailable, from_host, from_kubernetes
 
 log = structlog.get_logger()
 
@@ -133,6 +134,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                         help="a label this node announces at registration, matched by jobs' --constraint "
                              "(repeatable; an admin's `gpusched label` wins over it)")
+    parser.add_argument("--topology-from", choices=("flags", "kubernetes", "host"), default="flags",
+                        help="where rack and block come from: --rack/--block, the Kubernetes Node's labels "
+                             "(needs `get` on nodes), or the host's LLDP neighbour switch (lldpd)")
+    parser.add_argument("--rack-label", default="topology.gpusched.io/rack", help="kubernetes: the Node label naming its rack")
+    parser.add_argument("--block-label", default="topology.kubernetes.io/zone",
+                        help="kubernetes: the Node label naming its block")
     parser.add_argument("--heartbeat-s", type=float, default=5.0)
     parser.add_argument("--kill-grace-s", type=float, default=10.0)
 
@@ -183,6 +190,12 @@ def resolve_backend(kind: str) -> str:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     args.backend = resolve_backend(args.backend)
+    source = getattr(args, "topology_from", "flags")
+    if source != "flags":  # kubernetes: one DaemonSet for every node pool; host: bare metal
+        topo = await (from_kubernetes(args.node or socket.gethostname(), args.rack_label, args.block_label)
+                      if source == "kubernetes" else from_host())
+        args.rack, args.block = topo.rack, topo.block or args.block
+        log.info("topology_learned", source=source, rack=topo.rack, block=args.block)
     users = {"job_user": args.job_user, "team_users": parse_team_users(args.team_user),
              "labels": parse_labels(args.label)}
     if args.backend == "sim" and (args.count > 1 or args.node is None):
@@ -207,6 +220,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(serve, args, "nodeagent")
-    except BackendUnavailable as err:
+    except (BackendUnavailable, TopologyUnavailable) as err:
         print(f"gpusched nodeagent: {err}", file=sys.stderr)
         return 2

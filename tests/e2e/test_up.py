@@ -71,7 +71,7 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
         assert json.loads(audit.stdout)["trust"]["unsigned"] == 0
 
         # Each service serves its own metrics; the cluster's come from the projector alone, the
-        # per-GPU ones (DCGM names) from the reconciler.
+        # per-GPU ones (gpusched_gpu_*) from the reconciler.
         services = list(stack["services"])
 
         def scrape(name: str) -> str:
@@ -84,10 +84,10 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
         projector = scrape("projector")
         assert 'gpusched_gpus{status="held"}' in projector and "gpusched_grants_total" in projector
         deadline = time.monotonic() + 10
-        while "DCGM_FI_DEV_GPU_UTIL{" not in (gpus := scrape("reconciler")):
+        while "gpusched_gpu_utilization_ratio{" not in (gpus := scrape("reconciler")):
             assert time.monotonic() < deadline, "no per-GPU metrics from the reconciler"
             await asyncio.sleep(0.5)
-        assert "DCGM_FI_DEV_GPU_TEMP{" in gpus
+        assert "gpusched_gpu_temperature_celsius{" in gpus
 
         # A service killed with SIGKILL is restarted by `up`.
         os.kill(stack["services"]["admission"], signal.SIGKILL)

@@ -1,6 +1,6 @@
 """Every metric docs/operating.md documents moves when the code that drives it runs: a fold of a
 real log (cluster gauges and counters), a compare-and-set conflict, a decision cycle, and a node
-heartbeat (per-GPU metrics in DCGM exporter names)."""
+heartbeat (per-GPU metrics under gpusched_gpu_* names)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def documented() -> set[str]:
     text = DOCS.read_text()
     section = text[text.index("## Metrics"):]
     section = section[:section.index("\n## ", 4)] if "\n## " in section[4:] else section
-    return set(re.findall(r"`((?:gpusched_|DCGM_FI_)[A-Za-z0-9_]+)", section))
+    return set(re.findall(r"`(gpusched_[A-Za-z0-9_]+)`", section))
 
 
 def _samples() -> dict[str, float]:
@@ -88,6 +88,6 @@ async def test_every_documented_metric_moves(event_log):
     samples = _samples()
     still = sorted(n for n in names if not _moved(n, samples))
     assert still == [], f"documented metrics that never moved: {still}"
-    gpu = REGISTRY.get_sample_value("DCGM_FI_DEV_GPU_UTIL", {"node": "mv0", "gpu": "0", "UUID": "mv-u0",
-                                                             "job": "mv-1", "team": "mv-a"})
-    assert gpu == 97.0
+    gpu = REGISTRY.get_sample_value("gpusched_gpu_utilization_ratio", {"node": "mv0", "gpu": "0", "UUID": "mv-u0",
+                                                                       "job_id": "mv-1", "team": "mv-a"})
+    assert gpu == 0.97

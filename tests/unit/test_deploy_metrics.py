@@ -54,3 +54,14 @@ def test_the_alerts_operators_rely_on_exist():
                    "GpuschedPlacementLeaseFlapping"):
         assert wanted in alerts
     assert "gpusched_queue_oldest_submitted_timestamp_seconds" in alerts["GpuschedQueueAgeHigh"]
+
+
+def test_no_label_named_job_and_no_dcgm_names():
+    """`job` is Prometheus's target label (ours would be renamed `exported_job`), and DCGM_FI_*
+    belong to NVIDIA's dcgm-exporter on a real cluster."""
+    collectors = {*REGISTRY._names_to_collectors.values(), *metrics.CLUSTER._names_to_collectors.values()}
+    ours = [c for c in collectors if hasattr(c, "_labelnames")]
+    assert len(ours) >= 30
+    assert sorted(c._name for c in ours if "job" in c._labelnames) == []
+    assert sorted(c._name for c in ours if c._name.startswith("DCGM_")) == []
+    assert "job_id" in metrics.GPU_HEALTHY._labelnames and "UUID" in metrics.GPU_HEALTHY._labelnames

@@ -59,7 +59,7 @@ def test_cluster_metrics_are_not_served_by_every_service():
     names = {m.name for m in REGISTRY.collect()}
     if not metrics.exporting_cluster():
         assert "gpusched_gpus" not in names and "gpusched_grants" not in names
-    assert {"gpusched_log_seq", "gpusched_decision_seconds", "DCGM_FI_DEV_GPU_UTIL"} <= names
+    assert {"gpusched_log_seq", "gpusched_decision_seconds", "gpusched_gpu_utilization_ratio"} <= names
     assert "gpusched_gpus" in {m.name for m in metrics.CLUSTER.collect()}
 
 
@@ -83,10 +83,10 @@ def test_efficiency_gauges_per_team_and_running_job():
     assert _value("gpusched_team_gpu_seconds_busy", team="e-a") == 200.0
     assert _value("gpusched_team_gpu_efficiency", team="e-a") == 0.5
     assert _value("gpusched_gpus_idle", team="e-a") == 2
-    assert _value("gpusched_job_gpu_efficiency", job="ej1", team="e-a") == 0.0
-    assert _value("gpusched_job_gpu_efficiency", job="ej2", team="e-a") == 1.0
+    assert _value("gpusched_job_gpu_efficiency", job_id="ej1", team="e-a") == 0.0
+    assert _value("gpusched_job_gpu_efficiency", job_id="ej2", team="e-a") == 1.0
     assert _value("gpusched_idle_timeouts_total", team="e-a") == before + 1
     e = ev.GpusReleased(at=101, job_id="ej1", reason="preempted", forced=True)
     state.apply(e, 8)
     listener(Record(8, e, "s", None), state)
-    assert metrics.CLUSTER.get_sample_value("gpusched_job_gpu_efficiency", {"job": "ej1", "team": "e-a"}) is None
+    assert metrics.CLUSTER.get_sample_value("gpusched_job_gpu_efficiency", {"job_id": "ej1", "team": "e-a"}) is None

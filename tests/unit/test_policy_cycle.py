@@ -213,7 +213,7 @@ COST_CASES = {
 
 @pytest.mark.parametrize("name", list(COST_CASES))
 def test_failed_placements_are_remembered_within_a_cycle(name, monkeypatch):
-    import gpusched.policy.plan as plan_mod
+    import gpusched.policy.placer as plan_mod
 
     preset, pending, spec, most = COST_CASES[name]
     s = Scenario(racks=1, nodes=4)

@@ -287,3 +287,27 @@ def test_simulate_uses_the_quotas_given():
                    quotas={"t": TeamQuota(guaranteed=2, weight=1.0, limit=4)})
     assert sim.state.teams["t"].quota == TeamQuota(2, 1.0, 4)
     assert sim.summary()["completed"] == 4
+
+
+def test_guarantee_wait_counts_the_waits_a_guarantee_covers():
+    """4 GPUs, x and y guaranteed 2 each. y (4 GPUs, 100 s) is beyond its guarantee: not counted;
+    x (2 GPUs at 10 s) is within x's: under fifo it waits for y, 90 s."""
+    from gpusched.core.model import TeamQuota
+
+    jobs = [job("y", 0, 100, 4, "y"), job("x", 10, 20, 2, "x")]
+    quotas = {"x": TeamQuota(guaranteed=2), "y": TeamQuota(guaranteed=2)}
+    sim = Simulation(jobs, Cluster.parse("1x1x4"), PRESETS["fifo"], IDEAL, policy_name="fifo", quotas=quotas)
+    m = sim.run()
+    assert m["guarantee_wait"] == {"waits": 1, "unserved": 0, "p50_s": 90.0, "p99_s": 90.0, "max_s": 90.0}
+
+
+def test_a_compare_run_may_carry_its_own_knobs():
+    """`--compare tiresias,tiresias+fairshare=true`: one preset twice, the second with a knob
+    of its own, which wins over `--set`."""
+    from gpusched.sim.report import split_variant
+
+    assert split_variant("tiresias+fairshare=true+las=false") == ("tiresias", {"fairshare": "true", "las": "false"})
+    jobs = [job("a", 0, 10, 1, "x")]
+    sim = simulate(jobs, Cluster.parse("1x1x4"), "tiresias+fairshare=true", IDEAL, {"fairshare": "false"})
+    assert sim.config.fairshare and not PRESETS["tiresias"].fairshare
+    assert sim.summary()["policy"] == "tiresias+fairshare=true"

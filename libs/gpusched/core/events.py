@@ -4,11 +4,26 @@ Every event is a small frozen msgspec Struct tagged by its class name (`"type"` 
 carries `v` (schema version) and `at` (the unix time its writer decided it: the fold never
 reads a clock). Events whose `ALLOC` flag is set change who holds a GPU or whether a GPU may be
 held; they live under one subject tree so that grants can compare-and-set over it.
+
+How facts evolve (a log lives for years; eventsourcing's `class_version` and upcasters):
+
+- `v` is the shape of the event's class its writer knew: `Event.VERSION`, raised by a class
+  whenever it gains a field (its `HISTORY` says what each version added).
+- A writer may only *add* fields, with defaults under which the old meaning holds. A reader
+  accepts the fields it does not know from a newer writer (`decode_event` drops them and folds
+  the rest), so readers and writers can be upgraded in either order. A change an old reader
+  must not ignore is a new event type, which old readers dead-letter: upgrade readers first.
+- A shape that changed otherwise (a field renamed, a meaning narrowed) gets an upcaster in
+  `UPCASTERS`, (type, stored v) -> a function turning that stored shape into the next; every
+  shape ever appended stays readable, and `tests/unit/test_event_versions.py` keeps one of each
+  as a fixture.
+- Commands stay strict (`forbid_unknown_fields`): a typo in a request is refused precisely.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Union
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import msgspec
 from msgspec import Meta, Struct
@@ -21,6 +36,10 @@ class Event(Struct, frozen=True, kw_only=True, tag_field="type", tag=True, forbi
     at: float
     v: int = SCHEMA_VERSION
     ALLOC: ClassVar[bool] = False
+    #: The class's current shape (see the module docstring); a class that raises it sets `v`'s
+    #: default to match (`test_event_versions.py` checks they agree).
+    VERSION: ClassVar[int] = SCHEMA_VERSION
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape"}
 
     @property
     def kind(self) -> str:
@@ -34,6 +53,9 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     """Admission accepted a job. `request_id` makes resubmission idempotent past JetStream's
     duplicate window."""
 
+    VERSION: ClassVar[int] = 2
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)"}
+    v: int = 2
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
@@ -88,6 +110,9 @@ class GpusGranted(Event, frozen=True, kw_only=True):
     `handover`: it starts ahead of its team's queue on GPUs a preemption freed for it."""
 
     ALLOC: ClassVar[bool] = True
+    VERSION: ClassVar[int] = 2
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "handover"}
+    v: int = 2
     job_id: JobId
     attempt: int
     gpus: list[GpuId]
@@ -189,14 +214,20 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
 
 class GpusReleased(Event, frozen=True, kw_only=True):
     """A running job gives back all its GPUs and goes back to the queue, to resume from its
-    last checkpoint. `forced`: it did not checkpoint in time; `lost_gpu_s` is the work lost."""
+    last checkpoint. `forced`: it did not checkpoint in time; `lost_gpu_s` is the work lost;
+    `for_job`: the blocked job a preemption freed them for, the hand-off the preemptor's
+    `PreemptionRequested.for_job` began and a `GpusGranted` (`handover`) ends."""
 
     ALLOC: ClassVar[bool] = True
+    VERSION: ClassVar[int] = 2
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "for_job"}
+    v: int = 2
     job_id: JobId
     reason: Literal["preempted", "no_process", "node_lost", "drained", "process_failed"]
     forced: bool = False
     lost_gpu_s: float = 0.0
     node: str | None = None  # the reporting node daemon, when a node reports it (process_failed)
+    for_job: JobId | None = None
 
 
 class JobCompleted(Event, frozen=True, kw_only=True):
@@ -386,9 +417,53 @@ _decoder = msgspec.json.Decoder(AnyEvent)
 _encoder = msgspec.json.Encoder()
 
 
+#: (event type, stored v) -> the stored shape turned into the next version's. Empty so far:
+#: every change has been an added field with a default (see the module docstring).
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
 def decode_event(data: bytes) -> Event:
-    """Decode any event; raises msgspec.ValidationError / DecodeError with a precise reason."""
-    return _decoder.decode(data)
+    """Decode any event; raises msgspec.ValidationError / DecodeError with a precise reason.
+    The current shape decodes in one call; an older one goes through its upcasters, and the
+    fields of a newer writer this reader does not know are dropped (`_known`)."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError:
+        raw = msgspec.json.decode(data)
+        cls = EVENT_TYPES.get(str(raw.get("type"))) if isinstance(raw, dict) else None
+        if cls is None:
+            raise
+        return msgspec.convert(_known(upcast(raw), msgspec.inspect.type_info(cls)), AnyEvent)
+
+
+def upcast(raw: dict[str, Any]) -> dict[str, Any]:
+    """A stored event's fields in its class's current shape (`UPCASTERS`, oldest first)."""
+    kind, v = raw.get("type"), raw.get("v", SCHEMA_VERSION)
+    while isinstance(v, int) and (step := UPCASTERS.get((kind, v))) is not None:  # type: ignore[arg-type]
+        raw, v = step(raw), v + 1
+        raw["v"] = v
+    return raw
+
+
+def _known(obj: Any, info: msgspec.inspect.Type) -> Any:
+    """`obj` less the object fields its type does not declare, at every depth."""
+    if isinstance(info, msgspec.inspect.UnionType):
+        for t in info.types:
+            if isinstance(t, msgspec.inspect.StructType) and isinstance(obj, dict):
+                return _known(obj, t)
+        return obj
+    if isinstance(info, msgspec.inspect.StructType) and isinstance(obj, dict):
+        fields = {f.encode_name: f.type for f in info.fields}
+        tag = info.tag_field
+        return {k: _known(v, fields[k]) if k in fields else v for k, v in obj.items() if k in fields or k == tag}
+    if isinstance(info, (msgspec.inspect.ListType, msgspec.inspect.SetType, msgspec.inspect.FrozenSetType,
+                         msgspec.inspect.VarTupleType)) and isinstance(obj, list):
+        return [_known(x, info.item_type) for x in obj]
+    if isinstance(info, msgspec.inspect.DictType) and isinstance(obj, dict):
+        return {k: _known(v, info.value_type) for k, v in obj.items()}
+    if isinstance(info, msgspec.inspect.Metadata):
+        return _known(obj, info.type)
+    return obj
 
 
 def encode_event(event: Event) -> bytes:

@@ -14,6 +14,8 @@ from msgspec import Meta, Struct
 from . import limits as L
 
 SCHEMA_VERSION = 1
+#: How fast past GPU usage is forgotten in fair share, unless configured: its one default.
+DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0
 
 Priority = Literal["interactive", "high", "normal", "low"]
 #: Higher rank wins; the order of the classes is part of the public contract.
@@ -47,6 +49,16 @@ class TopologyConstraint(Struct, frozen=True, forbid_unknown_fields=True):
 
     required: Level = "cluster"
     preferred: Level = "nvlink"
+
+
+class Preferences(Struct, frozen=True, forbid_unknown_fields=True):
+    """Soft placement preferences (`--prefer`): they rank the GPU sets a job may get, never
+    decide whether it may get one (`policy/placer.py`). `gpu_type`: a GPU model, matched as
+    `gpu_type` is; `labels`: node labels; `spread`: the emptiest nodes rather than best fit."""
+
+    gpu_type: L.GpuType | None = None
+    labels: L.Labels = {}
+    spread: bool = False
 
 
 DependencyKind = Literal["afterok", "afterany"]
@@ -106,6 +118,8 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     constraints: L.Labels = {}
     #: A job array: admission's one `JobSubmitted` folds into one job per index.
     array: ArraySpec | None = None
+    #: Where it would rather run, when several sets fit (None: no preference).
+    prefer: Preferences | None = None
 
     @property
     def gang_min(self) -> int:

@@ -54,6 +54,24 @@ class TeamLimit(_Reason, frozen=True, tag="team_limit"):
         return [f"team {self.team} limit {self.limit}"]
 
 
+class BeyondGuarantee(_Reason, frozen=True, tag="beyond_guarantee"):
+    """A non-preemptible job that would hold GPUs another team is guaranteed: only preemptible
+    jobs may borrow, so that every guarantee stays reclaimable (`policy/guarantee.py`)."""
+
+    team: str
+    guaranteed: int
+    need: int
+
+    @property
+    def text(self) -> str:
+        return (f"not preemptible: team {self.team} would exceed its guarantee {self.guaranteed} "
+                f"(needs {self.need} GPUs; only preemptible jobs may borrow)")
+
+    @property
+    def blockers(self) -> list[str]:
+        return [f"team {self.team} guarantee {self.guaranteed}"]
+
+
 class BehindReservation(_Reason, frozen=True, tag="behind_reservation"):
     """Fits now, but only on GPUs reserved for the blocked head job. The same words whoever the
     head is: a change of head must not re-explain the whole queue."""
@@ -194,8 +212,8 @@ class ArrayLimit(_Reason, frozen=True, tag="array_limit"):
         return f"array {self.array} has {self.max_running} tasks running, its limit"
 
 
-Reason = Union[QueuedBehind, NoRoom, TeamLimit, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
+Reason = Union[QueuedBehind, NoRoom, TeamLimit, BeyondGuarantee, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
                Held, DependencyWait, DependencyNever, NoMatchingNode, MaintenanceWindow, ArrayLimit]
 
-__all__ = ["ArrayLimit", "BehindReservation", "ComingFree", "DependencyNever", "DependencyWait", "Held", "MaintenanceWindow", "NoMatchingNode", "NoRoom",
+__all__ = ["ArrayLimit", "BehindReservation", "BeyondGuarantee", "ComingFree", "DependencyNever", "DependencyWait", "Held", "MaintenanceWindow", "NoMatchingNode", "NoRoom",
            "QueuedBehind", "Reason", "TeamLimit", "Topology", "WaitingForCheckpoint"]

@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 from msgspec import Struct, field, structs
 
-from ..core.model import Priority
+from ..core.model import DEFAULT_HALF_LIFE_S, Priority
 
 
 class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -82,7 +82,7 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     las_predicted: bool = False
 
     #: Fair share: the fold's usage half-life (the state is folded with it; kept here for reports).
-    half_life_s: float = 7 * 24 * 3600.0
+    half_life_s: float = DEFAULT_HALF_LIFE_S
     #: Fair share: a team's current holding counts as this many seconds of future usage, so that
     #: grants made within one cycle move the team down the order.
     fairshare_horizon_s: float = 3600.0

@@ -17,7 +17,8 @@ jobs, one `JobResized` each.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import NamedTuple
 
 from ..core import events as ev
 from ..core.state import ClusterState
@@ -33,49 +34,62 @@ from .steps import consolidate, expire, explain, grow, handover, idle, reclaim, 
 #: interactive jobs would wait behind requeued batch jobs for as long as placement is dead.
 _NAIVE = PRESETS["gang"].replace(priority=True, fairshare=True)
 
-Step = Callable[[CyclePlan, Context], None]
+class Step(NamedTuple):
+    """One step of a cycle: its name (as the docs list it), the config knobs that switch it
+    on, and what it does to the plan."""
+
+    name: str
+    enabled: Callable[[PolicyConfig], bool]
+    run: Callable[[CyclePlan, Context], None]
 
 
 def _always(config: PolicyConfig) -> bool:
     return True
 
 
-#: The steps of a cycle, in order, each with the config knobs that switch it on.
-STEPS: list[tuple[Callable[[PolicyConfig], bool], Step]] = [
-    (_always, expire.run),  # jobs past their time limit end
-    (lambda c: c.preemption, settle.run),  # preemptions in flight: release or wait
-    (lambda c: c.preemption and c.checkpoint and c.hand_over, handover.run),  # freed GPUs to the job they were freed for
-    (lambda c: c.move_off_unhealthy and c.preemption, unhealthy.run),  # off quarantined GPUs
-    (_always, walk.run),  # the queue in order: start, backfill, or record why not
-    (lambda c: c.consolidate and c.preemption and c.backfill, consolidate.run),  # a node for the head: move small jobs off it
-    (lambda c: c.preemption or c.elastic, reclaim.run),  # blocked jobs: claim, shrink, preempt
-    (lambda c: c.elastic, grow.run),  # nothing waits: elastic jobs grow
-    (_always, lambda plan, ctx: explain.run(plan, ctx, cycle)),  # JobPending: reasons and ETAs that changed
-    (_always, idle.run),  # jobs idle past their timeout yield their GPUs (or end)
+#: The steps of a cycle, in order: the one list the module docstrings and the README name
+#: (`tests/unit/test_structure.py` checks they agree).
+STEPS: list[Step] = [
+    Step("expire", _always, expire.run),  # jobs past their time limit end
+    Step("settle", lambda c: c.preemption, settle.run),  # preemptions in flight: release or wait
+    Step("handover", lambda c: c.preemption and c.checkpoint and c.hand_over,
+         handover.run),  # freed GPUs to the job they were freed for
+    Step("unhealthy", lambda c: c.move_off_unhealthy and c.preemption, unhealthy.run),  # off quarantined GPUs
+    Step("walk", _always, walk.run),  # the queue in order: start, backfill, or record why not
+    Step("consolidate", lambda c: c.consolidate and c.preemption and c.backfill,
+         consolidate.run),  # a node for the head: move small jobs off it
+    Step("reclaim", lambda c: c.preemption or c.elastic, reclaim.run),  # blocked jobs: claim, shrink, preempt
+    Step("grow", lambda c: c.elastic, grow.run),  # nothing waits: elastic jobs grow
+    Step("explain", _always, lambda plan, ctx: explain.run(plan, ctx, cycle)),  # JobPending: reasons, ETAs
+    Step("idle", _always, idle.run),  # jobs idle past their timeout yield their GPUs (or end)
 ]
 
 
 def decide(state: ClusterState, now: float, config: PolicyConfig, placer: str | None = None,
-           running: RunningIndex | None = None, indexes: Indexes | None = None) -> CyclePlan:
+           running: RunningIndex | None = None, indexes: Indexes | None = None,
+           skip: Collection[str] = ()) -> CyclePlan:
     """Run one cycle and return its plan: the events (`plan.events`) and the typed reason
     recorded for every job it looked at (`plan.reasons`). The placement strategy is chosen
     here, once: `placer` "topo" or "naive" (default: by `config.topology`). `indexes`: the
-    caller's indexes of `state`, kept across its cycles (default: built for this one)."""
-    ctx = Context(state, now, config, Placer(placer or ("topo" if config.topology else "naive")),  # type: ignore[arg-type]
+    caller's indexes of `state`, kept across its cycles (default: built for this one). `skip`:
+    names of steps a caller that keeps none of their decisions does not run (the preemptor
+    skips `explain`: the reasons and ETAs of the queue are placement's question)."""
+    ctx = Context(state, now, config, Placer(placer or ("topo" if config.topology else "naive"), now),  # type: ignore[arg-type]
                   running, indexes)
     plan = CyclePlan(ctx)
-    for enabled, step in STEPS:
-        if enabled(config):
-            step(plan, ctx)
+    for step in STEPS:
+        if step.enabled(config) and step.name not in skip:
+            step.run(plan, ctx)
     if plan.started:
         ctx.indexes.started([job.job_id for job, _ in plan.started])
     return plan
 
 
-def cycle(state: ClusterState, now: float, config: PolicyConfig, indexes: Indexes | None = None) -> list[ev.Event]:
+def cycle(state: ClusterState, now: float, config: PolicyConfig, indexes: Indexes | None = None,
+          skip: Collection[str] = ()) -> list[ev.Event]:
     """Decide one cycle. Returned events are valid to apply to `state` in order. A caller that
-    runs cycles on one fold passes its `Indexes` (see `policy.memo`)."""
-    return decide(state, now, config, indexes=indexes).events
+    runs cycles on one fold passes its `Indexes` (see `policy.memo`); `skip`: see `decide`."""
+    return decide(state, now, config, indexes=indexes, skip=skip).events
 
 
 def naive_cycle(state: ClusterState, now: float, indexes: Indexes | None = None) -> list[ev.Event]:
@@ -84,4 +98,4 @@ def naive_cycle(state: ClusterState, now: float, indexes: Indexes | None = None)
     return decide(state, now, _NAIVE, "naive", indexes=indexes).events
 
 
-__all__ = ["STEPS", "cycle", "decide", "naive_cycle"]
+__all__ = ["STEPS", "Step", "cycle", "decide", "naive_cycle"]

@@ -2,8 +2,10 @@
 short, grow into idle GPUs when nothing that could use them is waiting, and give extra GPUs back
 (never below the minimum) before any non-elastic job is preempted.
 
-Extra GPUs above the minimum are opportunistic: any blocked job may reclaim them, whatever its
-team or priority, so shrinking needs no fairness check (and the fold makes none).
+Extra GPUs above the minimum are opportunistic: a blocked job may take them back whatever its
+priority, but not across the team contract: a team at or under its guarantee is never shrunk
+for a team at or over its own (the preemption rule, `fairshare.may_preempt`, asked by
+`steps/reclaim._shrink`; issue 26).
 
 A cycle may shrink one job for several blocked jobs; it passes each job's holding *as the cycle
 sees it* (less what it already took back), so a GPU is never taken back twice.

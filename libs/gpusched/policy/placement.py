@@ -474,6 +474,51 @@ def _across_cluster(pool: Pool, n: int) -> _Found:
     return gpus, level, f"across {len(used)} racks"
 
 
+# --- every candidate, in the search's order (for scorers) -----------------------------------
+
+
+def candidates(pool: Pool, n: int, required: str = "cluster") -> list[Placement]:
+    """Every set `place` would weigh, no wider than `required`: each NVLink domain, node, rack
+    and block that holds `n`, then the cluster-wide set; tightest level first, and within a
+    level best fit first (the search's own keys), so the first is `place`'s answer. Built only
+    for a job whose scorers can tell candidates apart (a soft preference): `place` stays the
+    fast path for the rest."""
+    if n <= 0 or n > pool.count:
+        return []
+    limit, topo = LEVEL_RANK[required], pool.topo
+    cnt, rc, names, rack_of = pool.node_counts(), pool.rack_counts(), topo.names, topo.rack_of
+    out: list[Placement] = []
+    if n <= topo.max_node:
+        fit = [i for i, k in enumerate(cnt) if k >= n]
+        doms: list[tuple[tuple[int, int, int, int], list[GpuId]]] = []
+        for i in fit:
+            for gs in (_domains(pool, names[i]).values() if not topo.all_layout[i] else [pool.free_on(names[i])]):
+                if len(gs) >= n:
+                    doms.append(((len(gs), cnt[i], rc[rack_of[i]], i), gs[:n]))
+        doms.sort(key=lambda d: d[0])
+        out += [Placement(gs, "nvlink", f"one NVLink domain on {names[k[3]]}") for k, gs in doms]
+        if limit >= LEVEL_RANK["node"]:
+            fit.sort(key=lambda i: (cnt[i], rc[rack_of[i]], i))
+            out += [Placement(_pick_on_node(pool, names[i], n), "node", f"one node {names[i]}") for i in fit]
+    if limit >= LEVEL_RANK["rack"]:
+        members = topo.rack_members
+        racks = sorted((_nodes_needed([cnt[i] for i in members[r]], n), t, r) for r, t in enumerate(rc) if t >= n)
+        out += [Placement(_pick_on_nodes(pool, members[r], n), "rack", f"one rack {topo.racks[r]}, {k} nodes")
+                for k, _, r in racks]
+    if limit >= LEVEL_RANK["block"]:
+        block_racks: dict[str, list[int]] = {}
+        for r, b in enumerate(topo.block_of_rack):
+            if b is not None and rc[r] > 0:
+                block_racks.setdefault(b, []).append(r)
+        blocks = sorted(((_nodes_needed([rc[r] for r in rs], n), sum(rc[r] for r in rs)), j, b)
+                        for j, (b, rs) in enumerate(block_racks.items()) if sum(rc[r] for r in rs) >= n)
+        out += [Placement(_across_racks(pool, block_racks[b], n), "block", f"one block {b}, {k[0]} racks")
+                for k, _, b in blocks]
+    if limit >= LEVEL_RANK["cluster"]:
+        out.append(Placement(*_across_cluster(pool, n)))
+    return out
+
+
 # --- naive placement ------------------------------------------------------------------------
 
 
@@ -541,4 +586,4 @@ def explain_no_fit(pool: Pool, n: int, required: str) -> str:
     return no_fit(pool, n, required).text
 
 
-__all__ = ["Placement", "Pool", "Topology", "explain_no_fit", "no_fit", "first_free", "place"]
+__all__ = ["Placement", "Pool", "Topology", "candidates", "explain_no_fit", "no_fit", "first_free", "place"]

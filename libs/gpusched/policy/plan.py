@@ -8,7 +8,7 @@ answer to "may this running job still be taken from or grown?". The plan never m
 state: the fold is the only writer of state, and applies `plan.events` in order.
 
 `Context` holds what a cycle reads but never changes: the state, `now`, the config, the
-placement strategy, chosen once, and the caller's indexes of the state (`memo.Indexes`).
+placer (`placer.py`), chosen once, and the caller's indexes of the state (`memo.Indexes`).
 """
 
 from __future__ import annotations
@@ -23,30 +23,17 @@ from ..core.reasons import Reason
 from ..core.state import ClusterState, Job
 from .backfill import Reservation
 from .config import PolicyConfig
-from .eligibility import constrained, restrict
 from .fairshare import limit_room
+from .guarantee import Firm
 from .memo import Indexes
-from .placement import Placement, Pool, first_free, place
+from .placement import Placement, Pool
+from .placer import Placer
 from .running import RunningIndex
 
 #: What a cycle has done to a job so far (absent: untouched).
 Status = Literal["granted", "borrowed", "released", "preempting", "shrunk"]
 #: Statuses of running jobs a cycle may no longer take from or grow.
 _SETTLED: frozenset[str] = frozenset({"released", "preempting", "shrunk"})
-
-
-class Placer:
-    """The placement strategy of a cycle, chosen once: topology-aware, or first free GPUs."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: Literal["topo", "naive"]) -> None:
-        self.name = name
-
-    def place(self, pool: Pool, n: int, required: str, preferred: str = "nvlink") -> Placement | None:
-        if self.name == "naive":
-            return first_free(pool, n, required)
-        return place(pool, n, required, preferred)
 
 
 class Context:
@@ -92,10 +79,12 @@ class CyclePlan:
         # The walk's findings, read by reclaim and explain.
         self.blocked: list[Job] = []  # waiting for room (not for a limit), in order
         self.head: Job | None = None  # the blocked job the reservation is for
+        self.head_limited = False  # the head waits for its own team's limit (walk._limit_head)
         self.reservation: Reservation | None = None
         self.outside: Pool | None = None  # the pool less the reservation
         self.fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
         self.array_running: dict[str, int] | None = None  # job array -> its tasks holding GPUs (eligibility)
+        self._firm: Firm | None = None  # non-preemptible holdings (`job_room`)
 
     # --- what the plan says ------------------------------------------------------------------
 
@@ -106,6 +95,21 @@ class CyclePlan:
     def room(self, team: str) -> int | None:
         """GPUs the team may still take under its hard limit (None: no limit)."""
         return limit_room(self.ctx.state, team, self.held(team))
+
+    def job_room(self, job: Job) -> int | None:
+        """GPUs `job` may still take: its team's limit room and, for a non-preemptible job where
+        reclaim exists, what keeps every guarantee reclaimable (`guarantee.Firm`)."""
+        room = self.room(job.team)
+        config = self.ctx.config
+        if job.spec.preemptible or not (config.fairshare and config.preemption):
+            return room  # without reclaim no guarantee is taken back anyway
+        if self._firm is None:
+            capacity = self.pool.count + sum(self.held(t) for t in self.ctx.state.teams)  # free + held, as seen now
+            self._firm = Firm(self.ctx.state, self.started, capacity)
+        firm = self._firm
+        if not firm.active or firm.never_fits(job.team, self.ctx.floor(job)):
+            return room
+        return firm.room(job.team) if room is None else min(room, firm.room(job.team))
 
     def touchable(self, job: Job) -> bool:
         """A running job this cycle may still take GPUs from or grow: not released, not being
@@ -139,14 +143,18 @@ class CyclePlan:
         if self.coming is not None:
             self.coming.remove(p.gpus)  # a GPU an earlier claim counted on: that claim is void
         self._count(job.team, len(p.gpus))
+        if self._firm is not None and not job.spec.preemptible:
+            self._firm.add(job, len(p.gpus))
         self.status[job.job_id] = "borrowed" if backfill and job.spec.preemptible else "granted"
         self.started.append((job, p.gpus))
         self.reasons.pop(job.job_id, None)
 
     def release(self, job: Job, forced: bool, lost: float) -> None:
         """A preempted job gives its GPUs back (checkpointed, or its grace is over)."""
+        why = job.preemption
         self.events.append(ev.GpusReleased(at=self.ctx.now, job_id=job.job_id, reason="preempted", forced=forced,
-                                           lost_gpu_s=round(lost, 6)))
+                                           lost_gpu_s=round(lost, 6),
+                                           for_job=why.for_job if why is not None and why.cause == "preempt" else None))
         self._free(job)
 
     def fail(self, job: Job, reason: str) -> None:
@@ -226,7 +234,7 @@ class CyclePlan:
         what fits, at least its minimum. Jobs alike in what placement reads fail alike: a failure
         is remembered on the pool until it grows, so a long queue costs one placement per shape."""
         ctx, spec = self.ctx, job.spec
-        pool = restrict(pool, spec, ctx.now)
+        pool = ctx.placer.feasible(pool, spec)
         want = spec.gpus if room is None else min(spec.gpus, room)
         lo = ctx.floor(job)
         if want < lo:
@@ -235,7 +243,7 @@ class CyclePlan:
         key = (want, lo, required, spec.topology.preferred)
         if lo > pool.count or key in pool.fails:
             return None
-        p = ctx.placer.place(pool, want, required, spec.topology.preferred)
+        p = ctx.placer.best(pool, spec, want)
         if p is not None or lo == want:
             if p is None:
                 pool.fails.add(key)
@@ -243,7 +251,7 @@ class CyclePlan:
         k = min(want - 1, pool.count)  # elastic: start with what fits now, at least the minimum
         for k in ([k, lo] if k > lo else [lo]):
             if k >= lo:
-                p = ctx.placer.place(pool, k, required)
+                p = ctx.placer.best(pool, spec, k)
                 if p is not None:
                     return p
         pool.fails.add(key)
@@ -267,16 +275,13 @@ class CyclePlan:
         """Whether `need` GPUs for `job` fit a pool (failures remembered on the pool)."""
         required = job.spec.topology.required
         key = ("fits", need, required)
-        placer, now = self.ctx.placer, self.ctx.now
-        spec = job.spec
-        windows = bool(self.ctx.state.windows)
+        placer, spec = self.ctx.placer, job.spec
 
         def fits(pool: Pool) -> bool:
-            if constrained(spec) or windows:
-                pool = restrict(pool, spec, now)
+            pool = placer.feasible(pool, spec)
             if pool.count < need or key in pool.fails:
                 return False
-            if placer.place(pool, need, required) is None:
+            if placer.best(pool, spec, need) is None:
                 pool.fails.add(key)
                 return False
             return True

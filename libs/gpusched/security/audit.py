@@ -35,7 +35,7 @@ from typing import Protocol
 import msgspec
 
 from gpusched.core import events as ev
-from gpusched.core.model import split_gpu_id
+from gpusched.core.model import DEFAULT_HALF_LIFE_S, split_gpu_id
 from gpusched.core.state import ClusterState
 
 from . import roles, signing
@@ -105,7 +105,7 @@ class Audit:
     them (legacy logs written before signing)."""
 
     def __init__(self, keyring: KeyRing | None, allow_unsigned: bool = False, trust: bool = True,
-                 until_time: float | None = None, half_life_s: float | None = 7 * 24 * 3600.0,
+                 until_time: float | None = None, half_life_s: float | None = DEFAULT_HALF_LIFE_S,
                  forget_after_s: float | None = None):
         self.keyring = keyring or KeyRing()
         self.allow_unsigned = allow_unsigned

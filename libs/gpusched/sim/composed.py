@@ -107,17 +107,17 @@ class ComposedSimulation(Simulation):
         from gpusched.policy.memo import Indexes
         from gpusched.services.fallback import naive
         from gpusched.services.placement import PLACEMENT_KINDS
-        from gpusched.services.preemptor import PREEMPTOR_KINDS
+        from gpusched.services.preemptor import PREEMPTOR_KINDS, PREEMPTOR_SKIPS
 
         half_life, config = self.state.half_life_s, self.config
 
-        def policy(indexes: Indexes) -> Callable:  # each service keeps its own indexes of its fold
-            return lambda state, now: cycle(state, now, config, indexes)
+        def policy(indexes: Indexes, skip: tuple[str, ...] = ()) -> Callable:  # each service: its own indexes
+            return lambda state, now: cycle(state, now, config, indexes, skip)
 
         fallback_indexes = Indexes()
         placement = Writer("placement", LogFold(self.log, half_life), policy(Indexes()), PLACEMENT_KINDS,
                            rebase=PLACEMENT_KINDS, max_reasons=250, active=lambda: not self._placement_is_down())
-        preemptor = Writer("preemptor", LogFold(self.log, half_life), policy(Indexes()), PREEMPTOR_KINDS)
+        preemptor = Writer("preemptor", LogFold(self.log, half_life), policy(Indexes(), PREEMPTOR_SKIPS), PREEMPTOR_KINDS)
         fallback = Writer("fallback", LogFold(self.log, half_life),
                           lambda state, now: naive_cycle(state, now, fallback_indexes), (ev.GpusGranted,),
                           rebase=(ev.GpusGranted,), transform=naive, active=self._placement_is_down)

@@ -25,10 +25,10 @@ from collections.abc import Callable
 
 from ..accounting import Ledger, gpu_hours_by_team
 from ..core import events as ev
-from ..core.model import JobSpec, TeamQuota, TopologyConstraint
+from ..core.model import DEFAULT_HALF_LIFE_S, JobSpec, TeamQuota, TopologyConstraint
 from ..core.state import ClusterState, Violation, stale_live
 from ..policy.predict import Estimate, RuntimePredictor, run_time
-from .metrics import Recorder, eta_error, runtime_error
+from .metrics import GuaranteeWaits, Recorder, eta_error, runtime_error
 from .runtime import REALISTIC, RuntimeModel
 from .traces import TraceJob
 from .world import Cluster, _Run, default_quotas  # noqa: F401  (re-exported: the simulator's API)
@@ -103,7 +103,7 @@ class Simulation:
         self.skipped = [j for j in jobs if (j.min_gpus or j.gpus) > total]
         self.jobs = [j for j in jobs if (j.min_gpus or j.gpus) <= total]
         self.quotas = quotas if quotas is not None else default_quotas(self.jobs, total)
-        half_life = getattr(config, "half_life_s", 7 * 24 * 3600.0)
+        half_life = getattr(config, "half_life_s", DEFAULT_HALF_LIFE_S)
         self.state = ClusterState(half_life_s=half_life)
         self.checkpoint_on_request = bool(getattr(config, "checkpoint", True))
         teams = sorted({j.team for j in self.jobs} | set(self.quotas))
@@ -118,6 +118,7 @@ class Simulation:
         # distinct start the policy predicted (JobPending.eta_s), with its range if it gave one
         # (absolute times), and the ETA as said (seconds ahead)
         self.eta_errors: list[float] = []  # actual start - predicted start, for every prediction made
+        self.guarantee_waits = GuaranteeWaits()
         self.eta_ahead: list[float] = []  # per prediction: how far ahead it was said (its eta_s)
         self.eta_first: list[float] = []  # actual - predicted start of the first estimate of each wait
         self.eta_ranges: list[bool] = []  # per prediction with a range: the start fell in it
@@ -289,7 +290,7 @@ class Simulation:
                        preemptible=j.preemptible, time_limit_s=j.time_limit_s, name=j.job_id,
                        topology=self._constraint(j.max_gpus or j.gpus))
         self._apply(ev.JobSubmitted(at=t, job_id=j.job_id, spec=spec, request_id=f"sim-{j.job_id}"))
-        run.pending_since = t
+        self._wait_from(run, t)
         self._submits_left -= 1
         self.rec.submitted(run)
         self._dirty = True
@@ -324,8 +325,13 @@ class Simulation:
             if nxt < run.done_at:
                 self._push(max(nxt, t), _CHECKPOINT, run.trace.job_id, run.epoch)
 
+    def _wait_from(self, run: _Run, t: float) -> None:
+        run.pending_since = t
+        self.guarantee_waits.begin(run, self.state, t)
+
     def _granted(self, run: _Run, e: ev.GpusGranted, t: float) -> None:
         run.queue_s += t - run.pending_since
+        self.guarantee_waits.granted(run, t)
         if run.first_start is None:
             run.first_start = t
         level = self.state.span(e.gpus)
@@ -398,7 +404,7 @@ class Simulation:
         run.remaining = run.saved
         run.mode, run.held, run.rate, run.resumed = "pending", 0, 0.0, True
         run.epoch += 1
-        run.pending_since = t
+        self._wait_from(run, t)
         self._dirty = True
 
     def _timed_out(self, run: _Run, t: float, idle: bool = False) -> None:
@@ -454,6 +460,7 @@ class Simulation:
                                    waits=self.eta_waits, first=self.eta_first, ahead=self.eta_ahead),
             "runtime_prediction": runtime_error(self.runtime_errors),
             "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
+            "guarantee_wait": self.guarantee_waits.summary(self.runs.values(), self.state.now),
             **self._used_vs_held(),
             "sim_wall_s": round(self.wall_s, 3),
             "gpu_hours_by_team": gpu_hours_by_team(self.ledger, self.state.now),

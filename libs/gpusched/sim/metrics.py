@@ -249,3 +249,38 @@ def runtime_error(errors: list[tuple[float, bool]]) -> dict:
 
 def _r(x: float, digits: int = 1) -> float:
     return round(float(x), digits)
+
+
+class GuaranteeWaits:
+    """How long a team's demand within its guarantee waits for GPUs (issue 26's bound): every
+    wait (a submission or a requeue) that began with the team's whole demand, what it holds plus
+    the minimums of all its waiting jobs, within a non-zero guarantee, until the job's next grant."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.waiting: dict[str, int] = {}  # team -> minimums of its waiting jobs
+
+    @staticmethod
+    def _need(run: _Run) -> int:
+        j = run.trace
+        return j.min_gpus or j.max_gpus or j.gpus
+
+    def begin(self, run: _Run, state, t: float) -> None:
+        name = run.trace.team
+        team = state.teams.get(name)
+        waiting = self.waiting[name] = self.waiting.get(name, 0) + self._need(run)
+        g = team.quota.guaranteed if team is not None else 0
+        run.entitled_since = t if 0 < g and team.held + waiting <= g else None
+
+    def granted(self, run: _Run, t: float) -> None:
+        self.waiting[run.trace.team] -= self._need(run)
+        if run.entitled_since is not None:
+            self.waits.append(t - run.entitled_since)
+            run.entitled_since = None
+
+    def summary(self, runs, now: float) -> dict:
+        """Waits still open at the end count with their length so far (`unserved`)."""
+        open_waits = [now - r.entitled_since for r in runs if r.entitled_since is not None and r.mode == "pending"]
+        waits = self.waits + open_waits
+        return {"waits": len(waits), "unserved": len(open_waits), "p50_s": _r(percentile(waits, 50)),
+                "p99_s": _r(percentile(waits, 99)), "max_s": _r(max(waits, default=0.0))}

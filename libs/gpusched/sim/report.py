@@ -25,6 +25,14 @@ def policy_config(name: str, overrides: dict[str, str] | None = None):
         raise ValueError(f"--set: {err}") from None
 
 
+def split_variant(name: str) -> tuple[str, dict[str, str]]:
+    """A run's name in `--compare`: a preset, or a preset with its own knobs,
+    `tiresias+fairshare=true+las_preempt=false` (they win over `--set`), so that variants of one
+    preset run side by side in one comparison."""
+    preset, *knobs = name.split("+")
+    return preset.strip(), parse_overrides(knobs)
+
+
 def parse_overrides(items: list[str] | None) -> dict[str, str]:
     out = {}
     for item in items or []:
@@ -62,7 +70,8 @@ def simulate(jobs: list[TraceJob], cluster: Cluster, policy: str, runtime: Runti
 
     # The policy weighs a preemption by the costs the runtime model charges (unless --set).
     costs = {"checkpoint_cost_s": str(runtime.checkpoint_s), "restore_cost_s": str(runtime.restore_s)}
-    config = policy_config(policy, {**costs, **(overrides or {})})
+    preset, own = split_variant(policy)
+    config = policy_config(preset, {**costs, **(overrides or {}), **own})
     if quotas is None:
         quotas = default_quotas([j for j in jobs if j.gpus <= cluster.total_gpus], cluster.total_gpus)
     all_jobs = merge(jobs, burst) if burst else jobs
@@ -99,12 +108,17 @@ def _opt(x: float | None) -> str:
     return "" if x is None else f"{x:.3f}"
 
 
-def write_out(sim: Simulation, out: Path, summary: dict) -> list[Path]:
-    from .plots import write_all
-
+def write_out(sim: Simulation, out: Path, summary: dict, plots: bool = True) -> list[Path]:
+    """summary.json and jobs.csv (the standard library writes them), and with `plots` the PNGs
+    (matplotlib, an optional extra)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return [out / "summary.json", write_jobs_csv(sim, out / "jobs.csv"), *write_all(sim, out, summary)]
+    written = [out / "summary.json", write_jobs_csv(sim, out / "jobs.csv")]
+    if plots:
+        from .plots import write_all
+
+        written += write_all(sim, out, summary)
+    return written
 
 
 #: (column title, summary key, formatter) of the comparison table

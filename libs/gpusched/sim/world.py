@@ -93,6 +93,7 @@ class _Run:
     epoch: int = 0  # bumps on every re-plan: stale heap entries are skipped
     resumed: bool = False  # ran before: the next start restores a checkpoint
     pending_since: float = 0.0
+    entitled_since: float | None = None  # this wait began with its team within its guarantee
     queue_s: float = 0.0
     first_start: float | None = None
     finish: float | None = None

@@ -93,7 +93,7 @@ def _room_elsewhere(plan: CyclePlan, ctx: Context, head: Job, node: str, movers:
     st = ctx.state
     elsewhere = plan.pool.without(st.nodes[node].gpus)
     for v in movers:
-        p = ctx.placer.place(elsewhere, len(v.gpus), v.spec.topology.required)
+        p = ctx.placer.place(elsewhere, v.spec, len(v.gpus))
         if p is None:
             return False
         elsewhere.take(p.gpus)

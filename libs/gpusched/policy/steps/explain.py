@@ -18,7 +18,6 @@ from ...core import events as ev
 from ...core.reasons import NoRoom, Reason
 from ...core.state import ClusterState, Job
 from ..backfill import reserve
-from ..eligibility import restrict
 from ..forecast import Forecast, forecast
 from ..memo import Indexes
 from ..placement import no_fit
@@ -118,7 +117,7 @@ def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]],
     if head is None or not isinstance(plan.reason_of(head), NoRoom):
         return
     lo = ctx.floor(head)
-    pool = restrict(plan.pool, head.spec, ctx.now)  # a constrained head: what is free on its nodes
+    pool = ctx.placer.feasible(plan.pool, head.spec)  # a constrained head: what is free on its nodes
     if ctx.config.backfill and head is plan.head:
         res = head_reservation(plan, ctx)
         if res is not None:
@@ -128,7 +127,8 @@ def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]],
             plan.note(head, why, eta)
             return
     # No protected reservation: still name the jobs whose end would let it start.
-    lo_res = reserve(ctx.state, plan.pool, head, lo, ctx.now, ctx.config, holders(plan, ctx), ctx.placer.place)
+    lo_res = reserve(ctx.state, plan.pool, head, lo, ctx.now, ctx.config, holders(plan, ctx),
+                     ctx.placer.for_spec(head.spec))
     why = no_fit(pool, lo, head.spec.topology.required, lo_res.holders if lo_res is not None else [])
     plan.note(head, why, _eta(plan, ctx, head, why, ranges) if predicted else None)
 
@@ -155,7 +155,7 @@ def _eta(plan: CyclePlan, ctx: Context, head: Job, why: Reason,
         ordered.append((point, h.job_id, h, gpus))
     ordered.sort(key=lambda t: t[:2])
     res = reserve(ctx.state, plan.pool, head, ctx.floor(head), now, ctx.config,
-                  ((p, h, g) for p, _, h, g in ordered), ctx.placer.place)
+                  ((p, h, g) for p, _, h, g in ordered), ctx.placer.for_spec(head.spec))
     if res is None:
         return None
     low = max((ends[j][1] for j in res.holders), default=now)

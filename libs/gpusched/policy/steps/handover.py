@@ -42,7 +42,7 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         job = jobs[fid]
         if not _may_start(plan, ctx, job):
             continue
-        placed = plan.fit(job, plan.pool, plan.room(job.team))
+        placed = plan.fit(job, plan.pool, plan.job_room(job))
         if placed is not None and _first_in_line(plan, ctx, job).team == job.team:
             plan.grant(job, placed, backfill=False, handover=True)
 
@@ -52,7 +52,7 @@ def _may_start(plan: CyclePlan, ctx: Context, job: Job) -> bool:
     its array below its limit), whose team's limit leaves room for its smallest start."""
     if job.job_id in plan.status or not_eligible(ctx.state, job, ctx.now) is not None or array_full(plan, job):
         return False
-    room = plan.room(job.team)
+    room = plan.job_room(job)
     return room is None or room >= ctx.floor(job)
 
 
@@ -63,6 +63,6 @@ def _first_in_line(plan: CyclePlan, ctx: Context, job: Job) -> Job:
     for other in idx.ordered(ctx.now, plan.held):
         if other is job:
             return job
-        if _may_start(plan, ctx, other) and plan.fits_pool(other, plan.room(other.team)):
+        if _may_start(plan, ctx, other) and plan.fits_pool(other, plan.job_room(other)):
             return other
     return job

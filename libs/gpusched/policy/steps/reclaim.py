@@ -16,7 +16,8 @@ from collections.abc import Callable
 from ...core.reasons import BehindReservation, ComingFree, WaitingForCheckpoint
 from ...core.state import Job
 from ..elastic import extras, shrink_plan
-from ..eligibility import constrained, restrict
+from ..eligibility import constrained
+from ..fairshare import may_preempt
 from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
@@ -37,7 +38,7 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         if isinstance(plan.reason_of(job), BehindReservation):
             continue
         lo = ctx.floor(job)
-        room = plan.room(job.team)
+        room = plan.job_room(job)
         if room is not None and room - plan.incoming.get(job.team, 0) < lo:
             continue  # its team's limit: what is already coming to it is all it may get
         fits = plan.fits(job, lo)
@@ -103,7 +104,7 @@ def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) 
     key = ("claim", lo, required)
     if coming is None or coming.count < lo or key in coming.fails:
         return False
-    p = ctx.placer.place(restrict(coming, job.spec, ctx.now), lo, required)
+    p = ctx.placer.place(coming, job.spec, lo)
     if p is None:
         if not constrained(job.spec) and not ctx.state.windows:  # a constrained job's failure says nothing of the whole pool
             coming.fails.add(key)
@@ -123,11 +124,18 @@ def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) 
 
 def _shrink(plan: CyclePlan, job: Job, fits: Callable[[Pool], bool], room: int | None) -> bool:
     """Take extra GPUs back from elastic jobs (as this cycle sees them) so that `job` starts.
-    A job shrunk earlier in this cycle may give back more."""
-    jobs = plan.ctx.state.jobs
+    A job shrunk earlier in this cycle may give back more. Extras are opportunistic, but the
+    fairness rule of preemption holds: a team at or under its guarantee is never shrunk for a
+    team at or over its own (issue 26)."""
+    st = plan.ctx.state
+    jobs = st.jobs
+    for_held = plan.held(job.team) + plan.incoming.get(job.team, 0)
     cands = []
     for jid in plan.ctx.running.elastic:
         v = jobs[jid]
+        if v.team != job.team and not may_preempt(st, v.team, plan.held(v.team) - plan.leaving.get(v.team, 0),
+                                                  job.team, for_held):
+            continue
         if plan.touchable(v) or (plan.status.get(jid) == "shrunk" and v.preemption is None):
             gpus = plan.gpus_of(v)
             if extras(v, gpus) > 0:

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from ...core.model import GpuId
 from ...core.state import Job
 from ..backfill import Reservation, expected_end, reserve
-from ..eligibility import constrained, restrict
 from ..plan import Context, CyclePlan
 
 
@@ -64,14 +63,8 @@ def head_reservation(plan: CyclePlan, ctx: Context) -> Reservation | None:
     """The reserved set of the blocked head (computed once per cycle)."""
     if plan.reservation is None and plan.head is not None:
         head = plan.head
-        place = ctx.placer.place
-        if constrained(head.spec) or ctx.state.windows:  # only the nodes it may use: the filter inside each question
-            spec = head.spec
-
-            def place(pool, n, required, preferred="nvlink"):  # type: ignore[no-redef]
-                return ctx.placer.place(restrict(pool, spec, ctx.now), n, required, preferred)
         plan.reservation = reserve(ctx.state, plan.pool, head, ctx.floor(head), ctx.now, ctx.config,
-                                   holders(plan, ctx), place)
+                                   holders(plan, ctx), ctx.placer.for_spec(head.spec))
         plan.outside = None
     return plan.reservation
 

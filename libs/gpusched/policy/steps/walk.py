@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from ...core.reasons import BehindReservation, NoRoom, QueuedBehind, Reason, TeamLimit
+from ...core.reasons import BehindReservation, BeyondGuarantee, NoRoom, QueuedBehind, Reason, TeamLimit
 from ...core.state import Job
 from ..backfill import Reservation
 from ..eligibility import array_full, not_eligible
@@ -54,10 +54,13 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
         plan.note(job, barred)
         return False
     pool = plan.pool
-    room = plan.room(job.team)
+    room = plan.job_room(job)
     lo = ctx.floor(job)
     if room is not None and room < lo:
-        plan.note(job, _limit(ctx, job, lo))
+        plan.note(job, _room_reason(plan, ctx, job, lo))
+        if _limit_head(plan, ctx, job, lo):
+            plan.blocked.append(job)
+            plan.head, plan.head_limited = job, True
         return ctx.strict
     if plan.head is not None and pool.count >= lo:
         p = _backfill_fit(plan, ctx, job, room)
@@ -93,6 +96,12 @@ def _all_reserved(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
         plan.outside = plan.pool.without(res.gpus)
     if plan.outside.count > 0 or (res.known and idx.timed):
         return False
+    head, st = plan.head, ctx.state
+    assert head is not None
+    if plan.held(head.team) + ctx.floor(head) > st.teams[head.team].quota.guaranteed and any(
+            t != head.team and q and (u := st.teams.get(t)) is not None and 0 < u.quota.guaranteed >= plan.held(t)
+            for t, q in idx.queues.items() if t is not None):
+        return False  # a waiting job of an entitled team may pass the borrowing head (`_entitled_past`)
     config = ctx.config
     return not (config.preemption and config.borrow and idx.preemptible and not due_soon(res, ctx))
 
@@ -107,6 +116,26 @@ def _limit(ctx: Context, job: Job, lo: int) -> TeamLimit:
     return TeamLimit(job.team, ctx.state.teams[job.team].quota.limit or 0, lo)
 
 
+def _limit_head(plan: CyclePlan, ctx: Context, job: Job, lo: int) -> bool:
+    """A job its own team's hard limit bars, though the limit could hold it, becomes the
+    blocked head: it gets a reservation, and its team's later jobs may start only if they end
+    before it is due (`_backfill_fit`), so they cannot keep the limit's room from it (issue 26).
+    A non-preemptible job barred by a guarantee does not: it waits for its team's holding."""
+    if not ctx.config.backfill or plan.head is not None or ctx.strict:
+        return False
+    limit = ctx.state.teams[job.team].quota.limit
+    room = plan.room(job.team)
+    return limit is not None and lo <= limit and room is not None and room < lo and plan.job_room(job) == room
+
+
+def _room_reason(plan: CyclePlan, ctx: Context, job: Job, lo: int) -> TeamLimit | BeyondGuarantee:
+    """Why a job its room bars waits: its team's hard limit, or (non-preemptible) a guarantee."""
+    room = plan.room(job.team)
+    if room is not None and room < lo:
+        return _limit(ctx, job, lo)
+    return BeyondGuarantee(job.team, ctx.state.teams[job.team].quota.guaranteed, lo)
+
+
 def _backfill_fit(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> Placement | None:
     """A placement for `job` that cannot delay the reserved head, or None: outside the
     reserved set, or anywhere if its time limit ends before the reservation is due (or, with
@@ -119,6 +148,13 @@ def _backfill_fit(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> 
         plan.outside = plan.pool.without(res.gpus)
     spec, config = job.spec, ctx.config
     lo = ctx.floor(job)
+    assert plan.head is not None
+    if plan.head_limited and job.team == plan.head.team:  # the head waits for its team's room: only what ends first
+        if res.known and spec.time_limit_s is not None and ctx.now + spec.time_limit_s <= res.at:
+            return plan.fit(job, plan.pool, room)
+        return None
+    if _entitled_past(plan, ctx, job, plan.head):
+        return plan.fit(job, plan.pool, room)
     if plan.outside.count >= lo:
         q = plan.fit(job, plan.outside, room)
         if q is not None:
@@ -131,10 +167,22 @@ def _backfill_fit(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> 
     if config.preemption and config.borrow and spec.preemptible and not due_soon(res, ctx):
         t = ctx.state.teams.get(job.team)
         guaranteed = t.quota.guaranteed if t is not None else 0
-        assert plan.head is not None
         if job.team == plan.head.team or plan.held(job.team) + lo > guaranteed:
             return plan.fit(job, plan.pool, room)  # it yields when the head could start
     return None
+
+
+def _entitled_past(plan: CyclePlan, ctx: Context, job: Job, head: Job) -> bool:
+    """A reservation never outranks an entitlement: a job of a team at or under its (non-zero)
+    guarantee may start on the GPUs reserved for a head whose team would exceed its own guarantee with it
+    (the head borrows; issue 26). Bound: a team passes only while at or under its guarantee, so
+    the head waits at most for the other teams' guarantees (and one job each) to fill."""
+    if job.team == head.team:
+        return False
+    st = ctx.state
+    g = st.teams[job.team].quota.guaranteed
+    return (0 < g and plan.held(job.team) <= g
+            and plan.held(head.team) + ctx.floor(head) > st.teams[head.team].quota.guaranteed)
 
 
 def _predicted_low(res: Reservation, ctx: Context) -> float:
@@ -188,13 +236,14 @@ def _tail_reason(plan: CyclePlan, ctx: Context, job: Job,
     if ctx.strict:
         key = ("fifo",)
     else:
-        room = plan.room(job.team)
-        key = ("limit", job.team, lo) if room is not None and room < lo else ("room", lo, spec.topology.required)
+        room = plan.job_room(job)
+        key = (("limit", job.team, lo, spec.preemptible) if room is not None and room < lo
+               else ("room", lo, spec.topology.required))
         if key[0] == "room" and plan.head is not None and plan.pool.count >= lo and plan.fits_pool(job, room):
             key = ("behind",)  # as the walk would say: it fits, but only on the head's reservation
     hit = cache.get(key)
     if hit is None:
-        r: Reason = (QueuedBehind() if key[0] == "fifo" else _limit(ctx, job, lo) if key[0] == "limit"
+        r: Reason = (QueuedBehind() if key[0] == "fifo" else _room_reason(plan, ctx, job, lo) if key[0] == "limit"
                      else _BEHIND if key[0] == "behind" else _no_room(lo, spec.topology.required))
         hit = cache[key] = (r, r.text, r.blockers)
     return hit

@@ -1,0 +1,252 @@
+"""The price of fairness (issue 26): per trace and cluster, one `gpusched sim --compare
+fifo,tiresias,tiresias+fairshare=true,full` run under the peer's assumptions and one under the
+defaults; a markdown table per run with the issue's ratios and targets, and the frontier plot
+(avg JCT against Jain, every run).
+
+    python bench/price_of_fairness.py --out DIR            # run every scenario (minutes each)
+    python bench/price_of_fairness.py --from DIR --plot docs/img/frontier.png   # render saved runs
+
+Scenarios need the shared traces (`../shared/traces`): Philly weeks are cut from `philly.csv` by
+date (`--weeks`), Alibaba is the openb default list. A saved run is `DIR/<key>.json`, the
+`--json` output of the compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+RUNS = "fifo,tiresias,tiresias+fairshare=true,full"
+FAIR = "tiresias+fairshare=true"
+#: `full`'s knobs, each at -50% and +50% of its default (`--sensitivity`)
+KNOBS = {"min_runtime_s": 300.0, "max_preemptors_per_cycle": 4, "fairshare_horizon_s": 3600.0,
+         "half_life_s": 604800.0, "las_backoff_max_s": 1800.0}
+MODES = {"peer": ["--topology", "any", "--runtime-model", "ideal"], "def": []}
+
+
+def cut_week(philly: Path, start: str, out: Path) -> Path:
+    """Seven days of `philly.csv` from `start` (YYYY-MM-DD), in time order."""
+    import datetime as dt
+
+    end = (dt.date.fromisoformat(start) + dt.timedelta(days=7)).isoformat()
+    with philly.open() as f:
+        rows = [r for r in csv.reader(f) if r]
+    head, body = rows[0], sorted((r for r in rows[1:] if start <= r[0] < end), key=lambda r: r[0])
+    with out.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(head)
+        w.writerows(body)
+    return out
+
+
+def scenarios(shared: Path, weeks: list[str], tmp: Path) -> dict[str, list[str]]:
+    """key -> the trace and cluster options of one compare run (mode options added later)."""
+    out: dict[str, list[str]] = {"week_2x32x8": [], "week_1x32x8": ["--cluster", "1x32x8"],
+                                 "week_1x16x8": ["--cluster", "1x16x8"]}
+    for w in weeks:
+        path = cut_week(shared / "philly" / "philly.csv", w, tmp / f"philly_{w}.csv")
+        tag = "w" + w[5:].replace("-", "")
+        out[f"{tag}_2x32x8"] = ["--trace", str(path), "--format", "philly"]
+        out[f"{tag}_1x32x8"] = ["--trace", str(path), "--format", "philly", "--cluster", "1x32x8"]
+    ali = shared / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
+    out["ali_1x8x8"] = ["--trace", str(ali), "--format", "alibaba", "--cluster", "1x8x8"]
+    return out
+
+
+def table(key: str, runs: dict[str, dict]) -> str:
+    """One run's rows, then the issue's ratios and whether each target holds."""
+    lines = [f"#### {key}", "", "| run | avg JCT s | Jain | >8-GPU avg queue s | guarantee wait p99 s | "
+             "locality | lost GPU-h share | sim wall s |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        g = r.get("guarantee_wait", {})
+        lines.append(f"| {name} | {r['avg_jct_s']:,.0f} | {r['jain_fairness']:.3f} | "
+                     f"{r['avg_queue_s_by_size']['>8']:,.0f} | {g.get('p99_s', 0):,.0f} | {r['locality']:.3f} | "
+                     f"{r['lost_share']:.4f} | {r['sim_wall_s']:.1f} |")
+    lines += ["", "| target | figure | |", "|---|---|---|"]
+    lines += [f"| {t} | {f} | {'met' if ok else '**missed**'} |" for t, f, ok in checks(key, runs)]
+    return "\n".join(lines) + "\n"
+
+
+def checks(key: str, runs: dict[str, dict]) -> list[tuple[str, str, bool]]:
+    """The issue's targets on one run: (target, figure, met)."""
+    full, las, fair, fifo = runs["full"], runs["tiresias"], runs[FAIR], runs["fifo"]
+    price = full["avg_jct_s"] / las["avg_jct_s"]
+    out = [
+        ("full ÷ tiresias ≤ 1.25 and Jain ≥ 0.95", f"{price:.2f}×, {full['jain_fairness']:.3f}",
+         price <= 1.25 and full["jain_fairness"] >= 0.95),
+        ("full dominates fair tiresias", f"{full['avg_jct_s'] / fair['avg_jct_s']:.2f}× JCT, Jain "
+         f"{full['jain_fairness']:.3f} vs {fair['jain_fairness']:.3f}",
+         full["avg_jct_s"] <= fair["avg_jct_s"] and full["jain_fairness"] >= fair["jain_fairness"]),
+        (">8-GPU queue ≤ fifo's", f"{full['avg_queue_s_by_size']['>8']:,.0f} vs {fifo['avg_queue_s_by_size']['>8']:,.0f}",
+         full["avg_queue_s_by_size"][">8"] <= fifo["avg_queue_s_by_size"][">8"]),
+    ]
+    if key.endswith("_def"):  # under the defaults: locality, lost work, Jain
+        out.append(("defaults: locality ≥ 0.95, lost ≤ 1%, Jain ≥ 0.9",
+                       f"{full['locality']:.3f}, {full['lost_share']:.2%}, {full['jain_fairness']:.3f}",
+                       full["locality"] >= 0.95 and full["lost_share"] <= 0.01 and full["jain_fairness"] >= 0.9))
+    return out
+
+
+def summary(saved: dict[str, dict[str, dict]]) -> str:
+    """One row per run: which targets hold."""
+    lines = ["| run | full ÷ tiresias, Jain | dominates fair tiresias | >8-GPU queue ≤ fifo | defaults bars |",
+             "|---|---|---|---|---|"]
+    for key, runs in saved.items():
+        cells = [f"{'met' if ok else '**missed**'} ({f})" for _, f, ok in checks(key, runs)]
+        cells += ["—"] * (4 - len(cells))
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def variants() -> str:
+    """The compare list of the sensitivity runs: full, then each knob at 0.5x and 1.5x."""
+    out = ["full"]
+    for knob, v in KNOBS.items():
+        for f in (0.5, 1.5):
+            x = v * f
+            out.append(f"full+{knob}={int(x) if isinstance(v, int) else x}")
+    return ",".join(out)
+
+
+def sensitivity(saved: dict[str, dict[str, dict]]) -> str:
+    """Avg JCT and Jain change of each knob variant against `full` in the same run, per week."""
+    keys = list(saved)
+    lines = ["| knob setting | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    names = list(next(iter(saved.values())))
+    for name in names:
+        cells = []
+        for k in keys:
+            base, r = saved[k]["full"], saved[k][name]
+            if name == "full":
+                cells.append(f"{r['avg_jct_s']:,.0f} s, Jain {r['jain_fairness']:.3f}")
+            else:
+                cells.append(f"{r['avg_jct_s'] / base['avg_jct_s'] - 1:+.1%}, {r['jain_fairness'] - base['jain_fairness']:+.3f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def frontier(saved: dict[str, dict[str, dict]], path: Path, sens: dict[str, dict[str, dict]] | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    marks = {"fifo": "s", "tiresias": "^", FAIR: "v", "full": "o"}
+    colors = {"fifo": "tab:blue", "tiresias": "tab:orange", FAIR: "tab:green", "full": "tab:red"}
+    for key, runs in saved.items():
+        base = runs["tiresias"]["avg_jct_s"]
+        for name, r in runs.items():
+            ax.scatter(r["avg_jct_s"] / base, r["jain_fairness"], marker=marks.get(name, "x"), c=colors.get(name, "k"),
+                       label=name if key == next(iter(saved)) else None)
+    first = True
+    for week, runs in (sens or {}).items():  # each knob at ±50%: against the same week's tiresias run
+        ref = saved.get(f"{week}_2x32x8_peer")
+        if ref is None:
+            continue
+        for name, r in runs.items():
+            ax.scatter(r["avg_jct_s"] / ref["tiresias"]["avg_jct_s"], r["jain_fairness"], marker="x", c="grey",
+                       s=16, label="full, a knob ±50%" if first else None)
+            first = False
+    ax.axvline(1.25, ls="--", lw=0.8)
+    ax.axhline(0.95, ls="--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("avg JCT ÷ the tiresias preset's in the same run")
+    ax.set_ylabel("Jain (entitlement-weighted)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from", dest="src", type=Path, help="render the saved runs of this folder")
+    ap.add_argument("--out", type=Path, help="run every scenario, saving DIR/<key>.json")
+    ap.add_argument("--shared", type=Path, default=Path("../shared/traces"))
+    ap.add_argument("--weeks", default="2017-10-30,2017-11-06")
+    ap.add_argument("--plot", type=Path, help="write the frontier plot here")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="with --from: the saved runs are `--compare` of `variants()` (print it with --variants)")
+    ap.add_argument("--variants", action="store_true", help="print the sensitivity compare list and exit")
+    ap.add_argument("--sens", type=Path, help="with --md: a folder of saved sensitivity runs (one per week)")
+    ap.add_argument("--md", type=Path, help="write the results page here")
+    args = ap.parse_args()
+    if args.variants:
+        print(variants())
+        return
+    folder = args.src or args.out
+    if folder is None:
+        ap.error("--from DIR or --out DIR")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for key, opts in scenarios(args.shared, args.weeks.split(","), args.out).items():
+            for mode, extra in MODES.items():
+                cmd = [sys.executable, "-m", "gpusched.cli.main", "sim", "--compare", RUNS, "--json", *opts, *extra]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode == 0:
+                    (args.out / f"{key}_{mode}.json").write_text(done.stdout)
+                print(f"{key}_{mode}: rc={done.returncode}  {' '.join(cmd[3:])}", flush=True)
+    saved = {p.stem: json.loads(p.read_text())["runs"] for p in sorted(folder.glob("*.json"))
+             if p.read_text().strip()}
+    if args.sensitivity:
+        print(sensitivity(saved))
+    elif not args.md:
+        for key, runs in saved.items():
+            print(table(key, runs))
+    sens = ({p.stem: json.loads(p.read_text())["runs"] for p in sorted(args.sens.glob("*.json"))
+             if p.read_text().strip()} if args.sens else {})
+    if args.plot and saved:
+        frontier(saved, args.plot, sens)
+    if args.md:
+        args.md.write_text(page(saved, sens, args.plot))
+
+
+def page(saved: dict[str, dict[str, dict]], sens: dict[str, dict[str, dict]], plot: Path | None) -> str:
+    """The results page: how the runs were made, a table per run, the frontier, the sensitivity."""
+    out = [PAGE_HEAD, "## Targets, per run\n", summary(saved)]
+    for key, runs in saved.items():
+        trace_key, cluster, mode = key.rsplit("_", 2)
+        out.append(table(key, runs).replace(f"#### {key}", f"### {TRACES.get(trace_key, trace_key)}, {cluster}, "
+                                            f"{'the peer' + chr(39) + 's assumptions' if mode == 'peer' else 'defaults'}"))
+    if plot is not None:
+        out.append(f"## The frontier\n\nEvery run above and every knob setting of the sensitivity runs below, avg "
+                   f"JCT (÷ the `tiresias` preset's on the same trace, cluster and assumptions) against Jain; the "
+                   f"dashed lines are the issue's bars (1.25×, 0.95).\n\n![frontier](img/{plot.name})\n")
+    if sens:
+        out.append(SENS_HEAD + sensitivity(sens))
+    return "\n".join(out)
+
+
+TRACES = {"week": "Philly week 2017-10-23 (bundled)", "w1030": "Philly week 2017-10-30", "w1106": "Philly week 2017-11-06",
+          "ali": "Alibaba 2023 (openb default)"}
+
+PAGE_HEAD = """# The price of fairness (issue 26)
+
+Generated by `python bench/price_of_fairness.py --from DIR --sens DIR2 --md docs/price-of-fairness.md --plot
+docs/img/frontier.png` from saved runs; each table is one `gpusched sim --compare
+fifo,tiresias,tiresias+fairshare=true,full --json` run (`tiresias+fairshare=true`: the `tiresias`
+preset with fair share, in the same run), under the peer's assumptions (`--topology any
+--runtime-model ideal`) or the defaults. Philly weeks other than the bundled one are cut from
+`../shared/traces/philly/philly.csv` by date (`cut_week`). Jain and its entitlement mapping are
+those of [results.md](results.md); `guarantee wait p99` is new (issue 26): the p99 of every
+wait that began with its team's whole demand within a non-zero guarantee
+([sim.md](sim.md), `guarantee_wait`). Wall times are of a machine shared by eight engineers:
+`python bench/bench_sim.py` measures the speed target.
+"""
+
+SENS_HEAD = """## Sensitivity: each knob of `full` at ±50%
+
+One `--compare` run per week (the peer's assumptions, 2x32x8) of `full` and each knob at half
+and 1.5× its default (`python bench/price_of_fairness.py --variants` prints the list): avg JCT
+change and Jain change against `full` in the same run. How each default was chosen is in
+[policy.md](policy.md) (none was fitted to a week).
+
+"""
+
+
+if __name__ == "__main__":
+    main()

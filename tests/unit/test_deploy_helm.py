@@ -1,0 +1,133 @@
+"""deploy/helm/gpusched: every value a template names exists in values.yaml, the template blocks
+balance, files/ links to the deploy files it ships, `helm lint --strict` passes, and `helm
+template` (Helm's Go SDK, through helm-python-sdk) renders objects that pass
+`kubernetes-validate --strict` (defaults; cert-manager, the Prometheus Operator's API and an Ingress)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpusched"
+KUBE_VERSION = "1.37"
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"}  # not in kubernetes-validate's schemas
+try:  # Helm's own Go SDK as a library (the helm-python-sdk test extra): `helm template` and `helm lint`
+    import helm_python
+    from helm_python import _native
+except ImportError:  # pragma: no cover - the test extra is missing
+    helm_python = None
+needs_helm = pytest.mark.skipif(helm_python is None, reason="helm-python-sdk is not installed (pip install "
+                                "'.[test]'): the chart is checked statically only, not rendered")
+
+
+def _templates() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((CHART / "templates").iterdir()) if p.suffix in (".yaml", ".tpl")}
+
+
+def _has(values: object, path: list[str]) -> bool:
+    for key in path:
+        if isinstance(values, list):
+            return True  # an item's fields: checked where the range uses them
+        if not isinstance(values, dict) or key not in values:
+            return False
+        values = values[key]
+    return True
+
+
+def test_every_value_a_template_names_exists():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    named = {m for text in _templates().values() for m in re.findall(r"\.Values\.([A-Za-z0-9_.]+)", text)}
+    assert len(named) > 20
+    assert sorted(n for n in named if not _has(values, n.split("."))) == []
+
+
+def test_template_blocks_balance():
+    for name, text in _templates().items():
+        actions = re.findall(r"\{\{-?\s*(if|range|with|define|end)\b", text)
+        depth = 0
+        for action in actions:
+            depth += -1 if action == "end" else 1
+            assert depth >= 0, f"{name}: an end without its block"
+        assert depth == 0, f"{name}: {depth} blocks not closed"
+        assert "{{" not in re.sub(r"\{\{.*?\}\}", "", text, flags=re.S), f"{name}: an action not closed"
+
+
+def test_the_chart_ships_the_deploy_files():
+    for name, target in {"alerts.yml": "prometheus/alerts.yml", "gpusched.json": "grafana/gpusched.json",
+                         "nats-cluster.conf": "k8s/nats-cluster.conf"}.items():
+        link = CHART / "files" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / "deploy" / target).resolve(), name
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = (ROOT / "pyproject.toml").read_text()
+    assert f'version = "{chart["appVersion"]}"' in project  # the image tag is the release
+
+
+def _render(values: dict | None = None, api_versions: tuple[str, ...] = ()) -> list[dict]:
+    """`helm template gpusched CHART -n gpusched --kube-version K [--api-versions ...]`, parsed."""
+    import json
+
+    chart = helm_python.Chart.load(CHART)
+    opts = {"name": "gpusched", "namespace": "gpusched", "kube_version": f"v{KUBE_VERSION}.0",
+            "is_install": True, "api_versions": list(api_versions)}
+    # Chart.render has no api_versions argument; the library's render call takes it (unknown keys are refused).
+    manifests = json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(values or {}),
+                                               json.dumps(opts)))
+    return [d for path, text in manifests.items() if path.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+
+
+def _validate(docs: list[dict]) -> None:
+    import kubernetes_validate
+
+    for doc in docs:
+        if doc["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+@needs_helm
+def test_helm_lint_strict():
+    helm_python.lint(CHART, strict=True, kube_version=f"v{KUBE_VERSION}.0")  # raises on any finding
+
+
+@needs_helm
+def test_default_render_validates_and_forms_a_cluster():
+    docs = _render()
+    _validate(docs)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("StatefulSet", "nats") in kinds and ("Job", "gpusched-bootstrap") in kinds
+    assert [d for d in docs if d["kind"] == "DaemonSet"] and len([d for d in docs if d["kind"] == "DaemonSet"]) == 1
+    assert not {k for k, _ in kinds} & {"ServiceMonitor", "PrometheusRule"}  # no operator CRDs: none
+    dash = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "dashboard")
+    env = {e["name"]: e for e in dash["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "dashboard.gpusched.svc" in env["GPUSCHED_DASHBOARD_HOSTS"]["value"].split(",")
+    ranks = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "nodeagent-ranks")
+    assert {"protocol": "TCP", "port": 29500, "endPort": 39499} in ranks["spec"]["ingress"][0]["ports"]
+
+
+@needs_helm
+def test_render_with_cert_manager_operator_and_ingress_validates():
+    docs = _render({"tls": {"certManager": {"enabled": True}},
+                    "dashboard": {"ingress": {"enabled": True, "hosts": ["gpusched.example.com"]}}},
+                   api_versions=("monitoring.coreos.com/v1",))
+    _validate(docs)
+    kinds = {d["kind"] for d in docs}
+    assert {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer", "Ingress"} <= kinds
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    assert any(r.get("alert") == "GpuschedPlacementDegraded" for g in rule["spec"]["groups"] for r in g["rules"])
+
+
+@needs_helm
+@pytest.mark.parametrize(("values", "named"), [
+    ({"nats": {"streamReplicas": 2}}, "streamReplicas"),
+    ({"networkPolicy": {"rankPorts": {"start": 29500, "end": 70000}}}, "end"),
+    ({"nodeAgent": {"nodePools": [{"name": "a100", "labels": {"x": "y"}}]}}, "matchLabels"),
+    ({"services": [{"name": "Placement", "run": "placement", "replicas": 1, "args": [], "cpu": "1",
+                    "memory": "1Gi", "memoryLimit": "2Gi"}]}, "name"),
+])
+def test_bad_values_are_refused_naming_the_key(values, named):
+    with pytest.raises(helm_python.HelmError, match=named):  # values.schema.json
+        _render(values)
