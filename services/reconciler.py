@@ -78,6 +78,16 @@ class ReconcilerConfig:
     partition_min_nodes: int = 2  # fewer silent nodes are never a partition
 
 
+#: Heartbeats are bounded per writer at the intake: one larger than this is dropped unread (a
+#: 1,024-GPU, 1,024-job heartbeat is well under it), one that follows its node's previous
+#: remembered one within the gap is dropped before decoding (nodes beat every second or so; a
+#: flood of 654,000 in 60 s grew the reconciler by 200 MB of samples), and what waits unread in
+#: the subscription is capped in bytes (NATS drops the excess instead of this process holding it).
+MAX_HEARTBEAT_BYTES = 1 << 20
+HEARTBEAT_MIN_GAP_S = 0.05
+HEARTBEAT_PENDING_BYTES = 16 << 20
+
+
 @dataclass
 class Observations:
     """What heartbeats showed, and since when: the reconciler's only memory besides the fold.
@@ -394,6 +404,7 @@ class Reconciler:
         self._kills: set[asyncio.Task] = set()
         self.ignored: dict[str, int] = {}  # heartbeats not remembered, by why
         self._said: dict[str, float] = {}
+        self._heard: dict[str, float] = {}  # heartbeat subject -> when one was last remembered
 
     @classmethod
     async def open(cls, nats_url: str | None = None, config: ReconcilerConfig | None = None,
@@ -403,13 +414,21 @@ class Reconciler:
     async def start(self) -> None:
         await self.folded.start()
         self.obs.started_at = time.time()
-        self._sub = await self.log.nc.subscribe(subjects.HEARTBEATS, cb=self._on_heartbeat)
+        self._sub = await self.log.nc.subscribe(subjects.HEARTBEATS, cb=self._on_heartbeat,  # a flood is
+                                                pending_bytes_limit=HEARTBEAT_PENDING_BYTES)  # dropped, not buffered
         await self.log.nc.flush()
         self._task = asyncio.create_task(self._loop(), name="reconciler")
         log.info("reconciler_ready", seq=self.folded.seen_seq, config=self.cfg.__dict__)
         notify_ready()
 
     async def _on_heartbeat(self, msg) -> None:
+        if len(msg.data) > MAX_HEARTBEAT_BYTES:
+            self._quietly("heartbeat_too_large", subject=msg.subject[:200], size=len(msg.data))
+            return
+        now = time.monotonic()  # one writer, one rate: checked before any decoding work
+        if now - self._heard.get(msg.subject, -1e18) < HEARTBEAT_MIN_GAP_S:
+            self._quietly("heartbeat_too_frequent", subject=msg.subject[:200])
+            return
         try:
             hb = decode_heartbeat(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
@@ -421,6 +440,7 @@ class Reconciler:
         if msg.subject != subjects.heartbeat_subject(hb.node):  # permissions say who may publish
             log.warning("heartbeat_for_another_node", subject=msg.subject, node=hb.node)  # the subject,
             return  # so a node speaks only for itself: the payload must name the subject's node
+        self._heard[msg.subject] = now  # registered nodes' subjects only: bounded by the fold
         self.obs.observe(hb, time.time())
         if metrics.ENABLED:  # per-GPU metrics: this is the one process that reads heartbeats
             self.gpu_metrics.observe(hb, self.folded.state)

@@ -136,7 +136,7 @@ def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
     from gpusched.core.commands import CancelJob, SubmitJob
     from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit, job_id_for
 
-    reused = job_id_for("fresh", ClusterState())
+    reused = job_id_for("a/alice/fresh", ClusterState())
     st = fold([node(), *life("old", 0.0), *life(reused, 20.0), tick(3 * DAY)], DAY)
     assert {"old", reused} <= set(st.forgotten)
 
@@ -146,7 +146,7 @@ def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
     retry = decide(SubmitJob(request_id="r-old", spec=JobSpec(team="a", gpus=1)))
     assert retry.ok and retry.duplicate and retry.job_id == "old"
     other_team = decide(SubmitJob(request_id="r-old", spec=JobSpec(team="b", gpus=1)), Caller("bob", "b"))
-    assert not other_team.ok and "another team" in other_team.error
+    assert not other_team.duplicate and "unknown team 'b'" in other_team.error  # decided as its own request
     after = decide(SubmitJob(request_id="w1", spec=JobSpec(team="a", gpus=1,
                                                            dependency=[Dependency(kind="afterok", job="old")])))
     assert after.ok, after.error
@@ -201,7 +201,7 @@ def test_past_the_second_horizon_only_the_id_stays_and_it_is_never_handed_out_ag
     from gpusched.core.state import RETIRE_AFTER_HORIZONS
     from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit, job_id_for
 
-    old = job_id_for("first", ClusterState())  # an id admission makes: kept in 4 bytes
+    old = job_id_for("a/alice/first", ClusterState())  # an id admission makes: kept in 4 bytes
     events = [node(), *life(old, 0.0), *life("other", 1.0)]
     forgotten = fold([*events, tick(RETIRE_AFTER_HORIZONS * DAY)], DAY)
     assert {old, "other"} <= set(forgotten.forgotten)  # ended 10 s after the second horizon's start
