@@ -52,7 +52,7 @@ from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
-from . import launcher
+from . import fencing, launcher
 from .acks import AckCoalescer, AckLimits
 from .backends import GpuBackend, SimBackend, process_alive
 from .cgroups import CgroupError, JobCgroup, remove_parent
@@ -842,6 +842,7 @@ class NodeHost:
             asyncio.create_task(self._monitor(), name="nodeagent-monitor"),
             asyncio.create_task(self._heartbeats(), name="nodeagent-heartbeats"),
             asyncio.create_task(self._confirm_view(), name="nodeagent-view"),
+            *fencing.tasks(self),  # the log out of reach for long: stop the jobs (fencing.py)
         ]
         log.info("nodeagent_ready", nodes=len(self.agents), seq=self.folded.seen_seq)
         notify_ready()

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from gpusched.job import env as E
+from gpusched.readmodel import attempt_text
 
 from . import secrets
 from .backends import VIRTUAL_PID_BASE
@@ -362,7 +363,7 @@ class JobProcess:
         self.cgroup = JobCgroup.from_json(launch.cgroup) if launch.cgroup is not None else None
         env = job_env(launch, base_env)
         with open(_open_log(launch.log_path), "ab") as out:
-            out.write(f"--- gpusched: {launch.job_id} attempt {launch.attempt}.{launch.generation} on {launch.node} "
+            out.write(f"--- gpusched: {launch.job_id} {attempt_text(launch.attempt, launch.generation)} on {launch.node} "
                       f"rank {launch.node_rank}/{launch.num_nodes} gpus {list(launch.gpus)}\n".encode())
             out.flush()
             os.fchmod(out.fileno(), 0o600)

@@ -6,7 +6,7 @@ import pwd
 
 import pytest
 
-from gpusched.cli.client import memory_mb
+from gpusched.cli.commands import memory_mb
 from gpusched.services.nodeagent.users import NoJobUser, UserMap, parse_uid_range
 
 

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gpusched.bus.log import connect
 from gpusched.bus.servers import Server, die_with_parent, seed_urls, start_nats, start_nats_cluster, start_redis
@@ -48,9 +49,11 @@ from gpusched.services.dashboard import control
 
 
 def service_command(name: str, nats_url: str, redis_url: str, *extra: str) -> list[str]:
-    """The command line of one service process."""
-    return [sys.executable, "-m", "gpusched.cli.main", "service", "run", name, "--nats", nats_url,
-            "--redis", redis_url, *extra]
+    """The command line of one service process. A Redis URL with a password stays off it
+    (`ps` shows every process's arguments to every user on the host): `spawn_service` hands it
+    over in the environment (`GPUSCHED_REDIS_URL`), which only the process's owner can read."""
+    redis = [] if urlsplit(redis_url).password else ["--redis", redis_url]
+    return [sys.executable, "-m", "gpusched.cli.main", "service", "run", name, "--nats", nats_url, *redis, *extra]
 
 
 def service_creds(name: str, identity_dir: str | os.PathLike | None = None) -> str | None:
