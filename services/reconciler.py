@@ -75,7 +75,7 @@ class ReconcilerConfig:
     usage_every_s: float = 2.0
     partition_share: float = 0.5  # more than this share of all nodes silent at once: a partition
     partition_rack_share: float = 0.5  # likewise of one rack
-    partition_min_nodes: int = 2  # fewer silent nodes are never a partition
+    partition_min_nodes: int = 3  # fewer silent nodes are never a partition: two nodes lost at once are as likely two failures
 
 
 #: Heartbeats are bounded per writer at the intake: one larger than this is dropped unread (a

@@ -28,7 +28,8 @@ async def start(nats_url: str, c: Cluster, tmp_path) -> tuple[Reconciler, subpro
     daemon = subprocess.Popen(
         [sys.executable, "-m", "gpusched.services.nodeagent", "--nats", nats_url, "--backend", "sim", "--node", "s",
          "--count", "4", "--gpus", "2", "--nodes-per-rack", "4", "--heartbeat-s", "0.2",
-         "--work-dir", str(tmp_path / "w")], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "daemon.log", "wb"))
+         "--work-dir", str(tmp_path / "w"), "--uid-range", "none"],  # the jobs run python from under /root (0700) here
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "daemon.log", "wb"))
     await c.start_nodes(["a0", "a1"], gpus=2, racks=["r9", "r9"])
     await c.wait(lambda s: all(n in s.nodes for n in SIM), "simulated nodes registered", timeout=30)
     rec = Reconciler(await EventLog.open(nats_url, name="test-reconciler"), CFG)
