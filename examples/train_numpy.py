@@ -11,7 +11,7 @@ Every rank computes the same weights (a replicated model), so it checkpoints fro
 (the default `--checkpoint rank0`; the SDK's `must_checkpoint` is False on other ranks) and
 rank 0 writes the final weights. Ranks of a real data-parallel job step in lockstep (every
 all-reduce is a barrier); only such a job can use `--checkpoint all` (every rank saves the same
-step).
+step): examples/train_lockstep.py is this loop with that barrier.
 
     python examples/train_numpy.py --steps 200 --out /tmp/final.npy
 """

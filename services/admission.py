@@ -4,9 +4,10 @@ request/reply subjects and appends the accepted facts.
 
 Several instances may run: they share the queue group `admission`. The decision (`admit`) is a
 pure function of the fold and the command; the shell only decodes, decides, appends, replies.
-Submits are idempotent by the client's request id: the job id is derived from it, the append
-carries `Nats-Msg-Id: submit-<request id>` (JetStream's duplicate window), and the fold's
-`requests` map answers repeats after the window. Well-formed submits that are refused are
+Submits are idempotent by the client's request id, scoped by team and user (`request_scope`:
+two teams may pick the same id): the job id is derived from the scope, the append carries
+`Nats-Msg-Id: submit-<team>/<user>/<request id>` (JetStream's duplicate window), and the fold
+answers repeats after the window (`known_submit`). Well-formed submits that are refused are
 appended as `JobRejected` for audit; malformed messages only get an error reply.
 """
 
@@ -126,6 +127,8 @@ class AdmissionConfig:
     #: "refuse" (real clusters), "bounded" (only with a time limit or GPUSCHED_SIM_DURATION_S:
     #: `gpusched up`), "any" (tests that play the node daemon).
     placeholders: str = "refuse"
+    #: Where a job may name its checkpoint_dir (the nodes' checkpoint roots); () = anywhere.
+    checkpoint_roots: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,18 +146,64 @@ class Decision:
 # --- the pure part ------------------------------------------------------------------------
 
 
-def job_id_for(request_id: str, state: ClusterState, taken: Mapping[str, str] = MappingProxyType({})) -> str:
-    """A short, readable id derived from the request id (so every admission instance, and every
-    retry, names the job the same way); on the rare collision with another request's job, the
-    next 8 hex digits. `taken` (job id -> request id: appended, maybe not folded yet) collides
-    only when another request took the id: a retry whose first reply was lost must be answered
-    with the job its first append created, not a fresh id nobody created."""
-    digest = hashlib.blake2b(request_id.encode(), digest_size=32).hexdigest()
-    for i in range(0, len(digest) - 7, 8):
-        candidate = "j-" + digest[i:i + 8]
-        if not state.knows(candidate) and taken.get(candidate, request_id) == request_id:
+def request_scope(cmd: Command, caller: Caller) -> str:
+    """The request id as admission keys it: `<team>/<user>/<request id>`. A client's request id
+    is unique only among its own requests; two teams (or two users of a team) may pick the same
+    one, and each must get its own job, message id and in-flight answer. The team of a submit is
+    its spec's (a tenant's subject already holds it to that team); other commands use the
+    subject's ('' for admin). `/` is in no team or user name, so scopes never run together."""
+    team = cmd.spec.team if isinstance(cmd, SubmitJob) else (caller.team or "")
+    return f"{team}/{caller.user}/{cmd.request_id}"
+
+
+def job_id_for(scope: str, state: ClusterState, taken: Mapping[str, str] = MappingProxyType({})) -> str:
+    """A short, readable id derived from the scoped request id (`request_scope`: so every
+    admission instance, and every retry, names the job the same way); on the rare collision with
+    another request's job, the next 8 hex digits. `taken` (job id -> scope: appended, maybe not
+    folded yet) collides only when another request took the id: a retry whose first reply was
+    lost must be answered with the job its first append created, not a fresh id nobody created."""
+    for candidate in _candidates(scope):
+        if not state.knows(candidate) and taken.get(candidate, scope) == scope:
             return candidate
-    return "j-" + digest  # 2^-256 territory
+    return "j-" + _digest(scope)  # 2^-256 territory
+
+
+def _digest(scope: str) -> str:
+    return hashlib.blake2b(scope.encode(), digest_size=32).hexdigest()
+
+
+def _candidates(scope: str) -> list[str]:
+    digest = _digest(scope)
+    return ["j-" + digest[i:i + 8] for i in range(0, len(digest) - 7, 8)]
+
+
+def _owned(state: ClusterState, job_id: str, team: str, user: str) -> bool:
+    """Whether `job_id` is the job this team and user submitted (a tombstone keeps the team
+    only; a job the fold holds no record of is taken as the caller's, as it always was)."""
+    job = state.jobs.get(job_id)
+    if job is not None:
+        return job.spec.team == team and job.user in (user, "")
+    tomb = state.forgotten.get(job_id)
+    return tomb is None or not tomb.team or tomb.team == team
+
+
+def known_submit(state: ClusterState, cmd: SubmitJob, caller: Caller) -> str | None:
+    """The job this caller's earlier submit with this request id created, or None. The fold's
+    `requests` map holds the latest job per bare request id; when another team (or user) reused
+    the id since, this caller's own job is still found under the id its scope derives."""
+    rid, team, user = cmd.request_id, cmd.spec.team, caller.user
+    known = state.requests.get(rid)
+    if known is not None and _owned(state, known, team, user):
+        return known
+    for candidate in _candidates(request_scope(cmd, caller)):
+        if not state.knows(candidate):
+            return None
+        job = state.jobs.get(candidate)
+        tomb = state.forgotten.get(candidate)
+        request_id = job.request_id if job is not None else (tomb.request_id if tomb is not None else "")
+        if request_id == rid and _owned(state, candidate, team, user):
+            return candidate
+    return None
 
 
 class Capacity:
@@ -196,7 +245,7 @@ _LEVEL_NAMES = {"nvlink": "NVLink domain", "node": "node", "rack": "rack", "bloc
 def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig, capacity: Capacity) -> str | None:
     """Why a well-formed submission cannot be admitted, or None."""
     spec = cmd.spec
-    problem = placeholder_problem(spec, config)
+    problem = placeholder_problem(spec, config) or L.checkpoint_dir_problem(spec.checkpoint_dir, config.checkpoint_roots)
     if problem:
         return problem
     if spec.min_gpus is not None and spec.min_gpus > spec.gpus:
@@ -325,7 +374,7 @@ def pending_job_command(state: ClusterState, cmd: HoldJob | UpdateJob, now: floa
                 return Decision(CommandReply(ok=False, job_id=job.job_id, error=problem))
         event = ev.JobUpdated(at=now, job_id=job.job_id, priority=cmd.priority, time_limit_s=cmd.time_limit_s,
                               user=caller.user)
-    return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"{verb}-{cmd.request_id}")
+    return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"{verb}-{request_scope(cmd, caller)}")
 
 
 def placeholder_problem(spec, config: AdmissionConfig) -> str | None:
@@ -369,22 +418,18 @@ def _set_quota(state: ClusterState, cmd: SetTeamQuota, now: float) -> Decision:
 
 def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionConfig, capacity: Capacity,
             taken: Mapping[str, str], caller: Caller) -> Decision:
-    rid = cmd.request_id
-    known = state.requests.get(rid)
+    rid, scope = cmd.request_id, request_scope(cmd, caller)
+    known = known_submit(state, cmd, caller)
     if known is not None:
-        owner = state.jobs.get(known)
-        team = owner.spec.team if owner is not None else getattr(state.forgotten.get(known), "team", None)
-        if caller.team is not None and team is not None and team != caller.team:
-            return Decision(CommandReply(ok=False, error=f"request id {rid!r} is already used by another team"))
         return Decision(CommandReply(ok=True, job_id=known, duplicate=True))
     problem = submit_problem(state, cmd, config, capacity)
     if problem is not None:
         event = ev.JobRejected(at=now, request_id=rid, team=cmd.spec.team, reason=problem)
-        return Decision(CommandReply(ok=False, error=problem), event, f"reject-{rid}")
-    job_id = job_id_for(rid, state, taken)
+        return Decision(CommandReply(ok=False, error=problem), event, f"reject-{scope}")
+    job_id = job_id_for(scope, state, taken)
     event = ev.JobSubmitted(at=now, job_id=job_id, spec=with_defaults(state, cmd.spec), request_id=rid,
                             user=caller.user)
-    return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{rid}")
+    return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{scope}")
 
 
 def window_problem(cmd: DrainNode, now: float) -> str | None:
@@ -441,7 +486,7 @@ def _cancel_array(state: ClusterState, cmd: CancelJob, now: float, caller: Calle
     if not live:
         return Decision(CommandReply(ok=False, job_id=cmd.job_id,
                                      error=f"job array {cmd.job_id}: all {len(tasks)} tasks already ended"))
-    facts = [(ev.JobCancelled(at=now, job_id=j.job_id, reason=cmd.reason), f"cancel-{cmd.request_id}-{j.job_id}")
+    facts = [(ev.JobCancelled(at=now, job_id=j.job_id, reason=cmd.reason), f"cancel-{request_scope(cmd, caller)}-{j.job_id}")
              for j in live]
     (first, first_id), *rest = facts
     return Decision(CommandReply(ok=True, job_id=cmd.job_id), first, first_id, tuple(rest))
@@ -450,7 +495,6 @@ def _cancel_array(state: ClusterState, cmd: CancelJob, now: float, caller: Calle
 def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig, capacity: Capacity,
           taken: Mapping[str, str] = MappingProxyType({}), caller: Caller = ADMIN) -> Decision:
     """Decide one well-formed command from `caller` against the fold."""
-    rid = cmd.request_id
     refused = caller_problem(state, cmd, caller)
     if refused is not None:
         return Decision(CommandReply(ok=False, error=refused))
@@ -464,7 +508,7 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
             return Decision(CommandReply(ok=False, job_id=job.job_id,
                                          error=f"job {job.job_id} already {job.state} ({job.end_reason})"))
         event = ev.JobCancelled(at=now, job_id=job.job_id, reason=cmd.reason)
-        return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"cancel-{rid}")
+        return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"cancel-{request_scope(cmd, caller)}")
     if isinstance(cmd, (HoldJob, UpdateJob)):
         return pending_job_command(state, cmd, now, caller)
     if isinstance(cmd, LabelNode):
@@ -481,7 +525,7 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
             return Decision(CommandReply(ok=False, error=f"GPU {cmd.gpu} is not quarantined"))
         event = ev.GpuRestored(at=now, gpu=cmd.gpu, reason=f"restored by an operator: {cmd.reason or 'no reason given'}"
                                f" (was: {g.quarantined})")
-        return Decision(CommandReply(ok=True), event, f"restore-{rid}")
+        return Decision(CommandReply(ok=True), event, f"restore-{request_scope(cmd, caller)}")
     return Decision(CommandReply(ok=False, error=f"unsupported command {type(cmd).__name__}"))
 
 
@@ -556,8 +600,8 @@ class Admission:
         self.config = config
         self.capacity = Capacity()
         self._slots = asyncio.Semaphore(max_in_flight)
-        self._in_flight: dict[str, asyncio.Future[CommandReply]] = {}  # request id -> reply
-        self._taken: dict[str, str] = {}  # job id -> request id: appended, maybe not folded yet
+        self._in_flight: dict[str, asyncio.Future[CommandReply]] = {}  # kind:scope -> reply
+        self._taken: dict[str, str] = {}  # job id -> request scope: appended, maybe not folded yet
         self._tasks: set[asyncio.Task] = set()
         self.handled = 0
         self.append_patience_s = APPEND_PATIENCE_S
@@ -597,7 +641,7 @@ class Admission:
             log.info("command_malformed", subject=subject[:200], error=cmd[:300])
             return CommandReply(ok=False, error=cmd)
         caller = split[1] if isinstance(split, tuple) else ADMIN
-        key = f"{type(cmd).__name__}:{caller.team}:{cmd.request_id}"
+        key = f"{type(cmd).__name__}:{request_scope(cmd, caller)}"
         running = self._in_flight.get(key)
         if running is not None:  # the same request is being appended right now: same answer
             reply = await asyncio.shield(running)
@@ -626,7 +670,7 @@ class Admission:
             return decision.reply
         job_id = decision.event.job_id if isinstance(decision.event, ev.JobSubmitted) else None
         if job_id:
-            self._taken[job_id] = cmd.request_id
+            self._taken[job_id] = request_scope(cmd, caller)
         try:
             seq = await append_patiently(self.folded.log, decision.event, decision.msg_id, self.append_patience_s)
             for event, msg_id in decision.more:
@@ -667,12 +711,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="refuse",
                         help="jobs without a command (simulated clusters only): refuse (default), bounded "
                              "(need a time limit or GPUSCHED_SIM_DURATION_S), any")
+    parser.add_argument("--checkpoint-root", action="append", default=[], metavar="DIR",
+                        help="a job's checkpoint_dir must be under one of these (the nodes' checkpoint roots; "
+                             "repeatable; default: anywhere the path bounds allow)")
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     folded = await FoldedLog.open(args.nats, name="gpusched-admission")
     admission = Admission(folded, AdmissionConfig(auto_create_teams=getattr(args, "auto_create_teams", False),
-                                                      placeholders=getattr(args, "placeholders", "refuse")))
+                                                      placeholders=getattr(args, "placeholders", "refuse"),
+                                                      checkpoint_roots=tuple(getattr(args, "checkpoint_root", []))))
     sub = await folded.log.nc.subscribe(subjects.CMD_ANY, queue=QUEUE_GROUP, cb=admission.on_message,
                                        pending_msgs_limit=100_000, pending_bytes_limit=64 * 2**20)  # bounded memory
     await folded.log.nc.flush()  # "ready" means the server routes commands here

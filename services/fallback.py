@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import time
 
 import msgspec
 import structlog
 
 from gpusched.core import events as ev
-from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
 
 from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, connect_redis, lease_holder, owner_id
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
@@ -38,6 +39,10 @@ def naive(event: ev.Event) -> ev.Event:
     if isinstance(event, ev.GpusGranted) and event.placer != "naive":
         return msgspec.structs.replace(event, placer="naive")
     return event
+
+
+#: What a placement process writes as the lease's holder (`lease.owner_id("placement")`).
+PLACEMENT_OWNER = re.compile(r"placement@[A-Za-z0-9._-]{1,255}:[0-9]{1,10}:[0-9a-f]{6}")
 
 
 class Fallback:
@@ -56,6 +61,8 @@ class Fallback:
         self.indexes = Indexes()  # its indexes of its fold, kept across its rounds
         self.decide = lambda state, now: naive_cycle(state, now, self.indexes)
         self.tracker = Tracker(folded)
+        self.failures = FailedRounds("fallback")
+        self._foreign_said = -1e18
         self.started = time.monotonic()
         self.last_seen_placement = time.monotonic()
         self.grants = 0
@@ -64,6 +71,9 @@ class Fallback:
         """Why placement is considered gone, or None while it is alive (or still starting)."""
         holder = await lease_holder(self.redis, self.placement_key)
         now = time.monotonic()
+        if holder and not PLACEMENT_OWNER.fullmatch(holder):
+            self._foreign(holder)
+            holder = None  # a key anyone with Redis wrote is no placement alive
         if holder:
             self.last_seen_placement = now
             return None
@@ -73,6 +83,13 @@ class Fallback:
         if holder == "":
             return f"redis unreachable for {gone:.1f}s: placement cannot hold its lease"
         return f"placement lease {self.placement_key} absent for {gone:.1f}s"
+
+    def _foreign(self, holder: str) -> None:
+        """Say once a minute that the placement lease is held by no placement process."""
+        now = time.monotonic()
+        if now - self._foreign_said >= 60.0:
+            self._foreign_said = now
+            log.warning("placement_lease_foreign_holder", key=self.placement_key, holder=holder[:80])
 
     async def round(self) -> None:
         reason = await self.placement_lapsed()
@@ -105,8 +122,11 @@ class Fallback:
                 try:
                     await self.round()
                 except Exception:
-                    log.exception("fallback_round_failed")
+                    if self.failures.failed():
+                        return
                     await asyncio.sleep(0.5)
+                    continue
+                self.failures.ok()
         finally:
             await keeper
 

@@ -21,7 +21,7 @@ import time
 import structlog
 
 from gpusched.core import events as ev
-from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
 
 from .lease import PLACEMENT_LEASE_KEY, Lease, connect_redis, owner_id
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
@@ -61,6 +61,7 @@ class Placement:
         self.tracker = Tracker(folded)
         self.grants = 0
         self.conflicts = 0
+        self.failures = FailedRounds("placement")
 
     async def recover_if_degraded(self) -> None:
         state = self.folded.state
@@ -92,9 +93,11 @@ class Placement:
                         log.info("placement_round", appended=appended, conflicted=conflicted, seconds=round(took, 3),
                                  per_s=round(appended / took), seq=self.folded.seen_seq)
                 except Exception:
-                    log.exception("placement_round_failed")
+                    if self.failures.failed():
+                        return
                     await asyncio.sleep(0.5)
                     continue
+                self.failures.ok()
                 self.grants += appended
                 if conflicted:
                     self.conflicts += 1

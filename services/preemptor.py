@@ -18,7 +18,7 @@ import asyncio
 import structlog
 
 from gpusched.core import events as ev
-from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
 
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
 from .writer import decide_and_append
@@ -43,6 +43,7 @@ class Preemptor:
         self.debounce_s = debounce_s
         self.tick_s = tick_s
         self.appended = 0
+        self.failures = FailedRounds("preemptor")
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -52,9 +53,11 @@ class Preemptor:
             try:
                 appended, conflicted = await decide_and_append(self.folded, self.decide, PREEMPTOR_KINDS)
             except Exception:
-                log.exception("preemptor_round_failed")
+                if self.failures.failed():
+                    return
                 await asyncio.sleep(0.5)
                 continue
+            self.failures.ok()
             if appended:
                 log.info("preemptions_decided", appended=appended)
             self.appended += appended

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -83,6 +84,19 @@ class ShareSeries:
             self.samples.append(self.pending)
             self.fresh.append(self.pending)
             self.pending = None
+
+
+@dataclass
+class _Marks:
+    """What one flush writes: the dirty marks taken when it started."""
+
+    jobs: set[str]
+    nodes: set[str]
+    teams: set[str]
+    queue: bool
+    health: bool
+    tail: list[dict[str, Any]]
+    shares: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Projector:
@@ -197,10 +211,11 @@ class Projector:
     async def flush(self, state: ClusterState, full: bool = False) -> int:
         """Write what changed (everything when `full`) in one MULTI/EXEC; returns the seq covered."""
         seq = state.last_seq
+        marks = self._take_marks()  # what is folded while the write is in flight marks anew
         if full:
             jobs, nodes, teams = list(state.jobs), list(state.nodes), list(state.teams)
         else:
-            jobs, nodes, teams = sorted(self.dirty_jobs), sorted(self.dirty_nodes), sorted(self.dirty_teams)
+            jobs, nodes, teams = sorted(marks.jobs), sorted(marks.nodes), sorted(marks.teams)
         pipe = self.r.pipeline(transaction=True)
         if full:
             self._delete_views(pipe)
@@ -211,17 +226,18 @@ class Projector:
             docs = {name: _enc({**make(state, name), "seq": seq}) for name in names if name in known}
             if docs:
                 pipe.hset(K[key], mapping=docs)
-        if full or self.queue_dirty:
+        if full or marks.queue:
             self._write_queue(pipe, state, seq)
-        if full or self.health_dirty or jobs:
+        if full or marks.health or jobs:
             health = readmodel.health_doc(state)
             pipe.hset(K["health"], mapping={"doc": _enc(health), "seq": seq,
                                             "placement_degraded": int(state.placement_degraded)})
-        if self.tail_new:
-            pipe.rpush(K["tail"], *[_enc(x) for x in self.tail_new])
+        if marks.tail:
+            pipe.rpush(K["tail"], *[_enc(x) for x in marks.tail])
             pipe.ltrim(K["tail"], -TAIL_LEN, -1)
         self.shares.settle(state.now)
-        fresh = list(self.shares.samples) if full else self.shares.fresh
+        marks.shares, self.shares.fresh = self.shares.fresh, []
+        fresh = list(self.shares.samples) if full else marks.shares
         if full:
             pipe.delete(K["shares"])
         if fresh:
@@ -232,13 +248,11 @@ class Projector:
             meta["rebuilt_at"] = time.time()
         pipe.hset(K["meta"], mapping=meta)
         pipe.publish(UPDATES_CHANNEL, str(seq))
-        await pipe.execute()
-        self.dirty_jobs.clear()
-        self.dirty_nodes.clear()
-        self.dirty_teams.clear()
-        self.queue_dirty = self.health_dirty = False
-        self.tail_new.clear()
-        self.shares.fresh = []
+        try:
+            await pipe.execute()
+        except BaseException:
+            self._give_back(marks)  # not written: the next flush writes it
+            raise
         self.written_seq = seq
         self.writes += 1
         if self.snapshot_every and seq - self.snapshot_seq >= self.snapshot_every:
@@ -250,6 +264,27 @@ class Projector:
             except Exception as err:  # noqa: BLE001 - NATS trouble: the views are written, processes replay more
                 log.warning("snapshot_failed", seq=seq, error=f"{type(err).__name__}: {err}"[:300])
         return seq
+
+    def _take_marks(self) -> _Marks:
+        """What changed so far, taken out of the projector: the listener runs while a flush
+        awaits Redis, and what it marks then must survive for the next flush (clearing the
+        sets after the write dropped those updates: stale read models for good)."""
+        marks = _Marks(self.dirty_jobs, self.dirty_nodes, self.dirty_teams, self.queue_dirty,
+                       self.health_dirty, self.tail_new)
+        self.dirty_jobs, self.dirty_nodes, self.dirty_teams = set(), set(), set()
+        self.queue_dirty = self.health_dirty = False
+        self.tail_new = []
+        return marks
+
+    def _give_back(self, marks: _Marks) -> None:
+        """A write that failed: its marks join what was marked meanwhile (older lines first)."""
+        self.dirty_jobs |= marks.jobs
+        self.dirty_nodes |= marks.nodes
+        self.dirty_teams |= marks.teams
+        self.queue_dirty |= marks.queue
+        self.health_dirty |= marks.health
+        self.tail_new = (marks.tail + self.tail_new)[-TAIL_LEN:]
+        self.shares.fresh = marks.shares + self.shares.fresh
 
     def _delete_views(self, pipe) -> None:
         pipe.delete(*K.values())
@@ -275,9 +310,10 @@ async def rebuild_views(nats_url: str | None, redis_url: str | None) -> dict[str
                     del projector.tail_new[: -TAIL_LEN]
                 projector.shares.observe(state, rec.seq)
         projector.tail_new = projector.tail_new[-TAIL_LEN:]
+        tail = len(projector.tail_new)
         seq = await projector.flush(state, full=True)
         return {"seq": seq, "jobs": len(state.jobs), "nodes": len(state.nodes), "teams": len(state.teams),
-                "queue": len(state.pending), "tail": len(projector.tail_new), "snapshot": True}
+                "queue": len(state.pending), "tail": tail, "snapshot": True}
     finally:
         await r.aclose()
         await event_log.close()

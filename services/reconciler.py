@@ -4,6 +4,8 @@ It turns what heartbeats show into facts of the log, each only when the fold doe
 reflect it (so a restarted reconciler never reports twice; appends are compare-and-set over
 the alloc tree with deterministic message ids):
 - a node silent for `node_timeout_s`                          -> `NodeLost` (the fold requeues its jobs)
+- more than a share of the nodes (or of one rack) silent within one timeout -> `PartitionDeclared`
+  instead: an outage, no requeues; `PartitionEnded` when heartbeats return (services/partition.py)
 - a running job with no process on a node for `no_process_grace_s`
                                     -> `GpusReleased(no_process)` or `JobFailed` (per `on_failure`, `max_restarts`)
 - a process on a GPU that nothing holds, for `zombie_grace_s` -> `ZombieDetected`, a kill request to the
@@ -46,6 +48,7 @@ from gpusched.core.heartbeat import Heartbeat, KillProcesses, ResetGpu, decode_h
 from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job
+from gpusched.services import partition
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, notify_ready
 
 log = structlog.get_logger()
@@ -70,6 +73,19 @@ class ReconcilerConfig:
     leak_grace_s: float = 30.0
     reset_leaked: bool = False
     usage_every_s: float = 2.0
+    partition_share: float = 0.5  # more than this share of all nodes silent at once: a partition
+    partition_rack_share: float = 0.5  # likewise of one rack
+    partition_min_nodes: int = 3  # fewer silent nodes are never a partition: two nodes lost at once are as likely two failures
+
+
+#: Heartbeats are bounded per writer at the intake: one larger than this is dropped unread (a
+#: 1,024-GPU, 1,024-job heartbeat is well under it), one that follows its node's previous
+#: remembered one within the gap is dropped before decoding (nodes beat every second or so; a
+#: flood of 654,000 in 60 s grew the reconciler by 200 MB of samples), and what waits unread in
+#: the subscription is capped in bytes (NATS drops the excess instead of this process holding it).
+MAX_HEARTBEAT_BYTES = 1 << 20
+HEARTBEAT_MIN_GAP_S = 0.05
+HEARTBEAT_PENDING_BYTES = 16 << 20
 
 
 @dataclass
@@ -168,7 +184,8 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     process are requeued or fail, unhealthy GPUs are quarantined, stray processes are zombies,
     idle jobs are reported, leaked GPU memory is quarantined."""
     out = Decision()
-    lost = _lost_nodes(state, obs, now, cfg, out)
+    held = partition.decide(state, obs, now, cfg, out)  # an outage: neither lost nor requeued
+    lost = _lost_nodes(state, obs, now, cfg, out, skip=held) | held
     _missing_processes(state, obs, now, cfg, lost, out)
     _gpu_facts(state, obs, now, cfg, lost, out)
     out.events += decide_idle(state, obs, now, cfg, lost)
@@ -178,10 +195,11 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
     return out
 
 
-def _lost_nodes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision) -> set[str]:
+def _lost_nodes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision,
+                skip: set[str] = frozenset()) -> set[str]:  # type: ignore[assignment]
     lost: set[str] = set()
     for name, node in state.nodes.items():
-        if node.lost:
+        if node.lost or name in skip:
             continue
         # A (re-)registration counts as a sign of life: a node that just came back is not
         # declared lost again for heartbeats it missed while it was away.
@@ -386,6 +404,7 @@ class Reconciler:
         self._kills: set[asyncio.Task] = set()
         self.ignored: dict[str, int] = {}  # heartbeats not remembered, by why
         self._said: dict[str, float] = {}
+        self._heard: dict[str, float] = {}  # heartbeat subject -> when one was last remembered
 
     @classmethod
     async def open(cls, nats_url: str | None = None, config: ReconcilerConfig | None = None,
@@ -395,13 +414,21 @@ class Reconciler:
     async def start(self) -> None:
         await self.folded.start()
         self.obs.started_at = time.time()
-        self._sub = await self.log.nc.subscribe(subjects.HEARTBEATS, cb=self._on_heartbeat)
+        self._sub = await self.log.nc.subscribe(subjects.HEARTBEATS, cb=self._on_heartbeat,  # a flood is
+                                                pending_bytes_limit=HEARTBEAT_PENDING_BYTES)  # dropped, not buffered
         await self.log.nc.flush()
         self._task = asyncio.create_task(self._loop(), name="reconciler")
         log.info("reconciler_ready", seq=self.folded.seen_seq, config=self.cfg.__dict__)
         notify_ready()
 
     async def _on_heartbeat(self, msg) -> None:
+        if len(msg.data) > MAX_HEARTBEAT_BYTES:
+            self._quietly("heartbeat_too_large", subject=msg.subject[:200], size=len(msg.data))
+            return
+        now = time.monotonic()  # one writer, one rate: checked before any decoding work
+        if now - self._heard.get(msg.subject, -1e18) < HEARTBEAT_MIN_GAP_S:
+            self._quietly("heartbeat_too_frequent", subject=msg.subject[:200])
+            return
         try:
             hb = decode_heartbeat(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
@@ -413,6 +440,7 @@ class Reconciler:
         if msg.subject != subjects.heartbeat_subject(hb.node):  # permissions say who may publish
             log.warning("heartbeat_for_another_node", subject=msg.subject, node=hb.node)  # the subject,
             return  # so a node speaks only for itself: the payload must name the subject's node
+        self._heard[msg.subject] = now  # registered nodes' subjects only: bounded by the fold
         self.obs.observe(hb, time.time())
         if metrics.ENABLED:  # per-GPU metrics: this is the one process that reads heartbeats
             self.gpu_metrics.observe(hb, self.folded.state)
@@ -545,6 +573,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--leak-grace-s", type=float, default=d.leak_grace_s)
     parser.add_argument("--reset-leaked", action="store_true",
                         help="ask the node daemon to reset an idle GPU whose memory leaked (admin's choice)")
+    parser.add_argument("--partition-share", type=float, default=d.partition_share,
+                        help="more than this share of the nodes silent within one timeout is a partition, not lost nodes")
+    parser.add_argument("--partition-rack-share", type=float, default=d.partition_rack_share,
+                        help="likewise, of one rack's nodes")
     parser.add_argument("--policy", default="full", help="policy preset: its idle_util_pct and idle_after_s")
     parser.add_argument("--policy-set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field of the preset (idle_util_pct, idle_after_s are read here)")
@@ -559,7 +591,8 @@ def config_from_args(args: argparse.Namespace) -> ReconcilerConfig:
                             restore_healthy=not args.no_restore, idle_util_pct=policy.idle_util_pct,
                             idle_after_s=policy.idle_after_s, usage_window_s=args.usage_window_s,
                             leak_min_mb=args.leak_min_mb, leak_grace_s=args.leak_grace_s,
-                            reset_leaked=args.reset_leaked)
+                            reset_leaked=args.reset_leaked, partition_share=args.partition_share,
+                            partition_rack_share=args.partition_rack_share)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:

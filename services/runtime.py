@@ -9,6 +9,7 @@ fold has caught up with the stream so that the caller can decide again.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
@@ -35,6 +36,34 @@ def fatal(reason: str) -> None:
     log.error("service_fatal", reason=reason[:500])
     if on_fatal is not None:
         on_fatal(reason)
+
+
+#: A decider (placement, preemptor, fallback) whose rounds fail this many times in a row ends
+#: itself (non-zero, through `fatal`), so its supervisor starts it afresh from the log: a round
+#: that raises on every try (a fold its indexes cannot handle) otherwise leaves it up, holding
+#: its lease, deciding nothing. `GPUSCHED_MAX_FAILED_ROUNDS` sets it (0: never end).
+MAX_FAILED_ROUNDS = 20
+
+
+class FailedRounds:
+    """Counts a decider's rounds that failed in a row; `failed` ends the process at the limit."""
+
+    def __init__(self, service: str, limit: int | None = None):
+        self.service = service
+        self.limit = int(os.environ.get("GPUSCHED_MAX_FAILED_ROUNDS", MAX_FAILED_ROUNDS)) if limit is None else limit
+        self.in_a_row = 0
+
+    def ok(self) -> None:
+        self.in_a_row = 0
+
+    def failed(self) -> bool:
+        """Log the round's exception; True when this one reached the limit (and `fatal` ran)."""
+        self.in_a_row += 1
+        log.exception(f"{self.service}_round_failed", in_a_row=self.in_a_row, limit=self.limit)
+        if self.limit and self.in_a_row >= self.limit:
+            fatal(f"{self.service}: {self.in_a_row} rounds failed in a row; restart from the log")
+            return True
+        return False
 
 
 class FoldedLog:

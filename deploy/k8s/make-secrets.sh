@@ -17,8 +17,10 @@ mkdir -p "$out"
 umask 077
 [ -d "$out/trust" ] || "$gpusched" user init --trust "$out/trust" --nodes "$nodes" > /dev/null
 "$gpusched" user nats-auth --trust "$out/trust" --out "$out/auth.conf" > /dev/null
-# the servers' names: clients (nats), each pod (routes; mutual TLS with this CA)
-[ -f "$out/tls/server.pem" ] || "$gpusched" user tls --dir "$out/tls" \
+# the servers' names: clients (nats), each pod (routes; mutual TLS with this CA). The certificate
+# carries serverAuth and clientAuth (a server dials its routes with it); run again, it keeps the
+# CA and reissues a certificate made without clientAuth
+"$gpusched" user tls --dir "$out/tls" \
   --hosts "nats,nats.$ns.svc,nats-0.nats,nats-1.nats,nats-2.nats" > /dev/null
 [ -f "$out/redis-password" ] || head -c 24 /dev/urandom | base64 | tr -d '\n/+=' > "$out/redis-password"
 

@@ -10,7 +10,16 @@ Served beside `/metrics` on the `--metrics-port` server (`metrics.start_metrics_
   otherwise (before start-up finished, during a NATS outage, after the follow ended).
 
 Only the HTTP thread and the loop touch this state; the checks read it without locks (one
-attribute read each)."""
+attribute read each).
+
+`nats_readiness(monitor_url, peers)`: the readiness of one clustered NATS server, from its
+monitoring endpoints. `/healthz?js-enabled-only` says only that JetStream is on, so a server
+whose routes never formed answered ok; ready here means all three of: `/healthz?js-server-only`
+(the JetStream meta layer is current with a leader), `/routez` has routes to at least `peers`
+distinct servers (a quorum with itself: 1 of the 2 others in a cluster of 3, so that one
+server down leaves the other two ready, and one cut off in a minority is not), `/jsz` names a
+meta leader. deploy/k8s/nats.yaml's readiness probe is the same check
+in `sh` + `wget` (`NATS_READY_SH`), for the nats image that has no Python."""
 
 from __future__ import annotations
 
@@ -94,6 +103,52 @@ def _fold_trouble(fold: Any) -> str:
 ROUTES = {"/healthz": liveness, "/readyz": readiness}
 
 
+def _get_json(url: str, timeout: float) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"{}")
+        except ValueError:
+            return e.code, {}
+
+
+def nats_readiness(monitor_url: str, peers: int, timeout: float = 2.0) -> tuple[bool, str]:
+    """Ready: JetStream meta layer current, routes up to `peers` other servers, a meta leader."""
+    base = monitor_url.rstrip("/")
+    try:
+        code, body = _get_json(f"{base}/healthz?js-server-only=true", timeout)
+        if code != 200:
+            return False, f"jetstream not current: {body.get('error') or body.get('status') or code}"
+        _, routez = _get_json(f"{base}/routez", timeout)
+        up = {r.get("remote_name") for r in routez.get("routes") or [] if r.get("remote_name")}
+        if len(up) < peers:
+            return False, f"routes to {len(up)} of {peers} peers ({', '.join(sorted(up)) or 'none'})"
+        _, jsz = _get_json(f"{base}/jsz", timeout)
+        leader = (jsz.get("meta_cluster") or {}).get("leader")
+        if not leader:
+            return False, "no JetStream meta leader"
+    except OSError as e:
+        return False, f"monitoring endpoint unreachable: {e}"
+    return True, f"ok: routes to {len(up)} peers, meta leader {leader}"
+
+
+#: `nats_readiness` for the nats image's busybox (deploy/k8s/nats.yaml): PEERS and PORT filled in.
+NATS_READY_SH = (
+    'm=http://127.0.0.1:PORT; wget -qO- "$m/healthz?js-server-only=true" >/dev/null'
+    ' && [ "$(wget -qO- $m/routez | grep -o \'"remote_name": *"[^"]*"\' | sort -u | wc -l)" -ge PEERS ]'
+    ' && wget -qO- $m/jsz | grep -q \'"leader": *"[^"]\'')
+
+
+def nats_ready_sh(peers: int, port: int = 8222) -> str:
+    return NATS_READY_SH.replace("PORT", str(port)).replace("PEERS", str(peers))
+
+
 def wsgi(app: Any) -> Any:
     """Wrap a WSGI app (prometheus_client's `/metrics`) with `/healthz` and `/readyz`."""
 
@@ -109,4 +164,5 @@ def wsgi(app: Any) -> Any:
     return handle
 
 
-__all__ = ["bind_loop", "mark_ready", "watch", "unwatch", "reset", "liveness", "readiness", "wsgi", "LOOP_TIMEOUT_S"]
+__all__ = ["bind_loop", "mark_ready", "watch", "unwatch", "reset", "liveness", "readiness", "wsgi", "LOOP_TIMEOUT_S",
+           "nats_readiness", "nats_ready_sh"]

@@ -163,7 +163,7 @@ def queue_docs(state: ClusterState, config=None) -> list[dict[str, Any]]:
     for pos, job_id in enumerate(queue_order(state, None, config or DEFAULT), 1):
         job = state.jobs[job_id]
         out.append({
-            "position": pos, "job_id": job_id, "team": job.spec.team, "user": getattr(job.spec, "user", None),
+            "position": pos, "job_id": job_id, "team": job.spec.team, "user": job.user or None,
             "state": job.state, "priority": job.spec.priority,
             "gpus": job.spec.gang_min, "submitted_at": job.submitted_at,
             "waiting_s": round(max(0.0, state.now - job.submitted_at), 3),
@@ -192,7 +192,7 @@ _LINES: dict[str, Any] = {
     "PreemptionRequested": lambda e: f"{e.job_id} preempted for {e.for_job}: {e.reason}",
     "CheckpointSaved": lambda e: f"{e.job_id} checkpoint step {e.step} (rank {e.rank})",
     "JobTimedOut": lambda e: f"{e.job_id} timed out: time limit of {e.limit_s:g} s",
-    "ProcessesEnded": lambda e: (f"{e.job_id} processes ended on {e.node} (attempt {e.attempt}.{e.generation})"
+    "ProcessesEnded": lambda e: (f"{e.job_id} processes ended on {e.node} ({attempt_text(e.attempt, e.generation)})"
                                  + (f": {e.reason}" if e.reason else "")),
     "JobOnUnhealthyGpu": lambda e: f"{e.job_id} runs on unhealthy GPU(s) {', '.join(e.gpus)}: {e.reason}",
     "GpusReleased": lambda e: f"{e.job_id} released GPUs ({e.reason}{', forced' if e.forced else ''}, lost {e.lost_gpu_s:.0f} GPU-s)",
@@ -203,6 +203,8 @@ _LINES: dict[str, Any] = {
     "JobRejected": lambda e: f"submission of {e.team} rejected: {e.reason}",
     "NodeRegistered": lambda e: f"node {e.node} registered in {e.rack} with {len(e.gpus)} GPU(s)",
     "NodeLost": lambda e: f"node {e.node} lost: {e.reason}",
+    "PartitionDeclared": lambda e: f"partition declared: {len(e.nodes)} nodes ({e.reason})",
+    "PartitionEnded": lambda e: f"partition ended: {len(e.nodes)} nodes ({e.reason})",
     "NodeDrained": lambda e: (f"node {e.node} maintenance window {e.start or e.at:.0f}..{e.until:.0f} {e.reason}" if e.until is not None
                               else f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}").rstrip(),
     "ZombieDetected": lambda e: f"zombie on {e.gpu}: pids {e.pids}",
@@ -215,6 +217,12 @@ _LINES: dict[str, Any] = {
     "GpuRestored": lambda e: f"GPU {e.gpu} restored: {e.reason}",
     "SnapshotTaken": lambda e: f"snapshot of the state at seq {e.seq} sealed",
 }
+
+
+def attempt_text(attempt: int, generation: int = 0) -> str:
+    """`attempt 2`, or `attempt 2, restart 3` when its processes were restarted in place: two
+    integers, never the `2.3` that reads as a fraction."""
+    return f"attempt {int(attempt)}" + (f", restart {int(generation)}" if generation else "")
 
 
 def describe(event: ev.Event) -> str:
@@ -240,4 +248,4 @@ def event_line(seq: int, event: ev.Event) -> dict[str, Any]:
             "text": describe(event)}
 
 
-__all__ = ["natural_key", "accounting", "job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "gpu_ref"]
+__all__ = ["natural_key", "accounting", "job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "attempt_text", "gpu_ref"]

@@ -112,15 +112,16 @@ class SnapshotStore:
 
     async def save(self, state: ClusterState) -> SnapshotMeta:
         """Seal `state` in the log, then store it in the slot of the oldest snapshot."""
+        seq = state.last_seq  # read once, with the encoding: the fold moves on during the awaits below
         data = state.snapshot()
         digest = hashlib.sha256(data).hexdigest()
-        sealed = ev.SnapshotTaken(at=state.now, seq=state.last_seq, digest=digest)
+        sealed = ev.SnapshotTaken(at=state.now, seq=seq, digest=digest)
         seal_seq = await self.log.append(sealed, msg_id=f"snapshot-{sealed.seq}-{digest[:32]}")
         stored = await self.metas()
         used = {m.name for m in stored}
         free = [f"fold-{i}" for i in range(KEEP) if f"fold-{i}" not in used]
         name = free[0] if free else stored[-1].name
-        meta = SnapshotMeta(name, state.last_seq, str(state.half_life_s), digest, seal_seq,
+        meta = SnapshotMeta(name, seq, str(state.half_life_s), digest, seal_seq,
                             str(state.forget_after_s))
         await self.put(meta, data)
         return meta

@@ -347,8 +347,19 @@ DASH: web.AppKey[Dashboard] = web.AppKey("dash", Dashboard)
 STOP: web.AppKey[asyncio.Event] = web.AppKey("stop", asyncio.Event)
 
 
+#: Sent with every response, refusals and event streams included: no page of any origin may
+#: frame the dashboard (a transparent frame over its controls turned one click elsewhere into
+#: "stop placement", the cookie being same-site for any port of the host).
+NO_FRAMING = {"Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY"}
+
+
+async def _no_framing(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(NO_FRAMING)
+
+
 def make_app(dash: Dashboard, stop: asyncio.Event, guard: Guard) -> web.Application:
     app = web.Application(middlewares=[guard_middleware])
+    app.on_response_prepare.append(_no_framing)
     app[DASH] = dash
     app[STOP] = stop
     app[GUARD] = guard
@@ -379,13 +390,13 @@ async def run(nats_url: str | None, redis_url: str | None, host: str = "127.0.0.
     metrics.attach(dash.folded)
     await dash.folded.start()
     app = make_app(dash, stop, guard)
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)  # a login URL carries ?token=
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     lease_task = asyncio.create_task(dash.watch_lease(stop))
-    log.info("dashboard_ready", url=f"http://127.0.0.1:{port}/?token={guard.admin_token}", bound=host,
-             seq=dash.folded.state.last_seq)
+    # never the token: this line lands in DATA/logs/dashboard.log (`gpusched up` prints the login URL)
+    log.info("dashboard_ready", url=f"http://127.0.0.1:{port}/", bound=host, seq=dash.folded.state.last_seq)
     notify_ready()
     if ready is not None:
         ready.set()

@@ -5,13 +5,17 @@ regular files (never through a symlink) of at most `max_bytes`, and deletes each
 (oversized or malformed ones too, with one warning). What it reports is coalesced: at most one
 `CheckpointSaved` per run per `interval_s`, except an ack that answers the current checkpoint
 request or that completes a step another rank already saved (collective checkpoints).
+
+The checksum a `CheckpointSaved` records is the daemon's own (`checkpoint_sha256`), from the file
+inside the job's checkpoint directory: an ack only says which file, never what it should hash to.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,16 +38,7 @@ class Ack:
     step: int
     path: str
     request: str | None
-    sha256: str = ""  # the checkpoint's checksum as the SDK computed it ("" if absent or malformed)
-
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def ack_sha256(obj: object) -> str:
-    """The checksum an ack carries, if well-formed ("" otherwise)."""
-    value = obj.get("sha256", "") if isinstance(obj, dict) else ""
-    return value if isinstance(value, str) and _SHA256.match(value) else ""
+    sha256: str = ""  # filled in by the daemon from the file (`checkpoint_sha256`), never the job's claim
 
 
 def _parse(raw: bytes) -> Ack:
@@ -57,7 +52,7 @@ def _parse(raw: bytes) -> Ack:
         raise ValueError(f"step must be an integer in 0..{MAX_STEP}")
     if request is not None and (not isinstance(request, str) or len(request) > 128):
         raise ValueError("request must be null or a short string")
-    return Ack(step, path, request, ack_sha256(obj))
+    return Ack(step, path, request)
 
 
 def _read_one(path: Path, max_bytes: int) -> bytes:
@@ -147,3 +142,41 @@ class AckCoalescer:
 
 
 __all__ = ["Ack", "AckCoalescer", "AckLimits", "read_acks"]
+
+
+def checkpoint_sha256(path: str, checkpoint_dir: Path, uid: int | None) -> tuple[str, str]:
+    """(real path, SHA-256) of the checkpoint an ack names, computed by the daemon itself from
+    what it reads: the job's claimed checksum is never used. Only inside the job's own checkpoint
+    directory, never through a symlink, and (when the job has its own uid) only its own files:
+    ValueError otherwise. The digest is the SDK's (`checkpoint_io.sha256_of`): a file's bytes,
+    or a tree's relative paths and contents in path order."""
+    real, root = os.path.realpath(path), os.path.realpath(checkpoint_dir)
+    if not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise ValueError(f"{path} is not inside the job's checkpoint directory {checkpoint_dir}")
+    top = Path(real)
+    if top.is_dir() and not top.is_symlink():
+        files = []
+        for dirpath, dirs, names in os.walk(top):
+            for name in dirs + names:
+                if os.path.islink(os.path.join(dirpath, name)):
+                    raise ValueError(f"{path} holds a symlink ({name})")
+            files += [Path(dirpath, n) for n in names]
+        files.sort(key=lambda f: f.relative_to(top))
+    else:
+        files = [top]
+    digest = hashlib.sha256()
+    for f in files:
+        if f is not top:
+            digest.update(str(f.relative_to(top)).encode() + b"\0")
+        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{f} is not a regular file")
+            if uid is not None and st.st_uid != uid:
+                raise ValueError(f"{f} is owned by uid {st.st_uid}, not by the job's (uid {uid})")
+            while chunk := os.read(fd, 1 << 20):
+                digest.update(chunk)
+        finally:
+            os.close(fd)
+    return real, digest.hexdigest()

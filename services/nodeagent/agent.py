@@ -50,13 +50,17 @@ from gpusched.core.heartbeat import (
 from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
-from gpusched.job import env as E
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
-from . import launcher
-from .acks import Ack, AckCoalescer, AckLimits, read_acks
+from . import fencing, launcher
+from .acks import AckCoalescer, AckLimits
 from .backends import GpuBackend, SimBackend, process_alive
+from .cgroups import CgroupError, JobCgroup, remove_parent
+from .confine import cgroups_wanted, confine
+from .devices import GpuDevice, nvidia_control_allow, nvidia_devices, sim_devices
+from .handshake import CheckpointHandshake, _write_json
 from .logs import serve_log
+from .users import NoJobUser, UserMap
 
 log = structlog.get_logger()
 
@@ -87,8 +91,17 @@ class AgentConfig:
     timeout_checkpoint_s: float = 30.0  # a time-limited job is asked to checkpoint this long before
     retry_backoff_s: float = 1.0  # a requeued failure restarts after 1, 2, 4 ... s
     retry_backoff_max_s: float = 60.0
-    job_user: str | None = None  # run jobs as this user (None: as the daemon's own user)
-    team_users: dict[str, str] = field(default_factory=dict)  # team -> user, over job_user
+    job_user: str | None = None  # run every job without an account or team user as this one (single tenant)
+    team_users: dict[str, str] = field(default_factory=dict)  # team -> its service account
+    #: Dynamic uids (first, count) for jobs with no account (users.UserMap); None: none.
+    uid_range: tuple[int, int] | None = None
+    submitter_accounts: bool = True  # run as the submitter's account when this node has it
+    #: A cgroup per run (limits, GPU allow-list, kill by cgroup): None = where the host allows (root).
+    cgroups: bool | None = None
+    cgroup_parent: str = "gpusched"
+    pids_max: int | None = 8192  # per job
+    #: More directories where jobs may name their checkpoint_dir (besides `checkpoint_root`).
+    checkpoint_roots: tuple[str, ...] = ()
     rejoin_heartbeats: int = 3  # after a NodeLost of itself, re-register after this many heartbeats
     labels: dict[str, str] = field(default_factory=dict)  # announced at registration (`--label K=V`)
 
@@ -99,6 +112,13 @@ class AgentConfig:
 
     def user_for(self, team: str) -> str | None:
         return self.team_users.get(team, self.job_user)
+
+    def user_map(self) -> UserMap:
+        return UserMap(job_user=self.job_user, team_users=dict(self.team_users),
+                       submitter_accounts=self.submitter_accounts, uid_range=self.uid_range)
+
+    def all_checkpoint_roots(self) -> tuple[str, ...]:
+        return (str(self.checkpoint_root), *self.checkpoint_roots)
 
 
 _run_ids = itertools.count(1)
@@ -162,40 +182,9 @@ def _launch_spec_for(self, job: Job, mine: tuple[int, ...], state: ClusterState)
         control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
         resume_from=resume, resume_step=ck.step if ck is not None else None,
         cwd=job.spec.workdir or self.cfg.cwd, generation=job.generation, checkpoint_mode=job.spec.checkpoint,
-        user=self.cfg.user_for(job.spec.team), **launcher.resume_and_secrets(job),
+        **launcher.resume_and_secrets(job), checkpoint_roots=self.cfg.all_checkpoint_roots(),
+        devices=tuple(self.devices[i].path for i in mine if i in self.devices),
     )
-
-
-def _ask_to_checkpoint(self, run: RunningJob, request: str, reason: str, deadline: float, for_job: str) -> None:
-    """Write the request to the job's control dir and SIGUSR1 the processes that asked for
-    it, if they are members of the job's own process group."""
-    run.request = request
-    if run.proc.virtual:
-        if run.proc.checkpoint_after is not None:
-            run.sim_checkpoint_at = time.monotonic() + run.proc.checkpoint_after
-        return
-    control = run.proc.launch.control_dir
-    try:
-        _write_json(control / E.REQUEST, {"id": request, "reason": reason, "deadline": deadline,
-                                          "for_job": for_job})
-    except OSError as err:
-        log.warning("checkpoint_request_failed", job=run.job_id, node=self.node, error=str(err))
-        return
-    pids = []
-    try:
-        with os.scandir(control) as it:
-            for n, entry in enumerate(it):
-                if n >= self.limits.max_entries:
-                    break
-                suffix = entry.name[len(E.SDK_PREFIX):]
-                if entry.name.startswith(E.SDK_PREFIX) and suffix.isdigit() and len(suffix) < 10:
-                    pids.append(int(suffix))
-    except OSError:
-        pass
-    signalled = run.proc.signal_pids(pids, signal.SIGUSR1) if pids else []
-    refused = sorted(set(pids) - set(signalled))
-    log.info("checkpoint_requested", job=run.job_id, attempt=run.attempt, node=self.node, request=request,
-             signalled=signalled, refused=refused)
 
 
 def _watch_run(self, run: RunningJob, state: ClusterState, now: float) -> None:
@@ -324,7 +313,7 @@ def _register_node(self: NodeAgent) -> bool:
     return True
 
 
-class NodeAgent:
+class NodeAgent(CheckpointHandshake):
     def __init__(self, host: NodeHost, config: AgentConfig, backend: GpuBackend):
         self.host = host
         self.cfg = config
@@ -346,7 +335,12 @@ class NodeAgent:
         self.crashed = False  # a simulated crash: silent, deaf, its processes gone
         self._subs: list = []
         self._swept = 0.0
-
+        self.users = config.user_map()
+        if not config.work_dir.exists():  # traversable for its jobs' directories, never listable
+            config.work_dir.mkdir(parents=True, mode=0o711)
+        self.cgroup_parent = config.cgroup_parent if cgroups_wanted(config.cgroups) else None
+        self.devices, self.control_devices = gpu_devices(config, backend) if self.cgroup_parent else ({}, ())
+        
     # --- registration ---------------------------------------------------------------------
 
     def registration(self) -> ev.NodeRegistered:
@@ -452,12 +446,21 @@ class NodeAgent:
         spec = self._launch_spec(job, mine, state)
         key = (job.job_id, job.attempt, job.generation)
         try:
+            spec = confine(spec, job, self.users, self.host.uid_holder, cgroup_parent=self.cgroup_parent,
+                           cgroup_name=f"{subjects.token(job.job_id)}.{spec.control_dir.name}-{self.agent_id}",
+                           devices=self.devices, control=self.control_devices, pids_max=self.cfg.pids_max)
+        except (NoJobUser, CgroupError) as err:
+            self._launch_failed(key, spec, f"cannot confine the job: {err}")
+            return
+        try:
             proc = launcher.start(spec)
         except OSError as err:  # its directories or log cannot be made safe
             self._launch_failed(key, spec, f"cannot prepare the job's directories: {err}")
+            _remove_cgroup(spec)
             return
         if proc.spawn_error:
             self._launch_failed(key, spec, proc.spawn_error)
+            _remove_cgroup(spec)
             return
         run = RunningJob(job.job_id, job.attempt, mine, spec.node_rank, proc, generation=job.generation,
                          acks=AckCoalescer(self.limits))
@@ -502,7 +505,9 @@ class NodeAgent:
         """The state file a restarted daemon adopts this run from."""
         rec = launcher.record(run.proc)
         rec.update(gpus=list(run.gpus), node_rank=run.node_rank, generation=run.generation)
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        if not self.runs_dir.exists():
+            self.runs_dir.mkdir(parents=True, mode=0o700)  # the daemon's alone: jobs never read them
+            os.chmod(self.runs_dir.parent, 0o700)
         _write_json(self._record_path(run.key), rec)
 
     def _drain(self, run: RunningJob, job: Job) -> None:
@@ -533,6 +538,7 @@ class NodeAgent:
             pass
         if not run.proc.virtual:
             shutil.rmtree(run.proc.launch.control_dir, ignore_errors=True)
+            _remove_cgroup(run.proc.launch)
         if not any(r.job_id == run.job_id for r in self.jobs.values()):
             self.host.track(run.job_id, self.node, False)
 
@@ -548,34 +554,6 @@ class NodeAgent:
         e = ev.ProcessesEnded(at=time.time(), job_id=key[0], attempt=key[1], generation=key[2], node=self.node,
                               exit_code=exit_code, reason=reason)
         self.host.submit(e, msg_id=f"ended:{key[0]}:{key[1]}.{key[2]}:{self.node}", cas=False)
-
-    # --- checkpoints ------------------------------------------------------------------------
-
-    _request_checkpoint = _ask_to_checkpoint
-
-    def _collect_acks(self, run: RunningJob, state: ClusterState) -> None:
-        if run.proc.virtual:
-            if run.sim_checkpoint_at is not None and time.monotonic() >= run.sim_checkpoint_at:
-                run.sim_checkpoint_at = None
-                step = int(time.monotonic() - run.proc.started) + (run.proc.launch.resume_step or 0)
-                self._report_checkpoint(run, Ack(step, f"sim://{run.job_id}/{run.attempt}/{step}", run.request))
-            return
-        acks, problems = read_acks(run.proc.launch.control_dir, self.limits)
-        if problems:
-            log.warning("bad_checkpoint_acks", job=run.job_id, node=self.node, count=len(problems), first=problems[0])
-        for ack in acks:
-            run.acks.add(ack)
-        job = state.jobs.get(run.job_id)
-        partial = set(job.partial) if job is not None and job.attempt == run.attempt else set()
-        for ack in run.acks.due(time.monotonic(), run.request, partial):
-            self._report_checkpoint(run, ack)
-
-    def _report_checkpoint(self, run: RunningJob, ack: Ack) -> None:
-        log.info("checkpoint_saved", job=run.job_id, attempt=run.attempt, node=self.node, path=ack.path, step=ack.step)
-        event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=ack.path,
-                                   step=ack.step, rank=run.node_rank, generation=run.generation,
-                                   node=self.node, sha256=ack.sha256)
-        self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack.step}", cas=False)
 
     # --- processes --------------------------------------------------------------------------
 
@@ -630,20 +608,21 @@ class NodeAgent:
         if run.state in ("stopping",):
             self._forget(run)  # stopped by us: never reported
             return
-        log.info("job_exited", job=run.job_id, attempt=run.attempt, node=self.node, exit_code=rc)
+        detail = _oom_detail(run.proc.launch)
+        log.info("job_exited", job=run.job_id, attempt=run.attempt, node=self.node, exit_code=rc, detail=detail)
         if rc == 0 and run.node_rank != 0:
             run.state = "exited"  # its GPUs stay held until rank 0 finishes
             self.backend.detach(run.proc.pid)
             self._report_ended(run.key, rc, "exited", run)
             return
         self._forget(run)
-        self._report_exit(run.job_id, run.attempt, rc)
+        self._report_exit(run.job_id, run.attempt, rc, detail)
 
-    def _report_exit(self, job_id: str, attempt: int, rc: int) -> None:
+    def _report_exit(self, job_id: str, attempt: int, rc: int, detail: str = "") -> None:
         node = self.node
 
         def outcome(state: ClusterState) -> ev.Event | None:
-            return exit_event(state, job_id, attempt, node, rc, time.time())
+            return exit_event(state, job_id, attempt, node, rc, time.time(), detail)
 
         self.host.submit(outcome, msg_id=f"exit:{job_id}:{attempt}:{node}")
 
@@ -668,6 +647,7 @@ class NodeAgent:
                 pass
             for rest in ("control_dir",):
                 shutil.rmtree(rec["launch"][rest], ignore_errors=True)
+            _remove_cgroup(launcher.Launch.from_json(rec["launch"]))  # whatever the dead leader left, then the cgroup
         log.warning("job_ended_while_down", job=key[0], attempt=key[1], node=self.node, exit_code=rc)
         self._report_ended(key, rc, "ended while the daemon was down")
         if current:
@@ -713,7 +693,8 @@ class NodeAgent:
         return NodeReply(ok=True, node=self.node, killed=killed, missing=missing, refused=refused)
 
 
-def exit_event(state: ClusterState, job_id: str, attempt: int, node: str, rc: int, now: float) -> ev.Event | None:
+def exit_event(state: ClusterState, job_id: str, attempt: int, node: str, rc: int, now: float,
+               detail: str = "") -> ev.Event | None:
     """What a process exit means, decided against the fold at the moment of appending: nothing
     if the attempt already ended; completion on exit 0; else requeue while restarts remain."""
     job = state.jobs.get(job_id)
@@ -724,20 +705,33 @@ def exit_event(state: ClusterState, job_id: str, attempt: int, node: str, rc: in
     if job.spec.on_failure == "requeue" and job.restarts < job.spec.max_restarts:
         return ev.GpusReleased(at=now, job_id=job_id, reason="process_failed",
                                lost_gpu_s=round(work_since_checkpoint(job, now), 3), node=node)
-    return ev.JobFailed(at=now, job_id=job_id, attempt=attempt, reason=f"exit code {rc} on node {node}", exit_code=rc,
+    reason = f"exit code {rc} on node {node}" + (f" ({detail})" if detail else "")
+    return ev.JobFailed(at=now, job_id=job_id, attempt=attempt, reason=reason, exit_code=rc,
                         node=node)
 
 
-def _write_json(path: Path, obj: object) -> None:
-    """Atomically, and safely in a directory the job owns: a fresh temp file (never through a
-    name the job may have planted), readable by the job, renamed over the target."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        os.write(fd, json.dumps(obj).encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+def gpu_devices(cfg: AgentConfig, backend: GpuBackend) -> tuple[dict[int, GpuDevice], tuple[str, ...]]:
+    """The device node of each GPU, and the control devices every GPU job may open: simulated
+    GPUs get device nodes of their own under the work dir; NVML ones are /dev/nvidiaN."""
+    if isinstance(backend, SimBackend):
+        return sim_devices(cfg.work_dir / "dev" / subjects.token(cfg.node), cfg.node, len(backend.gpus())), ()
+    minors = getattr(backend, "minor_numbers", None)
+    return (nvidia_devices(minors()), nvidia_control_allow()) if minors is not None else ({}, ())
+
+
+def _oom_detail(launch: launcher.Launch) -> str:
+    """"out of memory" when the kernel killed a process of the job for its memory limit."""
+    if launch.cgroup is None or not JobCgroup.from_json(launch.cgroup).oom_kills():
+        return ""
+    return "out of memory: the job exceeded its memory limit (--mem) and the kernel killed it"
+
+
+def _remove_cgroup(launch: launcher.Launch) -> None:
+    if launch.cgroup is not None:
+        cg = JobCgroup.from_json(launch.cgroup)
+        cg.kill()
+        if not cg.remove(0.5):
+            log.warning("cgroup_not_removed", job=launch.job_id, dirs=list(cg.dirs.values()))
 
 
 # --- the host: one connection, one fold, many agents -----------------------------------------
@@ -786,6 +780,14 @@ class NodeHost:
         agent = NodeAgent(self, config, backend)
         self.agents[config.node] = agent
         return agent
+
+    def uid_holder(self, uid: int) -> str | None:
+        """The job whose live run on this host holds `uid` (dynamic uids are per job), if any."""
+        for agent in self.agents.values():
+            for run in agent.jobs.values():
+                if run.proc.launch.uid == uid:
+                    return run.job_id
+        return None
 
     def track(self, job_id: str, node: str, running: bool) -> None:
         nodes = self._job_nodes.setdefault(job_id, set())
@@ -840,6 +842,7 @@ class NodeHost:
             asyncio.create_task(self._monitor(), name="nodeagent-monitor"),
             asyncio.create_task(self._heartbeats(), name="nodeagent-heartbeats"),
             asyncio.create_task(self._confirm_view(), name="nodeagent-view"),
+            *fencing.tasks(self),  # the log out of reach for long: stop the jobs (fencing.py)
         ]
         log.info("nodeagent_ready", nodes=len(self.agents), seq=self.folded.seen_seq)
         notify_ready()
@@ -1022,6 +1025,8 @@ class NodeHost:
         await self.folded.stop()
         for agent in self.agents.values():
             agent.backend.close()
+            if agent.cgroup_parent:
+                remove_parent(agent.cgroup_parent)  # empty once no run is left under it
         if self.own_log:
             try:
                 await self.log.close()

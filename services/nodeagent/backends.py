@@ -355,6 +355,15 @@ class NvmlBackend:
         bus_ids, links = self.nvlink_links()
         return domains_from_links(bus_ids, links)
 
+    def minor_numbers(self) -> dict[int, int]:
+        """GPU index -> the minor number of its /dev/nvidiaN (the job cgroup's device allow-list)."""
+        out = {}
+        for i, h in enumerate(self.handles):
+            minor = self._call(self.nv.nvmlDeviceGetMinorNumber, h)
+            if minor is not None:
+                out[i] = int(minor)
+        return out
+
     def gpus(self) -> list[GpuInfo]:
         if self._static is None:
             nv = self.nv

@@ -23,17 +23,20 @@ import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from gpusched.job import env as E
+from gpusched.readmodel import attempt_text
 
 from . import secrets
 from .backends import VIRTUAL_PID_BASE
+from .cgroups import JobCgroup
 from .procs import JobGroup
 
 #: Variables of the daemon's environment a job inherits (names, or prefixes ending in `_`);
@@ -49,6 +52,8 @@ UNKNOWN_EXIT = -1
 _WRAPPER = ('trap : TERM INT HUP; "$@"; rc=$?; '
             'printf "%s\\n" "$rc" > "$GPUSCHED_CONTROL_DIR/.exit-status.tmp" && '
             'mv -f "$GPUSCHED_CONTROL_DIR/.exit-status.tmp" "$GPUSCHED_CONTROL_DIR/exit-status"; exit $rc')
+#: Writes its pid into every cgroup.procs file named first (the count, then the files), then runs the rest.
+_JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"'
 
 #: Placeholder jobs read these from `spec.env`: run this long then exit with this code, and
 #: answer a checkpoint request after this delay ("never": do not answer).
@@ -89,6 +94,13 @@ class Launch:
     resume_previous: tuple[str, int, str] | None = None
     #: Variable -> file on this node (`spec.secret_env`): read at launch, never logged.
     secret_env: Mapping[str, str] = field(default_factory=dict)
+    uid: int | None = None  # the job's credentials (users.UserMap); None: the daemon's own
+    gid: int | None = None
+    home: str | None = None
+    cgroup: dict | None = None  # cgroups.JobCgroup.to_json() of the run, if it has one
+    devices: tuple[str, ...] = ()  # device nodes of its GPUs
+    #: Where the daemon may create and chown a checkpoint dir: nowhere else.
+    checkpoint_roots: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -119,7 +131,9 @@ def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
     out = {k: v for k, v in base.items() if allowed(k) and not k.startswith("GPUSCHED_")}
     out.setdefault("PATH", os.defpath)
     out["PYTHONUNBUFFERED"] = "1"
-    home = _home(launch.user)
+    home = launch.home if launch.uid is not None else _home(launch.user)
+    if launch.uid is not None and home is None:
+        home = str(launch.control_dir)  # a dynamic uid has no home: its own control dir
     if home is not None:
         out["HOME"] = home
     if launch.user:
@@ -145,6 +159,7 @@ def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
         E.CONTROL_DIR: str(launch.control_dir),
         E.CHECKPOINT_MODE: launch.checkpoint_mode,
         E.GENERATION: str(launch.generation),
+        E.GPU_DEVICES: ",".join(launch.devices),
     })
     if launch.resume_from:
         out[E.RESUME_FROM] = launch.resume_from
@@ -164,14 +179,16 @@ def _home(user: str | None) -> str | None:
         return None
 
 
-def _ids(user: str | None) -> tuple[int, int] | None:
+def _ids(launch: Launch) -> tuple[int, int] | None:
     """(uid, gid) to switch to, or None to run as the daemon's own user."""
-    if not user:
+    if launch.uid is not None:
+        ids = (launch.uid, launch.gid if launch.gid is not None else launch.uid)
+    elif launch.user:
+        pw = pwd.getpwnam(launch.user)
+        ids = (pw.pw_uid, pw.pw_gid)
+    else:
         return None
-    pw = pwd.getpwnam(user)
-    if pw.pw_uid == os.getuid():
-        return None
-    return pw.pw_uid, pw.pw_gid
+    return None if ids[0] == os.geteuid() else ids
 
 
 def launch_error(launch: Launch, env: Mapping[str, str]) -> str | None:
@@ -179,7 +196,7 @@ def launch_error(launch: Launch, env: Mapping[str, str]) -> str | None:
     cwd = launch.cwd
     if cwd is not None and not os.path.isdir(cwd):
         return f"working directory {cwd!r} does not exist"
-    if launch.user:
+    if launch.user and launch.uid is None:
         try:
             pwd.getpwnam(launch.user)
         except KeyError:
@@ -224,18 +241,99 @@ def _open_log(path: Path) -> int:
     return fd
 
 
-def own_dir(path: Path, ids: tuple[int, int] | None, create_only: bool = False) -> None:
-    """Make `path` a 0700 directory of the job's user. A directory the job named itself
-    (`create_only`) is created that way if missing, and otherwise left as it is."""
+def own_dir(path: Path, ids: tuple[int, int] | None) -> None:
+    """Make `path` a 0700 directory of the job's user (its parents the daemon's, traversable)."""
     if path.is_symlink():
         raise OSError(f"{path} is a symlink")
-    existed = path.exists()
-    path.mkdir(parents=True, exist_ok=True)
-    if existed and create_only:
-        return
+    for parent in reversed(path.parents):
+        if not parent.exists():
+            parent.mkdir(mode=0o711)
+    path.mkdir(exist_ok=True)
     os.chmod(path, 0o700)
     if ids is not None:
         os.chown(path, *ids)
+
+
+def daemon_dir(path: Path) -> None:
+    """A 0700 directory of the daemon's own (the job's log directory: the daemon writes it)."""
+    if path.is_symlink():
+        raise OSError(f"{path} is a symlink")
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def under(path: str | os.PathLike, roots: Sequence[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in map(os.path.realpath, roots))
+
+
+def prepare_checkpoint_dir(launch: Launch, ids: tuple[int, int] | None) -> None:
+    """Create the job's checkpoint dir, 0700 and its own; only under the node's checkpoint
+    roots (OSError elsewhere: the daemon never creates or chowns a path outside them). Entries a
+    previous attempt left under another dynamic uid are handed over (never through a link)."""
+    path = launch.checkpoint_dir
+    if launch.checkpoint_roots and not under(path, launch.checkpoint_roots):
+        raise OSError(f"checkpoint_dir {path} is outside this node's checkpoint roots "
+                      f"({', '.join(launch.checkpoint_roots)}): the node creates and hands over directories only "
+                      "there")
+    existed = path.exists()
+    own_dir(path, ids)
+    if ids is None or not existed:
+        return
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            entry = os.path.join(top, name)
+            st = os.lstat(entry)
+            if st.st_uid != ids[0] and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1):
+                os.lchown(entry, *ids)
+
+
+def unreachable(path: Path, uid: int, gids: set[int]) -> str | None:
+    """The first existing ancestor of `path` (or itself) that `uid` may not enter, described."""
+    for p in [*reversed(Path(path).parents), Path(path)]:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None  # created by the daemon, with the job's access
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in gids else 0o001
+        if not st.st_mode & bit:
+            return f"{p} (mode {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid}, gid {st.st_gid})"
+    return None
+
+
+def job_groups(launch: Launch, ids: tuple[int, int]) -> set[int]:
+    try:
+        return set(os.getgrouplist(launch.user, ids[1])) if launch.user and launch.home is not None else {ids[1]}
+    except (KeyError, OSError):
+        return {ids[1]}
+
+
+def reach_error(launch: Launch, ids: tuple[int, int] | None) -> str | None:
+    """Why the job's user cannot reach its working, control or checkpoint directory (precise)."""
+    if ids is None:
+        return None
+    gids = job_groups(launch, ids)
+    for what, path in (("working directory", launch.cwd), ("control directory", launch.control_dir),
+                       ("checkpoint directory", launch.checkpoint_dir)):
+        if path is None:
+            continue
+        blocked = unreachable(Path(path), ids[0], gids)
+        if blocked:
+            return f"the job's user (uid {ids[0]}) cannot reach its {what} {path}: {blocked}"
+    return None
+
+
+def command_argv(launch: Launch, ids: tuple[int, int] | None) -> list[str]:
+    """The job's argv: join its cgroup (as root, before anything of the job runs), drop to the
+    job's credentials (`setpriv`, no new privileges), then the exit-status wrapper."""
+    argv = ["/bin/sh", "-c", _WRAPPER, "gpusched-job", *launch.command]
+    if ids is not None:
+        groups = ["--init-groups"] if launch.user and launch.home is not None else ["--clear-groups"]
+        argv = ["setpriv", f"--reuid={ids[0]}", f"--regid={ids[1]}", *groups, "--no-new-privs", "--", *argv]
+    if launch.cgroup is not None:
+        procs = JobCgroup.from_json(launch.cgroup).procs_files
+        argv = ["/bin/sh", "-c", _JOIN, "gpusched-join", str(len(procs)), *procs, *argv]
+    return argv
 
 
 def resume_and_secrets(job) -> dict:
@@ -255,43 +353,40 @@ class JobProcess:
     virtual = False
 
     def __init__(self, launch: Launch, base_env: Mapping[str, str]):
-        ids = _ids(launch.user)
+        ids = _ids(launch)
         own_dir(launch.control_dir, ids)
-        own_dir(launch.log_path.parent, ids)
-        own_dir(launch.checkpoint_dir, ids, create_only=True)
+        daemon_dir(launch.log_path.parent)
+        prepare_checkpoint_dir(launch, ids)
         self.launch = launch
         self.spawn_error: str | None = None
         self.group: JobGroup | None = None
+        self.cgroup = JobCgroup.from_json(launch.cgroup) if launch.cgroup is not None else None
         env = job_env(launch, base_env)
         with open(_open_log(launch.log_path), "ab") as out:
-            out.write(f"--- gpusched: {launch.job_id} attempt {launch.attempt}.{launch.generation} on {launch.node} "
+            out.write(f"--- gpusched: {launch.job_id} {attempt_text(launch.attempt, launch.generation)} on {launch.node} "
                       f"rank {launch.node_rank}/{launch.num_nodes} gpus {list(launch.gpus)}\n".encode())
             out.flush()
-            if ids is not None:
-                os.fchown(out.fileno(), *ids)
             os.fchmod(out.fileno(), 0o600)
-            self.spawn_error = launch_error(launch, env)
+            self.spawn_error = launch_error(launch, env) or reach_error(launch, ids)
             if self.spawn_error is None and launch.secret_env:
-                try:  # checked against the job's user: a file of another user is refused
-                    env = {**env, **secrets.read_secret_env(launch.secret_env, uid=ids[0] if ids else None)}
+                try:  # read only what the job's own user may read
+                    reader = (ids[0], job_groups(launch, ids)) if ids else (os.geteuid(), set(os.getgroups()))
+                    env = {**env, **secrets.read_secret_env(launch.secret_env, reader=reader)}
                 except secrets.SecretError as err:
                     self.spawn_error = str(err)
             self.popen: subprocess.Popen | None = None
             if self.spawn_error is None:
                 try:
                     self.popen = subprocess.Popen(
-                        ["/bin/sh", "-c", _WRAPPER, "gpusched-job", *launch.command], env=env,
-                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                        cwd=launch.cwd, user=ids[0] if ids else None, group=ids[1] if ids else None,
-                        extra_groups=[] if ids else None,
-                    )
+                        command_argv(launch, ids), env=env, stdin=subprocess.DEVNULL, stdout=out,
+                        stderr=subprocess.STDOUT, start_new_session=True, cwd=launch.cwd)
                 except OSError as err:
                     self.spawn_error = f"cannot start {launch.command[0]!r}: {err}"
             if self.spawn_error is not None:
                 out.write(f"--- gpusched: launch error: {self.spawn_error}\n".encode())
         self.pid = self.popen.pid if self.popen is not None else 0
         if self.popen is not None:
-            self.group = JobGroup.of(self.pid, launch.job_id, launch.attempt)
+            self.group = JobGroup.of(self.pid, launch.job_id, launch.attempt, self.cgroup)
 
     def poll(self) -> int | None:
         if self.popen is None:
@@ -301,7 +396,7 @@ class JobProcess:
     def signal_group(self, sig: int) -> None:
         if self.popen is None or self.group is None:
             return
-        if self.popen.poll() is None:  # our unreaped child: its pid (= group id) cannot be reused
+        if self.group.cgroup is None and self.popen.poll() is None:  # our unreaped child: its pid (= group id) cannot be reused
             try:
                 os.killpg(self.group.pgid, sig)
                 return
@@ -402,7 +497,8 @@ def adopt(record: dict) -> JobProcess | AdoptedProcess | VirtualProcess | None:
         started = time.monotonic() - max(0.0, time.time() - float(record["started_wall"]))
         return VirtualProcess(launch, now=started)
     group = JobGroup(int(record["pid"]), int(record["pgid"]), int(record["start_ticks"]), str(record["boot"]),
-                     launch.job_id, launch.attempt)
+                     launch.job_id, launch.attempt,
+                     JobCgroup.from_json(launch.cgroup) if launch.cgroup is not None else None)
     return AdoptedProcess(launch, group) if group.leader_alive() else None
 
 

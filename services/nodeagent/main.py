@@ -18,6 +18,7 @@ from gpusched.core.model import nvlink_domains
 from .agent import AgentConfig, NodeHost, default_work_dir
 from .backends import BackendUnavailable, NvmlBackend, SimBackend
 from .topology_source import TopologyUnavailable, from_host, from_kubernetes
+from .users import DEFAULT_UID_RANGE, parse_uid_range
 
 log = structlog.get_logger()
 
@@ -54,6 +55,7 @@ async def run_nodeagent(
     log_dir: str | os.PathLike | None = None, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
     stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, job_user: str | None = None,
     team_users: dict[str, str] | None = None, keep_jobs: bool = False, labels: dict[str, str] | None = None,
+    confinement: dict | None = None,
 ) -> None:
     """One node daemon until `stop` is set. `backend="nvml"` reads this host's GPUs (`gpus` and
     `nvlink` only shape a `backend="sim"` node; "auto": NVML if a driver answers, else sim)."""
@@ -65,7 +67,7 @@ async def run_nodeagent(
                          nvlink=nvlink if backend == "sim" else "custom",
                          work_dir=Path(work_dir) if work_dir else default_work_dir(), kill_grace_s=kill_grace_s,
                          checkpoint_root=checkpoint_root, log_dir=log_dir, labels=dict(labels or {}),
-                         **job_users(job_user, team_users)),
+                         **job_users(job_user, team_users), **(confinement or {})),
              gpu_backend)
     await host.start()
     await _serve_until(host, stop, ready, keep_jobs)
@@ -77,6 +79,7 @@ async def start_simulated_nodes(
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     heartbeat_s: float = 2.0, kill_grace_s: float = 5.0, poll_s: float = 0.2, address: str = "127.0.0.1",
     job_user: str | None = None, team_users: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+    confinement: dict | None = None,
 ) -> NodeHost:
     """Start `count` simulated nodes sharing one connection and one fold; returns the started
     host (call `await host.stop()`). Nodes are `<prefix>00..`, racks `rack00..` of
@@ -90,7 +93,7 @@ async def start_simulated_nodes(
                              block=f"block{rack_i // racks_per_block:02d}" if racks_per_block else None,
                              address=address, nvlink=nvlink, work_dir=root, kill_grace_s=kill_grace_s,
                              checkpoint_root=checkpoint_root, labels=dict(labels or {}),
-                             **job_users(job_user, team_users)),
+                             **job_users(job_user, team_users), **(confinement or {})),
                  SimBackend(name, gpus_per_node, nvlink))
     await host.start()
     return host
@@ -124,10 +127,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default checkpoint dirs <root>/<job> for jobs without one (a shared file system)")
     parser.add_argument("--log-dir", default=None, help="job logs <log-dir>/<job>/<attempt>-<node>.log")
     parser.add_argument("--job-user", default=None,
-                        help="run jobs as this unprivileged user (default: the daemon's own user; a daemon "
-                             "running as root should always set it)")
+                        help="run every job without its own account or team user as this one user (single-tenant "
+                             "nodes only: tenants would share its uid; default: a dynamic uid per job)")
     parser.add_argument("--team-user", action="append", default=[], metavar="TEAM=USER",
-                        help="run this team's jobs as USER (over --job-user); repeatable")
+                        help="run this team's jobs as its service account USER (when the submitter has no account "
+                             "here); repeatable")
+    parser.add_argument("--uid-range", default=None, metavar="FIRST-LAST",
+                        help="dynamic uids for jobs with no account and no team user, one per running job "
+                             f"(default when root: {DEFAULT_UID_RANGE[0]}-{sum(DEFAULT_UID_RANGE) - 1}, systemd's "
+                             "DynamicUser range; 'none': such jobs run as the daemon's user, never as root)")
+    parser.add_argument("--no-submitter-accounts", action="store_true",
+                        help="never run a job as the submitter's own account, even when this node has one")
+    parser.add_argument("--cgroups", choices=("auto", "on", "off"), default="auto",
+                        help="a cgroup per job (limits, GPU device allow-list, kill by cgroup); auto: when root "
+                             "on a cgroup v1 or v2 host")
+    parser.add_argument("--cgroup-parent", default="gpusched",
+                        help="jobs' cgroups are <parent>/<run> (v1: under the daemon's own cgroup of each controller; "
+                             "v2: under /sys/fs/cgroup, a delegated cgroup with no processes)")
+    parser.add_argument("--job-pids-max", type=int, default=8192, help="at most this many processes per job")
+    parser.add_argument("--checkpoint-roots", action="append", default=[], metavar="DIR",
+                        help="directories (besides --checkpoint-root) under which a job may name its checkpoint_dir; "
+                             "anywhere else is refused (repeatable)")
     parser.add_argument("--keep-jobs", action="store_true",
                         help="on stop, leave job processes running for the next daemon on this work dir to adopt "
                              "(a restart or upgrade that no job notices); default: stop them")
@@ -145,10 +165,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def job_users(job_user: str | None, team_users: dict[str, str] | None) -> dict:
-    """The AgentConfig fields that say which user runs a job; warns when jobs would run as root."""
-    if job_user is None and os.geteuid() == 0:
-        log.warning("jobs_run_as_root", hint="set --job-user (and --team-user TEAM=USER) to run jobs unprivileged")
+    """The AgentConfig fields that say which user runs a job."""
     return {"job_user": job_user, "team_users": dict(team_users or {})}
+
+
+def confinement_from_args(args: argparse.Namespace) -> dict:
+    """The AgentConfig fields of `--uid-range`, `--cgroups` and the rest. A root daemon always
+    has a uid range unless told 'none', and then warns: its jobs would run as root."""
+    try:
+        uid_range = parse_uid_range(args.uid_range) if args.uid_range else (
+            DEFAULT_UID_RANGE if os.geteuid() == 0 else None)
+    except ValueError as err:
+        raise SystemExit(f"gpusched nodeagent: --uid-range: {err}") from None
+    if uid_range is None and args.job_user is None and os.geteuid() == 0:
+        log.warning("jobs_may_run_as_root", hint="jobs without an account or --team-user run as root: "
+                                                 "give --uid-range or --job-user")
+    return {"uid_range": uid_range, "submitter_accounts": not args.no_submitter_accounts,
+            "cgroups": {"auto": None, "on": True, "off": False}[args.cgroups], "cgroup_parent": args.cgroup_parent,
+            "pids_max": args.job_pids_max, "checkpoint_roots": tuple(args.checkpoint_roots)}
 
 
 def parse_team_users(items: list[str]) -> dict[str, str]:
@@ -197,7 +231,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         args.rack, args.block = topo.rack, topo.block or args.block
         log.info("topology_learned", source=source, rack=topo.rack, block=args.block)
     users = {"job_user": args.job_user, "team_users": parse_team_users(args.team_user),
-             "labels": parse_labels(args.label)}
+             "labels": parse_labels(args.label), "confinement": confinement_from_args(args)}
     if args.backend == "sim" and (args.count > 1 or args.node is None):
         await run_simulated_nodes(args.nats, args.count, args.gpus, args.nodes_per_rack, args.nvlink, stop=stop,
                                   prefix=args.node or "node", work_dir=args.work_dir, heartbeat_s=args.heartbeat_s,

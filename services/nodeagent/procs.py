@@ -5,15 +5,22 @@ group and its start time (field 22 of `/proc/<pid>/stat`, in clock ticks since b
 boot id; a pid is the job's only while all of these match. Members of the group are the job's
 when they are in that group, started no earlier than the leader, and carry the job's id and
 attempt in their environment. Nothing a job writes (a pid file) ever widens that set.
+
+A job with a cgroup (`cgroups.JobCgroup`) is simpler and stricter: its members are the
+processes of its cgroup, which no process of the job can leave (a `setsid` or a double fork
+escapes a process group, not a cgroup); signals and kills go to the cgroup.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpusched.job import env as E
+
+from .cgroups import JobCgroup
 
 PROC = Path("/proc")
 
@@ -75,13 +82,14 @@ class JobGroup:
     boot: str
     job_id: str
     attempt: int
+    cgroup: JobCgroup | None = None
 
     @classmethod
-    def of(cls, pid: int, job_id: str, attempt: int) -> JobGroup | None:
+    def of(cls, pid: int, job_id: str, attempt: int, cgroup: JobCgroup | None = None) -> JobGroup | None:
         s = stat(pid)
         if s is None:
             return None
-        return cls(pid, s.pgid, s.start_ticks, boot_id(), job_id, attempt)
+        return cls(pid, s.pgid, s.start_ticks, boot_id(), job_id, attempt, cgroup)
 
     def leader_alive(self) -> bool:
         """The recorded leader still runs: same boot, pid, group and start time."""
@@ -94,6 +102,8 @@ class JobGroup:
         """Live processes of the group that are provably this job's."""
         if self.boot and self.boot != boot_id():
             return []
+        if self.cgroup is not None:
+            return sorted(self.cgroup.pids())
         wanted = {E.JOB_ID: self.job_id, E.ATTEMPT: str(self.attempt)}
         out = []
         for entry in os.scandir(PROC):
@@ -109,7 +119,15 @@ class JobGroup:
         return self.leader_alive() or bool(self.members())
 
     def signal(self, sig: int) -> list[int]:
-        """Signal the group while its leader is provably ours, else each provable member."""
+        """Signal the group while its leader is provably ours, else each provable member
+        (with a cgroup: every process in it; SIGKILL through a frozen cgroup)."""
+        if self.cgroup is not None:
+            if self.boot and self.boot != boot_id():
+                return []
+            if sig == signal.SIGKILL:
+                self.cgroup.kill()
+                return [self.pid]
+            return self.cgroup.signal(sig)
         if self.leader_alive():
             try:
                 os.killpg(self.pgid, sig)

@@ -18,6 +18,8 @@ from gpusched.bus.servers import find_binary, free_port
 from gpusched.core.state import ClusterState
 from gpusched.security import authz, keyring
 
+from .test_up import UNCONFINED_USERS
+
 
 def _gpusched(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpusched.cli.main", *args], capture_output=True, text=True,
@@ -41,7 +43,7 @@ async def test_up_with_a_three_node_cluster_runs_jobs_at_r3_and_survives_the_sho
     up = subprocess.Popen(
         [sys.executable, "-m", "gpusched.cli.main", "up", "--nats-cluster", "3", "--nodes", "8",
          "--data-dir", str(data), "--nats-port", "0", "--redis-port", "0", "--dashboard-port", "0",
-         "--restart-delay", "0.5", "--no-client-config", "--ready-timeout", "120"],
+         "--restart-delay", "0.5", "--no-client-config", "--ready-timeout", "120", *UNCONFINED_USERS],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = await asyncio.wait_for(asyncio.to_thread(up.stdout.readline), 150)

@@ -6,6 +6,7 @@ team's limit, no GPU double-booked, no job lost, no invariant broken."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,11 +14,15 @@ import pytest
 
 
 @pytest.mark.timeout(420)
-def test_quick_demo_verdicts(tmp_path):
+def test_quick_demo_verdicts(tmp_path, trust):
+    # beside another stack: its client config names that stack's admin, and no $GPUSCHED_CREDS
+    config = tmp_path / "config.toml"
+    config.write_text(f'nats = "nats://127.0.0.1:1"\ncreds = "{trust.creds("admin")}"\n')
+    env = {k: v for k, v in os.environ.items() if k != "GPUSCHED_CREDS"} | {"GPUSCHED_CONFIG": str(config)}
     proc = subprocess.run(
         [sys.executable, "-m", "gpusched.cli.main", "demo", "--quick", "--json", "--dashboard-port", "0",
          "--data-dir", str(tmp_path / "demo"), "--step-timeout", "45"],
-        capture_output=True, text=True, timeout=400,
+        capture_output=True, text=True, timeout=400, env=env,
     )
     assert proc.stdout.strip(), f"demo printed nothing (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     result = json.loads(proc.stdout)

@@ -13,7 +13,7 @@ import sys
 import msgspec
 
 from gpusched.bus import subjects
-from gpusched.cli import views
+from gpusched.cli import reads, render
 from gpusched.core import events as ev
 from gpusched.core.heartbeat import InjectLeak, NodeReply
 
@@ -67,16 +67,16 @@ async def test_an_idle_job_is_reported_shown_and_timed_out_while_the_busy_one_ru
 
     used: dict = {}
     for _ in range(100):  # the reconciler writes its window every 2 s
-        used = await views.usage(h.redis_url)
+        used = await reads.usage(h.redis_url)
         if idle in used and busy in used:
             break
         await asyncio.sleep(0.2)
-    data = await views.show_data(h.nats_url, h.redis_url, idle)
+    data = await reads.show_data(h.nats_url, h.redis_url, idle)
     assert data["job"]["idle"]["since"] == f.since
     assert data["job"]["usage"]["util_pct"] == 0.0  # the reconciler's window (read model in Redis)
     running = {d["job_id"]: d for d in _cli(h, "jobs")}
     assert running[busy]["usage"]["util_pct"] == 97.0 and running[busy]["usage"]["memory_mb"] > 0
-    views.print_show(data)
+    render.print_show(data)
     assert "IDLE" in capsys.readouterr().out
 
     # the interactive idle timeout: checkpoint (the placeholder answers), release, requeue
@@ -93,7 +93,7 @@ async def test_an_idle_job_is_reported_shown_and_timed_out_while_the_busy_one_ru
     assert st.jobs[idle].state == "pending" and st.jobs[idle].yielded_idle and st.jobs[idle].idle_requeues == 1
     assert not [e for e in h.events(ev.JobIdle) if e.job_id == busy]
 
-    shown = await views.show_data(h.nats_url, h.redis_url, idle)
+    shown = await reads.show_data(h.nats_url, h.redis_url, idle)
     (p,) = shown["preemptions"]
     assert p["cause"] == "idle" and p["checkpoint"]["on_request"]
 

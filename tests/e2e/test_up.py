@@ -16,6 +16,10 @@ from gpusched.bus.log import EventLog
 from gpusched.bus.servers import port_free
 from gpusched.core.state import ClusterState
 
+#: Jobs run as `up`'s own user here: the test's Python is under /root (0700), out of reach of the
+#: dynamic uids `up` runs jobs as by default (tests/integration/test_tenant_boundary.py covers those).
+UNCONFINED_USERS = ("--uid-range", "none")
+
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpusched.cli.main", *args], capture_output=True, text=True,
@@ -39,7 +43,7 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
     up = subprocess.Popen(
         [sys.executable, "-m", "gpusched.cli.main", "up", "--nodes", "2", "--gpus-per-node", "2",
          "--data-dir", str(data), "--nats-port", "0", "--redis-port", "0", "--dashboard-port", "0",
-         "--restart-delay", "0.5", "--metrics-port-base", str(metrics_base)],
+         "--restart-delay", "0.5", "--metrics-port-base", str(metrics_base), *UNCONFINED_USERS],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = await asyncio.wait_for(asyncio.to_thread(up.stdout.readline), 60)

@@ -20,14 +20,14 @@ import pytest
 from gpusched.bus.servers import free_port
 from gpusched.cli.startup import claim_data_dir
 
-from .test_up import _alive, _cli, _fold
+from .test_up import UNCONFINED_USERS, _alive, _cli, _fold
 
 
 def _up(data: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "gpusched.cli.main", "up", "--nodes", "2", "--gpus-per-node", "2", "--data-dir",
          str(data), "--nats-port", "0", "--redis-port", "0", "--dashboard-port", "0", "--restart-delay", "0.5",
-         *extra],
+         *UNCONFINED_USERS, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env={**os.environ, **(env or {})})
 

@@ -21,6 +21,8 @@ from gpusched.services.runtime import FoldedLog, append_cas
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_numpy.py"
 PY = sys.executable
+#: The tests' job cgroups (as root): <controller>/.../gpusched-test/<run>, removed afterwards.
+CGROUP_PARENT = "gpusched-test"
 
 
 class Cluster:
@@ -53,7 +55,9 @@ class Cluster:
     async def start_nodes(self, names: list[str], gpus: int = 4, nvlink: str = "pairs", heartbeat_s: float = 0.2,
                           kill_grace_s: float = 1.0, racks: list[str] | None = None, **config) -> NodeHost:
         host = await NodeHost.open(self.nats_url, heartbeat_s=heartbeat_s, poll_s=0.05)
-        config = {"retry_backoff_s": 0.05, "resize_grace_s": 3.0, **config}
+        # the test's directory plays the site's shared checkpoint file system
+        config = {"retry_backoff_s": 0.05, "resize_grace_s": 3.0, "checkpoint_roots": (str(self.tmp),),
+                  "cgroup_parent": CGROUP_PARENT, **config}
         for i, name in enumerate(names):
             host.add(AgentConfig(node=name, rack=(racks[i] if racks else "r0"), address="127.0.0.1", nvlink=nvlink,
                                  work_dir=self.tmp / "work", kill_grace_s=kill_grace_s, **config),

@@ -157,3 +157,13 @@ def test_bad_time_is_a_usage_error_not_a_traceback(nats_url):
     proc = subprocess.run([sys.executable, "-m", "gpusched.cli.main", "jobs", "--nats", nats_url, "--at", "yesterday-ish"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--at" in proc.stderr
+
+
+def test_show_in_a_pipe_cuts_no_line(populated, capsys):
+    """rich assumes 80 columns in a pipe; `show` is as wide as its widest line instead."""
+    url, _ = populated
+    lines = cli(capsys, "show", LONG_ID, "--nats", url).splitlines()
+    head = next(x for x in lines if "train-big" in x)
+    assert LONG_ID in head and "team vision" in head and "wants 4 GPU(s)" in head
+    assert any(f"{LONG_ID} granted 4 GPU(s) (node, " in x for x in lines)  # the history's text whole
+    assert max(len(x) for x in lines) > 80

@@ -9,8 +9,8 @@ import asyncio
 import io
 import time
 
-from gpusched.cli.client import register as register_client
-from gpusched.cli.client import spec_from_args
+from gpusched.cli.commands import register as register_client
+from gpusched.cli.commands import spec_from_args
 from gpusched.cli.logs import run_logs
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
@@ -80,6 +80,20 @@ async def test_logs_follow_a_running_job(nats_url, tmp_path):
         assert time.monotonic() - t0 >= 1.0  # it followed the job rather than printing once
         assert "tick 0" in text and "tick 7" in text and text.rstrip().endswith("MARKER-end")
         assert c.state.jobs["ticker"].state == "completed"
+
+
+async def test_logs_follow_waits_for_a_job_not_yet_started(nats_url, tmp_path):
+    async with Cluster(nats_url, tmp_path) as c:
+        await c.start_nodes(["z0"], gpus=1)
+        await c.submit("later", JobSpec(team="t", gpus=1, command=[PY, "-c", "print('MARKER-later')"]))
+        out = io.StringIO()
+        follow = asyncio.ensure_future(run_logs(logs_args(nats_url, "later", follow=True), out))
+        await asyncio.sleep(0.5)
+        assert not follow.done()  # pending: it waits instead of exiting 1
+        await c.grant("later", ["z0/0"])
+        assert await asyncio.wait_for(follow, 30) == 0
+        assert "MARKER-later" in out.getvalue()
+        assert "later attempt 1 on z0" in out.getvalue()  # the log's header: an integer, not `1.0`
 
 
 async def test_time_limit_asks_for_a_checkpoint_before_the_end(nats_url, tmp_path):

@@ -4,6 +4,7 @@ and what it writes into its control directory is read within bounds and coalesce
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import time
 
@@ -74,19 +75,22 @@ if big:  # one 1 MB acknowledgement, then a good one
         f.write(json.dumps({"path": "/x" * 500000, "step": 1}))
     os.replace(os.path.join(ctl, ".tmp"), os.path.join(ctl, "ack-big.json"))
     time.sleep(0.5)
+weights = os.path.join(os.environ["GPUSCHED_CHECKPOINT_DIR"], "w")  # acks name a file of its own
+open(weights, "w").write("w")
 start = time.monotonic()
 for i in range(n):
     tmp = os.path.join(ctl, ".t%d" % i)
     with open(tmp, "w") as f:
-        json.dump({"path": "/ckpt/%d" % i, "step": i + 2, "request": None}, f)
+        json.dump({"path": weights, "step": i + 2, "request": None}, f)
     os.replace(tmp, os.path.join(ctl, "ack-%09d.json" % i))
     time.sleep(max(0.0, start + seconds * (i + 1) / n - time.monotonic()))
-open(os.path.join(ctl, "..", "flood-done"), "w").write("1")
+open(os.path.join(ctl, "..", "flood-done"), "w").write("%.3f" % (time.monotonic() - start))  # how long it took
 time.sleep(60)
 """
 
 
-async def _flood(c: Cluster, host, job_id: str, gpu: str, n: int, seconds: float, big: bool) -> None:
+async def _flood(c: Cluster, host, job_id: str, gpu: str, n: int, seconds: float, big: bool) -> float:
+    """Run the flood job; returns how long its acks really took (longer than `seconds` under load)."""
     await c.submit(job_id, JobSpec(team="t", gpus=1, command=[PY, "-c", FLOOD, str(n), str(seconds),
                                                                "big" if big else "small"]))
     await c.grant(job_id, [gpu])
@@ -97,18 +101,21 @@ async def _flood(c: Cluster, host, job_id: str, gpu: str, n: int, seconds: float
         assert time.monotonic() < deadline
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)  # the last poll and the coalesced report
+    return float(done.read_text())
 
 
 async def test_3000_acks_make_a_bounded_number_of_events(nats_url, tmp_path):
     """3,000 acknowledgements in 3 s with one report per second allowed: at most a handful of
-    CheckpointSaved events (unbounded before), the newest step among them."""
+    CheckpointSaved events (unbounded before), the newest step among them. The bound is the rule
+    (one per interval, plus 3) over the time the acks really took: 6 for the 3 s planned, more
+    only when a loaded machine stretched the flood itself (it once read 11 for a slow flood)."""
     async with Cluster(nats_url, tmp_path) as c:
         host = await c.start_nodes(["q0"], gpus=1, ack_interval_s=1.0)
-        await _flood(c, host, "flood", "q0/0", 3000, 3.0, big=False)
+        took = await _flood(c, host, "flood", "q0/0", 3000, 3.0, big=False)
         await asyncio.sleep(1.2)
         state = await c.refold()
         saved = c.events(ev.CheckpointSaved, "flood")
-        assert 1 <= len(saved) <= 6, len(saved)
+        assert 1 <= len(saved) <= 3 + math.floor(max(3.0, took) / 1.0), (len(saved), took)
         assert state.jobs["flood"].checkpoint.step == 3001  # the last one is not lost, only coalesced
         assert not list(host.agents["q0"].current("flood").proc.launch.control_dir.glob("ack-*"))
 

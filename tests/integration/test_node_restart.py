@@ -38,7 +38,7 @@ def job_processes(tag: str) -> dict[str, int]:
 def spawn_agent(nats_url: str, redis_url: str, work: Path, log: Path, *extra: str):
     return spawn_service("nodeagent", nats_url, redis_url,
                          ["--backend", "sim", "--count", "2", "--node", "node", "--gpus", "8", "--work-dir", str(work),
-                          "--heartbeat-s", "0.3", "--kill-grace-s", "1", *extra], log_path=log)
+                          "--heartbeat-s", "0.3", "--kill-grace-s", "1", "--uid-range", "none", *extra], log_path=log)
 
 
 async def wait_ready(log: Path, count: int, timeout: float = 20.0) -> None:

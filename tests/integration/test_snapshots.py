@@ -4,6 +4,7 @@ or a full replay is used), and enough to start after the head of the stream has 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -185,5 +186,43 @@ async def test_a_snapshot_folded_with_another_horizon_is_refused_and_one_with_ou
         assert any(e["event"] == "snapshot_adopted" and e["seq"] == ours.seq for e in logs)
         assert folded.state.snapshot() == (await fold_log(event_log)).snapshot()
         assert "j-3" in folded.state.forgotten and keep_all.forget_after_s == "None"
+    finally:
+        await folded.close()
+
+
+async def test_a_snapshot_taken_while_facts_flow_names_the_seq_it_seals_and_a_restart_adopts_it(event_log, nats_url):
+    """Before, `save` read `state.last_seq` again after the seal's append and the store's
+    listing: a live fold had moved on by then, so the object named a later seq than its seal
+    ("seal at seq N is for seq N-1 ... rejected") and every restart replayed the whole log."""
+    await append_jobs(event_log, 0, 20)
+    live = await started(nats_url)  # follows the log: its state moves during the awaits in `save`
+    writer = await EventLog.open(nats_url, name="snapshot-flow")
+    stop = asyncio.Event()
+
+    async def flow() -> None:
+        i = 1000
+        while not stop.is_set():
+            await asyncio.gather(*[writer.append(submitted(i + k)) for k in range(20)])
+            i += 20
+
+    flowing = asyncio.create_task(flow())
+    try:
+        store, metas = SnapshotStore(event_log), []
+        for _ in range(KEEP):
+            await asyncio.sleep(0.05)
+            metas.append(await store.save(live.state))
+    finally:
+        stop.set()
+        await flowing
+        await writer.close()
+        await live.close()
+    newest = max(metas, key=lambda m: m.seal_seq)
+    assert len({m.seq for m in metas}) == KEEP  # facts did flow between the snapshots
+    with structlog.testing.capture_logs() as logs:
+        folded = await started(nats_url)
+    try:
+        assert not [e for e in logs if e["event"] == "snapshot_rejected"], logs
+        assert any(e["event"] == "snapshot_adopted" and e["seq"] == newest.seq for e in logs)
+        assert folded.state.snapshot() == (await fold_log(event_log)).snapshot()
     finally:
         await folded.close()

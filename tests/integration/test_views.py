@@ -54,7 +54,7 @@ def _cli_json(capsys, *argv):
 def test_views_from_redis_equal_fold_and_rebuild(nats_url, redis_url, capsys, monkeypatch):
     # The fold's clock is the server's store time, so this log is live: its listings would age
     # against the wall clock, which moves between the two reads. Compare them at the log's time.
-    monkeypatch.setattr("gpusched.cli.views.display_now", lambda meta: meta.get("at") or 0.0)
+    monkeypatch.setattr("gpusched.cli.listings.display_now", lambda meta: meta.get("at") or 0.0)
     asyncio.run(_append_all(nats_url, _scenario()))
     summary = asyncio.run(projector.rebuild_views(nats_url, redis_url))
     assert summary["seq"] == 14 and summary["jobs"] == 3 and summary["nodes"] == 2

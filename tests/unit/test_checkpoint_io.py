@@ -136,13 +136,14 @@ def test_secret_env_reaches_the_job_and_only_the_path_is_in_the_spec(tmp_path):
     ("world-writable", "writable by group or others"),
     ("directory", "not a regular file"),
     ("symlink", "cannot open"),
-    ("foreign-owner", "owned by uid"),
+    ("foreign-owner", "may not read"),
+    ("group-readable-other-group", "may not read"),
 ])
 def test_unusable_secret_files_are_refused_without_their_content(tmp_path, setup, fragment):
     from gpusched.services.nodeagent import secrets
 
     path = tmp_path / "s"
-    uid = None
+    reader = None
     if setup == "world-writable":
         path.write_text("x")
         path.chmod(0o666)
@@ -154,6 +155,10 @@ def test_unusable_secret_files_are_refused_without_their_content(tmp_path, setup
     elif setup == "foreign-owner":
         path.write_text("x")
         path.chmod(0o600)
-        uid = os.geteuid() + 1
+        reader = (os.geteuid() + 1, {os.getegid()})  # another user: the owner alone may read it
+    elif setup == "group-readable-other-group":
+        path.write_text("x")
+        path.chmod(0o640)
+        reader = (os.geteuid() + 1, {os.getegid() + 1})  # neither its owner nor in its group
     with pytest.raises(secrets.SecretError, match=fragment):
-        secrets.read_secret("TOKEN", str(path), uid)
+        secrets.read_secret("TOKEN", str(path), reader)

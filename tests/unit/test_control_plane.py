@@ -75,11 +75,11 @@ def test_admit(name):
     assert d.reply.ok is ok, d.reply.error
     assert error in d.reply.error
     if isinstance(command, SubmitJob) and not ok:
-        assert isinstance(d.event, ev.JobRejected) and d.msg_id == f"reject-{command.request_id}"
+        assert isinstance(d.event, ev.JobRejected) and d.msg_id == f"reject-{command.spec.team}/admin/{command.request_id}"
     if name == "repeat names the same job":
         assert d.event is None and d.reply.duplicate and d.reply.job_id == "j-seen"
     if name == "accepted":
-        assert d.event.job_id == job_id_for("r1", ClusterState()) and d.msg_id == "submit-r1"
+        assert d.event.job_id == job_id_for("a/admin/r1", ClusterState()) and d.msg_id == "submit-a/admin/r1"
 
 
 def test_unknown_teams_are_refused_unless_auto_created():
@@ -142,9 +142,9 @@ def test_a_retried_submit_whose_reply_was_lost_is_answered_with_the_job_it_creat
     so the client was told of a job nobody created. An id this request took is its own."""
     state, cmd = _state_for_admission(), SubmitJob(request_id="r1", spec=JobSpec(team="a", gpus=1))
     first = admit(state, cmd, 1.0, AdmissionConfig(placeholders="any"), Capacity())
-    retry = admit(state, cmd, 2.0, AdmissionConfig(placeholders="any"), Capacity(), {first.event.job_id: "r1"})
+    retry = admit(state, cmd, 2.0, AdmissionConfig(placeholders="any"), Capacity(), {first.event.job_id: "a/admin/r1"})
     assert retry.reply.ok and retry.reply.job_id == retry.event.job_id == first.event.job_id
-    assert retry.msg_id == first.msg_id == "submit-r1"  # JetStream's dedupe answers it with the stored fact
+    assert retry.msg_id == first.msg_id == "submit-a/admin/r1"  # JetStream's dedupe answers it with the stored fact
 
 
 def test_decode_names_the_field():

@@ -136,7 +136,7 @@ def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
     from gpusched.core.commands import CancelJob, SubmitJob
     from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit, job_id_for
 
-    reused = job_id_for("fresh", ClusterState())
+    reused = job_id_for("a/alice/fresh", ClusterState())
     st = fold([node(), *life("old", 0.0), *life(reused, 20.0), tick(3 * DAY)], DAY)
     assert {"old", reused} <= set(st.forgotten)
 
@@ -146,7 +146,7 @@ def test_admission_answers_about_forgotten_jobs_from_their_tombstones():
     retry = decide(SubmitJob(request_id="r-old", spec=JobSpec(team="a", gpus=1)))
     assert retry.ok and retry.duplicate and retry.job_id == "old"
     other_team = decide(SubmitJob(request_id="r-old", spec=JobSpec(team="b", gpus=1)), Caller("bob", "b"))
-    assert not other_team.ok and "another team" in other_team.error
+    assert not other_team.duplicate and "unknown team 'b'" in other_team.error  # decided as its own request
     after = decide(SubmitJob(request_id="w1", spec=JobSpec(team="a", gpus=1,
                                                            dependency=[Dependency(kind="afterok", job="old")])))
     assert after.ok, after.error
@@ -179,7 +179,7 @@ def test_an_array_is_found_by_its_index_whole_forgotten_or_from_an_old_snapshot(
     assert not on_array.reply.ok and on_array.reply.error == "spec.dependency: arr is a job array; name one of its tasks (arr_INDEX)"
     hold = admit(live, HoldJob(request_id="h", job_id="arr"), DAY, AdmissionConfig(), Capacity(), caller=Caller("alice", "a"))
     assert not hold.reply.ok and hold.reply.error == "arr is a job array; name one of its tasks (arr_INDEX)"
-    from gpusched.cli.views import _not_a_job
+    from gpusched.cli.reads import _not_a_job
     assert _not_a_job(live, "arr") == "arr is a job array: show one of its tasks, arr_2 .. arr_4"
     assert "only its id is kept" not in _not_a_job(gone, "arr") and _not_a_job(live, "nope").startswith("no job nope")
     assert live.knows("arr") and live.knows("arr_4") and not live.knows("arr_5")  # never handed out as a job id
@@ -196,12 +196,12 @@ def test_an_array_is_found_by_its_index_whole_forgotten_or_from_an_old_snapshot(
 
 
 def test_past_the_second_horizon_only_the_id_stays_and_it_is_never_handed_out_again():
-    from gpusched.cli.views import retired_note
+    from gpusched.cli.reads import retired_note
     from gpusched.core.commands import CancelJob, SubmitJob
     from gpusched.core.state import RETIRE_AFTER_HORIZONS
     from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit, job_id_for
 
-    old = job_id_for("first", ClusterState())  # an id admission makes: kept in 4 bytes
+    old = job_id_for("a/alice/first", ClusterState())  # an id admission makes: kept in 4 bytes
     events = [node(), *life(old, 0.0), *life("other", 1.0)]
     forgotten = fold([*events, tick(RETIRE_AFTER_HORIZONS * DAY)], DAY)
     assert {old, "other"} <= set(forgotten.forgotten)  # ended 10 s after the second horizon's start
@@ -226,7 +226,7 @@ def test_past_the_second_horizon_only_the_id_stays_and_it_is_never_handed_out_ag
 
 
 def test_show_of_a_forgotten_job_says_so_and_where_its_history_is():
-    from gpusched.cli.views import forgotten_doc
+    from gpusched.cli.reads import forgotten_doc
 
     st = fold([node(), *life("old", 0.0), tick(3 * DAY)], DAY)
     doc = forgotten_doc(st, "old")["forgotten"]

@@ -211,7 +211,7 @@ def test_dependencies_must_name_known_jobs():
 
 
 def test_submit_parses_slurm_style_dependencies():
-    from gpusched.cli.client import dependencies_from_arg
+    from gpusched.cli.commands import dependencies_from_arg
 
     assert dependencies_from_arg("afterok:j-1:j-2,afterany:j-3") == [
         {"kind": "afterok", "job": "j-1"}, {"kind": "afterok", "job": "j-2"}, {"kind": "afterany", "job": "j-3"}]
@@ -222,7 +222,7 @@ def test_submit_parses_slurm_style_dependencies():
 # --- `gpusched show` ------------------------------------------------------------------------------
 
 def test_show_explains_held_and_dependency_waits():
-    from gpusched.cli.views import _why_lines
+    from gpusched.cli.render import _why_lines
     from gpusched.policy.explain import explain_pending
 
     s = _scene()
@@ -344,7 +344,7 @@ def test_an_array_folds_into_tasks_with_their_index_and_runs_at_most_max_at_once
 
 
 def test_array_parsing_and_admission_bounds():
-    from gpusched.cli.client import array_from_arg
+    from gpusched.cli.commands import array_from_arg
     from gpusched.core.model import ArraySpec
 
     assert array_from_arg("0-99%10") == {"first": 0, "last": 99, "max_running": 10}

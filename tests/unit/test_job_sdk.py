@@ -136,3 +136,5 @@ def test_only_the_ranks_that_must_save_are_asked(tmp_path):
     all1 = JobContext(environ=managed_env(tmp_path, RANK="1", GPUSCHED_CHECKPOINT_MODE="all"), install_signal=False)
     assert all1.must_checkpoint and all1.checkpoint_requested and all1.request_reason == "resize to 1 node(s)"
     assert all1.checkpoint({"w": 1}, step=3).endswith("ckpt-000000003-rank1.msgpack")
+    all0 = JobContext(environ=managed_env(tmp_path, GPUSCHED_CHECKPOINT_MODE="all"), install_signal=False)
+    assert all0.checkpoint({"w": 1}, step=3).endswith("ckpt-000000003-rank0.msgpack")  # as docs/jobs.md names it

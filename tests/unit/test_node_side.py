@@ -234,11 +234,12 @@ def test_heartbeat_schema_is_exported():
 def test_systemd_unit_runs_the_daemon():
     unit = (Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "gpusched-nodeagent.service").read_text()
     assert "gpusched service run nodeagent --backend nvml" in unit or "gpusched.services.nodeagent" in unit
-    # jobs never run as root, and a crashed daemon's jobs survive for the next one to adopt
-    assert "--job-user ${GPUSCHED_JOB_USER}" in unit and "GPUSCHED_JOB_USER=gpusched-job" in unit
+    # jobs never run as root nor share one uid (the root daemon's default: a dynamic uid per job),
+    # and a crashed daemon's jobs survive for the next one to adopt
+    assert "--job-user" not in unit and "--uid-range none" not in unit and "User=root" in unit
     assert "KillMode=process" in unit
     daemonset = (Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "nodeagent.yaml").read_text()
-    assert '"--job-user", "gpusched-job"' in daemonset
+    assert '"--job-user"' not in daemonset and "runAsUser: 0" in daemonset
 
 
 # --- the NVML backend over a stand-in for the driver -------------------------------------------
@@ -340,22 +341,34 @@ def test_control_files_are_read_within_bounds_and_never_through_links(tmp_path):
     assert co.due(200.0, None, set()) == []
 
 
-def test_an_ack_keeps_only_a_well_formed_sha256(tmp_path):
-    """One checksum check for acks (services/nodeagent/acks.py): a lower-case 64-hex sha256 is
-    kept, anything else is dropped without rejecting the ack."""
+def test_the_daemon_hashes_checkpoints_itself_and_only_inside_the_jobs_dir(tmp_path):
+    """An ack's claimed sha256 is dropped; the daemon's digest (the SDK's algorithm, for a file
+    and a tree) is the one reported, and a path outside the job's checkpoint dir or a symlink
+    in it is refused."""
     import json
+    import os
 
+    from gpusched.job import checkpoint_io
     from gpusched.job import env as E
-    from gpusched.services.nodeagent import launcher
-    from gpusched.services.nodeagent.acks import AckLimits, read_acks
+    from gpusched.services.nodeagent.acks import AckLimits, checkpoint_sha256, read_acks
 
-    good = "ab" * 32
-    for step, sha in enumerate([good, good.upper(), good[:-1], 42, None]):
-        body = {"path": f"/ck/{step}", "step": step, "request": None}
-        if sha is not None:
-            body["sha256"] = sha
-        (tmp_path / f"{E.ACK_PREFIX}{step}.json").write_text(json.dumps(body))
-    acks, problems = read_acks(tmp_path, AckLimits())
-    assert problems == []
-    assert [(a.step, a.sha256) for a in acks] == [(0, good), (1, ""), (2, ""), (3, ""), (4, "")]
-    assert not hasattr(launcher, "ack_sha256")  # the launcher no longer keeps a copy of the check
+    ctl, ck = tmp_path / "ctl", tmp_path / "ck"
+    ctl.mkdir()
+    (ck / "tree" / "sub").mkdir(parents=True)
+    (ck / "w.bin").write_bytes(b"weights")
+    (ck / "tree" / "a").write_bytes(b"A")
+    (ck / "tree" / "sub" / "b").write_bytes(b"B")
+    (ctl / f"{E.ACK_PREFIX}1.json").write_text(json.dumps({"path": str(ck / "w.bin"), "step": 1, "sha256": "ab" * 32}))
+    acks, problems = read_acks(ctl, AckLimits())
+    assert problems == [] and acks[0].sha256 == ""  # the job's claim is not even kept
+    for name in ("w.bin", "tree"):
+        assert checkpoint_sha256(str(ck / name), ck, None) == (str(ck / name), checkpoint_io.sha256_of(ck / name))
+    (tmp_path / "elsewhere").write_bytes(b"attacker")
+    for bad in (tmp_path / "elsewhere", ck / ".." / "elsewhere"):
+        with pytest.raises(ValueError, match="not inside the job's checkpoint directory"):
+            checkpoint_sha256(str(bad), ck, None)
+    os.symlink(tmp_path / "elsewhere", ck / "tree" / "link")
+    with pytest.raises(ValueError, match="symlink"):
+        checkpoint_sha256(str(ck / "tree"), ck, None)
+    with pytest.raises(ValueError, match="owned by uid"):
+        checkpoint_sha256(str(ck / "w.bin"), ck, os.geteuid() + 1)

@@ -121,7 +121,7 @@ CLI_CASES = {
 
 @pytest.mark.parametrize("name", list(CLI_CASES))
 def test_submit_prefer_builds_the_spec(name):
-    from gpusched.cli.client import spec_from_args
+    from gpusched.cli.commands import spec_from_args
     from gpusched.cli.main import build_parser
 
     argv, level, prefer = CLI_CASES[name]
@@ -132,7 +132,7 @@ def test_submit_prefer_builds_the_spec(name):
 
 @pytest.mark.parametrize("bad", ["gpu-type=", "label=zone", "nearby", "label==b"])
 def test_submit_prefer_rejects_what_it_cannot_read(bad):
-    from gpusched.cli.client import spec_from_args
+    from gpusched.cli.commands import spec_from_args
     from gpusched.cli.main import build_parser
 
     args = build_parser().parse_args(["submit", "--team", "a", "--gpus", "2", "--prefer", bad, "--", "true"])

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.cli.views import eta_text
+from gpusched.cli.render import eta_text
 from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
 from gpusched.policy.cycle import cycle

@@ -110,6 +110,12 @@ def _say(args, text: str) -> None:
         print(text, flush=True)
 
 
+def scene_identity(stack) -> tuple[str, str | None]:
+    """Where the scene connects and as whom: its own temporary stack, as that stack's admin
+    (never $GPUSCHED_CREDS or the client config, which name another stack's identity)."""
+    return stack.nats_url, stack.admin_creds
+
+
 async def run_scene(args) -> dict[str, Any]:
     from gpusched.bus.client import Client
     from gpusched.bus.log import EventLog
@@ -129,8 +135,9 @@ async def run_scene(args) -> dict[str, Any]:
         _say(args, f"demo: starting the stack in {data_dir} ...")
         await stack.wait_ready(args.ready_timeout)
         _say(args, f"demo: stack ready: nats {stack.nats_url}, dashboard {stack.dashboard_url}")
-        client = await Client.connect(stack.nats_url, timeout=10.0)
-        log = await EventLog.open(stack.nats_url, name="gpusched-demo")
+        url, creds = scene_identity(stack)
+        client = await Client.connect(url, timeout=10.0, creds=creds)
+        log = await EventLog.open(url, name="gpusched-demo", creds=creds)
         folded = FoldedLog(log)
 
         def watch(rec, state) -> None:

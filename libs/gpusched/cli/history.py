@@ -13,7 +13,8 @@ import asyncio
 from typing import Any
 
 from .output import CONNECTION, FILTERS, Field, columns, emit, filter_docs, iso, output_parent
-from .views import _dur, _open_log, cut_seq
+from .reads import cut_seq, open_log
+from .render import dur
 
 
 def _s(key: str, fmt=str) -> Any:
@@ -24,7 +25,7 @@ JOB_FIELDS = [
     Field("job", "JOB", _s("job_id")), Field("user", "USER", _s("user")), Field("team", "TEAM", _s("team")),
     Field("gpus", "GPUS", _s("gpus"), right=True), Field("state", "STATE", _s("state")),
     Field("submitted", "SUBMITTED", _s("submitted_at", iso)),
-    Field("wait", "WAIT", _s("wait_s", _dur), right=True), Field("run", "RUN", _s("run_s", _dur), right=True),
+    Field("wait", "WAIT", _s("wait_s", dur), right=True), Field("run", "RUN", _s("run_s", dur), right=True),
     Field("gpu_hours", "GPU_H", _s("gpu_hours", lambda x: f"{x:.2f}"), right=True),
     Field("attempts", "ATTEMPTS", _s("attempts"), right=True),
     Field("lost_gpu_s", "LOST_GPU_S", _s("lost_gpu_s", lambda x: f"{x:.0f}"), right=True),
@@ -42,7 +43,7 @@ PERIOD_FIELDS = [
     Field("gpu_hours", "GPU_H", _s("gpu_hours", lambda x: f"{x:.2f}"), right=True),
     Field("submitted", "SUBMITTED", _s("submitted"), right=True), Field("started", "STARTED", _s("started"), right=True),
     Field("ended", "ENDED", _s("ended"), right=True),
-    Field("median_wait", "MEDIAN_WAIT", _s("median_wait_s", _dur), right=True),
+    Field("median_wait", "MEDIAN_WAIT", _s("median_wait_s", dur), right=True),
     Field("lost_gpu_hours", "LOST_GPU_H", _s("lost_gpu_hours", lambda x: f"{x:.2f}"), right=True),
 ]
 
@@ -52,7 +53,7 @@ async def history_data(nats: str | None, at: str | None = None) -> tuple[Any, An
     from gpusched.accounting import Ledger
     from gpusched.core.state import ClusterState
 
-    log = await _open_log(nats)
+    log = await open_log(nats)
     try:
         until = await cut_seq(log, at)
         state, ledger = ClusterState(), Ledger()

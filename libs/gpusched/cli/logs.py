@@ -10,6 +10,7 @@ import sys
 import msgspec
 
 from gpusched.core.heartbeat import LogReply, LogRequest
+from gpusched.core.state import TERMINAL
 
 CHUNK = 64 * 1024
 
@@ -39,15 +40,32 @@ def _running(state, job_id: str, attempt: int, generation: int) -> bool:
     return job is not None and job.holding and (job.attempt, job.generation) == (attempt, generation)
 
 
+async def _wait_for_start(folded, args: argparse.Namespace) -> tuple[str, int, int] | str:
+    """`logs -f` of a job that has not started (on that rank): wait until it does, or ends
+    without (then why there is no log), saying once that it waits."""
+    said = False
+    while True:
+        target = _target(folded.state, args.job_id, args.attempt, args.rank)
+        job = folded.state.jobs.get(args.job_id)
+        if not isinstance(target, str) or job is None or job.state in TERMINAL:
+            return target
+        if not said:
+            print(f"gpusched logs: {args.job_id} is {job.state}; waiting for it to start", file=sys.stderr)
+            said = True
+        await folded.wait_changed(args.interval * 4)
+
+
 async def run_logs(args: argparse.Namespace, out=sys.stdout) -> int:
-    from gpusched.cli.views import _open_log
+    from gpusched.cli.reads import open_log
     from gpusched.services.runtime import FoldedLog
 
-    event_log = await _open_log(args.nats)
+    event_log = await open_log(args.nats)
     folded = FoldedLog(event_log)
     try:
         await folded.start()
         target = _target(folded.state, args.job_id, args.attempt, args.rank)
+        if isinstance(target, str) and args.follow:
+            target = await _wait_for_start(folded, args)
         if isinstance(target, str):
             print(f"gpusched logs: {target}", file=sys.stderr)
             return 1
@@ -88,7 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job_id", help="the job id")
     p.add_argument("--rank", type=int, default=0, help="node rank (default 0)")
     p.add_argument("--attempt", type=int, default=None, help="attempt (default: the latest)")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing while the job runs")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing while the job runs (waits for a job not yet started)")
     p.add_argument("--interval", type=float, default=0.5, help="follow: seconds between polls")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the node's answer")
     p.add_argument("--nats", default=None, help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")

@@ -16,8 +16,8 @@ import sys
 #: Modules that add subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
     "gpusched.cli.stack",  # up, service run
-    "gpusched.cli.client",  # submit, cancel, quota, drain
-    "gpusched.cli.views",  # jobs, show, nodes, teams, queue
+    "gpusched.cli.commands",  # submit, cancel, quota, drain
+    "gpusched.cli.listings",  # jobs, show, nodes, teams, queue
     "gpusched.cli.history",  # history (accounting, like sacct)
     "gpusched.cli.logs",  # logs
     "gpusched.cli.demo",  # demo (the chaos scene)
@@ -25,6 +25,8 @@ COMMAND_MODULES = (
     "gpusched.cli.sim",  # sim (trace simulation)
     "gpusched.cli.users",  # user add|list|revoke
     "gpusched.cli.chaos",  # chaos (fault drills with a verdict)
+    "gpusched.cli.partition",  # partition [confirm] (declared partitions)
+    "gpusched.lab.cli",  # lab up|drill (the deployed NATS cluster on network namespaces)
 )
 
 
@@ -38,14 +40,65 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Each command: the module that registers it and its line in `--help`, so that `--version`,
+#: `--help` and one command import only what they need (tests/unit/test_cli_fast.py checks this
+#: table against the modules' own registration). A module not named here is always imported.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("gpusched.cli.stack", "start NATS, Redis, every service and simulated nodes on this machine"),
+    "service": ("gpusched.cli.stack", "run one service (the form deploy files use)"),
+    "submit": ("gpusched.cli.commands", "submit a job: gpusched submit --team T --gpus N -- COMMAND..."),
+    "cancel": ("gpusched.cli.commands", "cancel a pending or running job, or every task of a job array by its id "
+                                      "(a tenant: its own team's only)"),
+    "quota": ("gpusched.cli.commands", "change a team's guaranteed share, weight or hard limit (only those given)"),
+    "hold": ("gpusched.cli.commands", "hold a pending job: it is never placed until released (a tenant: its own team's)"),
+    "release": ("gpusched.cli.commands", "release a held job: it may be placed again"),
+    "update": ("gpusched.cli.commands", "change a pending job's priority class or time limit"),
+    "node": ("gpusched.cli.commands", "change a node: gpusched node label NODE KEY=VALUE... (admin)"),
+    "drain": ("gpusched.cli.commands", "keep new work off a node (--undo: allow it again)"),
+    "restore": ("gpusched.cli.commands", "put a quarantined GPU back into service (admin)"),
+    "jobs": ("gpusched.cli.listings", "list jobs with their state and the GPUs they hold"),
+    "nodes": ("gpusched.cli.listings", "list nodes and their GPUs, coloured by team (-o wide: which job holds which GPU)"),
+    "teams": ("gpusched.cli.listings", "list teams: GPUs held vs guaranteed share and limit"),
+    "queue": ("gpusched.cli.listings", "list pending jobs in the order the policy considers them, with why"),
+    "show": ("gpusched.cli.listings", "a job's history and why it is pending"),
+    "history": ("gpusched.cli.history", "accounting from the log (like sacct): per job wait, run, GPU-hours, "
+                                        "end state; --by day|week"),
+    "logs": ("gpusched.cli.logs", "a job's stdout/stderr (per rank and attempt, from its node)"),
+    "demo": ("gpusched.cli.demo", "the chaos scene: fill, kill placement, flood interactive jobs, restart; verdicts"),
+    "replay": ("gpusched.cli.replay", "audit: rebuild the state from the log and verify the invariants"),
+    "log": ("gpusched.cli.replay", "the raw log: export it for an offline audit"),
+    "schemas": ("gpusched.cli.replay", "write (or --check) the JSON Schemas and the AsyncAPI document of the bus"),
+    "sim": ("gpusched.cli.sim", "simulate a job trace under a policy (virtual clock)"),
+    "stream": ("gpusched.cli.users", "admin: create the streams (deploy/; `up` does it itself)"),
+    "user": ("gpusched.cli.users", "add, list or revoke the identities that may use the stack"),
+    "chaos": ("gpusched.cli.chaos", "fault drills with a verdict (kills services, NATS, Redis under load)"),
+    "partition": ("gpusched.cli.partition", "nodes in a declared partition; `confirm`: an admin declares them lost"),
+    "lab": ("gpusched.lab.cli", "the deployed NATS cluster on separate network hosts (namespaces); fault drills"),
+}
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command `argv` names ("": none, so only the top-level help or --version), or None
+    when it names one the table does not know (then every module is imported)."""
+    words = [a for a in argv if not a.startswith("-")]
+    if not words:
+        return ""
+    return words[0] if words[0] in COMMANDS or words[0] == "completion" else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser (`command` None), or one that imports only the module of `command`
+    ("": none), the other commands standing in by their help line."""
     parser = argparse.ArgumentParser(prog="gpusched", description="Event-sourced GPU cluster scheduler")
     parser.add_argument("--version", action="version", version=f"gpusched {version()}",
                         help="print the installed version and exit")
     parser.add_argument("--debug", action="store_true", default=False,
                         help="show the traceback of an error (default: one line; also GPUSCHED_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    known = {module for module, _ in COMMANDS.values()}
+    wanted = [m for m in COMMAND_MODULES if command is None or m not in known
+              or (command in COMMANDS and COMMANDS[command][0] == m)]
+    for name in wanted:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as err:
@@ -53,15 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for name, (_, help_) in COMMANDS.items():
+        if name not in sub.choices:
+            sub.add_parser(name, help=help_, add_help=False)
     p = sub.add_parser("completion", help="print a shell completion script: gpusched completion bash|zsh|tcsh",
                        description="Print a completion script. bash: `gpusched completion bash > "
                                    "~/.local/share/bash-completion/completions/gpusched`; zsh: `gpusched "
                                    "completion zsh > ~/.zfunc/_gpusched` (with ~/.zfunc on $fpath).")
     p.add_argument("shell", choices=["bash", "zsh", "tcsh"], help="the shell to complete for")
     p.set_defaults(func=_completion)
-    for name, command in sub.choices.items():
+    for name, command_parser in sub.choices.items():
         if name not in ("service", "completion"):  # services take their credentials from $GPUSCHED_CREDS
-            _add_creds(command)
+            _add_creds(command_parser)
     return parser
 
 
@@ -100,13 +156,13 @@ def _add_creds(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpusched.bus.log import ServerUnsuitable
     from gpusched.cli.ownership import refusal
 
     if (why := refusal()) is not None:  # another distribution owns `gpusched` too
         print(why, file=sys.stderr)
         return 4  # not 3: a service exits 3 when deaf (services.shell)
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_of(argv)).parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("GPUSCHED_DEBUG", "") not in ("", "0")
     if getattr(args, "client", False):
         from gpusched.bus.log import fail_fast
@@ -121,18 +177,45 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the reader left: say nothing more
         return 0
-    except ServerUnsuitable as err:  # one line naming both versions, never a traceback
-        print(f"gpusched: {err}", file=sys.stderr)
-        return 2
     except Exception as err:
+        from gpusched.bus.log import ServerUnsuitable  # here, not above: `--version` stays quick
+
+        if isinstance(err, ServerUnsuitable):  # one line naming both versions, never a traceback
+            print(f"gpusched: {err}", file=sys.stderr)
+            return 2
         if debug or args.command == "service":  # a service's log keeps the whole story
             raise
         return _report(args.command, err)
 
 
+def _violation(err: BaseException) -> str | None:
+    """The one line for a request the server refused by its permissions (it answers none, so
+    the client only times out: the violation is what the connection's error callback heard),
+    naming the subject and the caller's role; None when the server said no such thing."""
+    from gpusched.bus import log
+
+    said = [e for e in (*log._last_error, err) if "permissions violation" in str(e).lower()]
+    if not said:
+        return None
+    who = "this connection"
+    path = log.creds_file()
+    if path:
+        try:
+            ident = log.load_identity(path)
+            who = f"{ident.name} (role {ident.role}" + (f", teams {', '.join(ident.teams)})" if ident.teams else ")")
+        except Exception:  # noqa: BLE001 - the violation is the news, the name only helps
+            who = f"the identity in {path}"
+    text = str(said[0]).removeprefix("nats: ").strip("'")
+    return f"permission denied: {who} may not do this: the server says {text}"
+
+
 def _report(command: str, err: Exception) -> int:
     from gpusched.cli.output import UsageError
 
+    denied = _violation(err)
+    if denied is not None:
+        print(f"gpusched {command}: {denied}", file=sys.stderr)
+        return 1
     line = _unreachable(err)
     if line is not None:
         print(f"gpusched {command}: {line}", file=sys.stderr)

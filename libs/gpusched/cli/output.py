@@ -80,16 +80,55 @@ AT = at_parent()
 
 # --- times -------------------------------------------------------------------------------------
 
-_AGE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: `90m`, `2h`, `1d2h`, `1h30m15s`, `1.5h`: one or more NUMBER UNIT parts, largest first
+_PARTS = re.compile(r"^(?:\d+(?:\.\d+)?\s*[wdhms]\s*)+$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([wdhms])")
+#: ISO-8601 durations: `PT2H`, `P1DT2H30M`, `PT90S`, `P1W`
+_ISO = re.compile(r"^P(?:(\d+(?:\.\d+)?)W)?(?:(\d+(?:\.\d+)?)D)?"
+                  r"(?:T(?:(\d+(?:\.\d+)?)H)?(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
+DURATION_HELP = "seconds, or a duration like 90m, 2h, 1d2h, 1h30m or ISO-8601 PT2H"
+
+
+def duration_s(text: str) -> float | None:
+    """Seconds from the one duration grammar every option shares: plain seconds (`300`), unit
+    parts largest first (`90m`, `1d2h`, `1h30m15s`) or ISO-8601 (`PT2H`, `P1DT2H`); None if
+    `text` is none of them."""
+    t = text.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", t):
+        return float(t)
+    if _PARTS.match(t.lower()):
+        parts = _PART.findall(t.lower())
+        units = [u for _, u in parts]
+        if units == sorted(units, key=lambda u: -_UNIT[u]) and len(set(units)) == len(units):
+            return sum(float(n) * _UNIT[u] for n, u in parts)
+        return None
+    iso_match = _ISO.match(t.upper())
+    if iso_match and t.upper() not in ("P", "PT"):
+        w, d, h, m, sec = (float(x) if x else 0.0 for x in iso_match.groups())
+        return w * _UNIT["w"] + d * _UNIT["d"] + h * 3600 + m * 60 + sec
+    return None
+
+
+def duration_arg(text: str) -> float:
+    """argparse `type=` for a duration option: seconds, or a precise refusal (exit 2)."""
+    seconds = duration_s(text)
+    if seconds is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration ({DURATION_HELP})")
+    return seconds
+
+
+def _age(text: str) -> float | None:
+    """An age (`2h`, `1d2h`, `PT30M`): a duration with a unit; a bare number is a time instead."""
+    return None if re.fullmatch(r"\d+(?:\.\d+)?", text.strip()) else duration_s(text)
 
 
 def parse_time(text: str, now: float | None = None, option: str = "time") -> float:
     """Epoch seconds from ISO-8601 (UTC unless it says), epoch seconds, or an age (`2h` ago)."""
     text = text.strip()
-    age = _AGE.match(text)
-    if age:
-        return (time.time() if now is None else now) - float(age.group(1)) * _UNIT[age.group(2)]
+    age = _age(text)
+    if age is not None:
+        return (time.time() if now is None else now) - age
     try:
         return float(text)
     except ValueError:
@@ -107,11 +146,11 @@ def parse_future(text: str, now: float | None = None, option: str = "time") -> f
     """Epoch seconds from `+DURATION` (`+2h`: from now), ISO-8601 (UTC unless it says) or epoch seconds."""
     text = text.strip()
     if text.startswith("+"):
-        ahead = _AGE.match(text[1:].strip())
-        if not ahead:
+        ahead = duration_s(text[1:])
+        if ahead is None:
             raise UsageError(f"{option} {text!r}: give +DURATION like +2h, an ISO-8601 time or epoch seconds")
-        return (time.time() if now is None else now) + float(ahead.group(1)) * _UNIT[ahead.group(2)]
-    if _AGE.match(text):
+        return (time.time() if now is None else now) + ahead
+    if _age(text) is not None:
         raise UsageError(f"{option} {text!r}: a time ahead is +{text} (an age would be in the past)")
     return parse_time(text, now, option)
 
@@ -127,6 +166,16 @@ def parse_at(text: str | None, option: str = "--at") -> tuple[int | None, float 
     except UsageError:
         raise UsageError(f"{option} {text!r} is neither a sequence number nor an ISO time "
                          "(nor epoch seconds, nor an age like 2h)") from None
+
+
+def display_now(meta: dict[str, Any]) -> float:
+    """Ages are shown against the wall clock on a live cluster, against the log's last event
+    time when the log is old (an audit of a past day) or the listing is of the past (`--at`)."""
+    at = meta.get("at") or 0.0
+    if meta.get("past"):
+        return at
+    wall = time.time()
+    return max(at, wall) if abs(wall - at) < 86400 else at
 
 
 def iso(t: float | None) -> str:
@@ -244,4 +293,4 @@ def emit(docs: list[dict[str, Any]], fields: list[Field], args: argparse.Namespa
 
 
 __all__ = ["CONNECTION", "FILTERS", "AT", "output_parent", "Field", "emit", "filter_docs", "parse_time",
-           "parse_at", "iso", "UsageError", "plain_table", "columns"]
+           "parse_at", "iso", "display_now", "duration_s", "duration_arg", "UsageError", "plain_table", "columns"]

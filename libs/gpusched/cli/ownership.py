@@ -21,18 +21,22 @@ def _normal(name: str) -> str:
 
 
 def _installs_package(dist: metadata.Distribution) -> bool:
+    """Read as text, not parsed: this runs at every CLI start (parsing each RECORD cost ~100 ms)."""
     top = dist.read_text("top_level.txt")
     if top is not None:
         return PACKAGE in top.split()
-    return any(f.parts[:1] == (PACKAGE,) for f in dist.files or ())  # wheels without top_level.txt
+    record = dist.read_text("RECORD") or ""  # wheels without top_level.txt
+    return any(line.startswith(PACKAGE + "/") for line in record.splitlines())
 
 
 def foreign_owners() -> list[str]:
     """`NAME VERSION` of every installed distribution other than ours that installs `gpusched`."""
     found: dict[str, str] = {}
     for dist in metadata.distributions():
+        if not _installs_package(dist):  # the cheap test first: metadata is parsed for owners only
+            continue
         name = dist.metadata["Name"] or ""
-        if _normal(name) != OURS and name not in found and _installs_package(dist):
+        if _normal(name) != OURS and name not in found:
             found[name] = dist.version
     return [f"{name} {ver}" for name, ver in sorted(found.items())]
 

@@ -127,7 +127,8 @@ def audit_file(paths: str | list[str], audit: Audit, until_seq: int | None = Non
 
 def default_keys_path() -> Path:
     """Where `replay --verify` looks for the public keys without `--keys`: `$GPUSCHED_KEYS`, else
-    `keys.json` in `$GPUSCHED_DATA_DIR`, else in `~/.config/gpusched/`."""
+    the client config's trust dir, else `trust/keys.json` in `$GPUSCHED_DATA_DIR` (where `up`
+    writes it), else `~/.config/gpusched/keys.json`."""
     if os.environ.get("GPUSCHED_KEYS"):
         return Path(os.environ["GPUSCHED_KEYS"])
     from gpusched.security import clientconfig
@@ -136,7 +137,7 @@ def default_keys_path() -> Path:
     if trust and (Path(trust) / "keys.json").exists():
         return Path(trust) / "keys.json"
     if os.environ.get("GPUSCHED_DATA_DIR"):
-        return Path(os.environ["GPUSCHED_DATA_DIR"]) / "keys.json"
+        return Path(os.environ["GPUSCHED_DATA_DIR"]) / "trust" / "keys.json"
     return Path.home() / ".config" / "gpusched" / "keys.json"
 
 
@@ -225,7 +226,7 @@ def cmd_replay(args) -> int:
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_summary(summary, Console())
+        print_summary(summary, Console(width=None if sys.stdout.isatty() else 100_000))  # a pipe: never cut
     return 1 if args.verify and (summary["violations"] or summary["trust"]["first"]) else 0
 
 
@@ -326,7 +327,7 @@ def register(sub) -> None:
                    help="also check every fact's signature, signer's role, node scope and place in the log; "
                         "exit 1 naming the first broken invariant or untrusted fact")
     p.add_argument("--keys", metavar="FILE", help="public keys to verify against (default: $GPUSCHED_KEYS, "
-                   "$GPUSCHED_DATA_DIR/keys.json or ~/.config/gpusched/keys.json)")
+                   "$GPUSCHED_DATA_DIR/trust/keys.json or ~/.config/gpusched/keys.json)")
     p.add_argument("--from-file", metavar="FILE", action="append",
                    help="replay an export (`gpusched log export`) instead of NATS; repeat for segments, in order")
     p.add_argument("--and-stream", action="store_true",

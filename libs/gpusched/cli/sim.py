@@ -55,7 +55,7 @@ def register(sub) -> None:
     p.add_argument("--tick", type=float, help="also run the policy every TICK seconds while jobs wait")
     p.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.add_argument("--out", type=Path, help="write summary.json, jobs.csv and PNG plots here")
+    p.add_argument("--out", type=Path, help="write summary.json and jobs.csv here, and PNG plots when matplotlib is installed")
     p.set_defaults(func=run)
 
 
@@ -64,12 +64,13 @@ def run(args) -> int:
     from ..sim.report import load_jobs, parse_overrides, rich_table, runtime_model, simulate, write_out
     from ..sim.traces import TraceError, load_quotas
 
-    if args.out:  # fail before a long run, not after it
+    plots = bool(args.out)
+    if args.out:  # say it before a long run, not after it
         try:
-            from ..sim import plots  # noqa: F401
+            from ..sim import plots as _  # noqa: F401
         except ImportError as err:
-            print(f"gpusched sim --out: {err}", file=sys.stderr)
-            return 2
+            plots = False
+            print(f"gpusched sim --out: writing summary.json and jobs.csv only: {err}", file=sys.stderr)
     try:
         cluster = Cluster.parse(args.cluster, args.nvlink)
         model = runtime_model(args.runtime_model, checkpoint_interval_s=args.checkpoint_interval,
@@ -96,8 +97,8 @@ def run(args) -> int:
         return 1
     if args.out:
         for name, sim in sims.items():
-            write_out(sim, args.out / name if len(sims) > 1 else args.out, results[name])
-        if len(sims) > 1:
+            write_out(sim, args.out / name if len(sims) > 1 else args.out, results[name], plots=plots)
+        if len(sims) > 1 and plots:
             from ..sim.plots import compare_bars, locality
 
             locality({n: r["locality_levels"] for n, r in results.items()}, args.out / "locality.png")

@@ -30,19 +30,30 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gpusched.bus.log import connect
 from gpusched.bus.servers import Server, die_with_parent, seed_urls, start_nats, start_nats_cluster, start_redis
-from gpusched.cli.startup import LogPump, RotatingLog, StartupNotify, choose_port, claim_data_dir, default_data_dir
+from gpusched.cli.startup import (
+    LogPump,
+    RotatingLog,
+    StartupNotify,
+    choose_port,
+    claim_data_dir,
+    default_data_dir,
+    harden_data_dir,
+)
 from gpusched.security import clientconfig
 from gpusched.security import trust as trust_mod
 from gpusched.services.dashboard import control
 
 
 def service_command(name: str, nats_url: str, redis_url: str, *extra: str) -> list[str]:
-    """The command line of one service process."""
-    return [sys.executable, "-m", "gpusched.cli.main", "service", "run", name, "--nats", nats_url,
-            "--redis", redis_url, *extra]
+    """The command line of one service process. A Redis URL with a password stays off it
+    (`ps` shows every process's arguments to every user on the host): `spawn_service` hands it
+    over in the environment (`GPUSCHED_REDIS_URL`), which only the process's owner can read."""
+    redis = [] if urlsplit(redis_url).password else ["--redis", redis_url]
+    return [sys.executable, "-m", "gpusched.cli.main", "service", "run", name, "--nats", nats_url, *redis, *extra]
 
 
 def service_creds(name: str, identity_dir: str | os.PathLike | None = None) -> str | None:
@@ -222,8 +233,8 @@ class Stack:
         ttl = ["--lease-ttl-ms", str(a.lease_ttl_ms)]
         policy = ["--policy", a.policy] + [f"--policy-set={kv}" for kv in a.policy_set]
         extra: dict[str, list[str]] = {
-            "admission": ["--placeholders", a.placeholders,
-                          *(["--auto-create-teams"] if a.teams == "auto" else [])],
+            "admission": ["--placeholders", a.placeholders, *(["--auto-create-teams"] if a.teams == "auto" else []),
+                          "--checkpoint-root", str(self.data_dir / "work" / "checkpoints")],  # the nodes' root
             "placement": [*policy, *ttl],
             "preemptor": policy,
             "projector": policy,  # its fold and queue order follow the running policy
@@ -233,7 +244,9 @@ class Stack:
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
                           "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2",
-                          "--kill-grace-s", f"{NODE_KILL_GRACE_S:g}", *(["--keep-jobs"] if a.keep_jobs else [])],
+                          "--kill-grace-s", f"{NODE_KILL_GRACE_S:g}", *(["--keep-jobs"] if a.keep_jobs else []),
+                          *(["--uid-range", a.uid_range] if a.uid_range else []),
+                          "--checkpoint-root", str(self.data_dir / "work" / "checkpoints")],
         }
         env: dict[str, dict[str, str]] = {}
         if "dashboard" in wanted and registry.available("dashboard"):
@@ -504,6 +517,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             stack.start_servers()
             stack.plan()
             stack.spawn_due()
+            harden_data_dir(stack.data_dir)  # what the servers and services made: private to up
             ready = asyncio.create_task(stack.wait_ready(args.ready_timeout))
             await asyncio.wait({ready, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
@@ -619,6 +633,10 @@ def register(sub) -> None:
     up.add_argument("--keep-jobs", action="store_true",
                     help="on Ctrl-C / SIGTERM leave the simulated nodes' job processes running for the next `up` "
                          "on this data dir to adopt (default: stop them; a crash of `up` always leaves them running)")
+    up.add_argument("--uid-range", default=None, metavar="FIRST-LAST",
+                    help="dynamic uids of the simulated nodes' jobs (default when root: 61184-65519, one uid per "
+                         "running job, never root; 'none': jobs run as up's own user, for a machine where the "
+                         "jobs' programs are under a private home)")
     up.add_argument("--node-timeout-s", type=float, default=None, metavar="S",
                     help="reconciler: a node silent this long is lost and its jobs requeued (default 30)")
     up.add_argument("--no-process-grace-s", type=float, default=None, metavar="S",

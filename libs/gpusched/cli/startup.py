@@ -27,9 +27,25 @@ def default_data_dir() -> Path:
     return Path(base) / "gpusched"
 
 
+def harden_data_dir(data_dir: Path) -> None:
+    """The data dir is traversable (0711: its jobs reach their directories under `work`, nobody
+    lists it), every other part of it is the owner's alone (0700 directories, 0600 files)."""
+    os.chmod(data_dir, 0o711)
+    for entry in data_dir.iterdir():
+        if entry.is_symlink():
+            continue
+        if entry.name == "work" and entry.is_dir():
+            os.chmod(entry, 0o711)
+        elif entry.is_dir():
+            os.chmod(entry, 0o700)
+        else:
+            os.chmod(entry, 0o600)
+
+
 def claim_data_dir(data_dir: Path, fresh: bool = False) -> IO:
-    """Create the data dir (0700) and hold its lock for the life of this `up`; with `fresh`,
-    delete the previous store first. Raises RuntimeError when another `up` holds it."""
+    """Create the data dir (0711, its parts private: `harden_data_dir`) and hold its lock for the
+    life of this `up`; with `fresh`, delete the previous store first. Raises RuntimeError when
+    another `up` holds it."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = open(data_dir / "up.lock", "a+")
     try:
@@ -52,6 +68,7 @@ def claim_data_dir(data_dir: Path, fresh: bool = False) -> IO:
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
+    harden_data_dir(data_dir)
     return lock
 
 

@@ -57,10 +57,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    for r in sorted(rows, key=lambda r: (r["role"], r["name"])):
-        where = ",".join(r["teams"]) or r["node"] or (f"{len(r['nodes'])} nodes" if r["nodes"] else "")
-        state = "revoked" if r["revoked_at"] else "active"
-        print(f"{r['name']:20s} {r['role']:12s} {where:20s} {state:8s} {r['public_key']}")
+    from .output import plain_table
+
+    table = [[r["name"], r["role"], ",".join(r["teams"]) or r["node"] or (f"{len(r['nodes'])} nodes" if r["nodes"] else "-"),
+              "revoked" if r["revoked_at"] else "active", r["public_key"]]
+             for r in sorted(rows, key=lambda r: (r["role"], r["name"]))]
+    sys.stdout.write(plain_table(table, None if args.no_header else ["NAME", "ROLE", "TEAMS/NODE", "STATE", "PUBLIC_KEY"]))
     return 0
 
 
@@ -154,6 +156,7 @@ def register(sub) -> None:
     p = usub.add_parser("list", help="the identities")
     p.add_argument("--all", action="store_true", help="revoked ones too")
     p.add_argument("--json", action="store_true", help="print every field as JSON")
+    p.add_argument("--no-header", action="store_true", help="print no header line (for scripts)")
     p.add_argument("--trust", default=None, help="the stack's trust store (default: the client config's)")
     p.set_defaults(func=cmd_list)
     p = usub.add_parser("init", help="make a trust store for a deployment: admin, the services, nodes")

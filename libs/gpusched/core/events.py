@@ -306,6 +306,26 @@ class NodeLost(Event, frozen=True, kw_only=True):
     reason: str
 
 
+class PartitionDeclared(Event, frozen=True, kw_only=True):
+    """Many nodes went silent within one node timeout (more than the reconciler's share of all
+    nodes, or of one rack): an outage between them and the control plane, not that many dead
+    nodes. Their jobs are not requeued and no new work goes to them, until `PartitionEnded`."""
+
+    ALLOC: ClassVar[bool] = True
+    nodes: list[str]
+    reason: str
+
+
+class PartitionEnded(Event, frozen=True, kw_only=True):
+    """Nodes of a declared partition are back (their heartbeats returned), or an admin
+    confirmed them gone (`lost=True`: each is then lost as by `NodeLost`, its jobs requeued)."""
+
+    ALLOC: ClassVar[bool] = True
+    nodes: list[str]
+    reason: str
+    lost: bool = False
+
+
 class NodeDrained(Event, frozen=True, kw_only=True):
     """An operator keeps new work off a node (`drain=False` undoes it, and its windows). Running
     jobs finish. With `until`: a maintenance window [`start`, `until`) instead, which bars the
@@ -400,6 +420,8 @@ AnyEvent = Union[
     NodeRegistered,
     NodeLabeled,
     NodeLost,
+    PartitionDeclared,
+    PartitionEnded,
     NodeDrained,
     GpuQuarantined,
     GpuRestored,

@@ -14,6 +14,7 @@ to start against a server that advertises less than `MIN_SERVER_MAX_PAYLOAD`.
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 from typing import Annotated
 
@@ -85,6 +86,11 @@ GpuCount = Annotated[int, Meta(ge=1, le=MAX_GPUS)]
 QuotaGpus = Annotated[int, Meta(ge=0, le=MAX_GPUS)]
 Weight = Annotated[float, Meta(ge=MIN_WEIGHT, le=MAX_WEIGHT)]
 TimeLimit = Annotated[float, Meta(ge=MIN_TIME_LIMIT_S, le=MAX_TIME_LIMIT_S)]
+#: CPUs of a job on each of its nodes (fractions allowed: a CFS quota) and its memory there (MiB).
+MAX_CPUS = 4096
+MAX_MEMORY_MB = 2**24  # 16 TiB
+Cpus = Annotated[float, Meta(gt=0, le=MAX_CPUS)]
+MemoryMb = Annotated[int, Meta(ge=4, le=MAX_MEMORY_MB)]
 Restarts = Annotated[int, Meta(ge=0, le=MAX_RESTARTS)]
 Arg = Annotated[str, Meta(max_length=MAX_ARG_CHARS, pattern=NO_NUL_PATTERN)]
 Command = Annotated[list[Arg], Meta(max_length=MAX_ARGS)]
@@ -174,6 +180,18 @@ def spec_problem(spec) -> str | None:
         if problem:
             return problem
     return None
+
+
+def checkpoint_dir_problem(path: str | None, roots: tuple[str, ...]) -> str | None:
+    """A checkpoint_dir outside the configured checkpoint roots (the nodes create and hand over
+    directories only under them); None when allowed or when no roots are configured."""
+    if path is None or not roots:
+        return None
+    norm = posixpath.normpath(path)
+    if any(norm == r.rstrip("/") or norm.startswith(r.rstrip("/") + "/") for r in roots):
+        return None
+    return (f"spec.checkpoint_dir {path!r} is outside the cluster's checkpoint roots ({', '.join(roots)}): nodes "
+            "create checkpoint directories only there; omit it for the default <root>/<job>")
 
 
 def server_problem(info: dict) -> str | None:

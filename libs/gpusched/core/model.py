@@ -118,6 +118,9 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     constraints: L.Labels = {}
     #: A job array: admission's one `JobSubmitted` folds into one job per index.
     array: ArraySpec | None = None
+    #: CPUs and memory (MiB) per node: the limits of the job's cgroup there (None: no limit).
+    cpus: L.Cpus | None = None
+    memory_mb: L.MemoryMb | None = None
     #: Where it would rather run, when several sets fit (None: no preference).
     prefer: Preferences | None = None
 

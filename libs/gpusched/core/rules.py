@@ -29,7 +29,8 @@ def gpu_placeable(state: ClusterState, g: GpuId) -> bool:
     """A GPU may be granted: healthy and held by nobody (the fold keeps each node's `free`
     set equal to its placeable GPUs)."""
     rec = state.gpus.get(g)
-    return rec is not None and rec.holder is None and gpu_healthy(state, g)
+    return (rec is not None and rec.holder is None and gpu_healthy(state, g)
+            and not state.nodes[rec.node].partitioned)
 
 
 def gang_floor(spec: JobSpec, elastic: bool) -> int:

@@ -1016,6 +1016,20 @@ def _on_labeled(st: ClusterState, e: ev.NodeLabeled) -> None:
         st.label_changes += 1
 
 
+def _on_partition(st: ClusterState, e: ev.PartitionDeclared | ev.PartitionEnded) -> None:
+    """Declared: the nodes take no new work, their jobs stay. Ended: usable again, or lost."""
+    declared = isinstance(e, ev.PartitionDeclared)
+    for name in e.nodes:
+        node = st.nodes.get(name)
+        if node is None or node.lost or node.partitioned == declared:
+            continue
+        node.partitioned = declared
+        for g in node.gpus:
+            st._refresh(g)
+        if isinstance(e, ev.PartitionEnded) and e.lost:
+            st._on_node_lost(ev.NodeLost(at=e.at, node=name, reason=e.reason))
+
+
 _HANDLERS: dict[type, Any] = {
     ev.NodeLabeled: _on_labeled,
     ev.JobSubmitted: ClusterState._on_submitted,
@@ -1038,6 +1052,8 @@ _HANDLERS: dict[type, Any] = {
     ev.JobCancelled: ClusterState._on_terminal,
     ev.NodeRegistered: ClusterState._on_node_registered,
     ev.NodeLost: ClusterState._on_node_lost,
+    ev.PartitionDeclared: _on_partition,
+    ev.PartitionEnded: _on_partition,
     ev.NodeDrained: ClusterState._on_node_drained,
     ev.GpuQuarantined: ClusterState._on_quarantined,
     ev.GpuRestored: ClusterState._on_restored,

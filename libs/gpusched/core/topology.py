@@ -40,6 +40,7 @@ class Node(Struct):
     registered_at: float = 0.0
     lost: bool = False
     drained: bool = False
+    partitioned: bool = False  # in a declared partition: no new work, its jobs kept (not requeued)
     #: Placeable GPUs of this node, an insertion-ordered set kept by the fold.
     free: dict[GpuId, None] = {}
     #: key=value labels jobs may ask for (`constraints`): from registration, and from admins.

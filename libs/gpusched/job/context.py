@@ -150,8 +150,8 @@ class JobContext:
             if self.checkpoint_dir is None:
                 return None
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            # every rank saving into one directory needs its own names
-            stem = f"ckpt-{step:09d}" + (f"-rank{self.rank}" if self.checkpoint_mode == "all" and self.rank else "")
+            # every rank saving into one directory needs its own names (rank 0's too: `-rank0`)
+            stem = f"ckpt-{step:09d}" + (f"-rank{self.rank}" if self.checkpoint_mode == "all" else "")
             if isinstance(data, (bytes, bytearray, memoryview)):
                 path, payload = self.checkpoint_dir / f"{stem}.bin", bytes(data)
             else:

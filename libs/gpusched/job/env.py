@@ -30,3 +30,6 @@ GENERATION = "GPUSCHED_GENERATION"  # restarts of all ranks within the attempt (
 REQUEST = "checkpoint-request.json"
 ACK_PREFIX = "ack-"
 SDK_PREFIX = "sdk-"
+#: The device nodes of the job's GPUs on this node (comma-separated): the only GPU devices its
+#: cgroup lets it open (`/dev/nvidiaN` on NVML nodes; nodes under the work dir on simulated ones).
+GPU_DEVICES = "GPUSCHED_GPU_DEVICES"

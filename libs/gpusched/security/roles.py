@@ -44,6 +44,8 @@ EVENT_WRITERS: dict[str, frozenset[str]] = {
     "JobIdle": frozenset({"reconciler"}),
     "JobBusy": frozenset({"reconciler"}),
     "NodeLost": frozenset({"reconciler"}),
+    "PartitionDeclared": frozenset({"reconciler"}),
+    "PartitionEnded": frozenset({"reconciler"}),
     "GpuQuarantined": frozenset({"reconciler"}),
     "GpuRestored": frozenset({"reconciler", "admission"}),
     "ZombieDetected": frozenset({"reconciler"}),

@@ -108,12 +108,17 @@ def _opt(x: float | None) -> str:
     return "" if x is None else f"{x:.3f}"
 
 
-def write_out(sim: Simulation, out: Path, summary: dict) -> list[Path]:
-    from .plots import write_all
-
+def write_out(sim: Simulation, out: Path, summary: dict, plots: bool = True) -> list[Path]:
+    """summary.json and jobs.csv (the standard library writes them), and with `plots` the PNGs
+    (matplotlib, an optional extra)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return [out / "summary.json", write_jobs_csv(sim, out / "jobs.csv"), *write_all(sim, out, summary)]
+    written = [out / "summary.json", write_jobs_csv(sim, out / "jobs.csv")]
+    if plots:
+        from .plots import write_all
+
+        written += write_all(sim, out, summary)
+    return written
 
 
 #: (column title, summary key, formatter) of the comparison table

@@ -17,6 +17,8 @@ from gpusched.core import limits
 from gpusched.core.commands import CommandReply
 from gpusched.core.model import LEVELS, JobSpec, TeamQuota, TopologyConstraint
 
+from .output import duration_arg
+
 TOPOLOGY = {"nvlink": "nvlink", "node": "node", "rack": "rack", "block": "block", "any": "cluster", "cluster": "cluster"}
 
 
@@ -53,8 +55,8 @@ def _run(args: argparse.Namespace, call, ok_text) -> int:
     finally:
         telemetry.shutdown()
     if getattr(args, "json", False):
-        print(json.dumps(msgspec.to_builtins(reply)))
-    elif reply.ok:
+        print(json.dumps(msgspec.to_builtins(getattr(reply, "replies", reply))))  # several: a list
+    elif reply.ok or isinstance(reply, _Replies):  # several: the ones done, then the refusals
         print(ok_text(reply))
     if not reply.ok:
         if not getattr(args, "json", False):
@@ -78,6 +80,29 @@ def exported(names: str, environ: dict[str, str] | os._Environ) -> dict[str, str
     return out
 
 
+def memory_mb(text: str | None) -> int | None:
+    """`--mem SIZE`: MiB, or with a unit K, M, G, T (powers of 1024), as Slurm's --mem."""
+    if text is None:
+        return None
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    factor = units.get(t[-1:], None)
+    try:
+        value = float(t[:-1] if factor is not None else t) * (factor or 1)
+    except ValueError:
+        raise SystemExit(f"gpusched submit: --mem {text!r} is not a size like 512M or 16G") from None
+    return max(1, int(value))
+
+
+def add_resource_arguments(p: argparse.ArgumentParser) -> None:
+    """`submit --cpus N --mem SIZE`: the limits of the job's cgroup on each of its nodes."""
+    p.add_argument("--cpus", type=float, default=None, metavar="N",
+                   help="CPUs per node (a CFS quota; fractions allowed): the limit of the job's cgroup")
+    p.add_argument("--mem", default=None, metavar="SIZE",
+                   help="memory per node (512M, 16G; plain numbers are MiB): the job's cgroup limit, beyond which "
+                        "the kernel kills the job's processes, not its neighbours'")
+
+
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     command = list(args.cmd)
     if command and command[0] == "--":
@@ -93,6 +118,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "team": args.team, "gpus": args.gpus, "min_gpus": args.min_gpus, "priority": args.priority,
         "preemptible": args.preemptible, "time_limit_s": args.time_limit, "command": command, "env": env,
         "checkpoint_dir": args.checkpoint_dir, "name": args.name or "",
+        "cpus": getattr(args, "cpus", None), "memory_mb": memory_mb(getattr(args, "mem", None)),
         "topology": msgspec.to_builtins(TopologyConstraint(required=TOPOLOGY[args.topology],  # type: ignore[arg-type]
                                                            preferred=level)),
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
@@ -198,12 +224,65 @@ def cmd_submit(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     arr = spec.array
     tasks = f" (tasks {{0}}_{arr.first}..{{0}}_{arr.last})" if arr is not None else ""
+    if args.parsable:  # `JOB=$(gpusched submit --parsable ...)`: the id alone (an array's own id)
+        return _run(args, lambda c: c.submit(spec, request_id=args.request_id), lambda r: r.job_id)
     return _run(args, lambda c: c.submit(spec, request_id=args.request_id),
                 lambda r: r.job_id + tasks.format(r.job_id) + (" (already submitted)" if r.duplicate else ""))
 
 
+ACTIVE = ("pending", "starting", "running")
+
+
+def cancel_targets(args: argparse.Namespace, docs: list[dict] | None) -> list[str]:
+    """The ids `cancel` acts on, like `scancel`: the ids given, and (with --user/--state, or
+    --team without ids) the live jobs matching every filter given; ids and filters together:
+    the ids that match."""
+    users = None if not args.user else set(args.user.split(","))
+    states = set(args.state.split(",")) if args.state else set(ACTIVE)
+    teams = None if not args.as_team else set(args.as_team.split(","))
+
+    def match(d: dict) -> bool:
+        return (d["state"] in states and (users is None or d.get("user") in users)
+                and (teams is None or d["team"] in teams))
+
+    if docs is None:
+        return list(dict.fromkeys(args.job))
+    if args.job:
+        by_id = {d["job_id"]: d for d in docs}
+        return [j for j in dict.fromkeys(args.job) if j not in by_id or match(by_id[j])]
+    return [d["job_id"] for d in docs if match(d)]
+
+
+def _filtering(args: argparse.Namespace) -> bool:
+    return bool(args.user or args.state or (args.as_team and not args.job))
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
-    return _run(args, lambda c: c.cancel(args.job, reason=args.reason), lambda r: f"cancelled {r.job_id}")
+    if not args.job and not _filtering(args):
+        raise SystemExit("gpusched cancel: give job id(s), or --user/--state/--team to select jobs")
+    docs = None
+    if _filtering(args):
+        from gpusched.cli.reads import load
+
+        docs, _ = asyncio.run(load(args, "jobs"))
+    targets = cancel_targets(args, docs)
+    if not targets:
+        print("gpusched cancel: no job matches", file=sys.stderr)
+        return 1
+
+    async def each(client):
+        return _Replies(targets, [await client.cancel(j, reason=args.reason) for j in targets])
+
+    return _run(args, each, lambda r: "\n".join(f"cancelled {j}" for j, x in zip(r.ids, r.replies) if x.ok))
+
+
+class _Replies:
+    """Several cancels as one reply for `_run`: ok when all were; the refusals named."""
+
+    def __init__(self, ids: list[str], replies: list) -> None:
+        self.ids, self.replies = ids, replies
+        self.ok = all(r.ok for r in replies)
+        self.error = "; ".join(f"{j}: {r.error}" for j, r in zip(ids, replies) if not r.ok)
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
@@ -286,6 +365,8 @@ def _job_feature_options(p: argparse.ArgumentParser) -> None:
                    help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100)")
     p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
                    help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
+    p.add_argument("--parsable", action="store_true",
+                   help="print only the job id (an array's id), for JOB=$(gpusched submit --parsable ...)")
     p.add_argument("--array", default=None, metavar="FIRST-LAST[%MAX]",
                    help="a job array: one task per index (job JOB_i, index in GPUSCHED_ARRAY_INDEX and "
                         "SLURM_ARRAY_TASK_ID), at most MAX running at once")
@@ -307,7 +388,7 @@ def _register_job_edits(sub, common: list) -> None:
     p.add_argument("job", help="the job id")
     p.add_argument("--priority", choices=["interactive", "high", "normal", "low"], default=None,
                    help="its new priority class")
-    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--time-limit", type=duration_arg, default=None, metavar="DURATION",
                    help="its new time limit (at most the team's maximum)")
     p.add_argument("--team", dest="as_team", default=None,
                    help="a platform's credentials: the team whose job it is (default: its first)")
@@ -322,6 +403,20 @@ def _register_job_edits(sub, common: list) -> None:
     p.set_defaults(func=cmd_node_label)
 
 
+def _register_cancel(sub, common: list) -> None:
+    p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job, or every task of a job array by its id (a tenant: its own team's only)")
+    p.add_argument("job", nargs="*", help="the job id(s)")
+    p.add_argument("--team", dest="as_team", default=None,
+                   help="only this team's jobs (comma-separated; without ids: every live one); a platform's "
+                        "credentials: the team whose job it cancels (default: its first)")
+    p.add_argument("--user", default=None, help="only jobs of these submitting users (comma-separated)")
+    p.add_argument("--state", default=None,
+                   help="only jobs in these states (comma-separated; default: pending,starting,running)")
+    p.add_argument("--fold", action="store_true", help="select by folding the log even when Redis answers")
+    p.add_argument("--reason", default="cancelled by user", help="why (kept in the log)")
+    p.set_defaults(func=cmd_cancel)
+
+
 def register(sub) -> None:
     from .output import CONNECTION
 
@@ -334,8 +429,8 @@ def register(sub) -> None:
                    help="orders work within what the team is entitled to (default: normal)")
     p.add_argument("--preemptible", action="store_true",
                    help="may be preempted (asked to checkpoint, then released) for higher-priority work")
-    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                   help="end the job (as Slurm's TIMEOUT) after this many seconds of running")
+    p.add_argument("--time-limit", type=duration_arg, default=None, metavar="DURATION",
+                   help="end the job (as Slurm's TIMEOUT) after this long running: seconds, 90m, 2h, 1d2h, PT2H")
     p.add_argument("--topology", choices=["nvlink", "node", "rack", "block", "any"], default="any",
                    help="the widest level the job may span (default: any)")
     p.add_argument("--prefer", action="append", default=None, metavar="PREFERENCE",
@@ -354,6 +449,7 @@ def register(sub) -> None:
                         "are stored in the log, so never export secrets)")
     p.add_argument("--name", default=None, help="a name shown next to the job id")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="an environment variable of the job (repeatable; stored in plaintext in the log: no secrets)")
+    add_resource_arguments(p)
     p.add_argument("--secret-env", action="append", metavar="NAME=@FILE",
                    help="pass FILE's content (a file on the nodes, owned by the job's user, not group/world "
                         "writable) as NAME; only the path is stored")
@@ -365,12 +461,7 @@ def register(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command the job runs")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job, or every task of a job array by its id (a tenant: its own team's only)")
-    p.add_argument("job", help="the job id")
-    p.add_argument("--team", dest="as_team", default=None,
-                   help="a platform's credentials: the team whose job it cancels (default: its first)")
-    p.add_argument("--reason", default="cancelled by user", help="why (kept in the log)")
-    p.set_defaults(func=cmd_cancel)
+    _register_cancel(sub, common)
 
     p = sub.add_parser("quota", parents=common, help="change a team's guaranteed share, weight or hard limit (only those given)")
     p.add_argument("team", help="the team")
@@ -378,9 +469,9 @@ def register(sub) -> None:
     p.add_argument("--weight", type=float, default=None, help="its weight in sharing what is left")
     p.add_argument("--limit", type=int, default=None, help="a hard limit it never exceeds")
     p.add_argument("--no-limit", action="store_true", help="remove its hard limit")
-    p.add_argument("--default-time-limit", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--default-time-limit", type=duration_arg, default=None, metavar="DURATION",
                    help="the time limit its jobs get when submitted without one")
-    p.add_argument("--max-time-limit", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--max-time-limit", type=duration_arg, default=None, metavar="DURATION",
                    help="the longest time limit its jobs may ask for (longer submits are refused)")
     p.set_defaults(func=cmd_quota)
 

@@ -1,0 +1,84 @@
+"""GPU device nodes and the device allow-list of a job's cgroup.
+
+On NVML nodes a GPU is `/dev/nvidia<minor>` (major 195, the minor NVML reports); every job also
+gets the control devices NVIDIA's container runtime allows (`nvidiactl`, `nvidia-uvm`,
+`nvidia-uvm-tools`, `nvidia-modeset`). A simulated GPU gets a real character device under the
+work dir (`dev/<node>/nvidia<i>`, major 242 of the range Linux keeps for local use, a minor per
+node and GPU): no driver answers it (opening it fails with ENXIO), but the cgroup decides
+first, so a job that opens a GPU it was not granted gets EPERM, as on a real node.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+NVIDIA_MAJOR = 195
+NVIDIA_CONTROL_MINORS = (255, 254)  # nvidiactl, nvidia-modeset
+SIM_MAJOR = 242
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    path: str
+    major: int
+    minor: int
+
+    @property
+    def allow(self) -> str:
+        return f"c {self.major}:{self.minor} rwm"
+
+
+def nvidia_devices(minors: dict[int, int]) -> dict[int, GpuDevice]:
+    """GPU index -> its /dev/nvidiaN, from the minor numbers NVML reports."""
+    return {i: GpuDevice(f"/dev/nvidia{m}", NVIDIA_MAJOR, m) for i, m in minors.items()}
+
+
+def _proc_major(name: str) -> int | None:
+    try:
+        for line in Path("/proc/devices").read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
+                return int(parts[0])
+    except OSError:
+        pass
+    return None
+
+
+def nvidia_control_allow() -> tuple[str, ...]:
+    """The control devices every GPU job needs (none of them is a GPU)."""
+    out = [f"c {NVIDIA_MAJOR}:{m} rwm" for m in NVIDIA_CONTROL_MINORS]
+    uvm = _proc_major("nvidia-uvm")
+    if uvm is not None:
+        out += [f"c {uvm}:0 rwm", f"c {uvm}:1 rwm"]
+    return tuple(out)
+
+
+def sim_devices(dev_dir: Path, node: str, count: int) -> dict[int, GpuDevice]:
+    """Create (or find) one character device per simulated GPU; {} where mknod is refused."""
+    base = (zlib.crc32(f"{dev_dir.resolve()}/{node}".encode()) % 16000) * 64
+    out = {}
+    try:
+        dev_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(dev_dir, 0o755)
+        for i in range(count):
+            dev = GpuDevice(str(dev_dir / f"nvidia{i}"), SIM_MAJOR, base + i)
+            path = Path(dev.path)
+            try:
+                st = path.lstat()
+                if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(dev.major, dev.minor):
+                    path.unlink()
+                    raise FileNotFoundError
+            except FileNotFoundError:
+                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(dev.major, dev.minor))
+            os.chmod(path, 0o666)  # like /dev/nvidia*: only the cgroup keeps other jobs out
+            out[i] = dev
+    except OSError:
+        return {}
+    return out
+
+
+__all__ = ["GpuDevice", "nvidia_control_allow", "nvidia_devices", "sim_devices"]

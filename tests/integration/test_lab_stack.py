@@ -1,0 +1,202 @@
+"""The deployed shape on separate network hosts, with faults between them: 3 NATS hosts (the
+k8s config, make-secrets.sh's certificates and users, TLS + auth, the log at R3), the control
+plane on 2 service hosts, 3 node hosts, a client host (gpusched.lab.stack). Drills cut packets
+with nft while a job runs; the verdicts come from the log (the CLI on the client host, `replay
+--verify`) and from the OS (the job's processes in each host's namespace, sampled every 0.2 s):
+no acknowledged submit lost, no two running copies of a job, every process of a cut-off node
+gone before the node timeout (fencing), the cluster back to normal after healing."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from gpusched.lab import netns
+from gpusched.lab.stack import LabStack
+
+pytestmark = pytest.mark.skipif(bool(netns.available()), reason=netns.available() or "lab available")
+TIMEOUT_S = 8.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = LabStack(tmp_path_factory.mktemp("labstack"), nodes=3, node_timeout_s=TIMEOUT_S, heartbeat_s=0.5)
+    try:
+        s.up()
+        s.submitted = []
+        yield s
+    finally:
+        s.down()
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{netns.PREFIX}{s.lab.tag}-")]
+
+
+class Census:
+    """Where a job's processes run, per host, every 0.2 s, in a thread (the OS's verdict)."""
+
+    def __init__(self, stack: LabStack, marker: str):
+        self.stack, self.marker = stack, marker
+        self.samples: list[tuple[float, list[str]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            hosts = [n for n in self.stack.nodes if self.stack.job_pids(n, self.marker)]
+            self.samples.append((time.monotonic(), hosts))
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def gone_from(self, host: str, since: float) -> float | None:
+        """Seconds after `since` of the first sample without a process on `host`."""
+        return next((t - since for t, hosts in self.samples if t >= since and host not in hosts), None)
+
+    def doubles(self) -> int:
+        return sum(1 for _, hosts in self.samples if len(hosts) > 1)
+
+
+def submit(stack: LabStack, seconds: int) -> str:
+    done = stack.gpusched("submit", "--team", "t", "--gpus", "2", "--", "sleep", str(seconds))
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().split()[-1]
+    stack.submitted.append(job)
+    return job
+
+
+def job(stack: LabStack, job_id: str) -> dict:
+    return next((j for j in stack.jobs() if j["job_id"] == job_id), {})
+
+
+def wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise TimeoutError(what)
+
+
+def running_on(stack: LabStack, job_id: str, attempt: int = 1) -> str:
+    doc = wait(lambda: (j := job(stack, job_id)) and j["state"] == "running" and j["attempt"] >= attempt and j,
+               40, f"{job_id} running (attempt {attempt})")
+    return doc["gpus"][0]["node"]
+
+
+def cut_node_drill(stack: LabStack, peers_too: bool) -> dict:
+    marker = f"sleep {300 + len(stack.submitted)}"
+    job_id = submit(stack, 300 + len(stack.submitted))
+    host = running_on(stack, job_id)
+    census = Census(stack, marker)
+    wait(lambda: host in census.samples[-1][1] if census.samples else False, 10, "the job's process seen")
+    control = [*stack.nats.names, "svc-0", "svc-1", "client"]
+    t_cut = time.monotonic()
+    stack.lab.isolate(host, None if peers_too else control)
+    try:
+        new_host = running_on(stack, job_id, attempt=2)
+        requeued_s = time.monotonic() - t_cut
+        wait(lambda: new_host in census.samples[-1][1], 20, "the new attempt's process seen")
+    finally:
+        stack.lab.heal()
+    census.stop()
+    gone_s = census.gone_from(host, t_cut)
+    wait(lambda: all(not d["lost"] for d in stack.node_docs()), 40, "the cut-off node back")
+    assert new_host != host
+    assert gone_s is not None and gone_s < TIMEOUT_S, gone_s
+    assert census.doubles() == 0
+    stack.gpusched("cancel", job_id)
+    return {"cut_node_job_ran_on_s": round(gone_s, 2), "requeued_after_s": round(requeued_s, 2)}
+
+
+def test_node_host_cut_off_fences_its_job_before_the_requeue(stack):
+    r = cut_node_drill(stack, peers_too=True)
+    print(f"\nnode host cut off: {json.dumps(r)}")
+
+
+def test_node_host_cut_from_the_control_plane_only(stack):
+    r = cut_node_drill(stack, peers_too=False)
+    print(f"\nnode host cut from the control plane, not its peers: {json.dumps(r)}")
+
+
+def test_service_host_cut_off_and_healed(stack):
+    job_id = submit(stack, 200)
+    host = running_on(stack, job_id)
+    stack.lab.isolate("svc-1")  # preemptor, quota_ledger, reconciler
+    try:
+        time.sleep(TIMEOUT_S / 2)
+        other = submit(stack, 201)  # admission and placement (svc-0) still serve
+        running_on(stack, other)
+        assert stack.job_pids(host, "sleep 200")
+    finally:
+        stack.lab.heal()
+    time.sleep(TIMEOUT_S)  # the reconciler back: it must not declare the nodes lost for its own outage
+    assert job(stack, job_id)["attempt"] == 1 and job(stack, job_id)["state"] == "running"
+    for j in (job_id, other):
+        stack.gpusched("cancel", j)
+
+
+def test_stream_leader_cut_off_from_its_peers_while_clients_reach_it(stack):
+    """A minority of one: it stops being ready (its probe, run in its host, says so), the other
+    two elect a leader and stay ready; after the heal a submit is acknowledged and placed.
+    Known gap (docs/lab.md): a client or service still connected to the cut-off server gets no
+    reply while the cut lasts; the submits tried meanwhile are counted, not asserted."""
+    c = stack.nats
+    leader = c.meta_leader("nats-0")
+    others = [n for n in c.names if n != leader]
+    t0 = time.monotonic()
+    stack.lab.isolate(leader, others)
+    try:
+        c.wait(lambda: c.meta_leader(others[0]) in others and all(c.ready(n) for n in others), 40)
+        majority_s = time.monotonic() - t0
+        tried = [stack.gpusched("submit", "--team", "t", "--gpus", "2", "--", "sleep", "202") for _ in range(3)]
+        acked = [t.stdout.strip().split()[-1] for t in tried if t.returncode == 0]
+        stack.submitted += acked
+        c.wait(lambda: not c.ready(leader), 40)
+        minority_s = time.monotonic() - t0
+    finally:
+        stack.lab.heal()
+    healed_s = c.wait(lambda: all(c.ready(n) for n in c.names) and len({c.meta_leader(n) for n in c.names}) == 1, 40)
+    # a submit that got no reply during the cut may still have been taken (its request reached
+    # admission late): count such jobs, then free their GPUs for the check after the heal
+    late = [j["job_id"] for j in stack.jobs() if j["state"] in ("pending", "running")]
+    for j in late:
+        stack.gpusched("cancel", j)
+    wait(lambda: not [j for j in stack.jobs() if j["state"] in ("pending", "running")], 30, "cancelled")
+    job_id = submit(stack, 204)
+    running_on(stack, job_id)
+    stack.gpusched("cancel", job_id)
+    print(f"\nleader cut: majority ready with a new leader {majority_s:.1f}s, the minority not ready "
+          f"{minority_s:.1f}s, all ready {healed_s:.1f}s after the heal; submits during the cut acknowledged: "
+          f"{len(acked)} of {len(tried)}, jobs from them after the heal: {len(late)}")
+
+
+def test_one_way_cut_and_flapping_then_healed(stack):
+    job_id = submit(stack, 203)
+    host = running_on(stack, job_id)
+    stack.lab.cut("nats-1", "nats-2", one_way=True)  # nats-1 cannot reach nats-2; nats-2 reaches nats-1
+    time.sleep(2)
+    stack.lab.heal()
+    for victim in ("nats-0", host, "svc-0"):  # flapping: cut and heal every second
+        stack.lab.isolate(victim)
+        time.sleep(1)
+        stack.lab.heal()
+        time.sleep(1)
+    assert stack.lab.rules() == 0
+    c = stack.nats
+    c.wait(lambda: all(c.ready(n) for n in c.names), 40)
+    wait(lambda: all(not d["lost"] for d in stack.node_docs()), 40, "nodes back")
+    assert job(stack, job_id)["attempt"] == 1 and stack.job_pids(host, "sleep 203")  # shorter than any timeout
+    stack.gpusched("cancel", job_id)
+
+
+def test_the_log_verifies_and_no_submit_was_lost(stack):
+    known = {j["job_id"] for j in stack.jobs()}
+    assert set(stack.submitted) <= known
+    done = stack.gpusched("replay", "--verify", "--keys", str(stack.secrets / "trust" / "keys.json"), timeout=60)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

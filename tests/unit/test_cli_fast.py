@@ -1,0 +1,44 @@
+"""`gpusched --version`, `--help` and one command build only what they need: the table of
+commands in `cli.main` is the modules' own registration, and the quick paths import no client
+library (nats, aiohttp, redis, rich)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpusched.cli.main import COMMAND_MODULES, COMMANDS, build_parser
+
+
+def test_the_command_table_is_what_the_modules_register():
+    registered = {}
+    for name in COMMAND_MODULES:
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        importlib.import_module(name).register(sub)
+        registered |= {a.dest: (name, a.help) for a in sub._choices_actions}
+    assert registered == COMMANDS
+
+
+@pytest.mark.parametrize("argv", [["jobs", "--state", "running", "--json"], ["show", "j-1"],
+                                  ["history", "--user", "bob"], ["user", "list"]])
+def test_one_commands_parser_parses_as_the_whole_one(argv):
+    lazy, full = build_parser(argv[0]).parse_args(argv), build_parser().parse_args(argv)
+    assert {k: v for k, v in vars(lazy).items() if k != "func"} == {k: v for k, v in vars(full).items() if k != "func"}
+    assert lazy.func.__qualname__ == full.func.__qualname__
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"]])
+def test_the_quick_paths_import_no_client_library(argv):
+    code = ("import sys, json\nfrom gpusched.cli.main import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('nats', 'aiohttp', 'redis', 'rich', 'msgspec', 'opentelemetry'))), file=sys.stderr)" % argv)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stderr.strip().splitlines()[-1]) == []
+    assert "gpusched" in proc.stdout
