@@ -21,11 +21,11 @@ VICTIM, ATTACKER = "node71", "node73"  # nodes of identities of their own (the s
 
 
 @pytest.fixture
-def node_creds(trust, nats_server):
+def node_creds(trust):
+    """Two node identities, added before the test's server starts (it renders the keyring)."""
     for node in (VICTIM, ATTACKER):
         if trust.get(f"speaks-{node}") is None:
             trust.add(f"speaks-{node}", "node", node=node)
-    nats_server.reload()
     return {node: trust.creds(f"speaks-{node}") for node in (VICTIM, ATTACKER)}
 
 
