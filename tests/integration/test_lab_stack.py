@@ -9,8 +9,11 @@ gone before the node timeout (fencing), the cluster back to normal after healing
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,14 +25,19 @@ TIMEOUT_S = 8.0
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("labstack"), nodes=3, node_timeout_s=TIMEOUT_S, heartbeat_s=0.5)
+def stack():
+    # Not under pytest's tmp dir: /tmp/pytest-of-root is 0700, and the jobs run under dynamic uids
+    # (the deployed default) that must reach their control directories, as on a real node.
+    work = Path(tempfile.mkdtemp(prefix="gs-labstack-"))
+    work.chmod(0o711)
+    s = LabStack(work, nodes=3, node_timeout_s=TIMEOUT_S, heartbeat_s=0.5)
     try:
         s.up()
         s.submitted = []
         yield s
     finally:
         s.down()
+        shutil.rmtree(work, ignore_errors=True)
     assert not [ns for ns in netns.namespaces() if ns.startswith(f"{netns.PREFIX}{s.lab.tag}-")]
 
 
