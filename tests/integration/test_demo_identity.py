@@ -66,5 +66,6 @@ def test_the_readmes_keys_path_is_where_up_writes_the_keys(tmp_path, monkeypatch
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert "replay --verify --keys DATA_DIR/trust/keys.json" in readme
     monkeypatch.delenv("GPUSCHED_KEYS")
+    monkeypatch.setenv("GPUSCHED_CONFIG", str(tmp_path / "no-client-config.toml"))  # not another stack's
     monkeypatch.setenv("GPUSCHED_DATA_DIR", str(data_dir))
     assert default_keys_path() == data_dir / "trust" / "keys.json"

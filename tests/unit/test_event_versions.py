@@ -45,7 +45,7 @@ NEWER = {
         b'{"type":"GpusGranted","at":5,"v":3,"job_id":"j","attempt":1,"gpus":["n0/0"],"pool":"shared"}',
         ev.GpusGranted(at=5, v=3, job_id="j", attempt=1, gpus=["n0/0"])),
     "an added field deep in the spec": (
-        b'{"type":"JobSubmitted","at":1,"v":3,"job_id":"j","spec":{"team":"a","gpus":2,"cpus":16,'
+        b'{"type":"JobSubmitted","at":1,"v":3,"job_id":"j","spec":{"team":"a","gpus":2,"nics":16,'
         b'"topology":{"required":"node","preferred":"node","switch":"s1"},'
         b'"prefer":{"spread":true,"nearby":"x"}}}',
         ev.JobSubmitted(at=1, v=3, job_id="j", spec=JobSpec(team="a", gpus=2, topology=TopologyConstraint(

@@ -159,7 +159,7 @@ def test_hold_release_and_update_are_for_pending_jobs_of_ones_own_team():
     st = _admission_state()
     d = _admit(st, HoldJob(request_id="h1", job_id="pa", reason="wait"), Caller("alice", "a"))
     assert d.reply.ok and d.event == ev.JobHeld(at=10.0, job_id="pa", reason="wait", user="alice")
-    assert d.msg_id == "hold-h1"
+    assert d.msg_id == "hold-a/alice/h1"  # request ids are scoped by team and user
     d = _admit(st, HoldJob(request_id="h2", job_id="pb"), Caller("alice", "a"))
     assert not d.reply.ok and "belongs to team 'b'" in d.reply.error and d.event is None
     assert _admit(st, HoldJob(request_id="h3", job_id="pb")).reply.ok  # admin: any team
@@ -395,7 +395,7 @@ def test_cancelling_an_array_id_cancels_its_live_tasks_once_and_only_for_its_tea
     facts = [d.event, *(e for e, _ in d.more)]
     assert d.reply.ok and [e.job_id for e in facts] == ["arr_0", "arr_2", "arr_3"]
     assert {e.reason for e in facts} == {"wrong data"}
-    assert [d.msg_id, *(m for _, m in d.more)] == ["cancel-c1-arr_0", "cancel-c1-arr_2", "cancel-c1-arr_3"]
+    assert [d.msg_id, *(m for _, m in d.more)] == ["cancel-/admin/c1-arr_0", "cancel-/admin/c1-arr_2", "cancel-/admin/c1-arr_3"]
     other = admit(st, CancelJob(request_id="c2", job_id="arr"), 3.0, AdmissionConfig(), Capacity(), caller=Caller("eve", "b"))
     assert not other.reply.ok and other.reply.error.endswith("these credentials act for 'b'")
     assert _admit(st, CancelJob(request_id="c3", job_id="nope")).reply.error == "unknown job 'nope'"
