@@ -439,10 +439,3 @@ class NvmlBackend:
         except self.nv.NVMLError:
             pass
 
-
-def make_backend(kind: str, node: str, gpus: int = 8, nvlink: str = "all") -> GpuBackend:
-    if kind == "nvml":
-        return NvmlBackend()
-    if kind == "sim":
-        return SimBackend(node, gpus, nvlink)
-    raise ValueError(f"unknown GPU backend {kind!r}; expected nvml or sim")

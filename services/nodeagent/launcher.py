@@ -534,9 +534,5 @@ def stop_recorded(work_dir: Path, grace_s: float = 10.0) -> int:
     return len(groups)
 
 
-def json_record(proc) -> str:
-    return json.dumps(record(proc))
-
-
 __all__ = ["AdoptedProcess", "Launch", "JobProcess", "VirtualProcess", "adopt", "job_env", "launch_error",
            "master_port", "record", "start", "stop_recorded"]

@@ -768,8 +768,6 @@ NODE_REPORTS = frozenset({ev.JobStarted, ev.ProcessesEnded, ev.CheckpointSaved, 
 #: Node reports that end or requeue the attempt: only from a node it holds GPUs on now.
 _ENDINGS = (ev.JobCompleted, ev.JobFailed, ev.GpusReleased)
 
-_END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed: "failed",
-                                     ev.JobCancelled: "cancelled"}
 
 def _nominate(st: ClusterState, victim: Job) -> None:
     """A victim releases for another job: that job's turn to take the freed GPUs first, until
@@ -1065,8 +1063,9 @@ _HANDLERS: dict[type, Any] = {
 }
 
 
-_END_STATE = {ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobCancelled: "cancelled",
-              ev.JobTimedOut: "timeout"}
+#: The state each terminal fact leaves a job in.
+_END_STATE: dict[type, JobStatus] = {ev.JobCompleted: "completed", ev.JobFailed: "failed", ev.JobCancelled: "cancelled",
+                                     ev.JobTimedOut: "timeout"}
 
 
 def job_node_order(job: Job) -> list[str]:

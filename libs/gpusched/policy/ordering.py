@@ -215,13 +215,6 @@ def queue_mode(config: PolicyConfig) -> tuple:
             config.strict_fifo or not config.gang, config.elastic, config.las_starve_factor, config.las_predicted)
 
 
-def queue_index(state: ClusterState, config: PolicyConfig) -> QueueIndex:
-    """A fresh, updated queue index of `state` (cycles reuse one: `policy.memo.Indexes`)."""
-    idx = QueueIndex(state, config, queue_mode(config))
-    idx.update()
-    return idx
-
-
 def ordered(state: ClusterState, now: float, config: PolicyConfig,
             held: Callable[[str], int] | None = None) -> Iterator[Job]:
     """Pending jobs in the order a cycle considers them (a fresh index: for tests and tools)."""

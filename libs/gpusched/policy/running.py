@@ -64,9 +64,3 @@ class RunningIndex:
                 self._remove(jid)
             self._insert(jobs[jid])
 
-
-def running_index(state: ClusterState) -> RunningIndex:
-    """A fresh, updated index of `state` (cycles reuse one: `policy.memo.Indexes`)."""
-    idx = RunningIndex(state)
-    idx.update()
-    return idx
