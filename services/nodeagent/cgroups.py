@@ -58,6 +58,18 @@ def _own_v1(controller: str) -> str:
     return "/"
 
 
+
+def signal_each(pids, sig: int) -> list[int]:
+    """Send `sig` to each pid; the ones that were signalled (gone or not ours: skipped)."""
+    done = []
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            done.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return done
+
 @dataclass(frozen=True)
 class Limits:
     cpus: float | None = None
@@ -96,14 +108,7 @@ class JobCgroup:
         return {int(x) for x in raw.split()}
 
     def signal(self, sig: int) -> list[int]:
-        done = []
-        for pid in sorted(self.pids()):
-            try:
-                os.kill(pid, sig)
-                done.append(pid)
-            except (ProcessLookupError, PermissionError):
-                pass
-        return done
+        return signal_each(sorted(self.pids()), sig)
 
     def kill(self) -> None:
         """SIGKILL every process of the job; none can fork meanwhile (frozen, or cgroup.kill)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpusched.job import env as E
 
-from .cgroups import JobCgroup
+from .cgroups import JobCgroup, signal_each
 
 PROC = Path("/proc")
 
@@ -139,15 +139,7 @@ class JobGroup:
     def signal_pids(self, pids: list[int], sig: int) -> list[int]:
         """Signal those of `pids` that are members of the group; the rest are refused."""
         members = set(self.members())
-        done = []
-        for pid in pids:
-            if pid in members:
-                try:
-                    os.kill(pid, sig)
-                    done.append(pid)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        return done
+        return signal_each([pid for pid in pids if pid in members], sig)
 
 
 __all__ = ["JobGroup", "ProcStat", "boot_id", "stat"]
