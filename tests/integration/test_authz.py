@@ -98,7 +98,7 @@ def publish_cases(who: str) -> dict[str, bool]:
         subjects.CMD_DRAIN: admin or role == "dashboard",
         "gpusched.ctl.placement": admin or role == "dashboard",
         subjects.Q_SHARES: admin or role in ("dashboard", "tenant", "platform"),
-        "gpusched.dead.x": admin or role in SERVICE_ROLES or role == "node",
+        "gpusched.dead.x": admin or role in SERVICE_ROLES,  # a node may not: it could flood the dead letters
         f"$JS.API.STREAM.INFO.{subjects.STREAM}": admin or reads_log,
         f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}": admin or reads_log,
         "$JS.API.STREAM.LIST": admin,

@@ -205,3 +205,23 @@ async def test_the_alloc_tree_stays_bounded_however_many_jobs(event_log):
     assert len(alloc.state.subjects) <= 1 + subjects.ALLOC_SHARDS  # NodeRegistered + GpusGranted shards
     assert len(info.state.subjects) == 600
     assert subjects.event_subject(grants[7]).startswith("gpusched.evt.alloc.GpusGranted.s")
+
+
+async def test_one_writers_flood_of_bad_facts_files_a_bounded_number_of_dead_letters(event_log, nats_url):
+    """A node that publishes garbage on its own subject gets its first DEAD_PER_WRITER filed
+    per window and the rest only counted; another writer's bad fact is still filed after it."""
+    from gpusched.bus import log as buslog
+
+    folded = FoldedLog(await EventLog.open(nats_url, name="flood-follower"))
+    folded.log.dead_budget = buslog.DeadLetterBudget(per_writer=5, window_s=3600)
+    await folded.start()
+    for i in range(40):
+        await event_log.js.publish("gpusched.evt.alloc.JobCompleted.node.n9", b'{"type":"JobCompleted","at":%d}' % i)
+    await event_log.js.publish("gpusched.evt.alloc.JobCompleted.node.n8", b"{not json")
+    await folded.catch_up()
+    dead = await event_log.dead_letters_list(limit=1000)
+    by_writer = [d["subject"].rsplit(".", 1)[-1] for d in dead]
+    assert by_writer.count("n9") == 5 and by_writer.count("n8") == 1
+    assert folded.log.dead_budget.dropped == 35 and folded.log.dead_letters == 41
+    await folded.stop()
+    await folded.log.close()

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,11 @@ MAX_BATCH = 1000  # JetStream's limit on one atomic batch
 DEAD_ALREADY_STORED = 10077  # "maximum messages per subject exceeded" (discard new per subject)
 DEAD_STREAM_FULL = 10027  # "maximum messages exceeded"
 DEAD_MAX_MSGS = 100_000
+#: Dead letters one reader files per writer (subjects.writer_of) in a window: a writer that
+#: floods the log with undecodable facts gets its first ones filed and the rest only counted,
+#: so the bounded dead-letter stream keeps room for everyone else's.
+DEAD_PER_WRITER = 50
+DEAD_WINDOW_S = 60.0
 DEAD_MAX_BYTES = 256 * 1024 * 1024
 DEAD_MAX_AGE_S = 30 * 86_400.0
 DEAD_MAX_MSG_BYTES = 64 * 1024  # a dead letter keeps at most this much of the bad message
@@ -248,6 +254,33 @@ class Conflict(Exception):
         self.actual = int(found.group(1)) if found else None
 
 
+
+class DeadLetterBudget:
+    """At most DEAD_PER_WRITER dead letters per writer per DEAD_WINDOW_S (the rest counted and
+    said once per window in the log)."""
+
+    def __init__(self, per_writer: int = DEAD_PER_WRITER, window_s: float = DEAD_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.per_writer, self.window_s, self.clock = per_writer, window_s, clock
+        self.windows: dict[str, tuple[float, int]] = {}
+        self.dropped = 0
+
+    def take(self, writer: str) -> bool:
+        now = self.clock()
+        start, used = self.windows.get(writer, (now, 0))
+        if now - start >= self.window_s:
+            start, used = now, 0
+        if len(self.windows) > 10_000:  # bounded: the writers of one window, at most
+            self.windows = {w: v for w, v in self.windows.items() if now - v[0] < self.window_s}
+        self.windows[writer] = (start, used + 1)
+        if used < self.per_writer:
+            return True
+        self.dropped += 1
+        if used == self.per_writer:
+            _log.warning("dead_letters_over_budget", writer=writer, per_window=self.per_writer,
+                         window_s=self.window_s)
+        return False
+
 @dataclass(frozen=True)
 class Record:
     seq: int
@@ -284,6 +317,7 @@ class EventLog:
         self.replicas_given = replicas is not None
         self.replicas = replicas if replicas is not None else int(os.environ.get("GPUSCHED_STREAM_REPLICAS", "1"))
         self.dead_letters = 0
+        self.dead_budget = DeadLetterBudget()
 
     @classmethod
     async def open(cls, url: str | None = None, name: str = "gpusched", replicas: int | None = None,
@@ -633,7 +667,9 @@ class EventLog:
         permissions (auditors) only count it: the writers' readers file it."""
         self.dead_letters += 1
         ident = self.identity
-        if ident is not None and ident.role in ("auditor", "tenant", "platform"):
+        if ident is not None and ident.role in ("auditor", "tenant", "platform", "node"):
+            return  # only the control plane's services file them (nodes may not: a node could flood)
+        if not self.dead_budget.take(subjects.writer_of(subject)):
             return
         headers = {"Gpusched-Reason": reason[:1000], "Gpusched-Seq": str(seq), "Nats-Msg-Id": f"dead-{seq}",
                    "Gpusched-Size": str(len(data))}

@@ -135,6 +135,14 @@ def command_subject(kind: str, team: str | None = None, user: str | None = None)
     return f"gpusched.cmd.{kind}" + (f".{token(user)}" if user else "")
 
 
+def writer_of(subject: str) -> str:
+    """The part of an event subject that names who may publish it (`node.<name>` for a node's
+    reports): dead letters are budgeted per writer, so one writer's garbage cannot crowd out
+    another's."""
+    parts = subject.split(".")
+    return ".".join(parts[4:]) or subject
+
+
 def dead_subject(original: str, seq: int) -> str:
     """One subject per dead-lettered stream sequence: the dead-letter stream keeps one message
     per subject, so each bad message is stored once whoever reads it first."""

@@ -74,7 +74,7 @@ def _service(role: str) -> tuple[list[str], list[str]]:
 
 
 def _node(p: Principal) -> tuple[list[str], list[str]]:
-    pub = read_log() + read_snapshots() + ["gpusched.dead.>"]
+    pub = read_log() + read_snapshots()  # no dead letters: the services file them, a node could flood
     sub: list[str] = []
     for node in p.all_nodes():
         pub += subjects.node_event_subjects(node) + [subjects.heartbeat_subject(node)]
