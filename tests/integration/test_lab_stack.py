@@ -172,10 +172,18 @@ def test_stream_leader_cut_off_from_its_peers_while_clients_reach_it(stack):
     healed_s = c.wait(lambda: all(c.ready(n) for n in c.names) and len({c.meta_leader(n) for n in c.names}) == 1, 40)
     # a submit that got no reply during the cut may still have been taken (its request reached
     # admission late): count such jobs, then free their GPUs for the check after the heal
-    late = [j["job_id"] for j in stack.jobs() if j["state"] in ("pending", "running")]
-    for j in late:
-        stack.gpusched("cancel", j)
-    wait(lambda: not [j for j in stack.jobs() if j["state"] in ("pending", "running")], 30, "cancelled")
+    late: set[str] = set()
+
+    def cancel_live() -> bool:
+        """Cancel what is live now: a late submit may still land after the first pass, and a
+        cancel sent while a client reconnects may get no reply, so each pass asks again."""
+        live = [j["job_id"] for j in stack.jobs() if j["state"] in ("pending", "running")]
+        late.update(live)
+        if live:
+            stack.gpusched("cancel", *live)
+        return not live
+
+    wait(cancel_live, 60, "cancelled")
     job_id = submit(stack, 204)
     running_on(stack, job_id)
     stack.gpusched("cancel", job_id)
