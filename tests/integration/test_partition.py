@@ -47,14 +47,18 @@ def stop(daemon: subprocess.Popen) -> None:
         daemon.wait()
 
 
+async def run_long_job(c: Cluster) -> None:
+    """Job `long` running on the frozen host's node s00 (what a partition must keep)."""
+    await c.submit("long", JobSpec(team="t", gpus=2, command=[sys.executable, "-c", "import time; time.sleep(120)"]))
+    await c.grant("long", ["s00/0", "s00/1"])
+    await c.wait(lambda s: s.jobs["long"].state == "running", "job running")
+
+
 async def test_a_frozen_host_of_many_nodes_is_a_partition_not_a_requeue_storm(nats_url, tmp_path):
     async with Cluster(nats_url, tmp_path) as c:
         rec, daemon = await start(nats_url, c, tmp_path)
         try:
-            await c.submit("long", JobSpec(team="t", gpus=2, command=[sys.executable, "-c",
-                                                                       "import time; time.sleep(120)"]))
-            await c.grant("long", ["s00/0", "s00/1"])
-            await c.wait(lambda s: s.jobs["long"].state == "running", "job running")
+            await run_long_job(c)
             daemon.send_signal(signal.SIGSTOP)  # the host stalls: 4 of 6 nodes silent at once
             frozen = time.monotonic()
             await c.wait(lambda s: all(s.nodes[n].partitioned for n in SIM), "partition declared", timeout=10)
@@ -85,10 +89,7 @@ async def test_one_silent_node_is_lost_and_an_admin_confirms_a_partition(nats_ur
     async with Cluster(nats_url, tmp_path) as c:
         rec, daemon = await start(nats_url, c, tmp_path)
         try:
-            await c.submit("long", JobSpec(team="t", gpus=2, command=[sys.executable, "-c",
-                                                                       "import time; time.sleep(120)"]))
-            await c.grant("long", ["s00/0", "s00/1"])
-            await c.wait(lambda s: s.jobs["long"].state == "running", "job running")
+            await run_long_job(c)
             c.hosts[0].crash("a1")  # one node of six dies: lost, as before
             await c.wait(lambda s: s.nodes["a1"].lost, "a1 lost", timeout=10)
             assert not any(n.partitioned for n in c.state.nodes.values())
