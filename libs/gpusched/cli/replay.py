@@ -264,22 +264,13 @@ def cmd_export(args) -> int:
     return 0
 
 
-def parse_duration(text: str) -> float:
-    """`90d`, `12h`, `30m`, `45s` or plain seconds; 0: no limit."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    try:
-        return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
-    except ValueError:
-        raise SystemExit(f"gpusched log retention: --max-age {text!r}: give e.g. 90d, 12h or seconds") from None
-
-
 def cmd_retention(args) -> int:
     """Admin: show or set the live stream's limits (the server drops the oldest facts past them)."""
     async def run() -> dict:
         log = await EventLog.open(args.nats, name="gpusched-retention", signer=None)
         try:
             if args.max_age is not None or args.max_msgs is not None or args.max_bytes is not None:
-                await log.set_retention(None if args.max_age is None else parse_duration(args.max_age),
+                await log.set_retention(args.max_age,
                                         args.max_msgs, args.max_bytes)
             info = await log.js.stream_info(subjects.STREAM)
             from gpusched.store import SnapshotStore
@@ -317,7 +308,7 @@ def cmd_schemas(args) -> int:
 
 
 def register(sub) -> None:
-    from .output import CONNECTION
+    from .output import CONNECTION, DURATION_HELP, duration_arg
 
     p = sub.add_parser("replay", help="audit: rebuild the state from the log and verify the invariants",
                        parents=[CONNECTION])
@@ -353,7 +344,8 @@ def register(sub) -> None:
     e.set_defaults(func=cmd_export)
     r = lsub.add_parser("retention", parents=[CONNECTION], help="admin: show or bound the live stream "
                         "(max age/messages/bytes; the oldest facts go once exported and behind a snapshot)")
-    r.add_argument("--max-age", metavar="AGE", help="keep facts this long (90d, 12h, seconds; 0: forever)")
+    r.add_argument("--max-age", metavar="AGE", type=duration_arg,
+                   help=f"keep facts this long ({DURATION_HELP}; 0: forever)")
     r.add_argument("--max-msgs", type=int, metavar="N", help="keep at most N facts (0: no limit)")
     r.add_argument("--max-bytes", type=int, metavar="N", help="keep at most N bytes (0: no limit)")
     r.set_defaults(func=cmd_retention)
