@@ -25,8 +25,9 @@ from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 
 
-def _silent_s(state: ClusterState, obs: Any, name: str, now: float) -> float:
-    """As `reconciler._lost_nodes` counts it: a (re-)registration is a sign of life too."""
+def silent_s(state: ClusterState, obs: Any, name: str, now: float) -> float:
+    """How long a node has been silent. A (re-)registration counts as a sign of life: a node that
+    just came back is not declared lost again for heartbeats it missed while it was away."""
     return now - max(obs.received.get(name, obs.started_at), state.nodes[name].registered_at)
 
 
@@ -64,8 +65,8 @@ def decide(state: ClusterState, obs: Any, now: float, cfg: Any, out: Any) -> set
         out.events.append(ev.PartitionEnded(at=now, nodes=back, reason="heartbeats returned"))
     held -= set(back)
     silent = {n for n, node in state.nodes.items()
-              if not node.lost and n not in held and n not in back and _silent_s(state, obs, n, now) >= suspect_s}
-    if not any(_silent_s(state, obs, n, now) >= cfg.node_timeout_s for n in silent):
+              if not node.lost and n not in held and n not in back and silent_s(state, obs, n, now) >= suspect_s}
+    if not any(silent_s(state, obs, n, now) >= cfg.node_timeout_s for n in silent):
         return held
     group = silent if held else _outage(state, silent, cfg)
     if group:

@@ -201,9 +201,7 @@ def _lost_nodes(state: ClusterState, obs: Observations, now: float, cfg: Reconci
     for name, node in state.nodes.items():
         if node.lost or name in skip:
             continue
-        # A (re-)registration counts as a sign of life: a node that just came back is not
-        # declared lost again for heartbeats it missed while it was away.
-        silent = now - max(obs.received.get(name, obs.started_at), node.registered_at)
+        silent = partition.silent_s(state, obs, name, now)
         if silent >= cfg.node_timeout_s:
             out.events.append(ev.NodeLost(at=now, node=name, reason=f"no heartbeat for {silent:.1f}s"))
             lost.add(name)
