@@ -44,7 +44,8 @@ from gpusched.core.commands import (
     SubmitJob,
     UpdateJob,
 )
-from gpusched.core.model import LEVEL_RANK, TeamQuota
+from gpusched.core.model import LEVEL_RANK, ModelQuota, TeamQuota
+from gpusched.core.pools import canonical_model, model_guaranteed
 from gpusched.core.reasons import NoMatchingNode
 from gpusched.core.state import TERMINAL, ClusterState, Job, array_tasks
 from gpusched.policy.eligibility import not_eligible
@@ -396,11 +397,50 @@ def merged_quota(state: ClusterState, cmd: SetTeamQuota) -> TeamQuota:
         return cmd.quota
     team = state.teams.get(cmd.team)
     current = team.quota if team is not None else TeamQuota()
-    return msgspec.structs.replace(current, **{f: getattr(cmd.quota, f) for f in cmd.only})
+    fields = {f: getattr(cmd.quota, f) for f in cmd.only}
+    if "models" in fields:
+        fields["models"] = {**current.models, **cmd.quota.models}
+    return msgspec.structs.replace(current, **fields)
+
+
+def pooled_quota(q: TeamQuota, only: list[str]) -> TeamQuota | str:
+    """Per-model terms keyed by canonical pool (`core/pools.py`), empty entries dropped, and
+    the team's guarantee their sum; or why they are refused."""
+    if not q.models:
+        return q
+    if "guaranteed" in only:
+        return ("the team has per-model guarantees (quota.models): its guarantee is their sum; "
+                "change them per model (`gpusched quota TEAM --model MODEL --guaranteed N`)")
+    models: dict[str, ModelQuota] = {}
+    for name, m in q.models.items():
+        pool = canonical_model(name)
+        if pool in models and models[pool] != m:
+            return f"quota.models names pool {pool} twice ({name!r})"
+        if m.limit is not None and m.guaranteed > m.limit:
+            return f"quota.models[{name!r}].guaranteed ({m.guaranteed}) exceeds its limit ({m.limit})"
+        if m.guaranteed or m.limit is not None:
+            models[pool] = m
+    return msgspec.structs.replace(q, models=models, guaranteed=sum(m.guaranteed for m in models.values()))
+
+
+def _pool_warning(state: ClusterState, team: str, q: TeamQuota) -> str:
+    """Per-model guarantees that add up to more than a pool's GPUs (or name a pool no node has)."""
+    size: dict[str, int] = {}
+    for rec in state.gpus.values():
+        size[canonical_model(rec.model)] = size.get(canonical_model(rec.model), 0) + 1
+    out = []
+    for pool, m in q.models.items():
+        promised = m.guaranteed + sum(model_guaranteed(t.quota, pool) for n, t in state.teams.items() if n != team)
+        if state.gpus and promised > size.get(pool, 0):
+            out.append(f"guarantees on {pool} add up to {promised} GPUs, more than its {size.get(pool, 0)}")
+    return "; ".join(out)
 
 
 def _set_quota(state: ClusterState, cmd: SetTeamQuota, now: float) -> Decision:
-    q = merged_quota(state, cmd)
+    pooled = pooled_quota(merged_quota(state, cmd), list(cmd.only))
+    if isinstance(pooled, str):
+        return Decision(CommandReply(ok=False, error=pooled))
+    q = pooled
     if q.limit is not None and q.guaranteed > q.limit:
         return Decision(CommandReply(ok=False, error=f"quota.guaranteed ({q.guaranteed}) exceeds quota.limit ({q.limit})"))
     if (q.default_time_limit_s is not None and q.max_time_limit_s is not None
@@ -412,6 +452,8 @@ def _set_quota(state: ClusterState, cmd: SetTeamQuota, now: float) -> Decision:
     if state.gpus and promised > state.total_gpus:
         warning = (f"guaranteed shares add up to {promised} GPUs, more than the cluster's {state.total_gpus}: "
                    f"not every team can get its guarantee at once")
+    if q.models:
+        warning = "; ".join(w for w in (warning, _pool_warning(state, cmd.team, q)) if w)
     return Decision(CommandReply(ok=True, warning=warning), ev.TeamQuotaSet(at=now, team=cmd.team, quota=q),
                     f"quota-{cmd.request_id}")
 

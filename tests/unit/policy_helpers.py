@@ -25,9 +25,10 @@ class Scenario:
         for e in events:
             self.state.apply(e)
 
-    def node(self, name: str, rack: str, gpus: int = 8, nvlink: str = "all", block: str | None = None) -> None:
+    def node(self, name: str, rack: str, gpus: int = 8, nvlink: str = "all", block: str | None = None,
+             model: str = "unknown") -> None:
         doms = nvlink_domains(nvlink, gpus)
-        infos = [GpuInfo(index=i, uuid=f"{name}-{i}", nvlink_domain=doms[i]) for i in range(gpus)]
+        infos = [GpuInfo(index=i, uuid=f"{name}-{i}", nvlink_domain=doms[i], model=model) for i in range(gpus)]
         self.apply(ev.NodeRegistered(at=self.now, node=name, rack=rack, gpus=infos, block=block, nvlink=nvlink))
 
     def team(self, name: str, guaranteed: int = 0, weight: float = 1.0, limit: int | None = None) -> None:

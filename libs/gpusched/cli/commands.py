@@ -125,7 +125,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
         "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
         "dependency": dependencies_from_arg(getattr(args, "dependency", None)),
-        "gpu_type": getattr(args, "gpu_type", None),
+        **gpu_types_from_arg(getattr(args, "gpu_type", None)),
         "constraints": pairs_from_args(getattr(args, "constraint", None), "submit: --constraint"),
         "array": array_from_arg(getattr(args, "array", None)),
         "prefer": prefer,
@@ -300,8 +300,20 @@ def cmd_update(args: argparse.Namespace) -> int:
                 lambda r: f"updated {r.job_id}: {changed}")
 
 
+def gpu_types_from_arg(text: str | None) -> dict:
+    """`--gpu-type H100,A100`: the first type and the ones the job falls back to, in order."""
+    if text is None:
+        return {"gpu_type": None}
+    types = [t.strip() for t in text.split(",")]
+    if not all(types):
+        raise SystemExit(f"gpusched submit: --gpu-type {text!r} has an empty entry (MODEL[,MODEL...])")
+    return {"gpu_type": types[0], "gpu_type_fallback": types[1:]}
+
+
 def cmd_quota(args: argparse.Namespace) -> int:
     """Change only the fields given (`--weight 2` keeps the guarantee and the limit)."""
+    if args.model is not None:
+        return _quota_model(args)
     given = {"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit,
              "default_time_limit_s": args.default_time_limit, "max_time_limit_s": args.max_time_limit}
     only = [f for f, v in given.items() if v is not None]
@@ -322,6 +334,28 @@ def cmd_quota(args: argparse.Namespace) -> int:
         return f"team {args.team}: {changed}" + (f"\nwarning: {reply.warning}" if reply.warning else "")
 
     return _run(args, lambda c: c.set_quota(args.team, quota, only=only), done)
+
+
+def _quota_model(args: argparse.Namespace) -> int:
+    """`--model H100 --guaranteed 8 --limit 16`: the team's terms on one GPU pool, replaced whole
+    (guarantee 0 and no limit remove them); the others and the team's own terms stay."""
+    if any(v is not None for v in (args.weight, args.default_time_limit, args.max_time_limit)):
+        raise SystemExit("gpusched quota: --model takes only --guaranteed, --limit and --no-limit "
+                         "(weight and time limits are the team's)")
+    if args.no_limit and args.limit is not None:
+        raise SystemExit("gpusched quota: --limit and --no-limit exclude each other")
+    entry = {"guaranteed": args.guaranteed or 0, "limit": args.limit}
+    try:
+        quota = msgspec.convert({"models": {args.model: entry}}, TeamQuota)
+    except msgspec.ValidationError as err:
+        raise SystemExit(f"gpusched quota: invalid quota: {err}") from None
+    lim = "none" if args.limit is None else args.limit
+
+    def done(reply) -> str:
+        return (f"team {args.team} on {args.model}: guaranteed {entry['guaranteed']}, limit {lim}"
+                + (f"\nwarning: {reply.warning}" if reply.warning else ""))
+
+    return _run(args, lambda c: c.set_quota(args.team, quota, only=["models"]), done)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
@@ -361,8 +395,9 @@ def _job_feature_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dependency", default=None, metavar="afterok:JOB,afterany:JOB",
                    help="start only after these jobs ended: afterok (completed successfully) or afterany "
                         "(ended any way); several jobs as afterok:J1:J2 (Slurm's form)")
-    p.add_argument("--gpu-type", default=None, metavar="MODEL",
-                   help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100)")
+    p.add_argument("--gpu-type", default=None, metavar="MODEL[,MODEL...]",
+                   help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100); several: "
+                        "tried in order, the whole job on one (H100,A100: H100, else A100; docs/gpu-pools.md)")
     p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
                    help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
     p.add_argument("--parsable", action="store_true",
@@ -469,6 +504,8 @@ def register(sub) -> None:
     p.add_argument("--weight", type=float, default=None, help="its weight in sharing what is left")
     p.add_argument("--limit", type=int, default=None, help="a hard limit it never exceeds")
     p.add_argument("--no-limit", action="store_true", help="remove its hard limit")
+    p.add_argument("--model", default=None, metavar="MODEL",
+                   help="set --guaranteed and --limit on this GPU pool only (e.g. H100; docs/gpu-pools.md)")
     p.add_argument("--default-time-limit", type=duration_arg, default=None, metavar="DURATION",
                    help="the time limit its jobs get when submitted without one")
     p.add_argument("--max-time-limit", type=duration_arg, default=None, metavar="DURATION",

@@ -36,7 +36,9 @@ class SetTeamQuota(Command, frozen=True, kw_only=True):
 
     team: Team
     quota: TeamQuota
-    only: list[Literal["guaranteed", "weight", "limit", "default_time_limit_s", "max_time_limit_s"]] = []
+    #: "models" merges per pool: the entries given replace those pools' (one of guaranteed 0 and
+    #: no limit removes its pool), the others stay.
+    only: list[Literal["guaranteed", "weight", "limit", "default_time_limit_s", "max_time_limit_s", "models"]] = []
 
 
 class DrainNode(Command, frozen=True, kw_only=True):

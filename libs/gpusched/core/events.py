@@ -53,9 +53,10 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     """Admission accepted a job. `request_id` makes resubmission idempotent past JetStream's
     duplicate window."""
 
-    VERSION: ClassVar[int] = 2
-    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)"}
-    v: int = 2
+    VERSION: ClassVar[int] = 3
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)",
+                                         3: "spec.gpu_type_fallback (ordered GPU types)"}
+    v: int = 3
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
@@ -374,6 +375,9 @@ class ZombieReclaimed(Event, frozen=True, kw_only=True):
 
 
 class TeamQuotaSet(Event, frozen=True, kw_only=True):
+    VERSION: ClassVar[int] = 2
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "quota.models (per GPU pool terms)"}
+    v: int = 2
     team: str
     quota: TeamQuota
 

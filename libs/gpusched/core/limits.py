@@ -179,6 +179,8 @@ def spec_problem(spec) -> str | None:
         problem = path_problem("spec.checkpoint_dir", spec.checkpoint_dir)
         if problem:
             return problem
+    if spec.gpu_type_fallback and spec.gpu_type is None:
+        return "spec.gpu_type_fallback needs spec.gpu_type (the first GPU type the job accepts)"
     return None
 
 

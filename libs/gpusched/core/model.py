@@ -114,6 +114,9 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     dependency: Annotated[list[Dependency], Meta(max_length=64)] = []
     #: Only on nodes whose GPU model contains this (case-insensitive: "H100", "A100-SXM4-80GB").
     gpu_type: L.GpuType | None = None
+    #: Further GPU types the job accepts, tried in order after `gpu_type` (`--gpu-type H100,A100`);
+    #: a reader that predates it places the job on `gpu_type` alone (docs/gpu-pools.md).
+    gpu_type_fallback: Annotated[list[L.GpuType], Meta(max_length=7)] = []
     #: Only on nodes carrying every one of these labels (`gpusched node label`, agent `--label`).
     constraints: L.Labels = {}
     #: A job array: admission's one `JobSubmitted` folds into one job per index.
@@ -144,9 +147,19 @@ class GpuInfo(Struct, frozen=True, forbid_unknown_fields=True):
     nvlink_domain: Annotated[int, Meta(ge=0)] = 0
 
 
+class ModelQuota(Struct, frozen=True, forbid_unknown_fields=True):
+    """A team's terms on one GPU pool (`TeamQuota.models`): GPUs of that model it is
+    guaranteed, and a hard `limit` of them it never holds more than (None: no per-model limit)."""
+
+    guaranteed: L.QuotaGpus = 0
+    limit: L.QuotaGpus | None = None
+
+
 class TeamQuota(Struct, frozen=True, forbid_unknown_fields=True):
     """Fair-share terms of a team: `guaranteed` GPUs it can always reclaim, a `weight` for
-    sharing what is left, and a hard `limit` it never exceeds (None: the whole cluster)."""
+    sharing what is left, and a hard `limit` it never exceeds (None: the whole cluster).
+    `models`: per GPU pool (canonical model name, `core/pools.py`) terms; with any, the team's
+    `guaranteed` is their sum and each of its jobs runs on one pool (docs/gpu-pools.md)."""
 
     guaranteed: L.QuotaGpus = 0
     weight: L.Weight = 1.0
@@ -155,6 +168,7 @@ class TeamQuota(Struct, frozen=True, forbid_unknown_fields=True):
     default_time_limit_s: L.TimeLimit | None = None
     #: The longest time limit a job of the team may ask for (None: no maximum).
     max_time_limit_s: L.TimeLimit | None = None
+    models: Annotated[dict[L.GpuType, ModelQuota], Meta(max_length=8)] = {}
 
 
 def nvlink_domains(layout: str, count: int) -> list[int]:

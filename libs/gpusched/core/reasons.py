@@ -212,8 +212,29 @@ class ArrayLimit(_Reason, frozen=True, tag="array_limit"):
         return f"array {self.array} has {self.max_running} tasks running, its limit"
 
 
-Reason = Union[QueuedBehind, NoRoom, TeamLimit, BeyondGuarantee, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
+class NoRoomOnPools(_Reason, frozen=True, tag="no_room_on_pools"):
+    """Not enough free GPUs on any GPU pool the job accepts (issue 30): which pools it would
+    take, in order, which it does not accept, and those its team's per-model limit bars."""
+
+    need: int
+    required: str
+    pools: list[str]
+    not_accepted: list[str] = []
+    at_limit: list[str] = []
+
+    @property
+    def text(self) -> str:
+        scope = "" if self.required == "cluster" else f" within one {self.required}"
+        out = f"waiting for {self.need} free {' or '.join(self.pools) or 'matching'} GPUs{scope}"
+        if self.at_limit:
+            out += f"; team at its per-model limit on {', '.join(self.at_limit)}"
+        if self.not_accepted:
+            out += f"; {', '.join(self.not_accepted)} not accepted"
+        return out
+
+
+Reason = Union[QueuedBehind, NoRoom, NoRoomOnPools, TeamLimit, BeyondGuarantee, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
                Held, DependencyWait, DependencyNever, NoMatchingNode, MaintenanceWindow, ArrayLimit]
 
-__all__ = ["ArrayLimit", "BehindReservation", "BeyondGuarantee", "ComingFree", "DependencyNever", "DependencyWait", "Held", "MaintenanceWindow", "NoMatchingNode", "NoRoom",
+__all__ = ["ArrayLimit", "BehindReservation", "BeyondGuarantee", "ComingFree", "DependencyNever", "DependencyWait", "Held", "MaintenanceWindow", "NoMatchingNode", "NoRoom", "NoRoomOnPools",
            "QueuedBehind", "Reason", "TeamLimit", "Topology", "WaitingForCheckpoint"]

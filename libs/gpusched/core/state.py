@@ -16,6 +16,7 @@ from msgspec import Struct
 from . import events as ev
 from . import rules
 from .model import GpuId, JobSpec, TeamQuota, gpu_id
+from .pools import canonical_model
 from .reasons import Reason
 from .retired import RetiredIds
 from .topology import Gpu, Node, span_level
@@ -179,6 +180,7 @@ class TeamUsage(Struct):
     idle_gpus: int = 0  # GPUs of the team's jobs the reconciler reports idle
     idle_gpu_s: float = 0.0  # GPU-seconds held while idle, as of `idle_at`
     idle_at: float = 0.0
+    pool_held: dict[str, int] = {}  # GPU pool (canonical model, core/pools.py) -> GPUs held there
 
 
 class Violation(Struct, frozen=True):
@@ -468,6 +470,7 @@ class ClusterState(Struct):
         self.idle_jobs.pop(job.job_id, None)
         self._give_back(job.gpus)
         self._team_held(job.team, -len(job.gpus), at)
+        self._pool_held(job.team, job.gpus, -1)
         job.gpus = []
 
     def _requeue(self, job: Job, at: float, reason: str) -> None:
@@ -497,6 +500,15 @@ class ClusterState(Struct):
         elif not placeable and g in node.free:
             del node.free[g]
             self.free_count -= 1
+
+    def _pool_held(self, name: str, gpus: list[GpuId], sign: int) -> None:
+        """Per-pool holdings of a team (per-model quotas, `teams`), kept beside `held`."""
+        per = self.team(name).pool_held
+        for g in gpus:
+            pool = canonical_model(self.gpus[g].model)
+            per[pool] = per.get(pool, 0) + sign
+            if not per[pool]:
+                del per[pool]
 
     def _team_held(self, name: str, delta: int, at: float) -> None:
         t = self.team(name)
@@ -808,6 +820,7 @@ def _fold_granted(self, e: ev.GpusGranted) -> None:
     job.pending_eta_range = None
     job.pending_why = None
     self._team_held(spec.team, len(granted), e.at)
+    self._pool_held(spec.team, granted, 1)
     self._check_limit(spec.team, e.job_id, granted)
 
 
@@ -826,6 +839,8 @@ def _fold_resized(self, e: ev.JobResized) -> None:
     added = self._take(e.job_id, e.added, e.at)
     job.gpus = [g for g in job.gpus if g not in removed] + added
     self._team_held(job.team, len(added) - len(removed), e.at)
+    self._pool_held(job.team, removed, -1)
+    self._pool_held(job.team, added, 1)
     if job.idle is not None:
         _team_idle(self, job.team, len(added) - len(removed), e.at)
     if len(job.gpus) < job.spec.gang_min:

@@ -12,6 +12,7 @@ import math
 from datetime import datetime, timezone
 
 from ..core.model import GpuId, JobSpec
+from ..core.pools import accepted, type_matches
 from ..core.reasons import ArrayLimit, DependencyNever, DependencyWait, Held, MaintenanceWindow, NoMatchingNode, Reason
 from ..core.state import ClusterState, Job
 from .placement import Pool
@@ -88,8 +89,9 @@ def array_full(plan, job: Job) -> Reason | None:
 
 
 def wants(spec: JobSpec) -> str:
-    """The job's constraint as the user wrote it: `gpu_type=H100,zone=a`."""
-    parts = ([f"gpu_type={spec.gpu_type}"] if spec.gpu_type is not None else []) + \
+    """The job's constraint as the user wrote it: `gpu_type=H100,zone=a` (`gpu_type=H100|A100`
+    for an ordered list)."""
+    parts = ([f"gpu_type={'|'.join(accepted(spec))}"] if spec.gpu_type is not None else []) + \
         [f"{k}={v}" for k, v in sorted(spec.constraints.items())]
     return ",".join(parts)
 
@@ -99,15 +101,15 @@ def constrained(spec: JobSpec) -> bool:
 
 
 def node_matches(state: ClusterState, node: str, spec: JobSpec) -> bool:
-    """A node matches when one of its GPUs' model contains `gpu_type` (case-insensitive) and it
-    carries every label of `constraints`."""
+    """A node matches when one of its GPUs' model contains one of the job's GPU types
+    (case-insensitive) and it carries every label of `constraints`."""
     n = state.nodes[node]
     if any(n.labels.get(k) != v for k, v in spec.constraints.items()):
         return False
     if spec.gpu_type is None:
         return True
-    want = spec.gpu_type.lower()
-    return any(want in state.gpus[g].model.lower() for g in n.gpus)
+    types = accepted(spec)
+    return any(type_matches(w, state.gpus[g].model) for g in n.gpus for w in types)
 
 
 class _Matching:
@@ -122,7 +124,7 @@ def _memo(state: ClusterState, spec: JobSpec) -> tuple[list[str], list[GpuId]]:
     """(matching nodes, GPUs of the other nodes), kept until a node registers or is labelled."""
     if _Matching.state is not state or len(_Matching.table) >= 256:
         _Matching.state, _Matching.table = state, {}
-    key = (state.label_changes, len(state.nodes), spec.gpu_type, tuple(sorted(spec.constraints.items())))
+    key = (state.label_changes, len(state.nodes), accepted(spec), tuple(sorted(spec.constraints.items())))
     hit = _Matching.table.get(key)
     if hit is None:
         yes = [n for n in state.nodes if node_matches(state, n, spec)]

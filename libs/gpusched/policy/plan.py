@@ -28,6 +28,7 @@ from .guarantee import Firm
 from .memo import Indexes
 from .placement import Placement, Pool
 from .placer import Placer
+from .pools import choices, pool_of_gpus, restrict_to, room_on
 from .running import RunningIndex
 
 #: What a cycle has done to a job so far (absent: untouched).
@@ -68,6 +69,7 @@ class CyclePlan:
         self.coming: Pool | None = None
         self.status: dict[str, Status] = {}
         self.team_delta: dict[str, int] = {}
+        self.pool_delta: dict[tuple[str, str], int] = {}  # (team, GPU pool) -> change this cycle
         self.leaving: dict[str, int] = {}  # team -> GPUs of its jobs asked to yield
         self.incoming: dict[str, int] = {}  # team -> GPUs its blocked jobs claimed from `coming`
         self.inflight: dict[str, None] = {}  # running jobs asked to yield, in the order asked
@@ -91,6 +93,11 @@ class CyclePlan:
     def held(self, team: str) -> int:
         """GPUs the team holds as this cycle sees them."""
         return self.ctx.state.teams[team].held + self.team_delta.get(team, 0)
+
+    def pool_held(self, team: str, pool: str) -> int:
+        """GPUs of `pool` the team holds as this cycle sees them (per-model quotas)."""
+        t = self.ctx.state.teams.get(team)
+        return (t.pool_held.get(pool, 0) if t is not None else 0) + self.pool_delta.get((team, pool), 0)
 
     def room(self, team: str) -> int | None:
         """GPUs the team may still take under its hard limit (None: no limit)."""
@@ -142,7 +149,7 @@ class CyclePlan:
             self.outside.remove(p.gpus)
         if self.coming is not None:
             self.coming.remove(p.gpus)  # a GPU an earlier claim counted on: that claim is void
-        self._count(job.team, len(p.gpus))
+        self._count(job.team, p.gpus, 1)
         if self._firm is not None and not job.spec.preemptible:
             self._firm.add(job, len(p.gpus))
         self.status[job.job_id] = "borrowed" if backfill and job.spec.preemptible else "granted"
@@ -206,14 +213,14 @@ class CyclePlan:
         if self.coming is not None:
             self.coming.add(removed)
         self.outside = None
-        self._count(victim.team, -len(removed))
+        self._count(victim.team, removed, -1)
         self.status[jid] = "shrunk"
 
     def grow(self, job: Job, added: list[GpuId]) -> None:
         self.events.append(ev.JobResized(at=self.ctx.now, job_id=job.job_id, added=added,
                                          reason="grow into idle GPUs"))
         self.pool.take(added)
-        self._count(job.team, len(added))
+        self._count(job.team, added, 1)
 
     def _free(self, job: Job) -> None:
         """The job's GPUs return to this cycle's pool; nothing else may touch the job."""
@@ -221,16 +228,32 @@ class CyclePlan:
         if self.coming is not None:
             self.coming.add(job.gpus)
         self.outside = None
-        self._count(job.team, -len(job.gpus))
+        self._count(job.team, job.gpus, -1)
         self.status[job.job_id] = "released"
 
-    def _count(self, team: str, delta: int) -> None:
-        self.team_delta[team] = self.team_delta.get(team, 0) + delta
+    def _count(self, team: str, gpus: list[GpuId], sign: int) -> None:
+        self.team_delta[team] = self.team_delta.get(team, 0) + sign * len(gpus)
+        if self.ctx.state.teams.get(team) is not None and self.ctx.state.teams[team].quota.models:
+            for pool, n in pool_of_gpus(self.ctx.state, gpus).items():
+                self.pool_delta[(team, pool)] = self.pool_delta.get((team, pool), 0) + sign * n
 
     # --- placement questions ------------------------------------------------------------------
 
     def fit(self, job: Job, pool: Pool, room: int | None) -> Placement | None:
-        """Where `job` starts on `pool` within its team's `room`: its whole gang, or (elastic)
+        """Where `job` starts on `pool` within its team's `room`: on the first of its GPU pools
+        with room within its per-model terms there (`pools.choices`), else as one question."""
+        order = choices(self.ctx.state, job.spec, lambda p: self.pool_held(job.team, p))
+        if order is None:
+            return self._fit(job, pool, room)
+        for choice in order:
+            left = room_on(self.ctx.state, job.team, choice[1], self.pool_held(job.team, choice[1]))
+            p = self._fit(job, restrict_to(pool, choice), left if room is None else room if left is None else min(room, left))
+            if p is not None:
+                return p
+        return None
+
+    def _fit(self, job: Job, pool: Pool, room: int | None) -> Placement | None:
+        """Where `job` starts on `pool` within `room`: its whole gang, or (elastic)
         what fits, at least its minimum. Jobs alike in what placement reads fail alike: a failure
         is remembered on the pool until it grows, so a long queue costs one placement per shape."""
         ctx, spec = self.ctx, job.spec
@@ -263,7 +286,7 @@ class CyclePlan:
         spec = job.spec
         want = spec.gpus if room is None else min(spec.gpus, room)
         key = (want, self.ctx.floor(job), spec.topology.required, spec.topology.preferred,
-               spec.gpu_type, tuple(spec.constraints.items()), bool(self.ctx.state.windows) and spec.time_limit_s)
+               spec.gpu_type, tuple(spec.gpu_type_fallback), tuple(spec.constraints.items()), bool(self.ctx.state.windows) and spec.time_limit_s)
         if key in self.fits_now:
             return True
         if self.fit(job, self.pool, room) is None:
@@ -277,7 +300,7 @@ class CyclePlan:
         key = ("fits", need, required)
         placer, spec = self.ctx.placer, job.spec
 
-        def fits(pool: Pool) -> bool:
+        def fits_one(pool: Pool) -> bool:
             pool = placer.feasible(pool, spec)
             if pool.count < need or key in pool.fails:
                 return False
@@ -286,7 +309,12 @@ class CyclePlan:
                 return False
             return True
 
-        return fits
+        order = choices(self.ctx.state, spec, lambda p: self.pool_held(job.team, p))
+        if order is None:
+            return fits_one
+        st = self.ctx.state
+        order = [c for c in order if (r := room_on(st, job.team, c[1], self.pool_held(job.team, c[1]))) is None or r >= need]
+        return lambda pool: any(fits_one(restrict_to(pool, c)) for c in order)
 
     def start_blocked(self, job: Job, room: int | None) -> None:
         """Start a blocked job on the pool if it now fits."""

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import functools
 
-from ...core.reasons import BehindReservation, BeyondGuarantee, NoRoom, QueuedBehind, Reason, TeamLimit
+from ...core.pools import accepted
+from ...core.reasons import BehindReservation, BeyondGuarantee, NoRoom, NoRoomOnPools, QueuedBehind, Reason, TeamLimit
 from ...core.state import Job
 from ..backfill import Reservation
 from ..eligibility import array_full, not_eligible
 from ..ordering import QueueIndex
 from ..placement import Placement
 from ..plan import Context, CyclePlan
+from ..pools import choices, pools, room_on
 from ..predict import predicted_free
 from .reservation import due_soon, head_reservation
 
@@ -62,18 +64,21 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
             plan.blocked.append(job)
             plan.head, plan.head_limited = job, True
         return ctx.strict
+    if _pools_barred(plan, ctx, job, lo):  # its team's per-model limits bar every pool it accepts
+        plan.note(job, _no_room_for(plan, ctx, job, lo))
+        return False
     if plan.head is not None and pool.count >= lo:
         p = _backfill_fit(plan, ctx, job, room)
         if p is not None:
             plan.grant(job, p, backfill=True)
             return False
         plan.blocked.append(job)
-        plan.note(job, _BEHIND if plan.fits_pool(job, room) else _no_room(lo, job.spec.topology.required))
+        plan.note(job, _BEHIND if plan.fits_pool(job, room) else _no_room_for(plan, ctx, job, lo))
         return False
     p = plan.fit(job, pool, room) if pool.count >= lo else None
     if p is None:
         plan.blocked.append(job)
-        plan.note(job, _no_room(lo, job.spec.topology.required))
+        plan.note(job, _no_room_for(plan, ctx, job, lo))
         if ctx.config.backfill and plan.head is None and not ctx.strict:
             plan.head = job
         return False
@@ -110,6 +115,35 @@ def _all_reserved(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
 def _no_room(need: int, required: str) -> NoRoom:
     """One reason object per shape (a long queue records thousands: they share it)."""
     return NoRoom(need, required)
+
+
+def _no_room_for(plan: CyclePlan, ctx: Context, job: Job, lo: int) -> NoRoom | NoRoomOnPools:
+    """NoRoom, naming the GPU pools for a job tried on pools (`pools.choices`) or of one type on
+    a mixed cluster: "waiting for 1 free H100 GPUs; A100 not accepted"."""
+    st, spec = ctx.state, job.spec
+    order = choices(st, spec, lambda p: plan.pool_held(job.team, p), always=True)
+    if order is None or len(pools(st)) < 2:
+        return _no_room(lo, spec.topology.required)
+    tried = list(dict.fromkeys(p for _, p in order))
+    barred = [p for p in tried if (r := room_on(st, job.team, p, plan.pool_held(job.team, p))) is not None and r < lo]
+    return _pools_reason(lo, spec.topology.required, tuple(tried), tuple(p for p in pools(st) if p not in tried),
+                         tuple(barred))
+
+
+def _pools_barred(plan: CyclePlan, ctx: Context, job: Job, lo: int) -> bool:
+    """Every pool the job accepts is barred by its team's per-model limit: it waits for its own
+    team's holdings there, and blocks nobody (as a job over its team's limit)."""
+    t = ctx.state.teams.get(job.team)
+    if t is None or not t.quota.models:
+        return False
+    order = choices(ctx.state, job.spec, lambda p: plan.pool_held(job.team, p)) or []
+    return all((r := room_on(ctx.state, job.team, p, plan.pool_held(job.team, p))) is not None and r < lo
+               for _, p in order)
+
+
+@functools.lru_cache(maxsize=256)
+def _pools_reason(need: int, required: str, tried: tuple, not_accepted: tuple, barred: tuple) -> NoRoomOnPools:
+    return NoRoomOnPools(need, required, list(tried), list(not_accepted), list(barred))
 
 
 def _limit(ctx: Context, job: Job, lo: int) -> TeamLimit:
@@ -238,12 +272,12 @@ def _tail_reason(plan: CyclePlan, ctx: Context, job: Job,
     else:
         room = plan.job_room(job)
         key = (("limit", job.team, lo, spec.preemptible) if room is not None and room < lo
-               else ("room", lo, spec.topology.required))
+               else ("room", lo, spec.topology.required, accepted(spec), job.team))
         if key[0] == "room" and plan.head is not None and plan.pool.count >= lo and plan.fits_pool(job, room):
             key = ("behind",)  # as the walk would say: it fits, but only on the head's reservation
     hit = cache.get(key)
     if hit is None:
         r: Reason = (QueuedBehind() if key[0] == "fifo" else _room_reason(plan, ctx, job, lo) if key[0] == "limit"
-                     else _BEHIND if key[0] == "behind" else _no_room(lo, spec.topology.required))
+                     else _BEHIND if key[0] == "behind" else _no_room_for(plan, ctx, job, lo))
         hit = cache[key] = (r, r.text, r.blockers)
     return hit
