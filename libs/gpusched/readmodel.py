@@ -138,6 +138,8 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
 
 
 def team_doc(state: ClusterState, name: str) -> dict[str, Any]:
+    from .policy.pools import pool_rows
+
     t = state.teams[name]
     total = state.total_gpus or 1
     pending = [state.jobs[j] for j in state.pending if state.jobs[j].spec.team == name]
@@ -150,6 +152,7 @@ def team_doc(state: ClusterState, name: str) -> dict[str, Any]:
         "pending_jobs": len(pending), "pending_gpus": sum(j.spec.gang_min for j in pending),
         "running_jobs": len(running), "idle_gpus": t.idle_gpus,
         "gpu_s": _gpu_s(*state.team_gpu_seconds(name), state.now, t.held, t.idle_gpus),
+        "pools": pool_rows(state, name),  # per GPU pool (docs/gpu-pools.md); {} on a one-model cluster
     }
 
 
@@ -210,7 +213,8 @@ _LINES: dict[str, Any] = {
     "ZombieDetected": lambda e: f"zombie on {e.gpu}: pids {e.pids}",
     "ZombieReclaimed": lambda e: f"zombie on {e.gpu} reclaimed",
     "TeamQuotaSet": lambda e: (f"team {e.team} quota: guaranteed {e.quota.guaranteed}, weight {e.quota.weight}, "
-                                f"limit {e.quota.limit}"),
+                                f"limit {e.quota.limit}" + "".join(f", {p}: guaranteed {m.guaranteed} limit {m.limit}"
+                                                                     for p, m in e.quota.models.items())),
     "PlacementDegraded": lambda e: f"placement DEGRADED: {e.reason}",
     "PlacementRecovered": lambda e: f"placement recovered {e.reason}".rstrip(),
     "GpuQuarantined": lambda e: f"GPU {e.gpu} quarantined: {e.reason}",

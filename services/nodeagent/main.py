@@ -14,6 +14,7 @@ import msgspec
 import structlog
 
 from gpusched.core.model import nvlink_domains
+from gpusched.core.pools import parse_gpu_types, sim_memory_mb
 
 from .agent import AgentConfig, NodeHost, default_work_dir
 from .backends import BackendUnavailable, NvmlBackend, SimBackend
@@ -79,11 +80,12 @@ async def start_simulated_nodes(
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     heartbeat_s: float = 2.0, kill_grace_s: float = 5.0, poll_s: float = 0.2, address: str = "127.0.0.1",
     job_user: str | None = None, team_users: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-    confinement: dict | None = None,
+    confinement: dict | None = None, models: list[str] | None = None,
 ) -> NodeHost:
     """Start `count` simulated nodes sharing one connection and one fold; returns the started
     host (call `await host.stop()`). Nodes are `<prefix>00..`, racks `rack00..` of
-    `nodes_per_rack` nodes, blocks `block00..` of `racks_per_block` racks when given."""
+    `nodes_per_rack` nodes, blocks `block00..` of `racks_per_block` racks when given; `models`:
+    each node's GPU model in order (`--gpu-types 2:H100,2:A100`), else the default sim model."""
     nvlink_domains(nvlink, gpus_per_node)  # fail early on a bad layout
     root = Path(work_dir) if work_dir else default_work_dir()
     host = await NodeHost.open(nats_url, heartbeat_s=heartbeat_s, poll_s=poll_s)
@@ -94,9 +96,16 @@ async def start_simulated_nodes(
                              address=address, nvlink=nvlink, work_dir=root, kill_grace_s=kill_grace_s,
                              checkpoint_root=checkpoint_root, labels=dict(labels or {}),
                              **job_users(job_user, team_users), **(confinement or {})),
-                 SimBackend(name, gpus_per_node, nvlink))
+                 SimBackend(name, gpus_per_node, nvlink, **_sim_model(models, i)))
     await host.start()
     return host
+
+
+def _sim_model(models: list[str] | None, i: int) -> dict:
+    """The SimBackend model and memory of the i-th simulated node (its default without models)."""
+    if not models:
+        return {}
+    return {"model": models[i], "memory_mb": sim_memory_mb(models[i])}
 
 
 async def run_simulated_nodes(
@@ -119,6 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default="", help="address other nodes reach this one at (MASTER_ADDR)")
     parser.add_argument("--count", type=int, default=1, help="sim: number of simulated nodes in this process")
     parser.add_argument("--gpus", type=int, default=8, help="sim: GPUs per node")
+    parser.add_argument("--gpu-types", default=None, metavar="COUNT:MODEL,...",
+                        help="sim: each node's GPU model, e.g. 2:H100,2:A100 (sets --count; docs/gpu-pools.md)")
     parser.add_argument("--nvlink", choices=("all", "pairs", "quads", "none"), default="all", help="sim: NVLink layout")
     parser.add_argument("--nodes-per-rack", type=int, default=4, help="sim: nodes per rack")
     parser.add_argument("--work-dir", default=None, help="logs, control dirs, default checkpoints "
@@ -232,7 +243,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         log.info("topology_learned", source=source, rack=topo.rack, block=args.block)
     users = {"job_user": args.job_user, "team_users": parse_team_users(args.team_user),
              "labels": parse_labels(args.label), "confinement": confinement_from_args(args)}
+    models = parse_gpu_types(args.gpu_types) if getattr(args, "gpu_types", None) else None
+    if models:
+        args.count = len(models)
     if args.backend == "sim" and (args.count > 1 or args.node is None):
+        users["models"] = models
         await run_simulated_nodes(args.nats, args.count, args.gpus, args.nodes_per_rack, args.nvlink, stop=stop,
                                   prefix=args.node or "node", work_dir=args.work_dir, heartbeat_s=args.heartbeat_s,
                                   checkpoint_root=args.checkpoint_root, **users, keep_jobs=args.keep_jobs,
@@ -252,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     common_arguments(parser)
     add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.gpu_types:
+        try:
+            parse_gpu_types(args.gpu_types)
+        except ValueError as err:
+            parser.error(f"--gpu-types: {err}")
     try:
         return run(serve, args, "nodeagent")
     except (BackendUnavailable, TopologyUnavailable) as err:

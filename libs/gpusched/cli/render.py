@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from gpusched import readmodel
+from gpusched.core.pools import pool_text
 
 from .output import Field, display_now, iso
 
@@ -181,13 +182,18 @@ def print_teams(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     for col in ("TEAM", "HELD", "GUAR", "LIMIT", "WEIGHT", "SHARE", "RUN", "QUEUED", "USAGE", "GPU-h", "EFF"):
         table.add_column(col, no_wrap=True, justify="left" if col == "TEAM" else "right",
                          min_width=max([4] + [len(d["team"]) for d in docs]) if col == "TEAM" else None)
+    pooled = any(d.get("pools") for d in docs)
+    if pooled:
+        table.add_column("POOLS held/guar<=limit", no_wrap=True)
+        table.caption = str(table.caption) + "; POOLS: per GPU model"
     for d in docs:
         held = f"[{'yellow' if d['under_guarantee'] else 'green'}]{d['held']}[/]"
         table.add_row(d["team"], held, str(d["guaranteed"]), "-" if d["limit"] is None else str(d["limit"]),
                       f"{d['weight']:g}", f"{d['share']:.0%}/{d['entitled_share']:.0%}", str(d["running_jobs"]),
                       f"{d['pending_jobs']}j {d['pending_gpus']}g", f"{d['usage_gpu_s'] / 3600:.1f}h",
                       f"{d['gpu_hours_held']:.2f}/{d['gpu_hours_busy']:.2f}",
-                      "-" if d["efficiency"] is None else f"{d['efficiency']:.0%}")
+                      "-" if d["efficiency"] is None else f"{d['efficiency']:.0%}",
+                      *([pool_text(d["pools"])] if pooled else []))
     _console().print(table)
 
 
@@ -291,6 +297,7 @@ TEAM_FIELDS = [
     Field("queued", "QUEUED", lambda d, _n: f"{d['pending_jobs']}j {d['pending_gpus']}g", right=True),
     Field("usage", "USAGE", lambda d, _n: f"{d['usage_gpu_s'] / 3600:.1f}h", right=True),
     Field("under_guarantee", "UNDER_GUAR", lambda d, _n: "yes" if d["under_guarantee"] else "no", wide=True),
+    Field("pools", "POOLS", lambda d, _n: pool_text(d.get("pools") or {}) or "-", wide=True),
 ]
 
 QUEUE_FIELDS = [
@@ -327,6 +334,12 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
     w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
              + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
              + ("  (under its guarantee: may reclaim from over-share teams)" if tq["under_guarantee"] else ""))
+    if why.get("pools"):
+        gp = why["pools"]
+        w.append("GPU pools: " + "  ".join(f"{p} {r['free']}/{r['gpus']} free" for p, r in gp["rows"].items())
+                 + f"; accepts {', '.join(gp['accepts']) or 'any'}"
+                 + (f"; not accepted: {', '.join(gp['not_accepted'])}" if gp["not_accepted"] else "")
+                 + (f"; team {why['team']} held/guar<=limit: {pool_text(gp['rows'])}" if gp["terms"] else ""))
     topo = why["topology"]
     w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
              f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"

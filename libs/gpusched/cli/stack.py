@@ -242,6 +242,7 @@ class Stack:
             "reconciler": [*policy, *reconciler_timings(a)],  # idle_util_pct, idle_after_s; timings
             "fallback": [*policy, *ttl],  # its fold decays usage with the running policy's half-life
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
+                          *(["--gpu-types", a.gpu_types] if a.gpu_types else []),
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
                           "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2",
                           "--kill-grace-s", f"{NODE_KILL_GRACE_S:g}", *(["--keep-jobs"] if a.keep_jobs else []),
@@ -350,7 +351,7 @@ class Stack:
         try:
             if "nodeagent" not in self.children:
                 await register_simulated_nodes(log, self.args.nodes, self.args.gpus_per_node,
-                                               self.args.nodes_per_rack, self.args.nvlink)
+                                               self.args.nodes_per_rack, self.args.nvlink, self.args.gpu_types)
             state, seq = ClusterState(), 0
             while True:
                 self.spawn_due()  # the reconciler once the node agents are ready
@@ -474,12 +475,17 @@ def _http_ok(url: str) -> bool:
 
 
 def simulated_nodes(nodes: int, gpus_per_node: int, nodes_per_rack: int, nvlink: str, at: float | None = None,
-                    prefix: str = "node"):
+                    prefix: str = "node", gpu_types: str | None = None):
     """NodeRegistered events of a simulated cluster without daemons: what `up`
     appends itself when no node daemon is installed, and what tests and the bench use. Names
-match the simulated node daemons': `node00` in `rack00`, ..."""
+match the simulated node daemons': `node00` in `rack00`, ...; `gpu_types` (`2:H100,2:A100`):
+    each node's model, and so how many nodes."""
     from gpusched.core import events as ev
     from gpusched.core.model import GpuInfo, nvlink_domains
+    from gpusched.core.pools import parse_gpu_types, sim_memory_mb
+
+    models = parse_gpu_types(gpu_types) if gpu_types else ["SIM-H100"] * nodes
+    nodes = len(models)
 
     at = time.time() if at is None else at
     width = max(2, len(str(nodes - 1)))
@@ -487,19 +493,28 @@ match the simulated node daemons': `node00` in `rack00`, ..."""
     for i in range(nodes):
         name = f"{prefix}{i:0{width}d}"
         domains = nvlink_domains(nvlink, gpus_per_node)
-        gpus = [GpuInfo(index=g, uuid=f"GPU-sim-{name}-{g}", model="SIM-H100", memory_mb=81920,
+        gpus = [GpuInfo(index=g, uuid=f"GPU-sim-{name}-{g}", model=models[i], memory_mb=sim_memory_mb(models[i]),
                         nvlink_domain=domains[g]) for g in range(gpus_per_node)]
         out.append(ev.NodeRegistered(at=at, node=name, rack=f"rack{i // max(1, nodes_per_rack):02d}", gpus=gpus,
                                      nvlink=nvlink))  # type: ignore[arg-type]
     return out
 
 
-async def register_simulated_nodes(log, nodes: int, gpus_per_node: int, nodes_per_rack: int, nvlink: str) -> None:
-    for event in simulated_nodes(nodes, gpus_per_node, nodes_per_rack, nvlink):
+async def register_simulated_nodes(log, nodes: int, gpus_per_node: int, nodes_per_rack: int, nvlink: str,
+                                   gpu_types: str | None = None) -> None:
+    for event in simulated_nodes(nodes, gpus_per_node, nodes_per_rack, nvlink, gpu_types=gpu_types):
         await log.append(event, msg_id=f"register-{event.node}")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    if args.gpu_types:
+        from gpusched.core.pools import parse_gpu_types
+
+        try:
+            args.nodes = len(parse_gpu_types(args.gpu_types))
+        except ValueError as err:
+            print(f"gpusched up: --gpu-types: {err}", file=sys.stderr, flush=True)
+            return 2
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     try:
         lock = claim_data_dir(data_dir, fresh=args.fresh)
@@ -594,6 +609,9 @@ def register(sub) -> None:
     up = sub.add_parser("up", help="start NATS, Redis, every service and simulated nodes on this machine")
     up.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
     up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
+    up.add_argument("--gpu-types", default=None, metavar="COUNT:MODEL,...",
+                    help="a mixed cluster: each simulated node's GPU model in order, e.g. 2:H100,2:A100 "
+                         "(sets --nodes; docs/gpu-pools.md)")
     up.add_argument("--nodes-per-rack", type=int, default=4, help="simulated nodes per rack (default 4)")
     up.add_argument("--nvlink", choices=["all", "pairs", "quads", "none"], default="all",
                     help="NVLink layout inside a simulated node (default: all)")

@@ -87,9 +87,15 @@ def parse_gpu_types(text: str) -> list[str]:
     return out
 
 
+def pool_text(rows: dict[str, dict]) -> str:
+    """`H100 2/8<=16 A100 0/0`: held / guaranteed (<= per-model limit) per pool."""
+    return " ".join(f"{p} {r['held']}/{r['guaranteed']}" + ("" if r["limit"] is None else f"<={r['limit']}")
+                    for p, r in rows.items())
+
+
 def sim_memory_mb(model: str) -> int:
     return SIM_MEMORY_MB.get(canonical_model(model), 81920)
 
 
 __all__ = ["MAX_MODELS", "accepted", "canonical_model", "has_models", "model_guaranteed", "model_room",
-           "parse_gpu_types", "sim_memory_mb", "type_matches"]
+           "parse_gpu_types", "pool_text", "sim_memory_mb", "type_matches"]

@@ -22,6 +22,7 @@ from .backfill import expected_end
 from .config import DEFAULT, PolicyConfig
 from .eligibility import not_eligible
 from .ordering import ordered
+from .pools import choices, pool_rows
 
 #: How many holders / domains an explanation lists (the rest are summed up).
 TOP = 8
@@ -156,6 +157,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     out["dependency"] = [f"{d.kind}:{d.job} ({state.job_status(d.job) or 'unknown'})"
                          for d in spec.dependency]
     out["team_quota"] = _team_standing(state, job)
+    out["pools"] = _pools_standing(state, job)
     out["topology"] = _where(state, job)
     out.update(_holders(state, job, now, config, out["team_quota"]["under_guarantee"]))
     out["queue"] = _ahead(state, job_id, now, config)
@@ -195,6 +197,19 @@ def _team_standing(state: ClusterState, job: Job) -> dict[str, Any]:
     limit_blocks = limit is not None and held + need > limit
     team_info["limit_blocks"] = limit_blocks
     return team_info
+
+
+def _pools_standing(state: ClusterState, job: Job) -> dict[str, Any] | None:
+    """On a mixed cluster: each GPU pool's free GPUs, the pools the job accepts in order and
+    those it does not, and its team's holding and terms per pool (docs/gpu-pools.md)."""
+    rows = pool_rows(state, job.spec.team)
+    if not rows:
+        return None
+    order = choices(state, job.spec, lambda p: rows[p]["held"], always=True)
+    accepts = list(dict.fromkeys(p for _, p in order)) if order is not None else []
+    t = state.teams.get(job.spec.team)
+    return {"rows": rows, "accepts": accepts, "not_accepted": [p for p in rows if accepts and p not in accepts],
+            "terms": t is not None and bool(t.quota.models)}
 
 
 def _where(state: ClusterState, job: Job) -> dict[str, Any]:

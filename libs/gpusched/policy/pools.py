@@ -84,6 +84,24 @@ def restrict_to(pool: Pool, choice: Choice) -> Pool:
     return pool.without(other) if other else pool
 
 
+def pool_rows(state: ClusterState, team: str | None = None) -> dict[str, dict]:
+    """Each pool's GPUs, free GPUs and (given `team`) the team's holding and per-model terms
+    there, for `teams`, `show` and the dashboard; empty on a cluster of one pool with no terms."""
+    per = pools(state)
+    t = state.teams.get(team) if team is not None else None
+    if len(per) < 2 and (t is None or not t.quota.models):
+        return {}
+    out: dict[str, dict] = {}
+    for name, members in per.items():
+        row: dict[str, int | None] = {"gpus": len(members), "free": sum(1 for g in members if g in state.nodes[state.gpus[g].node].free)}
+        if t is not None:
+            m = t.quota.models.get(name)
+            row.update(held=t.pool_held.get(name, 0), guaranteed=0 if m is None else m.guaranteed,
+                       limit=None if m is None else m.limit)
+        out[name] = row
+    return out
+
+
 def pool_of_gpus(state: ClusterState, gpus: list[GpuId]) -> dict[str, int]:
     """How many of `gpus` are in each pool."""
     out: dict[str, int] = {}
@@ -93,4 +111,4 @@ def pool_of_gpus(state: ClusterState, gpus: list[GpuId]) -> dict[str, int]:
     return out
 
 
-__all__ = ["Choice", "choices", "pool_of_gpus", "pools", "restrict_to", "room_on"]
+__all__ = ["Choice", "choices", "pool_of_gpus", "pool_rows", "pools", "restrict_to", "room_on"]
