@@ -15,6 +15,7 @@ examples:
   gpusched sim --format alibaba --trace openb_pod_list_default.csv --cluster 1x8x8 --json
   gpusched sim --services --policy full              # placement, preemptor, fallback on an in-memory log
   gpusched sim --interactive-burst team=6c71a0,at=86400,count=200,gpus=1,duration=600 --out out/burst
+  gpusched sim --gpu-types 16:H100,48:A100 --gpu-type-mix 'H100=0.2,H100|A100=0.5' --quotas pools.csv
 
 --format csv: header job_id,submit_time_s,duration_s,num_gpus,team and optional
 priority,preemptible,min_gpus,max_gpus,time_limit_s. See docs/results.md for every mapping.
@@ -33,6 +34,11 @@ def register(sub) -> None:
     p.add_argument("--format", choices=FORMATS, help="trace format (default: guessed from the file)")
     p.add_argument("--cluster", default="2x32x8", help="RxNxG: racks x nodes per rack x GPUs per node (default 2x32x8)")
     p.add_argument("--nvlink", default="all", choices=("all", "pairs", "quads", "none"), help="NVLink layout in a node")
+    p.add_argument("--gpu-types", metavar="COUNT:MODEL,...",
+                   help="a mixed cluster: each node's GPU model in order, e.g. 16:H100,48:A100 (docs/gpu-pools.md)")
+    p.add_argument("--gpu-type-mix", metavar="TYPES=SHARE,...",
+                   help="the GPU types the trace's jobs accept, by share of jobs (crc32 of the job id): "
+                        "H100=0.2,H100|A100=0.5 (the rest: any model)")
     p.add_argument("--policy", default="full", help="policy preset (default full)")
     p.add_argument("--compare", help="comma-separated presets to run side by side, or 'all'")
     p.add_argument("--runtime-model", default="realistic", choices=("realistic", "ideal"),
@@ -73,11 +79,23 @@ def run(args) -> int:
             print(f"gpusched sim --out: writing summary.json and jobs.csv only: {err}", file=sys.stderr)
     try:
         cluster = Cluster.parse(args.cluster, args.nvlink)
+        if args.gpu_types:
+            from dataclasses import replace
+
+            from ..sim.pools import node_models
+
+            cluster = replace(cluster, models=node_models(args.gpu_types, cluster.racks * cluster.nodes_per_rack))
         model = runtime_model(args.runtime_model, checkpoint_interval_s=args.checkpoint_interval,
                               checkpoint_s=args.checkpoint_s, restore_s=args.restore_s)
         overrides = parse_overrides(args.set)
         jobs, burst = load_jobs(args.trace, args.format, args.limit, args.interactive_burst)
         quotas = load_quotas(args.quotas) if args.quotas else None
+        job_types = None
+        if args.gpu_type_mix:
+            from ..sim.pools import parse_mix, types_of
+
+            mix = parse_mix(args.gpu_type_mix)
+            job_types = {j.job_id: t for j in jobs if (t := types_of(j.job_id, mix))}
         down = _window(args.placement_down) if args.placement_down else None
         if args.services or down:
             from ..telemetry import configure_logging
@@ -87,7 +105,7 @@ def run(args) -> int:
         results, sims = {}, {}
         for name in names:
             sim = simulate(jobs, cluster, name, model, overrides, burst, args.tick, args.topology, quotas,
-                           services=args.services, placement_down=down)
+                           services=args.services, placement_down=down, job_types=job_types)
             results[name], sims[name] = sim.summary(), sim
     except (TraceError, ValueError) as err:
         print(f"gpusched sim: {err}", file=sys.stderr)

@@ -502,13 +502,18 @@ class ClusterState(Struct):
             self.free_count -= 1
 
     def _pool_held(self, name: str, gpus: list[GpuId], sign: int) -> None:
-        """Per-pool holdings of a team (per-model quotas, `teams`), kept beside `held`."""
-        per = self.team(name).pool_held
+        """Per-pool holdings of a team (per-model quotas, `teams`), kept beside `held`; replaced
+        whole, never edited (a forecast's fork shares it, `policy/forecast.fork`)."""
+        if not gpus:
+            return
+        t = self.team(name)
+        per = dict(t.pool_held)
         for g in gpus:
             pool = canonical_model(self.gpus[g].model)
             per[pool] = per.get(pool, 0) + sign
             if not per[pool]:
                 del per[pool]
+        t.pool_held = per
 
     def _team_held(self, name: str, delta: int, at: float) -> None:
         t = self.team(name)

@@ -22,6 +22,7 @@ from typing import Literal, NamedTuple
 from ..core.model import LEVEL_RANK, JobSpec
 from .eligibility import barred_nodes, constrained, restrict
 from .placement import Placement, Pool, candidates, first_free, place
+from .pools import choices, restrict_to, room_on
 
 #: A feasibility filter: the pool less the GPUs that may not hold this job (at `now`).
 Filter = Callable[[Pool, JobSpec, float | None], Pool]
@@ -123,8 +124,23 @@ class Placer:
         self.scorers = SCORERS if scorers is None else scorers
 
     def place(self, pool: Pool, spec: JobSpec, n: int) -> Placement | None:
-        """The best set of `n` GPUs for a job of `spec` on `pool`, or None: the one entry point."""
-        return self.best(self.feasible(pool, spec), spec, n)
+        """The best set of `n` GPUs for a job of `spec` on `pool`, or None: the one entry point.
+        A job tried on GPU pools (`pools.choices`) gets its set on the first pool that holds it,
+        within its team's per-model limit there as the fold has it (the walk's `plan.fit` counts
+        the cycle's own grants too)."""
+        st = pool.state
+        t = st.teams.get(spec.team)
+        held = t.pool_held if t is not None else {}
+        order = choices(st, spec, lambda p: held.get(p, 0))
+        if order is None:
+            return self.best(self.feasible(pool, spec), spec, n)
+        for c in order:
+            room = room_on(st, spec.team, c[1], held.get(c[1], 0))
+            if room is None or room >= n:
+                p = self.best(self.feasible(restrict_to(pool, c), spec), spec, n)
+                if p is not None:
+                    return p
+        return None
 
     def feasible(self, pool: Pool, spec: JobSpec) -> Pool:
         """The pool less every GPU a filter bars for this job (the pool itself when none does)."""

@@ -26,9 +26,11 @@ from collections.abc import Callable
 from ..accounting import Ledger, gpu_hours_by_team
 from ..core import events as ev
 from ..core.model import DEFAULT_HALF_LIFE_S, JobSpec, TeamQuota, TopologyConstraint
+from ..core.pools import canonical_model
 from ..core.state import ClusterState, Violation, stale_live
 from ..policy.predict import Estimate, RuntimePredictor, run_time
 from .metrics import GuaranteeWaits, Recorder, eta_error, runtime_error
+from .pools import pool_summary
 from .runtime import REALISTIC, RuntimeModel
 from .traces import TraceJob
 from .world import Cluster, _Run, default_quotas  # noqa: F401  (re-exported: the simulator's API)
@@ -83,6 +85,7 @@ class Simulation:
         cycle_cap: int = 4,
         topology: str = "pack",
         stall_cycles: int = 1000,
+        job_types: dict[str, tuple[str, ...]] | None = None,
     ):
         if cycle is None:
             from ..policy.cycle import cycle as policy_cycle
@@ -98,6 +101,8 @@ class Simulation:
             raise ValueError(f"unknown topology mapping {topology!r}; expected {', '.join(TOPOLOGY_MAPPINGS)}")
         self.topology = topology
         self.cycle_cap = cycle_cap
+        self.job_types = job_types or {}  # job -> the GPU types it accepts, in order (sim/pools.py)
+        self.pool_waits: dict[str, list[float]] = {}  # pool -> the waits of the grants there
         self.stall_cycles = stall_cycles
         total = cluster.total_gpus
         self.skipped = [j for j in jobs if (j.min_gpus or j.gpus) > total]
@@ -286,9 +291,11 @@ class Simulation:
 
     def _submit(self, run: _Run, t: float) -> None:
         j = run.trace
+        types = self.job_types.get(j.job_id, ())
         spec = JobSpec(team=j.team, gpus=j.max_gpus or j.gpus, min_gpus=j.min_gpus, priority=j.priority,
                        preemptible=j.preemptible, time_limit_s=j.time_limit_s, name=j.job_id,
-                       topology=self._constraint(j.max_gpus or j.gpus))
+                       topology=self._constraint(j.max_gpus or j.gpus),
+                       gpu_type=types[0] if types else None, gpu_type_fallback=list(types[1:]))
         self._apply(ev.JobSubmitted(at=t, job_id=j.job_id, spec=spec, request_id=f"sim-{j.job_id}"))
         self._wait_from(run, t)
         self._submits_left -= 1
@@ -330,6 +337,8 @@ class Simulation:
         self.guarantee_waits.begin(run, self.state, t)
 
     def _granted(self, run: _Run, e: ev.GpusGranted, t: float) -> None:
+        if self.cluster.models:
+            self.pool_waits.setdefault(canonical_model(self.state.gpus[e.gpus[0]].model), []).append(t - run.pending_since)
         run.queue_s += t - run.pending_since
         self.guarantee_waits.granted(run, t)
         if run.first_start is None:
@@ -465,5 +474,7 @@ class Simulation:
             "sim_wall_s": round(self.wall_s, 3),
             "gpu_hours_by_team": gpu_hours_by_team(self.ledger, self.state.now),
         })
+        if self.cluster.models:
+            out["pools"] = pool_summary(self.state, self.rec.pool_gpu_s, self.pool_waits, self.state.now)
         return out
 

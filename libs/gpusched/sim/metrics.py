@@ -113,6 +113,10 @@ class Recorder:
         self.held_gpu_s = 0.0
         #: (time, GPUs held per team) at every change, for the plots
         self.timeline: list[tuple[float, tuple[int, ...]]] = []
+        #: On a mixed cluster (`--gpu-types`): pool -> team -> GPU-seconds held (sim/pools.py).
+        self.pooled = bool(getattr(cluster, "models", ()))
+        self.pool_gpu_s: dict[str, dict[str, float]] = {}
+        self._pool_held: list[tuple[str, str, int]] = []
 
     def submitted(self, run: _Run) -> None:
         j = run.trace
@@ -134,8 +138,13 @@ class Recorder:
                     self.alloc_gpu_s[team] += h * dt
                 for team, e in self.entitled.items():
                     self.entitled_gpu_s[team] += e * dt
+            for team, pool, n in self._pool_held:
+                per = self.pool_gpu_s.setdefault(pool, {})
+                per[team] = per.get(team, 0.0) + n * dt
         self.last_t = t
         teams = state.teams
+        if self.pooled:
+            self._pool_held = [(name, pool, n) for name, tu in teams.items() for pool, n in tu.pool_held.items()]
         held = tuple(teams[name].held if name in teams else 0 for name in self.teams)
         self.busy = bool(state.pending)
         if held != self.held or not self.timeline:

@@ -301,7 +301,9 @@ def merge(*traces: list[TraceJob]) -> list[TraceJob]:
 def load_quotas(path: str | Path) -> dict[str, TeamQuota]:
     """Team quotas from a CSV with the header `team,guaranteed,weight,limit` (`gpusched sim
     --quotas`): the same terms `gpusched quota` sets live. Empty weight: 1; empty limit: none.
-    A bad row raises TraceError naming the file, line and column."""
+    An optional `model` column: a row with one sets the team's terms on that GPU pool
+    (guaranteed and limit; `gpusched quota --model`), and the team's guarantee becomes the sum of
+    its per-model ones (docs/gpu-pools.md). A bad row raises TraceError naming the file, line and column."""
     import csv
 
     import msgspec
@@ -319,8 +321,24 @@ def load_quotas(path: str | Path) -> dict[str, TeamQuota]:
                 raise TraceError(f"{path}:{line}: column team: empty")
             raw = {"guaranteed": (row["guaranteed"] or "0").strip(), "weight": (row["weight"] or "1").strip(),
                    "limit": (row["limit"] or "").strip() or None}
+            model = (row.get("model") or "").strip()
             try:
-                out[team] = msgspec.convert(raw, TeamQuota, strict=False)
+                if model:
+                    out[team] = _with_model(out.get(team), model, msgspec.convert(raw, TeamQuota, strict=False))
+                else:
+                    out[team] = msgspec.convert(raw, TeamQuota, strict=False)
             except msgspec.ValidationError as err:
                 raise TraceError(f"{path}:{line}: {err}") from None
     return out
+
+
+def _with_model(current: TeamQuota | None, model: str, row: TeamQuota) -> TeamQuota:
+    """`current` (or a fresh quota) with the row's guaranteed and limit as its terms on `model`."""
+    import msgspec
+
+    from ..core.model import ModelQuota
+    from ..core.pools import canonical_model
+
+    q = current if current is not None else TeamQuota()
+    models = {**q.models, canonical_model(model): ModelQuota(guaranteed=row.guaranteed, limit=row.limit)}
+    return msgspec.structs.replace(q, models=models, guaranteed=sum(m.guaranteed for m in models.values()))

@@ -19,6 +19,8 @@ class Cluster:
     nodes_per_rack: int
     gpus_per_node: int
     nvlink: str = "all"
+    #: Each node's GPU model in registration order (`--gpu-types`; empty: one model, "sim").
+    models: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, text: str, nvlink: str = "all") -> Cluster:
@@ -32,7 +34,9 @@ class Cluster:
         return cls(r, n, g, nvlink)
 
     def __str__(self) -> str:
-        return f"{self.racks}x{self.nodes_per_rack}x{self.gpus_per_node}"
+        mixed = "" if not self.models else " of " + ",".join(
+            f"{sum(1 for m in self.models if m == x)}:{x}" for x in dict.fromkeys(self.models))
+        return f"{self.racks}x{self.nodes_per_rack}x{self.gpus_per_node}{mixed}"
 
     @property
     def total_gpus(self) -> int:
@@ -58,7 +62,8 @@ class Cluster:
         for r in range(self.racks):
             for n in range(self.nodes_per_rack):
                 node = f"r{r:02d}n{n:03d}"
-                gpus = [GpuInfo(index=i, uuid=f"GPU-sim-{node}-{i}", model="sim", nvlink_domain=domains[i])
+                model = self.models[r * self.nodes_per_rack + n] if self.models else "sim"
+                gpus = [GpuInfo(index=i, uuid=f"GPU-sim-{node}-{i}", model=model, nvlink_domain=domains[i])
                         for i in range(self.gpus_per_node)]
                 out.append(ev.NodeRegistered(at=at, node=node, rack=f"rack{r:02d}", gpus=gpus, nvlink=self.nvlink,
                                              address="sim"))

@@ -106,7 +106,9 @@ def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) 
         return False
     p = ctx.placer.place(coming, job.spec, lo)
     if p is None:
-        if not constrained(job.spec) and not ctx.state.windows:  # a constrained job's failure says nothing of the whole pool
+        t = ctx.state.teams.get(job.team)
+        pooled = t is not None and bool(t.quota.models)  # placed on one of its team's pools (`pools.choices`)
+        if not constrained(job.spec) and not ctx.state.windows and not pooled:  # a constrained job's failure says nothing of the whole pool
             coming.fails.add(key)
         return False
     coming.take(p.gpus)
