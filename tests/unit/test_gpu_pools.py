@@ -126,6 +126,26 @@ def test_a_teams_per_model_terms_bound_where_its_jobs_go(name):
     assert outcome(s, *jobs) == want
 
 
+B_OWNS_THE_H100S = TeamQuota(guaranteed=4, models={"H100": ModelQuota(guaranteed=4)})
+
+# name: (team a's job, where it goes) while team b is guaranteed every H100 and holds none
+FIRM_CASES = {
+    "a non-preemptible job does not take another team's per-model guarantee": (
+        {"gpu_type": "H100", "gpu_type_fallback": ["A100"]}, "A100"),
+    "a preemptible one may borrow it": ({"gpu_type": "H100", "gpu_type_fallback": ["A100"], "preemptible": True}, "H100"),
+    "an H100-only job that could never fit otherwise is not barred for ever (Firm's exception)": (
+        {"gpu_type": "H100"}, "H100"),
+}
+
+
+@pytest.mark.parametrize("name", list(FIRM_CASES))
+def test_per_model_guarantees_stay_reclaimable(name):
+    spec, want = FIRM_CASES[name]
+    s = mixed(("b", B_OWNS_THE_H100S), ("a", TeamQuota(models={"A100": ModelQuota(limit=4)})))
+    s.submit("j", 2, team="a", **spec)
+    assert outcome(s, "j") == {"j": want}
+
+
 def test_the_fold_counts_each_teams_holding_per_pool_and_forgets_what_is_released():
     s = mixed()
     s.run("x", ["h0/0", "a0/0", "a0/1"])

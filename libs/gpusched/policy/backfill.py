@@ -24,6 +24,7 @@ from msgspec import Struct
 from ..core.model import GpuId
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
+from .eligibility import constrained, matching, restrict
 from .placement import Placement, Pool, first_free, place
 
 
@@ -65,9 +66,17 @@ def reserve(state: ClusterState, pool: Pool, job: Job, need: int, now: float, co
     p = fit(pool)
     if p is not None:
         return Reservation(job.job_id, p.gpus, now, [])
+    ok: set[str] | None = None
+    if constrained(job.spec):  # narrowed once: the GPUs of other nodes can never be its
+        pool, ok = restrict(pool, job.spec), set(matching(state, job.spec))
     hyp = pool.copy()
     owner: dict[GpuId, tuple[float, str]] = {}
+    gi = state.gpus
     for end, h, gpus in holders:
+        if ok is not None:
+            gpus = [g for g in gpus if gi[g].node in ok]
+            if not gpus:
+                continue
         hyp.add(gpus)
         for g in gpus:
             owner[g] = (end, h.job_id)

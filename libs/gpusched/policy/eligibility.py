@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
-from ..core.model import GpuId, JobSpec
+from ..core.model import JobSpec
 from ..core.pools import accepted, type_matches
 from ..core.reasons import ArrayLimit, DependencyNever, DependencyWait, Held, MaintenanceWindow, NoMatchingNode, Reason
 from ..core.state import ClusterState, Job
@@ -117,11 +117,11 @@ class _Matching:
     so a new state (even at a recycled address) never sees another's answers."""
 
     state: ClusterState | None = None
-    table: dict[tuple, tuple[list[str], list[GpuId]]] = {}
+    table: dict[tuple, tuple[list[str], list[str]]] = {}
 
 
-def _memo(state: ClusterState, spec: JobSpec) -> tuple[list[str], list[GpuId]]:
-    """(matching nodes, GPUs of the other nodes), kept until a node registers or is labelled."""
+def _memo(state: ClusterState, spec: JobSpec) -> tuple[list[str], list[str]]:
+    """(matching nodes, the other nodes), kept until a node registers or is labelled."""
     if _Matching.state is not state or len(_Matching.table) >= 256:
         _Matching.state, _Matching.table = state, {}
     key = (state.label_changes, len(state.nodes), accepted(spec), tuple(sorted(spec.constraints.items())))
@@ -129,8 +129,7 @@ def _memo(state: ClusterState, spec: JobSpec) -> tuple[list[str], list[GpuId]]:
     if hit is None:
         yes = [n for n in state.nodes if node_matches(state, n, spec)]
         ok = set(yes)
-        other = [g for n, node in state.nodes.items() if n not in ok for g in node.gpus]
-        hit = _Matching.table[key] = (yes, other)
+        hit = _Matching.table[key] = (yes, [n for n in state.nodes if n not in ok])
     return hit
 
 
@@ -139,13 +138,36 @@ def matching(state: ClusterState, spec: JobSpec) -> list[str]:
     return _memo(state, spec)[0] if constrained(spec) else list(state.nodes)
 
 
+class _Restricted:
+    """Pools narrowed to a constraint, one per pool and constraint while neither the pool
+    (`Pool.version`) nor the fold changes: a queue of jobs alike narrows once, and the copy
+    keeps what it learned (`Pool.fails`)."""
+
+    at: tuple[int, int] = (0, -1)
+    table: dict[tuple, tuple[Pool, int, Pool]] = {}
+
+
+def _restricted(pool: Pool, spec: JobSpec) -> Pool:
+    state = pool.state
+    if _Restricted.at != (id(state), state.last_seq) or len(_Restricted.table) >= 4096:
+        _Restricted.at, _Restricted.table = (id(state), state.last_seq), {}
+    key = (id(pool), accepted(spec), tuple(sorted(spec.constraints.items())))
+    hit = _Restricted.table.get(key)
+    if hit is not None and hit[0] is pool and hit[1] == pool.version:
+        return hit[2]
+    nodes = state.nodes  # only the other nodes with a GPU free in this pool need removing
+    other = [g for n in _memo(state, spec)[1] if pool.n_free(n) > 0 for g in nodes[n].gpus]
+    out = pool.without(other) if other else pool
+    _Restricted.table[key] = (pool, pool.version, out)
+    return out
+
+
 def restrict(pool: Pool, spec: JobSpec, now: float | None = None) -> Pool:
     """The pool the job may be placed on: the filter of its constraints, and (given `now`) less
     the nodes whose maintenance window its time limit would run into, applied once per placement
     question; the pool itself for a job that asks for nothing on a cluster without windows."""
     if constrained(spec):
-        other = _memo(pool.state, spec)[1]
-        pool = pool.without(other) if other else pool
+        pool = _restricted(pool, spec)
     if now is not None and pool.state.windows:
         barred = barred_nodes(pool.state, spec, now)
         if barred:

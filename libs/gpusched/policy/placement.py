@@ -88,7 +88,7 @@ class Pool:
     them all. It lets a long queue of jobs alike cost one placement, not one each."""
 
     __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack", "_by_count", "_scanned",
-                 "fails")
+                 "fails", "version")
 
     def __init__(self, state: ClusterState, topo: Topology | None = None) -> None:
         self.state = state
@@ -102,6 +102,7 @@ class Pool:
         self._by_count: list[dict[int, set[int]]] | None = None  # see `by_count`, built on second use
         self._scanned = False  # answered one `fitting` question by a scan (the next builds the index)
         self.fails: set = set()
+        self.version = 0  # bumped by every change of the free counts (`pools.restrict_to` caches by it)
 
     def copy(self) -> Pool:
         p = Pool.__new__(Pool)
@@ -112,6 +113,7 @@ class Pool:
         p._rack = None if self._rack is None else list(self._rack)
         p._by_count, p._scanned = None, False  # rebuilt from the counts if the copy places within a node
         p.fails = set(self.fails)
+        p.version = 0
         return p
 
     # counts
@@ -182,6 +184,7 @@ class Pool:
     # changes
 
     def _bump(self, node: str, d: int) -> None:
+        self.version += 1
         self.delta[node] = self.delta.get(node, 0) + d
         self.count += d
         if self._cnt is not None:

@@ -28,7 +28,7 @@ from .guarantee import Firm
 from .memo import Indexes
 from .placement import Placement, Pool
 from .placer import Placer
-from .pools import choices, pool_of_gpus, restrict_to, room_on
+from .pools import PoolFirm, choices, pool_of_gpus, restrict_to, room_on
 from .running import RunningIndex
 
 #: What a cycle has done to a job so far (absent: untouched).
@@ -87,6 +87,7 @@ class CyclePlan:
         self.fits_now: set[tuple] = set()  # placement questions known to fit `pool` (reasons)
         self.array_running: dict[str, int] | None = None  # job array -> its tasks holding GPUs (eligibility)
         self._firm: Firm | None = None  # non-preemptible holdings (`job_room`)
+        self._pool_firm: PoolFirm | None = None  # the same per GPU pool (`fit`)
 
     # --- what the plan says ------------------------------------------------------------------
 
@@ -152,6 +153,8 @@ class CyclePlan:
         self._count(job.team, p.gpus, 1)
         if self._firm is not None and not job.spec.preemptible:
             self._firm.add(job, len(p.gpus))
+        if self._pool_firm is not None and not job.spec.preemptible:
+            self._pool_firm.add(job.team, p.gpus, job.spec.gang_min)
         self.status[job.job_id] = "borrowed" if backfill and job.spec.preemptible else "granted"
         self.started.append((job, p.gpus))
         self.reasons.pop(job.job_id, None)
@@ -246,11 +249,22 @@ class CyclePlan:
         if order is None:
             return self._fit(job, pool, room)
         for choice in order:
-            left = room_on(self.ctx.state, job.team, choice[1], self.pool_held(job.team, choice[1]))
-            p = self._fit(job, restrict_to(pool, choice), left if room is None else room if left is None else min(room, left))
+            left = _least(room, room_on(self.ctx.state, job.team, choice[1], self.pool_held(job.team, choice[1])),
+                          self._pool_firm_room(job, choice[1], alone=len(order) == 1))
+            p = self._fit(job, restrict_to(pool, choice), left)
             if p is not None:
                 return p
         return None
+
+    def _pool_firm_room(self, job: Job, pool: str, alone: bool) -> int | None:
+        """What keeps every per-model guarantee on `pool` reclaimable (`pools.PoolFirm`), for a
+        non-preemptible job where reclaim exists (as `job_room`)."""
+        config = self.ctx.config
+        if job.spec.preemptible or not (config.fairshare and config.preemption):
+            return None
+        if self._pool_firm is None:
+            self._pool_firm = PoolFirm(self.ctx.state, self.started)
+        return self._pool_firm.room(job.team, pool, self.ctx.floor(job), alone)
 
     def _fit(self, job: Job, pool: Pool, room: int | None) -> Placement | None:
         """Where `job` starts on `pool` within `room`: its whole gang, or (elastic)
@@ -322,6 +336,12 @@ class CyclePlan:
         if p is not None:
             self.grant(job, p, backfill=False)
             self.blocked = [b for b in self.blocked if b is not job]
+
+
+def _least(*rooms: int | None) -> int | None:
+    """The tightest of some rooms (None: unbounded)."""
+    bounded = [r for r in rooms if r is not None]
+    return min(bounded) if bounded else None
 
 
 __all__ = ["Context", "CyclePlan", "Placer", "Status"]

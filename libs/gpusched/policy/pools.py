@@ -31,7 +31,11 @@ class _Pools:
     state: ClusterState | None = None
     size = -1
     gpus: dict[str, list[GpuId]] = {}
-    others: dict[Choice, list[GpuId]] = {}
+    others: dict[Choice, dict[str, list[GpuId]]] = {}  # choice -> node -> its GPUs outside the choice
+    #: (id of a pool, choice) -> (the pool, its version, the pool restricted), for one fold position
+    restricted: dict[tuple[int, Choice], tuple[Pool, int, Pool]] = {}
+    at: tuple[int, int] = (0, -1)
+    typed: dict[str, list[str]] = {}  # GPU type -> the pools it matches
 
 
 def pools(state: ClusterState) -> dict[str, list[GpuId]]:
@@ -40,7 +44,7 @@ def pools(state: ClusterState) -> dict[str, list[GpuId]]:
         per: dict[str, list[GpuId]] = {}
         for g, rec in state.gpus.items():
             per.setdefault(canonical_model(rec.model), []).append(g)
-        _Pools.state, _Pools.size, _Pools.others = state, len(state.gpus), {}
+        _Pools.state, _Pools.size, _Pools.others, _Pools.typed = state, len(state.gpus), {}, {}
         _Pools.gpus = dict(sorted(per.items()))
     return _Pools.gpus
 
@@ -55,15 +59,24 @@ def choices(state: ClusterState, spec: JobSpec, held_on: Callable[[str], int],
     types = accepted(spec)
     if len(types) <= 1 and not has_models(quota) and not (always and types):
         return None
-    gpus, known = pools(state), state.gpus
+    gpus = pools(state)
     if types:
-        return [(w, p) for w in types for p, members in gpus.items()
-                if any(type_matches(w, known[g].model) for g in members)]
+        return [(w, p) for w in types for p in _typed(state, w)]
     assert quota is not None
     named = [p for p in quota.models if p in gpus]
     under = [p for p in named if held_on(p) < model_guaranteed(quota, p)]
     order = under + [p for p in named if p not in under] + [p for p in gpus if p not in quota.models]
     return [(None, p) for p in order]
+
+
+def _typed(state: ClusterState, want: str) -> list[str]:
+    """The pools with a GPU whose model matches `want` (kept with `pools`)."""
+    hit = _Pools.typed.get(want)
+    if hit is None:
+        known = state.gpus
+        hit = _Pools.typed[want] = [p for p, members in pools(state).items()
+                                    if any(type_matches(want, known[g].model) for g in members)]
+    return hit
 
 
 def room_on(state: ClusterState, team: str, pool: str, held: int) -> int | None:
@@ -73,15 +86,80 @@ def room_on(state: ClusterState, team: str, pool: str, held: int) -> int | None:
 
 
 def restrict_to(pool: Pool, choice: Choice) -> Pool:
-    """The pool less every GPU outside the choice's pool or not of its type."""
+    """The pool less every GPU outside the choice's pool or not of its type: one copy per pool
+    and choice while neither the pool nor the fold changes (a long queue of jobs alike asks
+    the same question, and the copy keeps the failures it learns: `Pool.fails`)."""
+    state = pool.state
+    if _Pools.at != (id(state), state.last_seq):
+        _Pools.at, _Pools.restricted = (id(state), state.last_seq), {}
+    hit = _Pools.restricted.get((id(pool), choice))
+    if hit is not None and hit[0] is pool and hit[1] == pool.version:
+        return hit[2]
+    out = _restrict_to(pool, choice)
+    _Pools.restricted[(id(pool), choice)] = (pool, pool.version, out)
+    return out
+
+
+def _restrict_to(pool: Pool, choice: Choice) -> Pool:
     state = pool.state
     per = pools(state)
-    other = _Pools.others.get(choice)
-    if other is None:
+    by_node = _Pools.others.get(choice)
+    if by_node is None:
         want, name = choice
-        other = _Pools.others[choice] = [g for p, members in per.items() for g in members
-                                         if p != name or (want is not None and not type_matches(want, state.gpus[g].model))]
+        by_node = _Pools.others[choice] = {}
+        for p, members in per.items():
+            for g in members:
+                if p != name or (want is not None and not type_matches(want, state.gpus[g].model)):
+                    by_node.setdefault(state.gpus[g].node, []).append(g)
+    other = [g for n, gpus in by_node.items() if pool.n_free(n) > 0 for g in gpus]  # busy nodes: nothing to remove
     return pool.without(other) if other else pool
+
+
+class PoolFirm:
+    """`guarantee.Firm` per GPU pool: on a pool where teams hold per-model guarantees, the GPUs
+    non-preemptible jobs hold there beyond their teams' guarantees must fit in the pool's slack
+    (its GPUs nobody is guaranteed), so each per-model guarantee stays reclaimable. Built once
+    per cycle from the running jobs; the cycle's grants are added as they are made."""
+
+    def __init__(self, state: ClusterState, started: list) -> None:
+        self.state = state
+        self.guaranteed: dict[str, dict[str, int]] = {}  # pool -> team -> its guarantee there
+        for name, t in state.teams.items():
+            for p, m in t.quota.models.items():
+                if m.guaranteed:
+                    self.guaranteed.setdefault(p, {})[name] = m.guaranteed
+        self.held: dict[tuple[str, str], int] = {}  # (team, pool) -> non-preemptible GPUs there
+        if not self.guaranteed:
+            return
+        for jid in state.running:
+            j = state.jobs[jid]
+            if not j.spec.preemptible:
+                self.add(j.team, j.gpus, j.spec.gang_min)
+        for j, gpus in started:
+            if not j.spec.preemptible:
+                self.add(j.team, gpus, j.spec.gang_min)
+
+    def add(self, team: str, gpus: list[GpuId], gang_min: int) -> None:
+        """Only a job's minimum counts: an elastic job's extras can be shrunk (as `Firm`)."""
+        left = gang_min
+        for p, n in pool_of_gpus(self.state, gpus).items():
+            k = min(n, left)
+            left -= k
+            self.held[(team, p)] = self.held.get((team, p), 0) + k
+
+    def room(self, team: str, pool: str, need: int, alone: bool) -> int | None:
+        """GPUs of `pool` the team's non-preemptible jobs may still take (None: unbounded: no
+        guarantee on the pool, or, for a job that accepts no other pool (`alone`), one its
+        guarantee plus the slack could never hold: it is not barred for ever, as with `Firm`)."""
+        g = self.guaranteed.get(pool)
+        if not g:
+            return None
+        slack = max(0, len(pools(self.state).get(pool, [])) - sum(g.values()))
+        mine = g.get(team, 0)
+        if alone and need > mine + slack:
+            return None
+        excess = sum(max(0, n - g.get(t, 0)) for (t, p), n in self.held.items() if p == pool and t != team)
+        return mine + max(0, slack - excess) - self.held.get((team, pool), 0)
 
 
 def pool_rows(state: ClusterState, team: str | None = None) -> dict[str, dict]:
@@ -111,4 +189,4 @@ def pool_of_gpus(state: ClusterState, gpus: list[GpuId]) -> dict[str, int]:
     return out
 
 
-__all__ = ["Choice", "choices", "pool_of_gpus", "pool_rows", "pools", "restrict_to", "room_on"]
+__all__ = ["Choice", "PoolFirm", "choices", "pool_of_gpus", "pool_rows", "pools", "restrict_to", "room_on"]
