@@ -60,7 +60,8 @@ def outcome(s: Scenario, *jobs: str) -> dict[str, str]:
             for j in jobs}
 
 
-H100_ONLY_WAITS = "waiting for 2 free H100 GPUs; A100 not accepted"
+#: The head's reason: the free GPUs it could use, its reservation, the pools it does not accept.
+H100_ONLY_WAITS = "waiting for 2 H100 GPUs; 1 free; GPUs reserved, waiting for them to free; A100 not accepted"
 
 # name: (set up the cluster, the jobs asked about, what each got)
 CASES = {
@@ -77,7 +78,7 @@ CASES = {
     "a gang is never split across pools": (
         lambda s: (s.run("busy", ["h0/0", "h0/1"]), s.run("busy2", ["a0/0", "a0/1"]),
                    s.submit("j", 4, gpu_type="H100", gpu_type_fallback=["A100"])), ["j"],
-        {"j": "waiting for 4 free H100 or A100 GPUs"}),
+        {"j": "waiting for 4 H100 or A100 GPUs; 4 free; GPUs reserved, waiting for them to free"}),
     "the fallback is tried before anyone is preempted for the first": (
         lambda s: (s.apply(ev.TeamQuotaSet(at=0, team="b", quota=TeamQuota(guaranteed=4))),
                    s.run("borrow", ["h0/0", "h0/1", "h0/2", "h0/3"], team="a", preemptible=True),
@@ -114,7 +115,8 @@ MODEL_CASES = {
     "the limit caps a typed job's fallback too": (
         H100_LIMIT_2, lambda s: (s.run("a4", ["a0/0", "a0/1", "a0/2", "a0/3"]),
                                  s.submit("j", 3, gpu_type="H100", gpu_type_fallback=["A100"])), ["j"],
-        {"j": "waiting for 3 free H100 or A100 GPUs; team at its per-model limit on H100"}),
+        {"j": "waiting for 3 H100 or A100 GPUs; 4 free; GPUs reserved, waiting for them to free; "
+              "team at its per-model limit on H100"}),
 }
 
 

@@ -287,7 +287,8 @@ def test_a_constrained_job_waits_for_its_nodes_and_a_job_nobody_matches_says_so(
     g = grants(out)
     assert "h" not in g and "never" not in g  # 8 A100s free, but it asked for H100s
     assert {n.split("/")[0] for n in g["free"]} == {"r0n0"}
-    assert s.state.jobs["h"].pending_reason.startswith("waiting for 4 GPUs; 0 free")  # free on its nodes
+    assert s.state.jobs["h"].pending_reason.startswith("waiting for 4 H100 GPUs; 0 free")  # free on its nodes
+    assert s.state.jobs["h"].pending_reason.endswith("; A100 not accepted")
     assert s.state.jobs["never"].pending_why == NoMatchingNode("zone=c", 1)
     assert s.state.jobs["never"].pending_reason == "no node matches constraint zone=c with 1 GPUs"
     assert s.state.jobs["big"].pending_why == NoMatchingNode("gpu_type=H100", 9)

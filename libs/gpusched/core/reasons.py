@@ -91,9 +91,20 @@ class Topology(_Reason, frozen=True, tag="topology"):
     domains: list[tuple[str, int]] = []  # (domain, free GPUs), most free first
     holders: list[str] = []
     reserved: bool = False
+    #: On a mixed cluster, the GPU pools the job accepts and those it does not (issue 30).
+    pools: list[str] = []
+    not_accepted: list[str] = []
+    at_limit: list[str] = []  # pools its team's per-model limit bars
 
     @property
     def text(self) -> str:
+        detail = self._detail().replace(" GPUs", f" {' or '.join(self.pools)} GPUs", 1) if self.pools else self._detail()
+        detail = f"{detail}; GPUs reserved, waiting for them to free" if self.reserved else detail
+        if self.at_limit:
+            detail += f"; team at its per-model limit on {', '.join(self.at_limit)}"
+        return f"{detail}; {', '.join(self.not_accepted)} not accepted" if self.not_accepted else detail
+
+    def _detail(self) -> str:
         if self.required == "cluster":
             detail = f"waiting for {self.need} GPUs; {self.free} free"
         else:
@@ -105,7 +116,7 @@ class Topology(_Reason, frozen=True, tag="topology"):
                 (name, k), rest = self.domains[0], self.domains[1:]
                 detail = (f"waiting for {self.need} GPUs within {scope}; {k} free in {level} {name}"
                           + "".join(f", {n} in {d}" for d, n in rest))
-        return f"{detail}; GPUs reserved, waiting for them to free" if self.reserved else detail
+        return detail
 
     @property
     def blockers(self) -> list[str]:

@@ -14,8 +14,10 @@ import math
 from collections.abc import Callable
 from itertools import islice
 
+import msgspec
+
 from ...core import events as ev
-from ...core.reasons import NoRoom, Reason
+from ...core.reasons import NoRoom, NoRoomOnPools, Reason, Topology
 from ...core.state import ClusterState, Job
 from ..backfill import reserve
 from ..forecast import Forecast, forecast
@@ -110,11 +112,21 @@ def _range(ranges: dict[str, tuple[float, float]], jid: str, low: float, high: f
         ranges[jid] = (round(max(0.0, low), 3), round(high, 3))
 
 
+def _pooled(why: Reason, first: Reason | None) -> Reason:
+    """The head's detailed reason, naming the GPU pools it accepts and those it does not when
+    the walk found no room on them (`NoRoomOnPools`)."""
+    if isinstance(first, NoRoomOnPools) and isinstance(why, Topology):
+        return msgspec.structs.replace(why, pools=list(first.pools), not_accepted=list(first.not_accepted),
+                                         at_limit=list(first.at_limit))
+    return why
+
+
 def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]], predicted: bool) -> None:
     """The head's reason in detail, and its ETA: the reservation's, or with `predicted` the one
     worked out from predicted run times (`_eta`)."""
     head = plan.head if any(b is plan.head for b in plan.blocked) else (plan.blocked[0] if plan.blocked else None)
-    if head is None or not isinstance(plan.reason_of(head), NoRoom):
+    first = plan.reason_of(head) if head is not None else None
+    if head is None or not isinstance(first, (NoRoom, NoRoomOnPools)):
         return
     lo = ctx.floor(head)
     pool = ctx.placer.feasible(plan.pool, head.spec)  # a constrained head: what is free on its nodes
@@ -124,13 +136,13 @@ def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]],
             why = no_fit(pool, lo, head.spec.topology.required, res.holders, reserved=True)
             eta = _eta(plan, ctx, head, why, ranges) if predicted else (
                 None if not res.known else max(0.0, res.at - ctx.now))
-            plan.note(head, why, eta)
+            plan.note(head, _pooled(why, first), eta)
             return
     # No protected reservation: still name the jobs whose end would let it start.
     lo_res = reserve(ctx.state, plan.pool, head, lo, ctx.now, ctx.config, holders(plan, ctx),
                      ctx.placer.for_spec(head.spec))
     why = no_fit(pool, lo, head.spec.topology.required, lo_res.holders if lo_res is not None else [])
-    plan.note(head, why, _eta(plan, ctx, head, why, ranges) if predicted else None)
+    plan.note(head, _pooled(why, first), _eta(plan, ctx, head, why, ranges) if predicted else None)
 
 
 def _eta(plan: CyclePlan, ctx: Context, head: Job, why: Reason,
