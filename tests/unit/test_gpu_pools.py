@@ -115,8 +115,8 @@ MODEL_CASES = {
     "the limit caps a typed job's fallback too": (
         H100_LIMIT_2, lambda s: (s.run("a4", ["a0/0", "a0/1", "a0/2", "a0/3"]),
                                  s.submit("j", 3, gpu_type="H100", gpu_type_fallback=["A100"])), ["j"],
-        {"j": "waiting for 3 H100 or A100 GPUs; 4 free; GPUs reserved, waiting for them to free; "
-              "team at its per-model limit on H100"}),
+        {"j": "waiting for 3 free H100 or A100 GPUs; team at its per-model limit on H100; "
+              "non-preemptible beyond its guarantee on A100 (the rest is guaranteed)"}),
 }
 
 
@@ -146,6 +146,15 @@ def test_per_model_guarantees_stay_reclaimable(name):
     s = mixed(("b", B_OWNS_THE_H100S), ("a", TeamQuota(models={"A100": ModelQuota(limit=4)})))
     s.submit("j", 2, team="a", **spec)
     assert outcome(s, "j") == {"j": want}
+
+
+def test_a_job_the_per_model_rule_could_never_place_anywhere_is_not_barred_for_ever():
+    # every GPU of both pools is guaranteed: a's 4-GPU job exceeds its guarantee plus the slack on
+    # each (a sim of the Philly week stalled on such a head, its borrowers evicted 700 times)
+    s = mixed(("b", B_OWNS_THE_H100S), ("c", TeamQuota(models={"A100": ModelQuota(guaranteed=2)})),
+              ("a", TeamQuota(models={"A100": ModelQuota(guaranteed=2)})))
+    s.submit("j", 4, team="a")
+    assert outcome(s, "j") == {"j": "A100"}
 
 
 def test_the_fold_counts_each_teams_holding_per_pool_and_forgets_what_is_released():

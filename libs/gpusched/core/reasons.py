@@ -232,6 +232,8 @@ class NoRoomOnPools(_Reason, frozen=True, tag="no_room_on_pools"):
     pools: list[str]
     not_accepted: list[str] = []
     at_limit: list[str] = []
+    #: Pools where a non-preemptible job would hold GPUs other teams are guaranteed (`PoolFirm`).
+    guaranteed_to_others: list[str] = []
 
     @property
     def text(self) -> str:
@@ -239,6 +241,8 @@ class NoRoomOnPools(_Reason, frozen=True, tag="no_room_on_pools"):
         out = f"waiting for {self.need} free {' or '.join(self.pools) or 'matching'} GPUs{scope}"
         if self.at_limit:
             out += f"; team at its per-model limit on {', '.join(self.at_limit)}"
+        if self.guaranteed_to_others:
+            out += f"; non-preemptible beyond its guarantee on {', '.join(self.guaranteed_to_others)} (the rest is guaranteed)"
         if self.not_accepted:
             out += f"; {', '.join(self.not_accepted)} not accepted"
         return out

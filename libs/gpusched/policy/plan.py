@@ -248,23 +248,26 @@ class CyclePlan:
         order = choices(self.ctx.state, job.spec, lambda p: self.pool_held(job.team, p))
         if order is None:
             return self._fit(job, pool, room)
-        for choice in order:
-            left = _least(room, room_on(self.ctx.state, job.team, choice[1], self.pool_held(job.team, choice[1])),
-                          self._pool_firm_room(job, choice[1], alone=len(order) == 1))
-            p = self._fit(job, restrict_to(pool, choice), left)
+        rooms = self.pool_rooms(job, order)
+        for choice, (limit, firm) in zip(order, rooms):
+            p = self._fit(job, restrict_to(pool, choice), _least(room, limit, firm))
             if p is not None:
                 return p
         return None
 
-    def _pool_firm_room(self, job: Job, pool: str, alone: bool) -> int | None:
-        """What keeps every per-model guarantee on `pool` reclaimable (`pools.PoolFirm`), for a
-        non-preemptible job where reclaim exists (as `job_room`)."""
-        config = self.ctx.config
+    def pool_rooms(self, job: Job, order: list) -> list[tuple[int | None, int | None]]:
+        """Per choice of `order`: GPUs the job may take there under its team's per-model limit,
+        and (non-preemptible, where reclaim exists, as `job_room`) under what keeps every
+        per-model guarantee reclaimable (`pools.PoolFirm`); None: unbounded."""
+        st, team, config = self.ctx.state, job.team, self.ctx.config
+        limits = [room_on(st, team, p, self.pool_held(team, p)) for _, p in order]
         if job.spec.preemptible or not (config.fairshare and config.preemption):
-            return None
+            return [(r, None) for r in limits]
         if self._pool_firm is None:
-            self._pool_firm = PoolFirm(self.ctx.state, self.started)
-        return self._pool_firm.room(job.team, pool, self.ctx.floor(job), alone)
+            self._pool_firm = PoolFirm(st, self.started)
+        firm, need = self._pool_firm, self.ctx.floor(job)
+        exempt = all(firm.never_fits(team, p, need) for _, p in order)
+        return [(r, firm.room(team, p, need, exempt)) for r, (_, p) in zip(limits, order)]
 
     def _fit(self, job: Job, pool: Pool, room: int | None) -> Placement | None:
         """Where `job` starts on `pool` within `room`: its whole gang, or (elastic)

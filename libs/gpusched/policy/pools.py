@@ -147,17 +147,23 @@ class PoolFirm:
             left -= k
             self.held[(team, p)] = self.held.get((team, p), 0) + k
 
-    def room(self, team: str, pool: str, need: int, alone: bool) -> int | None:
-        """GPUs of `pool` the team's non-preemptible jobs may still take (None: unbounded: no
-        guarantee on the pool, or, for a job that accepts no other pool (`alone`), one its
-        guarantee plus the slack could never hold: it is not barred for ever, as with `Firm`)."""
+    def _slack(self, pool: str, g: dict[str, int]) -> int:
+        return max(0, len(pools(self.state).get(pool, [])) - sum(g.values()))
+
+    def never_fits(self, team: str, pool: str, need: int) -> bool:
+        """A job of `need` GPUs the rule could never let onto `pool`."""
         g = self.guaranteed.get(pool)
-        if not g:
+        return g is not None and need > g.get(team, 0) + self._slack(pool, g)
+
+    def room(self, team: str, pool: str, need: int, exempt: bool) -> int | None:
+        """GPUs of `pool` the team's non-preemptible jobs may still take (None: unbounded: no
+        guarantee on the pool, or `exempt`: a job the rule could never let onto any pool it
+        accepts, which is not barred for ever, as with `Firm.never_fits`)."""
+        g = self.guaranteed.get(pool)
+        if not g or exempt:
             return None
-        slack = max(0, len(pools(self.state).get(pool, [])) - sum(g.values()))
+        slack = self._slack(pool, g)
         mine = g.get(team, 0)
-        if alone and need > mine + slack:
-            return None
         excess = sum(max(0, n - g.get(t, 0)) for (t, p), n in self.held.items() if p == pool and t != team)
         return mine + max(0, slack - excess) - self.held.get((team, pool), 0)
 

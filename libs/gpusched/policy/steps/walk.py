@@ -18,7 +18,7 @@ from ..eligibility import array_full, not_eligible
 from ..ordering import QueueIndex
 from ..placement import Placement
 from ..plan import Context, CyclePlan
-from ..pools import choices, pools, room_on
+from ..pools import choices, pools
 from ..predict import predicted_free
 from .reservation import due_soon, head_reservation
 
@@ -64,7 +64,7 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
             plan.blocked.append(job)
             plan.head, plan.head_limited = job, True
         return ctx.strict
-    if _pools_barred(plan, ctx, job, lo):  # its team's per-model limits bar every pool it accepts
+    if _pools_barred(plan, ctx, job, lo):  # per-model limits or guarantees bar every pool it accepts
         plan.note(job, _no_room_for(plan, ctx, job, lo))
         return False
     if plan.head is not None and pool.count >= lo:
@@ -125,25 +125,32 @@ def _no_room_for(plan: CyclePlan, ctx: Context, job: Job, lo: int) -> NoRoom | N
     if order is None or len(pools(st)) < 2:
         return _no_room(lo, spec.topology.required)
     tried = list(dict.fromkeys(p for _, p in order))
-    barred = [p for p in tried if (r := room_on(st, job.team, p, plan.pool_held(job.team, p))) is not None and r < lo]
+    rooms = dict(zip((p for _, p in order), plan.pool_rooms(job, order)))
+    limited = [p for p in tried if (r := rooms[p][0]) is not None and r < lo]
+    firm = [p for p in tried if p not in limited and (r := rooms[p][1]) is not None and r < lo]
     return _pools_reason(lo, spec.topology.required, tuple(tried), tuple(p for p in pools(st) if p not in tried),
-                         tuple(barred))
+                         tuple(limited), tuple(firm))
 
 
 def _pools_barred(plan: CyclePlan, ctx: Context, job: Job, lo: int) -> bool:
-    """Every pool the job accepts is barred by its team's per-model limit: it waits for its own
-    team's holdings there, and blocks nobody (as a job over its team's limit)."""
-    t = ctx.state.teams.get(job.team)
-    if t is None or not t.quota.models:
+    """Every pool the job accepts is barred by its team's per-model limit or (non-preemptible)
+    by other teams' per-model guarantees: it waits for holdings to change, and blocks nobody
+    (as a job over its team's limit, or beyond its guarantee)."""
+    order = choices(ctx.state, job.spec, lambda p: plan.pool_held(job.team, p))
+    if not order:
         return False
-    order = choices(ctx.state, job.spec, lambda p: plan.pool_held(job.team, p)) or []
-    return all((r := room_on(ctx.state, job.team, p, plan.pool_held(job.team, p))) is not None and r < lo
-               for _, p in order)
+    return all(r is not None and r < lo for r in (_least_room(*rs) for rs in plan.pool_rooms(job, order)))
+
+
+def _least_room(*rooms: int | None) -> int | None:
+    bounded = [r for r in rooms if r is not None]
+    return min(bounded) if bounded else None
 
 
 @functools.lru_cache(maxsize=256)
-def _pools_reason(need: int, required: str, tried: tuple, not_accepted: tuple, barred: tuple) -> NoRoomOnPools:
-    return NoRoomOnPools(need, required, list(tried), list(not_accepted), list(barred))
+def _pools_reason(need: int, required: str, tried: tuple, not_accepted: tuple, limited: tuple,
+                  firm: tuple) -> NoRoomOnPools:
+    return NoRoomOnPools(need, required, list(tried), list(not_accepted), list(limited), list(firm))
 
 
 def _limit(ctx: Context, job: Job, lo: int) -> TeamLimit:
