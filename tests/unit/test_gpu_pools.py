@@ -222,3 +222,26 @@ def test_the_simulators_mix_is_deterministic_and_shares_add_up():
     assert abs(got.count(("H100",)) / 2000 - 0.2) < 0.03 and abs(got.count(("H100", "A100")) / 2000 - 0.5) < 0.03
     with pytest.raises(ValueError, match="more than 1"):
         parse_mix("H100=0.7,A100=0.5")
+
+
+def test_a_mixed_simulated_cluster_keeps_typed_jobs_on_their_pool_and_reports_each_pool(tmp_path):
+    from dataclasses import replace
+
+    from gpusched.sim.report import runtime_model, simulate
+    from gpusched.sim.traces import TraceJob, load_quotas
+    from gpusched.sim.world import Cluster
+
+    quotas = tmp_path / "q.csv"
+    quotas.write_text("team,guaranteed,weight,limit,model\na,2,1,2,H100\na,2,1,,A100\n")
+    q = load_quotas(quotas)["a"]
+    assert q.guaranteed == 4 and q.models == {"H100": ModelQuota(2, 2), "A100": ModelQuota(2)}
+    cluster = replace(Cluster.parse("1x2x4"), models=("H100", "A100"))
+    jobs = [TraceJob(f"j{i}", 0.0, 100.0, 2, "a", preemptible=False) for i in range(4)]
+    types = {"j0": ("H100",), "j1": ("H100",), "j2": ("H100", "A100")}  # j3: any
+    sim = simulate(jobs, cluster, "full", runtime_model("ideal"), quotas={"a": q}, job_types=types)
+    pools = sim.summary()["pools"]
+    assert {p: r["gpus"] for p, r in pools.items()} == {"A100": 4, "H100": 4}
+    # the H100 limit 2 lets one H100 job run at a time: j2 and j3 take the A100s, j1 waits for j0
+    assert pools["H100"]["jobs_started"] == 2 and pools["A100"]["jobs_started"] == 2
+    assert pools["H100"]["gpu_hours_by_team"] == {"a": round(2 * 200 / 3600, 3)}
+    assert sim.state.violations() == [] and sim.runs["j1"].first_start == 100.0
