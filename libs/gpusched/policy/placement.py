@@ -88,7 +88,7 @@ class Pool:
     them all. It lets a long queue of jobs alike cost one placement, not one each."""
 
     __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack", "_by_count", "_scanned",
-                 "fails")
+                 "fails", "res")
 
     def __init__(self, state: ClusterState, topo: Topology | None = None) -> None:
         self.state = state
@@ -102,6 +102,8 @@ class Pool:
         self._by_count: list[dict[int, set[int]]] | None = None  # see `by_count`, built on second use
         self._scanned = False  # answered one `fitting` question by a scan (the next builds the index)
         self.fails: set = set()
+        #: node -> (CPUs, MiB) this cycle granted there less what it released (`resources.hold`)
+        self.res: dict[str, tuple[float, int]] = {}
 
     def copy(self) -> Pool:
         p = Pool.__new__(Pool)
@@ -112,6 +114,7 @@ class Pool:
         p._rack = None if self._rack is None else list(self._rack)
         p._by_count, p._scanned = None, False  # rebuilt from the counts if the copy places within a node
         p.fails = set(self.fails)
+        p.res = dict(self.res)
         return p
 
     # counts

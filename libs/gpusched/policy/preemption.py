@@ -63,6 +63,7 @@ from .memo import GpuGroups
 from .ordering import las_queue
 from .placement import Pool
 from .predict import Estimate
+from .resources import hold
 
 # The one definition of the work a job loses, re-exported for the policies that import it here.
 work_since_checkpoint = rules.work_since_checkpoint
@@ -152,6 +153,7 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
         hyp = pool.copy()
         for v in chosen:
             hyp.add(v.gpus)
+            hold(hyp, v.spec, v.gpus, -1)
         if fits(hyp):
             return chosen
     return None

@@ -1,0 +1,174 @@
+"""CPUs and memory as resources (policy/resources.py): the fold counts each job's per-node amounts
+on every node it holds GPUs of, the filter keeps a job off nodes without them free, the cycle
+never overbooks a node within one cycle, and a job that waits for them says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.core import events as ev
+from gpusched.core.model import GpuInfo, JobSpec, TopologyConstraint
+from gpusched.core.reasons import NoFreeCpuMem, NoNodeCpuMem, NoRoom, Topology
+from gpusched.core.rules import BatchCheck
+from gpusched.policy.placement import Pool
+from gpusched.policy.placer import FILTERS, Placer
+from gpusched.policy.resources import by_resources, hold, never_fits
+
+from .policy_helpers import Scenario, gpus, grants
+
+
+def _cluster(*nodes: tuple[str, float, int], gpus_per_node: int = 8) -> Scenario:
+    """Nodes (name, CPUs, MiB) in one rack; 0 means not declared."""
+    s = Scenario(racks=0)
+    for name, cpus, mem in nodes:
+        infos = [GpuInfo(index=i, uuid=f"{name}-{i}") for i in range(gpus_per_node)]
+        s.apply(ev.NodeRegistered(at=0.0, node=name, rack="r0", gpus=infos, nvlink="all", cpus=cpus, memory_mb=mem))
+    return s
+
+
+def _spec(n: int = 1, cpus: float | None = None, mem: int | None = None, required: str = "cluster") -> JobSpec:
+    return JobSpec(team="a", gpus=n, cpus=cpus, memory_mb=mem, topology=TopologyConstraint(required=required))
+
+
+def test_the_filter_is_on_the_seam():
+    assert by_resources in FILTERS
+
+
+def test_the_fold_counts_a_job_on_each_node_it_holds_and_frees_it_when_it_ends():
+    s = _cluster(("n0", 16, 65536), ("n1", 16, 65536))
+    s.run("j", gpus("n0", 0, 1) + gpus("n1", 0), cpus=6, memory_mb=1000)
+    n0, n1 = s.state.nodes["n0"], s.state.nodes["n1"]
+    assert (n0.cpus_used, n0.memory_used_mb, n1.cpus_used, n1.memory_used_mb) == (6, 1000, 6, 1000)  # per node, not per GPU
+    s.finish("j", at=1.0)
+    assert (n0.cpus_used, n0.memory_used_mb, n1.cpus_used) == (0, 0, 0)
+
+
+def test_a_resize_counts_only_the_nodes_a_job_enters_or_leaves():
+    s = _cluster(("n0", 16, 0), ("n1", 16, 0))
+    s.run("e", gpus("n0", 0), cpus=4, min_gpus=1, size=4)
+    s.apply(ev.JobResized(at=1.0, job_id="e", added=gpus("n0", 1) + gpus("n1", 0)))
+    assert (s.state.nodes["n0"].cpus_used, s.state.nodes["n1"].cpus_used) == (4, 4)
+    s.apply(ev.JobResized(at=2.0, job_id="e", removed=gpus("n1", 0)))
+    assert (s.state.nodes["n0"].cpus_used, s.state.nodes["n1"].cpus_used) == (4, 0)
+
+
+def test_a_requeue_after_a_lost_node_frees_its_cpus():
+    s = _cluster(("n0", 16, 0))
+    s.run("j", gpus("n0", 0), cpus=10)
+    s.apply(ev.NodeLost(at=1.0, node="n0", reason="silent"))
+    assert s.state.nodes["n0"].cpus_used == 0
+
+
+# name: (nodes (name, CPUs, MiB, GPUs busy by a job of `busy_cpus`), job spec, nodes left usable)
+FILTER_CASES = {
+    "asks nothing: every node": ([("n0", 4, 0), ("n1", 4, 0)], _spec(1), {"n0", "n1"}),
+    "CPUs: only the node with enough": ([("n0", 4, 0), ("n1", 32, 0)], _spec(1, cpus=8), {"n1"}),
+    "memory: only the node with enough": ([("n0", 0, 1024), ("n1", 0, 8192)], _spec(1, mem=4096), {"n1"}),
+    "both must hold": ([("n0", 32, 1024), ("n1", 4, 8192), ("n2", 32, 8192)], _spec(1, cpus=8, mem=4096), {"n2"}),
+    "an undeclared node is not counted": ([("n0", 0, 0), ("n1", 4, 0)], _spec(1, cpus=8), {"n0"}),
+    "fractions add up exactly": ([("n0", 0.3, 0)], _spec(1, cpus=0.3), {"n0"}),
+}
+
+
+@pytest.mark.parametrize("name", list(FILTER_CASES))
+def test_the_filter_keeps_only_nodes_that_hold_the_per_node_amounts(name):
+    nodes, spec, usable = FILTER_CASES[name]
+    s = _cluster(*nodes)
+    pool = by_resources(Pool(s.state), spec, None)
+    assert {n for n in s.state.nodes if pool.n_free(n) > 0} == usable
+
+
+def test_what_running_jobs_and_this_cycle_hold_counts_and_a_release_gives_it_back():
+    s = _cluster(("n0", 16, 0), ("n1", 16, 0))
+    s.run("big", gpus("n0", 0), cpus=12)
+    pool = Pool(s.state)
+    spec = _spec(1, cpus=8)
+    assert {n for n in s.state.nodes if by_resources(pool, spec, None).n_free(n)} == {"n1"}
+    for i in (0, 1):  # this cycle granted two such jobs on n1 (as `CyclePlan.grant` does)
+        pool.take(gpus("n1", i))
+        hold(pool, spec, gpus("n1", i))
+    assert by_resources(pool, spec, None).count == 0
+    hold(pool, s.state.jobs["big"].spec, gpus("n0", 0), -1)  # a what-if: big leaves n0
+    assert {n for n in s.state.nodes if by_resources(pool, spec, None).n_free(n)} == {"n0"}
+
+
+def test_a_gang_over_several_nodes_needs_its_amounts_on_each():
+    """Two 8-GPU nodes with 16 CPUs and one with 4: a 16-GPU gang asking 8 CPUs per node takes
+    the two big nodes, never the small one, though the small one has the free GPUs."""
+    s = _cluster(("small", 4, 0), ("a", 16, 0), ("b", 16, 0))
+    p = Placer("topo").place(Pool(s.state), _spec(16, cpus=8), 16)
+    assert p is not None and {g.split("/")[0] for g in p.gpus} == {"a", "b"}
+    assert Placer("topo").place(Pool(s.state), _spec(17, cpus=8), 17) is None
+
+
+def test_one_cycle_never_overbooks_a_nodes_cpus():
+    """Four 1-GPU jobs of 6 CPUs each on one 8-GPU node of 16 CPUs: two start, two wait, saying why."""
+    s = _cluster(("n0", 16, 0))
+    for i in range(4):
+        s.submit(f"j{i}", gpus=1, cpus=6)
+    out = s.cycle("fifo")
+    assert set(grants(out)) == {"j0", "j1"}
+    assert s.state.nodes["n0"].cpus_used == 12
+    why = s.state.jobs["j2"].pending_why
+    assert isinstance(why, NoFreeCpuMem)
+    assert s.state.jobs["j2"].pending_reason == "fits on GPUs but no node has 6 CPUs free (per node; needs 1 GPUs)"
+
+
+def test_a_job_waiting_for_gpus_keeps_the_gpu_reason():
+    s = _cluster(("n0", 64, 0), gpus_per_node=2)
+    s.run("x", gpus("n0", 0, 1), cpus=1)
+    s.submit("j", gpus=1, cpus=4)
+    s.cycle("fifo")
+    assert isinstance(s.state.jobs["j"].pending_why, (NoRoom, Topology))  # the head's detail is Topology
+
+
+def test_a_job_no_node_can_ever_hold_says_so_and_blocks_nobody():
+    s = _cluster(("n0", 2, 4096), ("n1", 2, 4096))
+    s.submit("huge", gpus=1, cpus=64)
+    s.submit("small", gpus=1, cpus=1)
+    out = s.cycle("fifo")
+    assert set(grants(out)) == {"small"}  # strict FIFO, yet the never-fitting job does not block
+    why = s.state.jobs["huge"].pending_why
+    assert isinstance(why, NoNodeCpuMem)
+    assert "no node can hold 64 CPUs per node for 1 GPUs (the largest node offers 2 CPUs)" == why.text
+
+
+# name: (nodes, spec, never fits)
+NEVER = {
+    "fits one node": ([("n0", 64, 0)], _spec(1, cpus=64), False),
+    "more than any node": ([("n0", 8, 0), ("n1", 8, 0)], _spec(1, cpus=9), True),
+    "a gang over the capable nodes": ([("n0", 8, 0), ("n1", 64, 0)], _spec(16, cpus=32), True),
+    "a gang that fits the capable nodes": ([("n0", 64, 0), ("n1", 64, 0)], _spec(16, cpus=32), False),
+    "within one node, two capable nodes are not enough": ([("n0", 64, 0), ("n1", 64, 0)],
+                                                         _spec(9, cpus=32, required="node"), True),
+    "an undeclared node may hold it": ([("n0", 8, 0), ("n1", 0, 0)], _spec(1, cpus=64), False),
+    "memory": ([("n0", 0, 1024)], _spec(1, mem=2048), True),
+}
+
+
+@pytest.mark.parametrize("name", list(NEVER))
+def test_never_fits(name):
+    nodes, spec, never = NEVER[name]
+    s = _cluster(*nodes)
+    assert (never_fits(s.state, spec) is not None) == never
+
+
+def test_the_writers_recheck_refuses_a_batch_that_overbooks_a_node():
+    s = _cluster(("n0", 8, 0))
+    s.submit("a", gpus=1, cpus=6)
+    s.submit("b", gpus=1, cpus=6)
+    check = BatchCheck(s.state)
+    assert check.problem(ev.GpusGranted(at=1.0, job_id="a", attempt=1, gpus=gpus("n0", 0))) is None
+    assert check.problem(ev.GpusGranted(at=1.0, job_id="b", attempt=1, gpus=gpus("n0", 1))) == \
+        "grant of 6 CPUs on node n0 with 2 free"
+    assert check.problem(ev.GpusReleased(at=1.0, job_id="a", reason="preempted")) is not None  # a is not holding yet
+
+
+def test_the_preemptors_what_if_frees_the_victims_cpus_with_its_gpus():
+    """A high-priority job needs the GPUs and the CPUs a preemptible low job holds on the only
+    node: the what-if counts the victim's CPUs as leaving with its GPUs, so it preempts."""
+    s = _cluster(("n0", 16, 0), gpus_per_node=2)
+    s.run("low", gpus("n0", 0, 1), cpus=12, preemptible=True, priority="low", at=0.0)
+    s.submit("high", gpus=1, cpus=8, priority="high", at=1000.0)  # past the victim's minimum runtime
+    out = s.cycle("full")
+    assert any(isinstance(e, ev.PreemptionRequested) and e.job_id == "low" for e in out)
