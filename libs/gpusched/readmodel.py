@@ -132,6 +132,8 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
         "labels": dict(node.labels),
+        "cpus": node.cpus, "cpus_used": node.cpus_used, "memory_mb": node.memory_mb,  # 0: not declared
+        "memory_used_mb": node.memory_used_mb,
         "lost": node.lost, "drained": node.drained, "total": len(node.gpus), "free": len(node.free),
         "held": sum(1 for x in gpus if x["status"] == "held"), "gpus": gpus,
     }

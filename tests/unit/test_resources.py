@@ -172,3 +172,49 @@ def test_the_preemptors_what_if_frees_the_victims_cpus_with_its_gpus():
     s.submit("high", gpus=1, cpus=8, priority="high", at=1000.0)  # past the victim's minimum runtime
     out = s.cycle("full")
     assert any(isinstance(e, ev.PreemptionRequested) and e.job_id == "low" for e in out)
+
+
+def test_a_restarted_agent_may_offer_other_amounts_and_one_declaring_none_keeps_them():
+    s = _cluster(("n0", 16, 4096))
+    infos = [GpuInfo(index=i, uuid=f"n0-{i}") for i in range(8)]
+    s.apply(ev.NodeLost(at=1.0, node="n0", reason="silent"),
+            ev.NodeRegistered(at=2.0, node="n0", rack="r0", gpus=infos, cpus=12, memory_mb=2048))
+    assert (s.state.nodes["n0"].cpus, s.state.nodes["n0"].memory_mb) == (12, 2048)
+    s.apply(ev.NodeRegistered(at=3.0, node="n0", rack="r0", gpus=infos))  # an old agent: declares nothing
+    assert (s.state.nodes["n0"].cpus, s.state.nodes["n0"].memory_mb) == (12, 2048)
+
+
+def test_the_simulator_schedules_cpus_where_the_nodes_declare_them():
+    """One 8-GPU node of 16 CPUs: a 12-CPU and an 8-CPU job of 100 s each run one after the
+    other; with the node's CPUs not declared, side by side."""
+    from gpusched.policy.config import PRESETS
+    from gpusched.sim.engine import Cluster, Simulation
+    from gpusched.sim.runtime import IDEAL
+    from gpusched.sim.traces import TraceJob
+
+    jobs = [TraceJob("a", 0, 100, 1, "x", cpus=12), TraceJob("b", 0, 100, 1, "x", cpus=8)]
+    for cluster, b_start in ((Cluster(1, 1, 8, cpus=16), 100), (Cluster(1, 1, 8), 0)):
+        sim = Simulation(jobs, cluster, PRESETS["fifo"], IDEAL, policy_name="fifo")
+        sim.run()
+        assert (sim.runs["a"].first_start, sim.runs["b"].first_start) == (0, b_start)
+
+
+def test_the_alibaba_loader_reads_each_pods_cpus_and_memory(tmp_path):
+    from gpusched.sim.traces import load_alibaba
+
+    path = tmp_path / "openb_pod_list_x.csv"
+    path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+                    "deletion_time,scheduled_time\n"
+                    "p0,12000,16384,1,1000,,LS,Running,0,100,0\n"
+                    "p1,0,0,2,1000,,BE,Running,5,50,10\n")
+    a, b = load_alibaba(path)
+    assert (a.cpus, a.memory_mb, b.cpus, b.memory_mb) == (12.0, 16384, None, None)
+
+
+def test_the_node_read_model_shows_what_a_node_offers_and_holds():
+    from gpusched.readmodel import node_doc
+
+    s = _cluster(("n0", 16, 4096))
+    s.run("j", gpus("n0", 0), cpus=6, memory_mb=1024)
+    doc = node_doc(s.state, "n0")
+    assert (doc["cpus"], doc["cpus_used"], doc["memory_mb"], doc["memory_used_mb"]) == (16, 6, 4096, 1024)
