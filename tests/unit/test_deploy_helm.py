@@ -134,6 +134,23 @@ def test_the_identities_job_runs_first_with_narrow_rbac_and_finds_every_pool():
 
 
 @needs_helm
+def test_redis_with_sentinels_validates_and_every_client_follows_them():
+    docs = _render({"redis": {"sentinel": {"enabled": True}}})
+    _validate(docs)
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert ("Deployment", "redis") not in by and by[("StatefulSet", "redis")]["spec"]["replicas"] == 3
+    pod = by[("StatefulSet", "redis")]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["redis", "sentinel"]
+    script = pod["initContainers"][0]["command"][-1]
+    assert "get-master-addr-by-name gpusched" in script  # a restarted pod joins the current master
+    urls = [e["value"] for d in docs if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]
+            for e in c.get("env", []) if e["name"] == "GPUSCHED_REDIS_URL"]
+    assert len(urls) >= 7 and {u.split("@", 1)[1] for u in urls} == {"redis-sentinel:26379/gpusched/0"}
+    with pytest.raises(helm_python.HelmError, match="replicas"):
+        _render({"redis": {"sentinel": {"enabled": True, "replicas": 2}}})
+
+
+@needs_helm
 def test_render_with_cert_manager_operator_and_ingress_validates():
     docs = _render({"tls": {"certManager": {"enabled": True}},
                     "dashboard": {"ingress": {"enabled": True, "hosts": ["gpusched.example.com"]}}},

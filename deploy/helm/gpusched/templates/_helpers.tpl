@@ -45,7 +45,11 @@ volumeMounts:
 
 {{- define "gpusched.redisEnv" -}}
 - {name: REDIS_PASSWORD, valueFrom: {secretKeyRef: {name: gpusched-redis, key: password}}}
+{{- if .Values.redis.sentinel.enabled }}
+- {name: GPUSCHED_REDIS_URL, value: "redis+sentinel://:$(REDIS_PASSWORD)@redis-sentinel:26379/gpusched/0"}
+{{- else }}
 - {name: GPUSCHED_REDIS_URL, value: "redis://:$(REDIS_PASSWORD)@redis:6379/0"}
+{{- end }}
 {{- end }}
 
 {{/* A label selector from a matchLabels map: k=v,k2=v2 (sorted, as Go ranges maps). */}}
