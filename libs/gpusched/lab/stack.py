@@ -23,8 +23,9 @@ GROUPS = {"svc-0": ["admission", "placement", "fallback", "projector"],
 
 
 class LabStack:
-    def __init__(self, work: Path, nodes: int = 3, node_timeout_s: float = 12.0, heartbeat_s: float = 1.0):
-        self.work, self.node_timeout_s, self.heartbeat_s = work, node_timeout_s, heartbeat_s
+    def __init__(self, work: Path, nodes: int = 3, node_timeout_s: float = 12.0, heartbeat_s: float = 1.0,
+                 gpus: int = 2):
+        self.work, self.node_timeout_s, self.heartbeat_s, self.gpus = work, node_timeout_s, heartbeat_s, gpus
         self.nodes = [f"gpu{i + 1:02d}" for i in range(nodes)]
         self.lab = Lab().up()
         self.secrets = make_secrets(work / "secrets", self.nodes)
@@ -77,7 +78,7 @@ class LabStack:
                                      *extra.get(s, [])], s)
         for i, node in enumerate(self.nodes):
             self.spawn(node, node, [sys.executable, "-m", "gpusched.cli.main", "service", "run", "nodeagent",
-                                    "--backend", "sim", "--node", node, "--gpus", "2", "--rack", "rack0",
+                                    "--backend", "sim", "--node", node, "--gpus", str(self.gpus), "--rack", "rack0",
                                     "--address", self.lab.hosts[node], "--heartbeat-s", f"{self.heartbeat_s:g}",
                                     "--kill-grace-s", "2", "--work-dir", str(self.work / node)], node)
         self.wait_nodes(len(self.nodes), 90)
