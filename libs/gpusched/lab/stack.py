@@ -31,6 +31,7 @@ class LabStack:
         self.secrets = make_secrets(work / "secrets", self.nodes)
         self.nats = NatsCluster(self.lab, work, self.secrets)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.specs: dict[str, tuple[str, list[str], str]] = {}  # name -> host, command, identity
 
     def env(self, identity: str) -> dict[str, str]:
         pw = (self.secrets / "redis-password").read_text().strip()
@@ -44,9 +45,15 @@ class LabStack:
                 "GPUSCHED_NODE_TIMEOUT_S": f"{self.node_timeout_s:g}"}
 
     def spawn(self, host: str, name: str, cmd: list[str], identity: str) -> None:
+        self.specs[name] = (host, cmd, identity)
         log = open(self.work / f"{name}.log", "ab")
         self.procs[name] = self.lab.popen(host, cmd, env=self.env(identity), cwd=self.work, stdout=log,
                                           stderr=subprocess.STDOUT)
+
+    def restart(self, name: str) -> None:
+        """Start a process again as it was started (after a kill -9 drill)."""
+        host, cmd, identity = self.specs[name]
+        self.spawn(host, name, cmd, identity)
 
     def gpusched(self, *args: str, identity: str = "admin", timeout: float = 30) -> subprocess.CompletedProcess:
         """The CLI on the client host, as admin by default."""
