@@ -106,6 +106,8 @@ def gpu_status(state: ClusterState, g: str) -> str:
         return "held"
     if node.lost:
         return "lost"
+    if node.partitioned:
+        return "partitioned"
     if node.drained:
         return "drained"
     if rec.quarantined is not None:
@@ -134,7 +136,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
         "labels": dict(node.labels),
         "cpus": node.cpus, "cpus_used": node.cpus_used, "memory_mb": node.memory_mb,  # 0: not declared
         "memory_used_mb": node.memory_used_mb,
-        "lost": node.lost, "drained": node.drained, "total": len(node.gpus), "free": len(node.free),
+        "lost": node.lost, "drained": node.drained, "partitioned": node.partitioned, "total": len(node.gpus), "free": len(node.free),
         "held": sum(1 for x in gpus if x["status"] == "held"), "gpus": gpus,
     }
 
