@@ -218,3 +218,54 @@ def test_the_node_read_model_shows_what_a_node_offers_and_holds():
     s.run("j", gpus("n0", 0), cpus=6, memory_mb=1024)
     doc = node_doc(s.state, "n0")
     assert (doc["cpus"], doc["cpus_used"], doc["memory_mb"], doc["memory_used_mb"]) == (16, 6, 4096, 1024)
+
+
+def _admit(s: Scenario, spec: JobSpec) -> str | None:
+    from gpusched.core.commands import SubmitJob
+    from gpusched.services.admission import AdmissionConfig, Capacity, submit_problem
+
+    return submit_problem(s.state, SubmitJob(request_id="r1", spec=spec), AdmissionConfig(auto_create_teams=True, placeholders="any"),
+                          Capacity())
+
+
+def test_admission_gives_the_teams_default_cpus_and_memory_and_keeps_what_a_job_asks():
+    from gpusched.core.model import TeamQuota
+    from gpusched.services.admission import with_defaults
+
+    s = _cluster(("n0", 16, 65536))
+    s.apply(ev.TeamQuotaSet(at=0.0, team="a", quota=TeamQuota(default_cpus=4, default_memory_mb=8192,
+                                                                default_time_limit_s=3600)))
+    got = with_defaults(s.state, _spec(1))
+    assert (got.cpus, got.memory_mb, got.time_limit_s) == (4, 8192, 3600)
+    got = with_defaults(s.state, _spec(1, cpus=2))
+    assert (got.cpus, got.memory_mb) == (2, 8192)
+
+
+def test_admission_refuses_a_job_no_node_can_ever_hold_precisely():
+    from gpusched.core.model import TeamQuota
+
+    s = _cluster(("n0", 16, 65536), ("n1", 32, 65536))
+    assert _admit(s, _spec(1, cpus=32)) is None
+    assert _admit(s, _spec(1, cpus=33)) == (
+        "no node can hold 33 CPUs per node for 1 GPUs (the largest node offers 32 CPUs): "
+        "ask less per node (--cpus, --mem) or spread the job over more nodes")
+    assert "no node can hold 32 CPUs and 128G memory per node" in _admit(s, _spec(1, cpus=32, mem=131072))
+    s.apply(ev.TeamQuotaSet(at=0.0, team="a", quota=TeamQuota(default_memory_mb=131072)))
+    assert "128G memory" in _admit(s, _spec(1))  # the team's default counts
+
+
+def test_an_agent_offers_the_host_unless_told_and_simulated_nodes_nothing():
+    import argparse
+
+    from gpusched.services.nodeagent.main import host_resources, resources_from_args
+
+    cpus, mem = host_resources()
+    assert cpus is not None and cpus >= 1 and mem is not None and mem > 0
+    args = argparse.Namespace(cpus=None, mem=None)
+    assert resources_from_args(args, one_host=True) == {"cpus": cpus, "memory_mb": mem}
+    assert resources_from_args(args, one_host=False) == {"cpus": None, "memory_mb": None}
+    told = argparse.Namespace(cpus=6.0, mem="12G")
+    assert resources_from_args(told, one_host=True) == {"cpus": 6.0, "memory_mb": 12288}
+    assert resources_from_args(argparse.Namespace(cpus=0.0, mem="0"), one_host=True) == {"cpus": None, "memory_mb": None}
+    with pytest.raises(SystemExit, match="--mem 'lots' is not a size"):
+        resources_from_args(argparse.Namespace(cpus=None, mem="lots"), one_host=True)

@@ -71,19 +71,45 @@ def room_on(pool: Pool, name: str, spec: JobSpec) -> bool:
 
 
 def short_nodes(pool: Pool, spec: JobSpec) -> list[str]:
-    """The nodes that cannot hold the job's per-node CPUs and memory now."""
-    if not asks(spec):
+    """The nodes with free GPUs in `pool` that cannot hold the job's per-node CPUs and memory
+    now (one pass over the declared nodes: the placement of every job that asks pays it)."""
+    cpus, mem = need(spec)
+    if not (cpus or mem):
         return []
-    return [n for n in declared(pool.state) if not room_on(pool, n, spec)]
+    nodes, res, count = pool.state.nodes, pool.res, pool.n_free
+    out = []
+    for n in declared(pool.state):
+        node = nodes[n]
+        dc, dm = res.get(n, (0.0, 0)) if res else (0.0, 0)
+        if (cpus and node.cpus and cpus > node.cpus - node.cpus_used - dc + _EPS
+                or mem and node.memory_mb and mem > node.memory_mb - node.memory_used_mb - dm) and count(n) > 0:
+            out.append(n)
+    return out
+
+
+class _Filtered:
+    """The last pool's filtered pools by (CPUs, MiB), while it is unchanged (its free count and
+    this cycle's holds): a queue of jobs alike costs one filter, and their failures are
+    remembered on the one filtered pool (`Pool.fails`). The pool is held, compared by identity."""
+
+    pool: Pool | None = None
+    stamp: tuple = ()
+    by_need: dict[tuple[float, int], Pool] = {}
 
 
 def by_resources(pool: Pool, spec: JobSpec, now: float | None) -> Pool:
     """Not the nodes without the job's per-node CPUs and memory free (the filter of `FILTERS`)."""
-    short = short_nodes(pool, spec)
-    if not short:
+    key = need(spec)
+    if not (key[0] or key[1]) or not declared(pool.state):
         return pool
-    nodes = pool.state.nodes
-    return pool.without([g for n in short for g in nodes[n].gpus])
+    stamp = (pool.count, tuple(pool.res.items()), pool.state.label_changes)
+    if _Filtered.pool is not pool or _Filtered.stamp != stamp or len(_Filtered.by_need) >= 64:
+        _Filtered.pool, _Filtered.stamp, _Filtered.by_need = pool, stamp, {}
+    hit = _Filtered.by_need.get(key)
+    if hit is None:
+        short = short_nodes(pool, spec)
+        hit = _Filtered.by_need[key] = pool.without_nodes(short) if short else pool
+    return hit
 
 
 def hold(pool: Pool, spec: JobSpec, gpus, sign: int = 1) -> None:
