@@ -5,6 +5,8 @@ never overbooks a node within one cycle, and a job that waits for them says so."
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, TopologyConstraint
@@ -269,3 +271,80 @@ def test_an_agent_offers_the_host_unless_told_and_simulated_nodes_nothing():
     assert resources_from_args(argparse.Namespace(cpus=0.0, mem="0"), one_host=True) == {"cpus": None, "memory_mb": None}
     with pytest.raises(SystemExit, match="--mem 'lots' is not a size"):
         resources_from_args(argparse.Namespace(cpus=None, mem="lots"), one_host=True)
+
+
+def test_without_nodes_drops_every_placeable_gpu_of_a_node_at_once():
+    s = _cluster(("n0", 0, 0), ("n1", 0, 0))
+    s.run("x", gpus("n0", 0, 1))
+    pool = Pool(s.state)
+    pool.take(gpus("n0", 2))
+    pool.add(gpus("n0", 0))  # released this cycle
+    cut = pool.without_nodes(["n0"])
+    assert cut.n_free("n0") == 0 and cut.free_on("n0") == [] and cut.count == 8
+    assert pool.n_free("n0") == 6 and pool.count == 14  # the original is untouched
+
+
+def test_alike_jobs_share_one_filtered_pool_until_the_pool_changes():
+    s = _cluster(("n0", 4, 0), ("n1", 16, 0))
+    pool = Pool(s.state)
+    first = by_resources(pool, _spec(1, cpus=8), None)
+    assert by_resources(pool, _spec(2, cpus=8), None) is first  # same per-node amounts
+    assert by_resources(pool, _spec(1, cpus=2), None) is pool  # no node short
+    pool.take(gpus("n1", 0))
+    hold(pool, _spec(1, cpus=8), gpus("n1", 0))
+    again = by_resources(pool, _spec(1, cpus=8), None)
+    assert again is not first and again.n_free("n1") == 7  # 8 of 16 CPUs left on n1
+    hold(pool, _spec(1, cpus=1), gpus("n1", 0))
+    assert by_resources(pool, _spec(1, cpus=8), None).count == 0
+
+
+@st.composite
+def _worlds(draw):
+    nodes = [(f"n{i}", float(draw(st.sampled_from([4, 8, 16]))), draw(st.sampled_from([0, 4096, 16384])))
+             for i in range(draw(st.integers(1, 4)))]
+    jobs = [dict(gpus=draw(st.integers(1, 6)), cpus=draw(st.sampled_from([None, 1.0, 2.5, 4.0, 8.0])),
+                 mem=draw(st.sampled_from([None, 1024, 8192])), preemptible=draw(st.booleans()),
+                 priority=draw(st.sampled_from(["high", "normal", "low"])),
+                 required=draw(st.sampled_from(["node", "cluster"])), min_gpus=draw(st.sampled_from([None, 1])))
+            for _ in range(draw(st.integers(1, 10)))]
+    preset = draw(st.sampled_from(["fifo", "gang", "preempt", "full", "tiresias", "naive"]))
+    return nodes, jobs, preset, draw(st.lists(st.integers(0, 2**16), min_size=1, max_size=6))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_worlds())
+def test_no_policy_ever_overbooks_a_nodes_cpus_or_memory(w):
+    """Every preset (and the fallback) on random nodes and jobs: what the jobs holding a node's
+    GPUs ask never exceeds what it offers, the fold's count is that sum, and the writer's
+    re-check accepts every decision."""
+    from gpusched.policy.config import PRESETS
+    from gpusched.policy.cycle import cycle, naive_cycle
+
+    nodes, jobs, preset, steps = w
+    s = _cluster(*nodes, gpus_per_node=4)
+    st_ = s.state
+    for i, j in enumerate(jobs):
+        s.submit(f"j{i}", gpus=j["gpus"], cpus=j["cpus"], memory_mb=j["mem"], preemptible=j["preemptible"],
+                 priority=j["priority"], required=j["required"],
+                 min_gpus=j["min_gpus"] if j["min_gpus"] and j["gpus"] > 1 else None)
+    now = 0.0
+    for luck in steps:
+        now += 100.0
+        for k, jid in enumerate(list(st_.running)):
+            job = st_.jobs[jid]
+            if (luck >> (k % 16)) & 1:
+                st_.apply(ev.JobCompleted(at=now, job_id=jid, attempt=job.attempt))
+            elif job.preemption is not None:
+                st_.apply(ev.CheckpointSaved(at=now, job_id=jid, attempt=job.attempt, path="p", step=1))
+        decided = naive_cycle(st_, now) if preset == "naive" else cycle(st_, now, PRESETS[preset])
+        check = BatchCheck(st_)
+        assert [(e, p) for e in decided if (p := check.problem(e))] == []
+        for e in decided:
+            st_.apply(e)
+        assert st_.violations() == []
+        for name, node in st_.nodes.items():
+            holding = [st_.jobs[j] for j in st_.running if any(g.startswith(f"{name}/") for g in st_.jobs[j].gpus)]
+            cpus = sum(j.spec.cpus or 0 for j in holding)
+            mem = sum(j.spec.memory_mb or 0 for j in holding)
+            assert node.cpus_used == pytest.approx(cpus) and node.memory_used_mb == mem, name
+            assert cpus <= node.cpus + 1e-6 and (not node.memory_mb or mem <= node.memory_mb), (name, cpus, mem)
