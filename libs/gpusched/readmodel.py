@@ -65,6 +65,7 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "dependency": [f"{d.kind}:{d.job}" for d in spec.dependency],
         "gpu_type": spec.gpu_type,
         "constraints": dict(spec.constraints),
+        "cpus": spec.cpus, "memory_mb": spec.memory_mb,  # per node (None: asks none)
         "checkpoint": msgspec.to_builtins(job.checkpoint) if job.checkpoint else None,
         "preemption": msgspec.to_builtins(job.preemption) if job.preemption else None,
         "checkpoint_mode": spec.checkpoint,

@@ -67,6 +67,7 @@ async def test_a_node_with_few_cpus_runs_what_fits_and_says_why_the_rest_waits(t
         assert job.state == "pending" and job.pending_reason == reason
         show = _cli("show", waits_id, env=env)
         assert show.returncode == 0 and reason in show.stdout, show.stdout + show.stderr
+        assert "2 CPUs per node" in show.stdout, show.stdout  # what it asks
         assert state.violations() == []
 
         up.send_signal(signal.SIGINT)
