@@ -348,3 +348,15 @@ def test_no_policy_ever_overbooks_a_nodes_cpus_or_memory(w):
             mem = sum(j.spec.memory_mb or 0 for j in holding)
             assert node.cpus_used == pytest.approx(cpus) and node.memory_used_mb == mem, name
             assert cpus <= node.cpus + 1e-6 and (not node.memory_mb or mem <= node.memory_mb), (name, cpus, mem)
+
+
+def test_explain_says_what_would_let_a_job_waiting_for_cpus_start():
+    from gpusched.policy.explain import explain_pending
+
+    s = _cluster(("n0", 4, 0))
+    s.run("big", gpus("n0", 0), cpus=3)
+    s.submit("w", gpus=1, cpus=2)
+    s.cycle("fifo")
+    unblock = explain_pending(s.state, "w")["unblock"]
+    assert unblock == ["fits on GPUs but no node has 2 CPUs free (per node; needs 1 GPUs): it starts when jobs on "
+                       "nodes with free GPUs end and free them"]
