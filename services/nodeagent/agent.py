@@ -354,8 +354,11 @@ class NodeAgent(CheckpointHandshake):
                                  memory_mb=self.cfg.memory_mb or 0)
 
     def needs_registration(self, state: ClusterState) -> bool:
+        """Unknown, lost, or offering other CPUs or memory than the log says (a restart with other
+        `--cpus`/`--mem`, or the first start of a daemon that declares them)."""
         node = state.nodes.get(self.node)
-        return node is None or node.lost
+        offers = (self.cfg.cpus or 0.0, self.cfg.memory_mb or 0)
+        return node is None or node.lost or (any(offers) and offers != (node.cpus, node.memory_mb))
 
     def leftovers(self) -> list[RunningJob]:
         """Runs being stopped (SIGTERM sent, SIGKILL after the grace, see `poll`): while any

@@ -360,3 +360,15 @@ def test_explain_says_what_would_let_a_job_waiting_for_cpus_start():
     unblock = explain_pending(s.state, "w")["unblock"]
     assert unblock == ["fits on GPUs but no node has 2 CPUs free (per node; needs 1 GPUs): it starts when jobs on "
                        "nodes with free GPUs end and free them"]
+
+
+def test_a_node_declaring_its_cpus_late_counts_the_jobs_already_on_it():
+    """A state from before the count (or a node that declared nothing): the jobs holding its
+    GPUs count as soon as it declares what it offers."""
+    s = _cluster(("n0", 0, 0))
+    s.run("j", gpus("n0", 0, 1), cpus=3, memory_mb=512)
+    s.state.nodes["n0"].cpus_used = 0.0  # as an older snapshot restores it
+    infos = [GpuInfo(index=i, uuid=f"n0-{i}") for i in range(8)]
+    s.apply(ev.NodeRegistered(at=1.0, node="n0", rack="r0", gpus=infos, cpus=8, memory_mb=4096))
+    n0 = s.state.nodes["n0"]
+    assert (n0.cpus, n0.cpus_used, n0.memory_used_mb) == (8, 3, 512)

@@ -776,6 +776,10 @@ def _on_registered(st: ClusterState, e: ev.NodeRegistered) -> None:
     node = st.nodes[e.node]
     if e.cpus or e.memory_mb:
         node.cpus, node.memory_mb = e.cpus, e.memory_mb
+        # counted afresh from the jobs holding its GPUs (a state restored from before the count)
+        holders = [st.jobs[h] for h in dict.fromkeys(st.gpus[g].holder for g in node.gpus) if h in st.jobs]
+        node.cpus_used = round(sum(j.spec.cpus or 0.0 for j in holders), 6)
+        node.memory_used_mb = sum(j.spec.memory_mb or 0 for j in holders)
 
 
 def _give_back_all(st: ClusterState, job: Job) -> None:
