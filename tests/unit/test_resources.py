@@ -372,3 +372,16 @@ def test_a_node_declaring_its_cpus_late_counts_the_jobs_already_on_it():
     s.apply(ev.NodeRegistered(at=1.0, node="n0", rack="r0", gpus=infos, cpus=8, memory_mb=4096))
     n0 = s.state.nodes["n0"]
     assert (n0.cpus, n0.cpus_used, n0.memory_used_mb) == (8, 3, 512)
+
+
+def test_the_filtered_pool_is_never_reused_after_the_pool_changed_at_the_same_count():
+    """A take and a release of other GPUs leave the free count as it was: the memo must still
+    see the change (a stale copy would offer the GPU just taken)."""
+    s = _cluster(("n0", 4, 0), ("n1", 16, 0))
+    s.run("x", gpus("n1", 7))
+    pool = Pool(s.state)
+    first = by_resources(pool, _spec(1, cpus=8), None)
+    pool.take(gpus("n1", 0))
+    pool.add(gpus("n1", 7))  # x released this cycle (asked no CPUs): same count, other GPUs
+    again = by_resources(pool, _spec(1, cpus=8), None)
+    assert again is not first and "n1/0" not in again.free_on("n1") and "n1/7" in again.free_on("n1")

@@ -88,7 +88,7 @@ class Pool:
     them all. It lets a long queue of jobs alike cost one placement, not one each."""
 
     __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack", "_by_count", "_scanned",
-                 "fails", "res")
+                 "fails", "res", "changes")
 
     def __init__(self, state: ClusterState, topo: Topology | None = None) -> None:
         self.state = state
@@ -104,6 +104,7 @@ class Pool:
         self.fails: set = set()
         #: node -> (CPUs, MiB) this cycle granted there less what it released (`resources.hold`)
         self.res: dict[str, tuple[float, int]] = {}
+        self.changes = 0  # every change of a free count (`_bump`): what a memo of this pool checks
 
     def copy(self) -> Pool:
         p = Pool.__new__(Pool)
@@ -114,7 +115,7 @@ class Pool:
         p._rack = None if self._rack is None else list(self._rack)
         p._by_count, p._scanned = None, False  # rebuilt from the counts if the copy places within a node
         p.fails = set(self.fails)
-        p.res = dict(self.res)
+        p.res, p.changes = dict(self.res), 0
         return p
 
     # counts
@@ -185,6 +186,7 @@ class Pool:
     # changes
 
     def _bump(self, node: str, d: int) -> None:
+        self.changes += 1
         self.delta[node] = self.delta.get(node, 0) + d
         self.count += d
         if self._cnt is not None:

@@ -88,9 +88,10 @@ def short_nodes(pool: Pool, spec: JobSpec) -> list[str]:
 
 
 class _Filtered:
-    """The last pool's filtered pools by (CPUs, MiB), while it is unchanged (its free count and
-    this cycle's holds): a queue of jobs alike costs one filter, and their failures are
-    remembered on the one filtered pool (`Pool.fails`). The pool is held, compared by identity."""
+    """The last pool's filtered pools by (CPUs, MiB), while it is unchanged (no free count moved,
+    `Pool.changes`, and the same holds): a queue of jobs alike costs one filter, and their
+    failures are remembered on the one filtered pool (`Pool.fails`). The pool is held, compared
+    by identity."""
 
     pool: Pool | None = None
     stamp: tuple = ()
@@ -102,7 +103,7 @@ def by_resources(pool: Pool, spec: JobSpec, now: float | None) -> Pool:
     key = need(spec)
     if not (key[0] or key[1]) or not declared(pool.state):
         return pool
-    stamp = (pool.count, tuple(pool.res.items()), pool.state.label_changes)
+    stamp = (pool.changes, tuple(pool.res.items()), pool.state.label_changes)
     if _Filtered.pool is not pool or _Filtered.stamp != stamp or len(_Filtered.by_need) >= 64:
         _Filtered.pool, _Filtered.stamp, _Filtered.by_need = pool, stamp, {}
     hit = _Filtered.by_need.get(key)
