@@ -1,7 +1,7 @@
 """CPUs and memory as resources through `gpusched up`: a simulated node offering 4 CPUs
 (`--node-cpus`), a job holding 3 of them, a job asking 2 more waits on free GPUs and says why in
-`show`, a 1-CPU job beside it runs (backfill: its time limit ends before the waiting job's
-turn), and a job no node can ever hold is refused at submit."""
+`show`, a job given its team's default of 1 CPU runs beside it (backfill: its time limit ends
+before the waiting job's turn), and a job no node can ever hold is refused at submit."""
 
 from __future__ import annotations
 
@@ -51,7 +51,9 @@ async def test_a_node_with_few_cpus_runs_what_fits_and_says_why_the_rest_waits(t
         waits = submit("--cpus", "2", "--", "sleep", "1")
         assert waits.returncode == 0, waits.stderr
         waits_id = waits.stdout.strip()
-        small = submit("--cpus", "1", "--time-limit", "1m", "--", "true")
+        quota = _cli("quota", "a", "--default-cpus", "1", "--default-mem", "256M", env=env)
+        assert quota.returncode == 0, quota.stderr
+        small = submit("--time-limit", "1m", "--", "true")  # the team's default: 1 CPU, 256 MiB
         assert small.returncode == 0, small.stderr
         small_id = small.stdout.strip()
         deadline = time.monotonic() + 20
@@ -65,6 +67,7 @@ async def test_a_node_with_few_cpus_runs_what_fits_and_says_why_the_rest_waits(t
             await asyncio.sleep(0.3)
         reason = "fits on GPUs but no node has 2 CPUs free (per node; needs 1 GPUs)"
         assert job.state == "pending" and job.pending_reason == reason
+        assert (state.jobs[small_id].spec.cpus, state.jobs[small_id].spec.memory_mb) == (1, 256)
         show = _cli("show", waits_id, env=env)
         assert show.returncode == 0 and reason in show.stdout, show.stdout + show.stderr
         assert "2 CPUs per node" in show.stdout, show.stdout  # what it asks
