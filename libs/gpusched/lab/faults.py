@@ -1,7 +1,8 @@
 """Random faults over the whole lab stack (`gpusched lab drill --stack`), with a verdict from the
 log and from the OS: each run submits a short job, injects one fault of a random kind on random
 hosts for a random time, heals it, and waits until the cluster is whole again (every NATS server
-ready with one meta leader, every node registered and not lost). Meanwhile a census thread
+ready with one meta leader, every node registered and not lost), then cancels the job (so
+it ran through the fault, and the cluster does not fill up). Meanwhile a census thread
 samples every node host's processes every 0.2 s. The verdict: every acknowledged submit is a job
 in the log, no job ran on two hosts at once, `replay --verify` is clean, every run recovered.
 
@@ -24,6 +25,10 @@ KINDS = ("node-cut", "node-control-cut", "leader-minority", "service-host-cut", 
          "kill-nats", "kill-service", "kill-node")
 
 
+#: Every drill job's command line starts so (then its own run number): what the census looks for.
+MARK = "sleep 600."
+
+
 class Census:
     """Which node hosts run a process of each job, every 0.2 s, in a thread."""
 
@@ -40,7 +45,7 @@ class Census:
             markers = dict(self.markers)
             seen: dict[str, set[str]] = {}
             for host in self.stack.nodes:
-                for pid in self.stack.job_pids(host, "sleep 3."):
+                for pid in self.stack.job_pids(host, MARK):
                     try:
                         cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
                     except OSError:
@@ -90,7 +95,10 @@ def _inject(stack: LabStack, kind: str, rng: random.Random, hold_s: float) -> st
         procs[victim].kill()
         procs[victim].wait(10)
         time.sleep(hold_s)
-        nats.start(victim) if kind == "kill-nats" else stack.restart(victim)
+        if kind == "kill-nats":
+            nats.start(victim)
+        else:
+            stack.restart(victim)
         return victim
     time.sleep(hold_s)
     lab.heal()
@@ -106,17 +114,22 @@ def _whole(stack: LabStack) -> bool:
 
 
 def _submit(stack: LabStack, census: Census, i: int, rng: random.Random) -> str | None:
-    marker = f"sleep 3.{i:04d}"
+    """A job that runs through the fault (it is cancelled after), once it runs (15 s at most)."""
+    marker = f"{MARK}{i:04d}"
     done = stack.gpusched("submit", "--team", "t", "--gpus", str(rng.choice((1, 2))), "--chdir", "/",
                           "--", *marker.split(), timeout=20)
     if done.returncode != 0:
         return None  # not acknowledged (a fault on its path): nothing was promised
     job = done.stdout.strip().split()[-1]
     census.markers[job] = marker
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not any(j["job_id"] == job and j["state"] == "running"
+                                                  for j in stack.jobs()):
+        time.sleep(0.3)
     return job
 
 
-def run(stack: LabStack, runs: int, seed: int = 1, hold_s: tuple[float, float] = (1.0, 6.0),
+def run(stack: LabStack, runs: int, seed: int = 1, hold_s: tuple[float, float] = (1.0, 12.0),
         recover_s: float = 90.0, say: Callable[[str], None] = lambda line: None) -> dict:
     """`runs` random faults; the verdict (JSON-able)."""
     rng = random.Random(seed)
@@ -140,6 +153,8 @@ def run(stack: LabStack, runs: int, seed: int = 1, hold_s: tuple[float, float] =
                             "recovery_s": None if recovered is None else round(recovered, 2),
                             "fault_to_whole_s": round(time.monotonic() - t0, 2), "healed_at_s": round(t_heal - t0, 2)})
             say(json.dumps(results[-1]))
+            if job:
+                stack.gpusched("cancel", job, timeout=20)
     finally:
         stack.lab.heal()
         census.stop()
