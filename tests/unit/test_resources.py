@@ -385,3 +385,19 @@ def test_the_filtered_pool_is_never_reused_after_the_pool_changed_at_the_same_co
     pool.add(gpus("n1", 7))  # x released this cycle (asked no CPUs): same count, other GPUs
     again = by_resources(pool, _spec(1, cpus=8), None)
     assert again is not first and "n1/0" not in again.free_on("n1") and "n1/7" in again.free_on("n1")
+
+
+def test_a_job_waiting_for_cpus_alone_preempts_a_preemptible_cpu_hog_by_the_same_rules():
+    """Free GPUs, but the only node's CPUs held by a low-priority preemptible job: a high one
+    asks it to yield (a non-preemptible holder, or a job of the same class, is never taken)."""
+    for hog, preempted in (({"preemptible": True, "priority": "low"}, True),
+                           ({"preemptible": False, "priority": "low"}, False),
+                           ({"preemptible": True, "priority": "high"}, False)):
+        s = _cluster(("n0", 16, 0))
+        s.run("hog", gpus("n0", 0), cpus=12, at=0.0, **hog)
+        s.submit("high", gpus=1, cpus=8, priority="high", at=1000.0)
+        out = s.cycle("preempt")
+        asked = [e.job_id for e in out if isinstance(e, ev.PreemptionRequested)]
+        assert asked == (["hog"] if preempted else []), hog
+        if not preempted:
+            assert isinstance(s.state.jobs["high"].pending_why, NoFreeCpuMem)

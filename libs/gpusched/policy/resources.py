@@ -12,7 +12,8 @@ What counts, per node: the fold's `cpus_used`/`memory_used_mb` (the jobs holding
 what this cycle has granted or released there (`Pool.res`, kept by `hold`). A node that declared
 no amount (0) is not counted for it; a job that asks for none is never filtered. Quotas stay on
 GPUs. Elastic jobs grow only onto nodes that can hold them (`elastic.grow_gpus`); shrinking a job
-off a node in a what-if does not free its CPUs there (conservative: it never overbooks).
+off a node in a what-if does not free its CPUs there (conservative: it never overbooks). A job
+whose GPUs fit but whose CPUs do not preempts by `preemption.choose_cpu_victims`.
 """
 
 from __future__ import annotations

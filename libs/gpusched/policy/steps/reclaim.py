@@ -65,7 +65,8 @@ def _preempt(plan: CyclePlan, ctx: Context, job: Job, lo: int, fits: Callable[[P
              room: int | None, failed: set[tuple]) -> None:
     config = ctx.config
     las = las_queue(job.service_gpu_s, config) if config.las and config.las_preempt else None
-    alike = (job.team, job.spec.priority, las, lo, job.spec.topology.required, job is plan.head)
+    alike = (job.team, job.spec.priority, las, lo, job.spec.topology.required, job is plan.head, job.spec.cpus,
+             job.spec.memory_mb)
     if alike in failed:
         return
     chosen = victims(plan, ctx, job, lo, fits)
