@@ -17,6 +17,7 @@ environment (`ENV_ALLOW`), and its control, log and checkpoint directories are 0
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -332,14 +333,22 @@ _HIDE_PROC = ('mount -t proc -o hidepid=2 proc /proc || '
               'echo "--- gpusched: /proc is not hidden from this job (mount failed)" >&2; exec "$@"')
 
 
+@functools.cache
 def proc_hidable() -> bool:
-    """Root, `unshare`, and Linux >= 5.8: each procfs mount has its own options there (on older
-    kernels `hidepid` on a new mount would apply to the host's /proc as well)."""
+    """Root, Linux >= 5.8 (each procfs mount has its own options there: on older kernels
+    `hidepid` on a new mount would apply to the host's /proc as well), and a mount namespace this
+    daemon may make (tried once: a container without CAP_SYS_ADMIN may not)."""
     try:
         major, minor = (int(x) for x in os.uname().release.split(".")[:2])
     except ValueError:
         return False
-    return os.geteuid() == 0 and (major, minor) >= (5, 8) and shutil.which("unshare") is not None
+    if os.geteuid() != 0 or (major, minor) < (5, 8) or shutil.which("unshare") is None:
+        return False
+    try:
+        probe = ["unshare", "--mount", "--propagation", "slave", "--", "true"]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def command_argv(launch: Launch, ids: tuple[int, int] | None) -> list[str]:
