@@ -304,6 +304,11 @@ class Record:
     headers: dict[str, str] | None
     time: float | None = None  # the server's store time (epoch seconds): the fold's clock
 
+    @property
+    def position(self):
+        """Its place in its writer's signed chain (`ClusterState.apply` refuses a copy)."""
+        return signing.position(self.subject, self.headers)
+
 
 @dataclass(frozen=True)
 class RawMessage:
