@@ -54,3 +54,5 @@ def test_without_password_keeps_everything_else():
     assert without_password("redis://:pw@127.0.0.1:6379/0") == ("redis://127.0.0.1:6379/0", "pw")
     assert without_password("redis://user:pw@h:1/2") == ("redis://user@h:1/2", "pw")
     assert without_password("redis://h:1/0") == ("redis://h:1/0", None)
+    assert without_password("redis+sentinel://:pw@s0:26379,s1:26379/mymaster/0") == \
+        ("redis+sentinel://s0:26379,s1:26379/mymaster/0", "pw")
