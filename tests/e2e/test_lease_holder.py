@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 import redis.asyncio as aioredis
 
 from gpusched.bus import subjects
@@ -18,14 +19,22 @@ from gpusched.core import events as ev
 from .harness import LEASE_TTL_MS, harness  # noqa: F401
 
 
-async def forge_as_tenant(nats_url: str, trust) -> str:
+@pytest.fixture
+def mallory(trust):
+    """A tenant, added before the test's server starts (it renders the keyring)."""
+    if trust.get("mallory") is None:
+        trust.add("mallory", "tenant", teams=["a"])
+    return trust.creds("mallory")
+
+
+async def forge_as_tenant(nats_url: str, creds) -> str:
     """What the server answers a tenant who writes the placement lease."""
     said: list[str] = []
 
     async def on_error(err: Exception) -> None:
         said.append(str(err).lower())
 
-    nc = await connect(nats_url, name="mallory", creds=trust.creds("mallory"), error_cb=on_error)
+    nc = await connect(nats_url, name="mallory", creds=creds, error_cb=on_error)
     try:
         subject = f"$KV.{subjects.LEASE_BUCKET}.placement"
         await nc.publish(subject, json.dumps({"owner": "placement@evil:1:abcdef", "ttl_ms": 120_000}).encode())
@@ -39,17 +48,14 @@ async def forge_as_tenant(nats_url: str, trust) -> str:
     return " ".join(said)
 
 
-async def test_a_forged_placement_lease_does_not_stop_the_fallback(harness, redis_url, nats_server, trust):  # noqa: F811
+async def test_a_forged_placement_lease_does_not_stop_the_fallback(mallory, harness, redis_url):  # noqa: F811
     h = harness
     r = aioredis.Redis.from_url(redis_url)
     try:
         assert await r.set("gpusched:lease:placement", "placement@host:1:abcdef", px=120_000)  # the old attack
     finally:
         await r.aclose()
-    if trust.get("mallory") is None:
-        trust.add("mallory", "tenant", teams=["a"])
-        nats_server.reload()
-    assert "permissions violation" in await forge_as_tenant(h.nats_url, trust)
+    assert "permissions violation" in await forge_as_tenant(h.nats_url, mallory)
     h.start("admission")
     h.start("fallback", "--grace-ms", str(LEASE_TTL_MS))
     await h.ready("admission", "fallback")
