@@ -1,0 +1,128 @@
+"""Image jobs (`spec.image`) through real processes: a root node daemon (dynamic uids, a cgroup
+per job) runs them with podman and runc, in a tiny image built here (`container_helpers`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from gpusched.core import events as ev
+from gpusched.core.model import JobSpec
+from gpusched.services.nodeagent import cgroups, container
+
+from .container_helpers import tiny_image  # noqa: F401 (a fixture)
+from .node_helpers import Cluster, alive, wait_gone
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or cgroups.version() is None,
+                                reason="needs root (podman rootful, dynamic uids) and a cgroup v1 or v2 hierarchy")
+
+UIDS = (64600, 200)
+#: Unique per test process: simulated GPUs' UUIDs (their CDI names) come from the node name, and
+#: CDI refuses a name two specs on one host define.
+NODE = f"img{os.getpid()}"
+
+
+@pytest.fixture
+def site():
+    root = Path(tempfile.mkdtemp(prefix="gpusched-i23img-"))
+    os.chmod(root, 0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _start(c: Cluster, tiny, gpus: int = 2):
+    return await c.start_nodes([NODE], gpus=gpus, uid_range=UIDS, containers_dir=tiny[0])
+
+
+def in_image(tiny, script: str, **kw) -> JobSpec:
+    return JobSpec(team="t", gpus=1, command=["/bin/sh", "-c", script], image=tiny[1], on_failure="fail", **kw)
+
+
+async def _run(c: Cluster, job_id: str, spec: JobSpec, gpu: str, until=("completed", "failed")):
+    await c.submit(job_id, spec)
+    await c.grant(job_id, [gpu])
+    return await c.wait(lambda s: s.jobs[job_id].state in until and s.jobs[job_id], job_id, timeout=30)
+
+
+def log_of(c: Cluster, job_id: str) -> str:
+    return Path(c.state.jobs[job_id].logs[-1].path).read_text()
+
+
+async def test_an_image_job_runs_in_its_image_as_its_uid_and_its_exit_code_comes_back(nats_url, site, tiny_image):
+    script = ('echo "uid $(id -u) gid $(id -g)"; [ -e /etc/debian_version ] && echo on-host || echo in-image; '
+              'echo "job $GPUSCHED_JOB_ID cuda $CUDA_VISIBLE_DEVICES"; echo step > "$GPUSCHED_CHECKPOINT_DIR/out"; '
+              'exit 3')
+    async with Cluster(nats_url, site) as c:
+        await _start(c, tiny_image)
+        job = await _run(c, "boxed", in_image(tiny_image, script), f"{NODE}/1")
+        assert job.state == "failed" and job.end_reason.startswith("exit code 3"), job.end_reason
+        text = log_of(c, "boxed")
+        uid = int(text.split("uid ")[1].split()[0])
+        assert uid in range(UIDS[0], sum(UIDS)) and f"gid {uid}" in text, text  # its dynamic uid, never root
+        assert "in-image" in text and "on-host" not in text, text
+        assert "job boxed cuda 0" in text, text  # its one GPU, numbered from 0 inside
+        out = site / "work" / "checkpoints" / "boxed" / "out"
+        assert out.read_text() == "step\n" and out.stat().st_uid == uid  # the mounted checkpoint dir
+
+
+async def test_an_image_job_sees_only_its_granted_gpu(nats_url, site, tiny_image):
+    async with Cluster(nats_url, site) as c:
+        host = await _start(c, tiny_image)
+        devices = host.agents[NODE].devices
+        script = (f'cat /dev/nvidia1; cat /dev/nvidia0; cat {devices[0].path}; echo "devices $GPUSCHED_GPU_DEVICES"; '
+                  'true')
+        job = await _run(c, "onegpu", in_image(tiny_image, script), f"{NODE}/1")
+        assert job.state == "completed", job.end_reason
+        lines = [x for x in log_of(c, "onegpu").splitlines() if not x.startswith("---")]
+        assert "/dev/nvidia1: No such device or address" in lines[0], lines  # its own (by CDI; no driver behind)
+        assert "/dev/nvidia0: No such file or directory" in lines[1], lines  # GPU 0 never entered
+        assert "No such file or directory" in lines[2], lines  # nor GPU 0's host node
+        assert lines[3] == "devices /dev/nvidia1", lines
+
+
+async def test_cancelling_an_image_job_stops_its_container_by_its_cgroup(nats_url, site, tiny_image):
+    async with Cluster(nats_url, site) as c:
+        host = await _start(c, tiny_image)
+        await _run(c, "long", in_image(tiny_image, "sleep 60", memory_mb=64), f"{NODE}/0", until=("running",))
+        run = host.agents[NODE].current("long")
+        cg = run.proc.cgroup
+        deadline = time.monotonic() + 15
+        while not (inside := [p for p in cg.pids() if _comm(p) == "sleep"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert inside, "the container's process is in the job's cgroup"
+        memory = Path(cg.dirs["memory"])
+        assert (memory / container.CGROUP_CHILD).is_dir()  # the container's cgroup, under the job's
+        await c.append(ev.JobCancelled(at=time.time(), job_id="long"))
+        await c.wait(lambda s: s.jobs["long"].state == "cancelled", "cancelled")
+        for pid in inside:
+            await wait_gone(pid, timeout=15)
+        await c.wait(lambda s: not host.agents[NODE].jobs, "run forgotten", timeout=15)
+        assert not memory.exists()  # the job's cgroup and the container's under it are removed
+        name = container.name_of(run.proc.launch)
+        env = container.configure(tiny_image[0])
+        deadline = time.monotonic() + 15
+        while name in _containers(env) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert name not in _containers(env)
+        assert not any(alive(p) for p in inside)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _containers(env: dict) -> list[str]:
+    out = subprocess.run([container.PODMAN, "ps", "--all", "--format", "{{.Names}}"], env=env, capture_output=True,
+                         text=True, check=False).stdout
+    return out.split()
