@@ -1050,7 +1050,7 @@ class NodeHost:
             agent.backend.close()
             if agent.cgroup_parent:
                 remove_parent(agent.cgroup_parent)  # empty once no run is left under it
-            if agent.cdi_spec is not None:
+            if agent.cdi_spec is not None and kill_jobs:  # a kept run's podman may still be resolving it
                 agent.cdi_spec.unlink(missing_ok=True)
                 container.remove_unused_cgroups()
         if self.own_log:

@@ -13,7 +13,9 @@ The rest of the confinement is the same as for a job on the host: the job's uid 
 (`--user`, `users.UserMap`), no capabilities and no new privileges; only the granted GPUs enter,
 by CDI name `nvidia.com/gpu=<UUID>` (the name NVIDIA's `nvidia-ctk cdi generate
 --device-name-strategy=uuid` gives them); the checkpoint and control directories are bind-mounted
-at the same paths; the network is the host's, so ranks on several nodes meet at MASTER_ADDR.
+at the same paths; the network is the host's, so ranks on several nodes meet at MASTER_ADDR. A tiny
+init (`--init`, catatonit) is the container's pid 1, so the job's command takes SIGTERM as it
+does on the host (a pid 1 without a handler would ignore it until the SIGKILL).
 The environment goes through an in-memory file (`--env-file /dev/fd/N`): never on a command
 line, where every local user could read it, and never in podman's own environment.
 
@@ -130,7 +132,7 @@ def launch_error(launch: Launch) -> str | None:
 def run_argv(launch: Launch, ids: tuple[int, int] | None, groups: set[int], env_fd: int) -> list[str]:
     """`podman run` for the run: as the job's uid, in its cgroup, with its GPUs and directories."""
     uid, gid = ids if ids is not None else (os.geteuid(), os.getegid())
-    argv = [PODMAN, "run", "--rm", "--pull", "missing", "--name", name_of(launch), "--network", "host",
+    argv = [PODMAN, "run", "--rm", "--pull", "missing", "--init", "--name", name_of(launch), "--network", "host",
             "--log-driver", "passthrough", "--security-opt", "no-new-privileges", "--cap-drop", "all",
             "--user", f"{uid}:{gid}", "--env-file", f"/dev/fd/{env_fd}"]
     argv += [x for g in sorted(groups - {gid}) for x in ("--group-add", str(g))]

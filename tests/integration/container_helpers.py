@@ -1,6 +1,6 @@
 """A tiny OCI image built on this machine, since no registry is reachable from it: a root file
-system holding the host's own `sh`, `cat`, `sleep` and `id` with their shared libraries (found
-by ldd), `podman import`ed into a podman storage configured the way a node daemon configures its
+system holding the host's own `sh`, `cat`, `sleep`, `id` and `perl` (sockets, for the ranks'
+rendezvous) with their shared libraries (found by ldd), `podman import`ed into a podman storage configured the way a node daemon configures its
 own (`container.configure`). Pass the fixture's directory as the agents' `containers_dir`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from gpusched.services.nodeagent import container
 
-PROGRAMS = ("/bin/sh", "/bin/cat", "/bin/sleep", "/usr/bin/id")
+PROGRAMS = ("/bin/sh", "/bin/cat", "/bin/sleep", "/usr/bin/id", "/usr/bin/perl")
 TINY_IMAGE = "localhost/gpusched-test-tiny:1"
 
 

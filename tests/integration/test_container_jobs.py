@@ -89,8 +89,8 @@ async def test_an_image_job_sees_only_its_granted_gpu(nats_url, site, tiny_image
 
 
 async def test_cancelling_an_image_job_stops_its_container_by_its_cgroup(nats_url, site, tiny_image):
-    async with Cluster(nats_url, site) as c:
-        host = await _start(c, tiny_image)
+    async with Cluster(nats_url, site) as c:  # a grace longer than the waits: SIGTERM must do it
+        host = await c.start_nodes([NODE], gpus=2, uid_range=UIDS, containers_dir=tiny_image[0], kill_grace_s=60)
         await _run(c, "long", in_image(tiny_image, "sleep 60", memory_mb=64), f"{NODE}/0", until=("running",))
         run = host.agents[NODE].current("long")
         cg = run.proc.cgroup
@@ -113,6 +113,52 @@ async def test_cancelling_an_image_job_stops_its_container_by_its_cgroup(nats_ur
             time.sleep(0.2)
         assert name not in _containers(env)
         assert not any(alive(p) for p in inside)
+
+
+#: Rank 0 listens on MASTER_PORT, rank 1 connects to MASTER_ADDR and says hello: perl's socket
+#: builtins only (the image holds no perl modules).
+RENDEZVOUS = r"""
+my $addr = sub { pack("S n a4 x8", 2, $ENV{MASTER_PORT}, pack("C4", split(/\./, $_[0]))) };
+if ($ENV{RANK} == 0) {
+    socket(S, 2, 1, 6) or die "socket: $!"; setsockopt(S, 1, 2, pack("l", 1));
+    bind(S, $addr->("0.0.0.0")) or die "bind: $!"; listen(S, 1) or die "listen: $!";
+    accept(C, S) or die "accept: $!"; my $line = <C>;
+    open(F, ">", "$ENV{GPUSCHED_CHECKPOINT_DIR}/met") or die "open: $!"; print F $line; close F; exit 0;
+}
+for (1 .. 200) {
+    socket(S, 2, 1, 6) or die "socket: $!";
+    if (connect(S, $addr->($ENV{MASTER_ADDR}))) { syswrite(S, "hello from rank $ENV{RANK} of $ENV{WORLD_SIZE}\n"); exit 0 }
+    close S; select(undef, undef, undef, 0.05);
+}
+die "rank $ENV{RANK}: no rendezvous at $ENV{MASTER_ADDR}:$ENV{MASTER_PORT}";
+"""
+
+
+async def test_ranks_in_containers_on_two_nodes_meet_at_master_addr(nats_url, site, tiny_image):
+    nodes = [f"{NODE}a", f"{NODE}b"]
+    async with Cluster(nats_url, site) as c:
+        await c.start_nodes(nodes, gpus=1, uid_range=UIDS, containers_dir=tiny_image[0])
+        spec = JobSpec(team="t", gpus=2, command=["/usr/bin/perl", "-e", RENDEZVOUS], image=tiny_image[1],
+                       on_failure="fail")
+        await c.submit("pair", spec)
+        await c.grant("pair", [f"{nodes[0]}/0", f"{nodes[1]}/0"])
+        job = await c.wait(lambda s: s.jobs["pair"].state in ("completed", "failed") and s.jobs["pair"], "pair",
+                           timeout=30)
+        assert job.state == "completed", job.end_reason
+        assert (site / "work" / "checkpoints" / "pair" / "met").read_text() == "hello from rank 1 of 2\n"
+
+
+async def test_a_restarted_daemon_adopts_an_image_job_and_learns_its_exit_code(nats_url, site, tiny_image):
+    async with Cluster(nats_url, site) as c:
+        first = await _start(c, tiny_image)
+        await _run(c, "kept", in_image(tiny_image, "sleep 2; exit 5"), f"{NODE}/0", until=("running",))
+        await first.stop(kill_jobs=False)
+        c.hosts.remove(first)
+        second = await _start(c, tiny_image)
+        assert second.agents[NODE].current("kept") is not None  # adopted, not restarted
+        job = await c.wait(lambda s: s.jobs["kept"].state == "failed" and s.jobs["kept"], "kept ended", timeout=30)
+        assert job.end_reason.startswith("exit code 5"), job.end_reason  # from the wrapper's file, not the job's dir
+        assert job.attempt == 1
 
 
 def _comm(pid: int) -> str:

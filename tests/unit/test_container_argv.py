@@ -34,6 +34,7 @@ def test_podman_runs_the_image_as_the_job_with_only_its_gpus_and_directories(tmp
     assert volumes == [f"{launch.checkpoint_dir}:{launch.checkpoint_dir}", f"{launch.control_dir}:{launch.control_dir}"]
     assert argv[argv.index("--cgroup-parent") + 1] == container.CGROUP_CHILD and "no-conmon" in argv
     assert argv[argv.index("--network") + 1] == "host" and "--cap-drop" in argv and "no-new-privileges" in argv
+    assert "--init" in argv  # the command is not pid 1: SIGTERM stops it as on the host
     assert argv[argv.index("--env-file") + 1] == "/dev/fd/7"
     assert argv[-6:] == ["--", "ghcr.io/acme/train:1.2", "python", "train.py", "--lr", "1"]  # nothing after is podman's
     assert not any("hf_secret" in a for a in argv)
