@@ -619,7 +619,7 @@ class NodeAgent(CheckpointHandshake):
         if run.state in ("stopping",):
             self._forget(run)  # stopped by us: never reported
             return
-        detail = _oom_detail(run.proc.launch)
+        detail = _oom_detail(run.proc.launch) or container.exit_detail(run.proc.launch, rc)
         log.info("job_exited", job=run.job_id, attempt=run.attempt, node=self.node, exit_code=rc, detail=detail)
         if rc == 0 and run.node_rank != 0:
             run.state = "exited"  # its GPUs stay held until rank 0 finishes
@@ -748,13 +748,14 @@ def _publish_cdi(key: str, devices: dict[int, GpuDevice], uuids: dict[int, str])
 
 
 def _remove_cgroup(launch: launcher.Launch) -> None:
-    if launch.image and launch.containers_dir:  # a container its killed podman left behind
-        container.remove(container.configure(Path(launch.containers_dir)), container.name_of(launch))
     if launch.cgroup is not None:
         cg = JobCgroup.from_json(launch.cgroup)
         cg.kill()
         if not cg.remove(0.5):
             log.warning("cgroup_not_removed", job=launch.job_id, dirs=list(cg.dirs.values()))
+    if launch.image and launch.containers_dir:  # what its killed podman left behind
+        container.remove_run_cgroups(launch)
+        container.remove(container.configure(Path(launch.containers_dir)), container.name_of(launch))
 
 
 # --- the host: one connection, one fold, many agents -----------------------------------------
@@ -1052,7 +1053,6 @@ class NodeHost:
                 remove_parent(agent.cgroup_parent)  # empty once no run is left under it
             if agent.cdi_spec is not None and kill_jobs:  # a kept run's podman may still be resolving it
                 agent.cdi_spec.unlink(missing_ok=True)
-                container.remove_unused_cgroups()
         if self.own_log:
             try:
                 await self.log.close()

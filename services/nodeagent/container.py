@@ -2,8 +2,9 @@
 
 The job's processes stay inside its own cgroup: the podman client joins it (the launcher's
 `_JOIN`), conmon stays there (`--cgroups no-conmon`), and the container's cgroup is made under it
-(`--cgroup-parent container`, relative, so under the job's cgroup of every v1 controller; runc
-resolves it against its own). The job's memory, CPU, pids and device limits hold for the
+(`--cgroup-parent <run>`, relative, so under the job's cgroup of every v1 controller it joined;
+runc resolves it against its own; in the hierarchies the job has no directory in, cpuset or
+blkio, it lands under the daemon's own cgroup, and `remove_run_cgroups` removes it). The job's memory, CPU, pids and device limits hold for the
 container as a parent's limits hold for a child, and kill, signal and adoption by the cgroup see
 the container's processes. runc adds its own default device rules to every container
 (`RUNC_DEVICES`); a v1 child may hold no rule its parent lacks, so an image job's cgroup allows
@@ -53,8 +54,6 @@ CDI_PREFIX = "gpusched-"
 #: The daemon's own variables podman may see: where to find programs, and how to reach a registry.
 ENGINE_ENV = ("PATH", "HOME", "LANG", "TZ", "TMPDIR", "REGISTRY_AUTH_FILE", "HTTP_PROXY", "HTTPS_PROXY",
               "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
-#: The subdirectory of the job's cgroup the container's cgroup is made in.
-CGROUP_CHILD = "gpusched-container"
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -137,13 +136,22 @@ def run_argv(launch: Launch, ids: tuple[int, int] | None, groups: set[int], env_
             "--user", f"{uid}:{gid}", "--env-file", f"/dev/fd/{env_fd}"]
     argv += [x for g in sorted(groups - {gid}) for x in ("--group-add", str(g))]
     if launch.cgroup is not None:
-        argv += ["--cgroups", "no-conmon", "--cgroup-parent", CGROUP_CHILD]
+        argv += ["--cgroups", "no-conmon", "--cgroup-parent", name_of(launch)]
     argv += [x for u in launch.gpu_uuids if u for x in ("--device", f"{CDI_KIND}={u}")]
     for path in (launch.checkpoint_dir, launch.control_dir):
         argv += ["--volume", f"{path}:{path}"]
     if launch.cwd:
         argv += ["--workdir", launch.cwd]
     return [*argv, "--", str(launch.image), *launch.command]
+
+
+#: What podman's own exit codes say (docker's convention; a job exiting with one reads the same).
+PODMAN_EXITS = {125: "podman could not run the image (not present and not pulled, or refused): see the job's log",
+                126: "the command cannot be run in the image", 127: "the command is not in the image"}
+
+
+def exit_detail(launch: Launch, rc: int) -> str:
+    return f"image {launch.image}: {PODMAN_EXITS[rc]}" if launch.image and rc in PODMAN_EXITS else ""
 
 
 def remove(engine_env: Mapping[str, str], name: str) -> None:
@@ -157,14 +165,24 @@ def remove(engine_env: Mapping[str, str], name: str) -> None:
         pass
 
 
-def remove_unused_cgroups(root: Path = Path("/sys/fs/cgroup")) -> None:
-    """runc makes CGROUP_CHILD also at the top of the v1 hierarchies a job's cgroup has no
-    directory in (cpuset, blkio...): remove those once empty (one holding a run stays)."""
-    for top in root.glob(f"*/{CGROUP_CHILD}"):
-        try:
-            os.rmdir(top)
-        except OSError:
-            pass
+def remove_run_cgroups(launch: Launch, root: Path = Path("/sys/fs/cgroup")) -> None:
+    """The run's container cgroups in the hierarchies its job's cgroup has no directory in
+    (runc made them under the daemon's own cgroup there): remove them, children first, once the
+    job's processes are gone (a killed podman leaves them). Only this run's: never a directory
+    another run's runc may be filling."""
+    name = name_of(launch)
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, ctrls, own = line.split(":", 2)
+        top = root / (ctrls.split(",")[0].removeprefix("name=") if ctrls else "unified") / own.lstrip("/") / name
+        for d, _, _ in sorted(os.walk(top), key=lambda t: -len(t[0])):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
 
 
 def cdi_spec(devices: Mapping[int, GpuDevice], uuids: Mapping[int, str]) -> dict:
@@ -196,5 +214,5 @@ def write_cdi_spec(key: str, devices: Mapping[int, GpuDevice], uuids: Mapping[in
     return path
 
 
-__all__ = ["CDI_DIR", "CDI_KIND", "RUNC_DEVICES", "available", "cdi_spec", "configure", "env_file", "image_env", "launch_error",
-           "name_of", "remove", "remove_unused_cgroups", "run_argv", "write_cdi_spec"]
+__all__ = ["CDI_DIR", "CDI_KIND", "RUNC_DEVICES", "available", "cdi_spec", "configure", "env_file", "exit_detail", "image_env", "launch_error",
+           "name_of", "remove", "remove_run_cgroups", "run_argv", "write_cdi_spec"]

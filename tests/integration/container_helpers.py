@@ -50,6 +50,9 @@ def reset(containers_dir: Path) -> None:
     env = container.configure(containers_dir)
     for argv in (["rm", "--all", "--force", "--time", "0"], ["rmi", "--all", "--force"]):
         subprocess.run([container.PODMAN, *argv], env=env, capture_output=True, check=False)
+    overlay = containers_dir / "storage" / "overlay"
+    if os.path.ismount(overlay):  # the storage driver's private mount, left when podman failed
+        subprocess.run(["umount", str(overlay)], capture_output=True, check=False)
     shutil.rmtree(containers_dir, ignore_errors=True)
 
 

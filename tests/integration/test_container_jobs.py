@@ -73,6 +73,16 @@ async def test_an_image_job_runs_in_its_image_as_its_uid_and_its_exit_code_comes
         assert out.read_text() == "step\n" and out.stat().st_uid == uid  # the mounted checkpoint dir
 
 
+async def test_an_image_the_node_lacks_is_pulled_and_a_failed_pull_fails_the_job_precisely(nats_url, site, tiny_image):
+    async with Cluster(nats_url, site) as c:
+        await _start(c, tiny_image)
+        spec = JobSpec(team="t", gpus=1, command=["true"], image="localhost:1/gpusched/absent:1", on_failure="fail")
+        job = await _run(c, "absent", spec, f"{NODE}/0")
+        assert job.state == "failed" and job.end_reason.startswith("exit code 125"), job.end_reason
+        assert "podman could not run the image" in job.end_reason, job.end_reason
+        assert "Trying to pull localhost:1/gpusched/absent:1" in log_of(c, "absent")  # --pull missing: it tried
+
+
 async def test_an_image_job_sees_only_its_granted_gpu(nats_url, site, tiny_image):
     async with Cluster(nats_url, site) as c:
         host = await _start(c, tiny_image)
@@ -99,7 +109,7 @@ async def test_cancelling_an_image_job_stops_its_container_by_its_cgroup(nats_ur
             time.sleep(0.05)
         assert inside, "the container's process is in the job's cgroup"
         memory = Path(cg.dirs["memory"])
-        assert (memory / container.CGROUP_CHILD).is_dir()  # the container's cgroup, under the job's
+        assert (memory / container.name_of(run.proc.launch)).is_dir()  # the container's cgroup, under the job's
         await c.append(ev.JobCancelled(at=time.time(), job_id="long"))
         await c.wait(lambda s: s.jobs["long"].state == "cancelled", "cancelled")
         for pid in inside:
@@ -113,6 +123,7 @@ async def test_cancelling_an_image_job_stops_its_container_by_its_cgroup(nats_ur
             time.sleep(0.2)
         assert name not in _containers(env)
         assert not any(alive(p) for p in inside)
+        assert not list(Path("/sys/fs/cgroup").glob(f"*/{name}"))  # nor in cpuset, blkio...
 
 
 #: Rank 0 listens on MASTER_PORT, rank 1 connects to MASTER_ADDR and says hello: perl's socket

@@ -32,7 +32,7 @@ def test_podman_runs_the_image_as_the_job_with_only_its_gpus_and_directories(tmp
     assert devices == ["nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-d"]
     volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
     assert volumes == [f"{launch.checkpoint_dir}:{launch.checkpoint_dir}", f"{launch.control_dir}:{launch.control_dir}"]
-    assert argv[argv.index("--cgroup-parent") + 1] == container.CGROUP_CHILD and "no-conmon" in argv
+    assert argv[argv.index("--cgroup-parent") + 1] == container.name_of(launch) and "no-conmon" in argv
     assert argv[argv.index("--network") + 1] == "host" and "--cap-drop" in argv and "no-new-privileges" in argv
     assert "--init" in argv  # the command is not pid 1: SIGTERM stops it as on the host
     assert argv[argv.index("--env-file") + 1] == "/dev/fd/7"
