@@ -107,6 +107,8 @@ def gpu_status(state: ClusterState, g: str) -> str:
         return "held"
     if node.lost:
         return "lost"
+    if node.partitioned:
+        return "partitioned"
     if node.drained:
         return "drained"
     if rec.quarantined is not None:
@@ -133,7 +135,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
         "labels": dict(node.labels),
-        "lost": node.lost, "drained": node.drained, "total": len(node.gpus), "free": len(node.free),
+        "lost": node.lost, "drained": node.drained, "partitioned": node.partitioned, "total": len(node.gpus), "free": len(node.free),
         "held": sum(1 for x in gpus if x["status"] == "held"), "gpus": gpus,
     }
 
