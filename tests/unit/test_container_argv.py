@@ -85,3 +85,22 @@ def test_the_cdi_spec_names_each_gpu_by_uuid_at_nvidias_path_and_drops_stale_spe
     node = spec["devices"][1]["containerEdits"]["deviceNodes"][0]
     assert node == {"path": "/dev/nvidia1", "hostPath": str(dev / "nvidia1"), "type": "c", "major": 242, "minor": 65}
     assert not stale.exists() and other.exists()
+
+
+def _submit(*argv: str):
+    from gpusched.cli.commands import spec_from_args
+    from gpusched.cli.main import build_parser
+
+    return spec_from_args(build_parser().parse_args(["submit", "--team", "a", "--gpus", "1", *argv, "--", "true"]))
+
+
+def test_submit_image_records_the_image_and_no_host_working_directory():
+    spec = _submit("--image", "ghcr.io/acme/train:1.2")
+    assert spec.image == "ghcr.io/acme/train:1.2" and spec.workdir is None  # the image's WORKDIR
+    assert _submit("--image", "alpine:3", "--chdir", "/app").workdir == "/app"
+    assert _submit().image is None and _submit().workdir == os.getcwd()
+
+
+def test_submit_refuses_an_image_that_podman_would_read_as_an_option():
+    with pytest.raises(SystemExit, match="an image reference"):
+        _submit("--image=--privileged")
