@@ -145,6 +145,22 @@ def run_argv(launch: Launch, ids: tuple[int, int] | None, groups: set[int], env_
     return [*argv, "--", str(launch.image), *launch.command]
 
 
+def host_pids(ns_pids: list[int], members: list[int]) -> list[int]:
+    """The host pids of the job's own processes that its container knows as `ns_pids` (the SDK
+    writes `sdk-<pid>` from inside its pid namespace): matched by the innermost `NSpid` of each
+    member of the job's cgroup, so a job can name only its own processes."""
+    wanted, out = set(ns_pids), []
+    for pid in members:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        ns = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if len(ns) > 1 and int(ns[-1]) in wanted:
+            out.append(pid)
+    return out
+
+
 #: What podman's own exit codes say (docker's convention; a job exiting with one reads the same).
 PODMAN_EXITS = {125: "podman could not run the image (not present and not pulled, or refused): see the job's log",
                 126: "the command cannot be run in the image", 127: "the command is not in the image"}
@@ -214,5 +230,5 @@ def write_cdi_spec(key: str, devices: Mapping[int, GpuDevice], uuids: Mapping[in
     return path
 
 
-__all__ = ["CDI_DIR", "CDI_KIND", "RUNC_DEVICES", "available", "cdi_spec", "configure", "env_file", "exit_detail", "image_env", "launch_error",
+__all__ = ["CDI_DIR", "CDI_KIND", "RUNC_DEVICES", "available", "cdi_spec", "configure", "env_file", "exit_detail", "host_pids", "image_env", "launch_error",
            "name_of", "remove", "remove_run_cgroups", "run_argv", "write_cdi_spec"]

@@ -440,7 +440,7 @@ class JobProcess:
 
     def signal_pids(self, pids: list[int], sig: int) -> list[int]:
         """Only members of the job's own process group, never another pid a job wrote down."""
-        return self.group.signal_pids(pids, sig) if self.group is not None else []
+        return _signal_pids(self.launch, self.group, pids, sig) if self.group is not None else []
 
     def kill_stragglers(self) -> None:
         """After the leader exits, nothing it started may outlive it."""
@@ -473,10 +473,17 @@ class AdoptedProcess:
         self.group.signal(sig)
 
     def signal_pids(self, pids: list[int], sig: int) -> list[int]:
-        return self.group.signal_pids(pids, sig)
+        return _signal_pids(self.launch, self.group, pids, sig)
 
     def kill_stragglers(self) -> None:
         self.group.signal(signal.SIGKILL)
+
+
+def _signal_pids(launch: Launch, group: JobGroup, pids: list[int], sig: int) -> list[int]:
+    """Signal the pids a job wrote down that are its own; a container's are in its namespace."""
+    if launch.image:
+        pids = container.host_pids(pids, group.members())
+    return group.signal_pids(pids, sig)
 
 
 _virtual_pids = itertools.count(VIRTUAL_PID_BASE)

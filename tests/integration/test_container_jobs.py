@@ -83,6 +83,27 @@ async def test_an_image_the_node_lacks_is_pulled_and_a_failed_pull_fails_the_job
         assert "Trying to pull localhost:1/gpusched/absent:1" in log_of(c, "absent")  # --pull missing: it tried
 
 
+async def test_a_checkpoint_request_signals_the_sdk_by_its_pid_inside_the_container(nats_url, site, tiny_image):
+    script = ('trap \'echo "usr1 for $$" > "$GPUSCHED_CHECKPOINT_DIR/usr1"; exit 0\' USR1; '
+              'echo SIGUSR1 > "$GPUSCHED_CONTROL_DIR/sdk-$$"; while :; do sleep 0.05; done')
+    async with Cluster(nats_url, site) as c:
+        await _start(c, tiny_image)
+        await _run(c, "sdk", in_image(tiny_image, script), f"{NODE}/0", until=("running",))
+        control = c.hosts[0].agents[NODE].current("sdk").proc.launch.control_dir
+        deadline = time.monotonic() + 15
+        while not list(control.glob("sdk-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (written,) = control.glob("sdk-*")
+        asked = time.time()
+        await c.append(ev.PreemptionRequested(at=asked, job_id="sdk", for_job="other", reason="test",
+                                              deadline=asked + 10))
+        job = await c.wait(lambda s: s.jobs["sdk"].state == "completed" and s.jobs["sdk"], "sdk signalled")
+        assert job.state == "completed"
+        ns_pid = written.name.removeprefix("sdk-")
+        assert (site / "work" / "checkpoints" / "sdk" / "usr1").read_text() == f"usr1 for {ns_pid}\n"
+        assert int(ns_pid) < 100  # a pid of the container's namespace, which the daemon mapped
+
+
 async def test_an_image_job_sees_only_its_granted_gpu(nats_url, site, tiny_image):
     async with Cluster(nats_url, site) as c:
         host = await _start(c, tiny_image)
