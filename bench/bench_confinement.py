@@ -100,13 +100,13 @@ async def main() -> None:
         print(f"confined (cgroup v{cgroups.version()} + dynamic uid + device allow-list): median {cm * 1000:.1f} ms  "
               f"p90 {c90 * 1000:.1f} ms")
         print(f"ratio confined/unconfined: median {cm / bm:.2f}  p90 {c90 / b90:.2f}")
-        await _image_column(server.url, root / "work", args.jobs, bm, b90)
+        await _image_column(server.url, root / "work", args.jobs, (bm, b90), (cm, c90))
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def _image_column(url: str, work: Path, jobs: int, bm: float, b90: float) -> None:
+async def _image_column(url: str, work: Path, jobs: int, base: tuple[float, float], conf: tuple[float, float]) -> None:
     from gpusched.services.nodeagent import container
     from tests.integration.container_helpers import build_image, reset
 
@@ -120,7 +120,8 @@ async def _image_column(url: str, work: Path, jobs: int, bm: float, b90: float) 
         reset(work / "containers")
     print(f"image (podman run, runc, CDI GPU, in the job's cgroup, image present): median {im * 1000:.1f} ms  "
           f"p90 {i90 * 1000:.1f} ms")
-    print(f"ratio image/unconfined: median {im / bm:.2f}  p90 {i90 / b90:.2f}")
+    print(f"ratio image/unconfined: median {im / base[0]:.2f}  p90 {i90 / base[1]:.2f}")
+    print(f"ratio image/confined: median {im / conf[0]:.2f}  p90 {i90 / conf[1]:.2f}")
 
 
 if __name__ == "__main__":
