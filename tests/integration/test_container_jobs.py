@@ -58,17 +58,23 @@ def log_of(c: Cluster, job_id: str) -> str:
 
 async def test_an_image_job_runs_in_its_image_as_its_uid_and_its_exit_code_comes_back(nats_url, site, tiny_image):
     script = ('echo "uid $(id -u) gid $(id -g)"; [ -e /etc/debian_version ] && echo on-host || echo in-image; '
-              'echo "job $GPUSCHED_JOB_ID cuda $CUDA_VISIBLE_DEVICES"; echo step > "$GPUSCHED_CHECKPOINT_DIR/out"; '
-              'exit 3')
+              'echo "job $GPUSCHED_JOB_ID cuda $CUDA_VISIBLE_DEVICES token $HF_TOKEN"; echo "path $PATH"; '
+              'echo step > "$GPUSCHED_CHECKPOINT_DIR/out"; exit 3')
+    secret = site / "token"
+    secret.write_text("hf_in_the_box\n")
+    os.chmod(secret, 0o644)
     async with Cluster(nats_url, site) as c:
         await _start(c, tiny_image)
-        job = await _run(c, "boxed", in_image(tiny_image, script), f"{NODE}/1")
+        job = await _run(c, "boxed", in_image(tiny_image, script, secret_env={"HF_TOKEN": str(secret)}), f"{NODE}/1")
         assert job.state == "failed" and job.end_reason.startswith("exit code 3"), job.end_reason
         text = log_of(c, "boxed")
         uid = int(text.split("uid ")[1].split()[0])
         assert uid in range(UIDS[0], sum(UIDS)) and f"gid {uid}" in text, text  # its dynamic uid, never root
         assert "in-image" in text and "on-host" not in text, text
-        assert "job boxed cuda 0" in text, text  # its one GPU, numbered from 0 inside
+        assert "job boxed cuda 0 token hf_in_the_box" in text, text  # its one GPU, numbered from 0 inside
+        path = text.split("path ")[1].splitlines()[0]
+        assert path and path != os.environ["PATH"], path  # podman's default for the image, not the node's
+        assert "hf_in_the_box" not in job.end_reason
         out = site / "work" / "checkpoints" / "boxed" / "out"
         assert out.read_text() == "step\n" and out.stat().st_uid == uid  # the mounted checkpoint dir
 

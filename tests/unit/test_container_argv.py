@@ -104,3 +104,12 @@ def test_submit_image_records_the_image_and_no_host_working_directory():
 def test_submit_refuses_an_image_that_podman_would_read_as_an_option():
     with pytest.raises(SystemExit, match="an image reference"):
         _submit("--image=--privileged")
+
+
+def test_show_prints_the_image_and_where_the_job_starts():
+    from gpusched.cli.render import _where_lines
+
+    assert _where_lines({"image": "alpine:3", "workdir": None, "checkpoint_mode": "rank0"}) == [
+        "image: alpine:3 (podman, pulled when missing on the node)",
+        "runs in the image's working directory; checkpoints: rank0"]
+    assert _where_lines({"workdir": "/w"}) == ["runs in /w; checkpoints: rank0"]
