@@ -120,6 +120,8 @@ def env_file(env: Mapping[str, str]) -> int:
 
 def launch_error(launch: Launch) -> str | None:
     """Why the run cannot start in a container at all (no retry helps), or None."""
+    if not launch.containers_dir:
+        return f"image {launch.image!r}: this node daemon has no podman configuration directory"
     for what, path in (("checkpoint directory", launch.checkpoint_dir), ("control directory", launch.control_dir)):
         if ":" in str(path) or "," in str(path):
             return f"image jobs cannot mount a {what} whose path holds ':' or ',' ({path})"

@@ -408,11 +408,12 @@ class JobProcess:
         """Start the wrapper (a container run: podman, its environment in an in-memory file)."""
         fds: tuple[int, ...] = ()
         try:
-            argv, cwd = command_argv(launch, ids), launch.cwd
-            if launch.image:
+            if launch.image:  # podman's own environment; the job's goes through the file
                 fds = (container.env_file(container.image_env(launch, env)),)
                 argv, cwd = command_argv(launch, ids, fds[0]), None
-                env = container.configure(Path(launch.containers_dir or launch.control_dir.parent / "containers"))
+                env = container.configure(Path(str(launch.containers_dir)))
+            else:
+                argv, cwd = command_argv(launch, ids), launch.cwd
             return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=cwd, pass_fds=fds)
         except (OSError, ValueError) as err:
