@@ -2,11 +2,11 @@
 
 The job's processes stay inside its own cgroup: the podman client joins it (the launcher's
 `_JOIN`), conmon stays there (`--cgroups no-conmon`), and the container's cgroup is made under it
-(`--cgroup-parent <run>`, relative, so under the job's cgroup of every v1 controller it joined;
+(`--cgroup-parent <run>`, relative, so under the job's cgroup of every v1 controller it joined:
 runc resolves it against its own; in the hierarchies the job has no directory in, cpuset or
-blkio, it lands under the daemon's own cgroup, and `remove_run_cgroups` removes it). The job's memory, CPU, pids and device limits hold for the
-container as a parent's limits hold for a child, and kill, signal and adoption by the cgroup see
-the container's processes. runc adds its own default device rules to every container
+blkio, it lands under the daemon's own cgroup, and `remove_run_cgroups` removes it). The job's
+memory, CPU, pids and device limits hold for the container as a parent's limits hold for a
+child, and kill, signal and adoption by the cgroup see the container's processes. runc adds its own default device rules to every container
 (`RUNC_DEVICES`); a v1 child may hold no rule its parent lacks, so an image job's cgroup allows
 those too (mknod only, and the tun device every runc container has).
 
@@ -14,10 +14,9 @@ The rest of the confinement is the same as for a job on the host: the job's uid 
 (`--user`, `users.UserMap`), no capabilities and no new privileges; only the granted GPUs enter,
 by CDI name `nvidia.com/gpu=<UUID>` (the name NVIDIA's `nvidia-ctk cdi generate
 --device-name-strategy=uuid` gives them); the checkpoint and control directories are bind-mounted
-at the same paths; the network is the host's, so ranks on several nodes meet at MASTER_ADDR. A tiny
-init (`--init`, catatonit) is the container's pid 1, so the job's command takes SIGTERM as it
-does on the host (a pid 1 without a handler would ignore it until the SIGKILL).
-The environment goes through an in-memory file (`--env-file /dev/fd/N`): never on a command
+at the same paths; the network is the host's, so ranks on several nodes meet at MASTER_ADDR. A
+tiny init (`--init`, catatonit) is the container's pid 1, so the job's command takes SIGTERM as
+it does on the host (a pid 1 without a handler would ignore it until the SIGKILL). The environment goes through an in-memory file (`--env-file /dev/fd/N`): never on a command
 line, where every local user could read it, and never in podman's own environment.
 
 Podman's configuration is the daemon's own, under `<work>/containers` (`CONTAINERS_CONF`,
