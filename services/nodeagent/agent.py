@@ -184,7 +184,7 @@ def _launch_spec_for(self, job: Job, mine: tuple[int, ...], state: ClusterState)
         checkpoint_dir=Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else self.cfg.checkpoint_root / job_token,
         control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
         resume_from=resume, resume_step=ck.step if ck is not None else None,
-        cwd=job.spec.workdir or self.cfg.cwd, generation=job.generation, checkpoint_mode=job.spec.checkpoint,
+        cwd=job.spec.workdir or (None if job.spec.image else self.cfg.cwd), generation=job.generation, checkpoint_mode=job.spec.checkpoint,
         **launcher.resume_and_secrets(job), checkpoint_roots=self.cfg.all_checkpoint_roots(),
         devices=tuple(self.devices[i].path for i in mine if i in self.devices),
         image=job.spec.image, containers_dir=str(self.cfg.containers_dir) if job.spec.image else None,

@@ -38,8 +38,8 @@ def site():
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def _start(c: Cluster, tiny, gpus: int = 2):
-    return await c.start_nodes([NODE], gpus=gpus, uid_range=UIDS, containers_dir=tiny[0])
+async def _start(c: Cluster, tiny, gpus: int = 2, **config):
+    return await c.start_nodes([NODE], gpus=gpus, uid_range=UIDS, containers_dir=tiny[0], **config)
 
 
 def in_image(tiny, script: str, **kw) -> JobSpec:
@@ -58,13 +58,13 @@ def log_of(c: Cluster, job_id: str) -> str:
 
 async def test_an_image_job_runs_in_its_image_as_its_uid_and_its_exit_code_comes_back(nats_url, site, tiny_image):
     script = ('echo "uid $(id -u) gid $(id -g)"; [ -e /etc/debian_version ] && echo on-host || echo in-image; '
-              'echo "job $GPUSCHED_JOB_ID cuda $CUDA_VISIBLE_DEVICES token $HF_TOKEN"; echo "path $PATH"; '
+              'echo "job $GPUSCHED_JOB_ID cuda $CUDA_VISIBLE_DEVICES token $HF_TOKEN"; echo "path $PATH"; echo "pwd $(pwd)"; '
               'echo step > "$GPUSCHED_CHECKPOINT_DIR/out"; exit 3')
     secret = site / "token"
     secret.write_text("hf_in_the_box\n")
     os.chmod(secret, 0o644)
     async with Cluster(nats_url, site) as c:
-        await _start(c, tiny_image)
+        await _start(c, tiny_image, cwd=str(site))  # the daemon's default working dir is the host's
         job = await _run(c, "boxed", in_image(tiny_image, script, secret_env={"HF_TOKEN": str(secret)}), f"{NODE}/1")
         assert job.state == "failed" and job.end_reason.startswith("exit code 3"), job.end_reason
         text = log_of(c, "boxed")
@@ -74,6 +74,7 @@ async def test_an_image_job_runs_in_its_image_as_its_uid_and_its_exit_code_comes
         assert "job boxed cuda 0 token hf_in_the_box" in text, text  # its one GPU, numbered from 0 inside
         path = text.split("path ")[1].splitlines()[0]
         assert path and path != os.environ["PATH"], path  # podman's default for the image, not the node's
+        assert "pwd /\n" in text, text  # the image's working directory
         assert "hf_in_the_box" not in job.end_reason
         out = site / "work" / "checkpoints" / "boxed" / "out"
         assert out.read_text() == "step\n" and out.stat().st_uid == uid  # the mounted checkpoint dir
