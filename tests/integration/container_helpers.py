@@ -59,8 +59,10 @@ def reset(containers_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def tiny_image(tmp_path_factory):
     """(containers dir, image ref): the image lies in that dir's storage, ready for a node daemon."""
-    if not container.available():
-        pytest.skip("podman is not installed (scripts/install-system-deps.sh installs podman, runc and uidmap)")
+    missing = [p for p in (container.PODMAN, "runc", "catatonit") if shutil.which(p) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (scripts/install-system-deps.sh installs podman, runc, "
+                    "uidmap and catatonit)")
     root = tmp_path_factory.mktemp("containers")
     try:
         yield root, build_image(root)
