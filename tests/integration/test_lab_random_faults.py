@@ -22,6 +22,7 @@ RUNS = int(os.environ.get("GPUSCHED_LAB_FAULT_RUNS", "50"))
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 
+@pytest.mark.timeout(3600)
 def test_random_faults_over_the_whole_stack():
     work = Path(tempfile.mkdtemp(prefix="gs-labfaults-"))
     work.chmod(0o711)  # jobs under dynamic uids reach their control directories

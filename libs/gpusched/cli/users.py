@@ -134,6 +134,20 @@ def cmd_tls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_token(args: argparse.Namespace) -> int:
+    """An API token for an identity (the HTTP API, `gpusched service run api`): printed once; the
+    trust store keeps only its hash, and it stops working when the identity is revoked."""
+    from gpusched.security.httpauth import Tokens
+
+    store = _store(args)
+    found = store.ring().by_name(args.name)
+    if found is None or found[1].revoked_at is not None:
+        print(f"gpusched user token: no live identity {args.name!r} (gpusched user list)", file=sys.stderr)
+        return 1
+    print(Tokens(store.dir).issue(args.name))
+    return 0
+
+
 def cmd_k8s_secrets(args: argparse.Namespace) -> int:
     """The Secrets the Kubernetes pods mount: as manifests under --out from a local trust store
     (make-secrets.sh), or made and applied in the cluster (the Helm chart's bootstrap Job)."""
@@ -219,6 +233,10 @@ def register(sub) -> None:
     p.add_argument("--dir", required=True, help="where to write the CA and the server certificate")
     p.add_argument("--hosts", default="", help="DNS names of the server, comma-separated (e.g. nats)")
     p.set_defaults(func=cmd_tls)
+    p = usub.add_parser("token", help="issue an HTTP API token for an identity (printed once)")
+    p.add_argument("name", help="the identity the token acts as")
+    p.add_argument("--trust", default=None, help="the stack's trust store (default: the client config's)")
+    p.set_defaults(func=cmd_token)
     p = usub.add_parser("k8s-secrets", help="the Secrets of a Kubernetes deployment: manifests, or applied in a pod")
     p.add_argument("--namespace", default=os.environ.get("GPUSCHED_NAMESPACE", "gpusched"),
                    help="their namespace (default: $GPUSCHED_NAMESPACE or gpusched)")
