@@ -15,6 +15,7 @@ fails (or requeues) the attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -347,7 +348,8 @@ class NodeAgent(CheckpointHandshake):
         #: The simulated GPUs' CDI spec to write at the first image job (NVML GPUs: NVIDIA's own spec).
         self.cdi_pending: str | None = f"{config.work_dir.resolve()}/{config.node}" \
             if self.devices and isinstance(backend, SimBackend) else None
-        self.cdi_spec: Path | None = None  # written, removed when the daemon stops
+        #: Removed when the daemon stops its jobs (an earlier daemon's, for the runs adopted from it, too).
+        self.cdi_spec: Path | None = container.cdi_path(self.cdi_pending) if self.cdi_pending else None
         
     # --- registration ---------------------------------------------------------------------
 
@@ -1052,7 +1054,8 @@ class NodeHost:
             if agent.cgroup_parent:
                 remove_parent(agent.cgroup_parent)  # empty once no run is left under it
             if agent.cdi_spec is not None and kill_jobs:  # a kept run's podman may still be resolving it
-                agent.cdi_spec.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    agent.cdi_spec.unlink(missing_ok=True)
         if self.own_log:
             try:
                 await self.log.close()

@@ -211,6 +211,11 @@ def cdi_spec(devices: Mapping[int, GpuDevice], uuids: Mapping[int, str]) -> dict
         for i, d in sorted(devices.items()) if uuids.get(i)]}
 
 
+def cdi_path(key: str, cdi_dir: Path = CDI_DIR) -> Path:
+    """The CDI spec file of the daemon `key` names (its work dir and node)."""
+    return cdi_dir / f"{CDI_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
 def write_cdi_spec(key: str, devices: Mapping[int, GpuDevice], uuids: Mapping[int, str],
                    cdi_dir: Path = CDI_DIR) -> Path:
     """Write this daemon's CDI spec (`key`: its work dir and node); drop other gpusched specs
@@ -224,12 +229,12 @@ def write_cdi_spec(key: str, devices: Mapping[int, GpuDevice], uuids: Mapping[in
             continue
         if not any(os.path.exists(n) for n in nodes):
             old.unlink(missing_ok=True)
-    path = cdi_dir / f"{CDI_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    path = cdi_path(key, cdi_dir)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(cdi_spec(devices, uuids), indent=1))
     tmp.replace(path)
     return path
 
 
-__all__ = ["CDI_DIR", "CDI_KIND", "RUNC_DEVICES", "available", "cdi_spec", "configure", "env_file", "exit_detail", "host_pids", "image_env", "launch_error",
+__all__ = ["CDI_DIR", "CDI_KIND", "RUNC_DEVICES", "available", "cdi_path", "cdi_spec", "configure", "env_file", "exit_detail", "host_pids", "image_env", "launch_error",
            "name_of", "remove", "remove_run_cgroups", "run_argv", "write_cdi_spec"]
