@@ -124,6 +124,8 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     memory_mb: L.MemoryMb | None = None
     #: Where it would rather run, when several sets fit (None: no preference).
     prefer: Preferences | None = None
+    #: Run the command in this OCI image (podman with runc on the node; None: the node's own system).
+    image: L.ImageRef | None = None
 
     @property
     def gang_min(self) -> int:
