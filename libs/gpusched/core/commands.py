@@ -38,7 +38,8 @@ class SetTeamQuota(Command, frozen=True, kw_only=True):
     quota: TeamQuota
     #: "models" merges per pool: the entries given replace those pools' (one of guaranteed 0 and
     #: no limit removes its pool), the others stay.
-    only: list[Literal["guaranteed", "weight", "limit", "default_time_limit_s", "max_time_limit_s", "models"]] = []
+    only: list[Literal["guaranteed", "weight", "limit", "default_time_limit_s", "max_time_limit_s",
+                       "default_cpus", "default_memory_mb", "models"]] = []
 
 
 class DrainNode(Command, frozen=True, kw_only=True):

@@ -26,6 +26,7 @@ from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .eligibility import constrained, matching, restrict
 from .placement import Placement, Pool, first_free, place
+from .resources import hold
 
 
 class Reservation(Struct, frozen=True):
@@ -78,6 +79,7 @@ def reserve(state: ClusterState, pool: Pool, job: Job, need: int, now: float, co
             if not gpus:
                 continue
         hyp.add(gpus)
+        hold(hyp, h.spec, gpus, -1)
         for g in gpus:
             owner[g] = (end, h.job_id)
         if hyp.count < need:

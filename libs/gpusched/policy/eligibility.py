@@ -16,6 +16,7 @@ from ..core.pools import accepted, type_matches
 from ..core.reasons import ArrayLimit, DependencyNever, DependencyWait, Held, MaintenanceWindow, NoMatchingNode, Reason
 from ..core.state import ClusterState, Job
 from .placement import Pool
+from .resources import never_fits
 
 #: End states that satisfy each dependency kind.
 _SATISFIED = {"afterok": ("completed",), "afterany": ("completed", "failed", "cancelled", "timeout")}
@@ -37,6 +38,10 @@ def not_eligible(state: ClusterState, job: Job, now: float | None = None) -> Rea
         if not any(len(state.nodes[n].gpus) >= spec.gang_min for n in m) and \
                 sum(len(state.nodes[n].gpus) for n in m) < spec.gang_min:
             return NoMatchingNode(wants(spec), spec.gang_min)
+    if (spec.cpus or spec.memory_mb) and state.gpus:
+        never = never_fits(state, spec, matching(state, spec) if constrained(spec) else None)
+        if never is not None:
+            return never
     if now is not None and state.windows:
         return window_reason(state, spec, now)
     return None
@@ -140,7 +145,7 @@ def matching(state: ClusterState, spec: JobSpec) -> list[str]:
 
 class _Restricted:
     """Pools narrowed to a constraint, one per pool and constraint while neither the pool
-    (`Pool.version`) nor the fold changes: a queue of jobs alike narrows once, and the copy
+    (`Pool.changes`) nor the fold changes: a queue of jobs alike narrows once, and the copy
     keeps what it learned (`Pool.fails`)."""
 
     at: tuple[int, int] = (0, -1)
@@ -153,12 +158,12 @@ def _restricted(pool: Pool, spec: JobSpec) -> Pool:
         _Restricted.at, _Restricted.table = (id(state), state.last_seq), {}
     key = (id(pool), accepted(spec), tuple(sorted(spec.constraints.items())))
     hit = _Restricted.table.get(key)
-    if hit is not None and hit[0] is pool and hit[1] == pool.version:
+    if hit is not None and hit[0] is pool and hit[1] == pool.changes:
         return hit[2]
     nodes = state.nodes  # only the other nodes with a GPU free in this pool need removing
     other = [g for n in _memo(state, spec)[1] if pool.n_free(n) > 0 for g in nodes[n].gpus]
     out = pool.without(other) if other else pool
-    _Restricted.table[key] = (pool, pool.version, out)
+    _Restricted.table[key] = (pool, pool.changes, out)
     return out
 
 

@@ -32,7 +32,7 @@ class _Pools:
     size = -1
     gpus: dict[str, list[GpuId]] = {}
     others: dict[Choice, dict[str, list[GpuId]]] = {}  # choice -> node -> its GPUs outside the choice
-    #: (id of a pool, choice) -> (the pool, its version, the pool restricted), for one fold position
+    #: (id of a pool, choice) -> (the pool, its changes, the pool restricted), for one fold position
     restricted: dict[tuple[int, Choice], tuple[Pool, int, Pool]] = {}
     at: tuple[int, int] = (0, -1)
     typed: dict[str, list[str]] = {}  # GPU type -> the pools it matches
@@ -93,10 +93,10 @@ def restrict_to(pool: Pool, choice: Choice) -> Pool:
     if _Pools.at != (id(state), state.last_seq):
         _Pools.at, _Pools.restricted = (id(state), state.last_seq), {}
     hit = _Pools.restricted.get((id(pool), choice))
-    if hit is not None and hit[0] is pool and hit[1] == pool.version:
+    if hit is not None and hit[0] is pool and hit[1] == pool.changes:
         return hit[2]
     out = _restrict_to(pool, choice)
-    _Pools.restricted[(id(pool), choice)] = (pool, pool.version, out)
+    _Pools.restricted[(id(pool), choice)] = (pool, pool.changes, out)
     return out
 
 

@@ -19,6 +19,9 @@ class Cluster:
     nodes_per_rack: int
     gpus_per_node: int
     nvlink: str = "all"
+    #: CPUs and memory (MiB) every node offers jobs (0: not declared, not scheduled: `--node-cpus`)
+    cpus: float = 0.0
+    memory_mb: int = 0
     #: Each node's GPU model in registration order (`--gpu-types`; empty: one model, "sim").
     models: tuple[str, ...] = ()
 
@@ -66,7 +69,7 @@ class Cluster:
                 gpus = [GpuInfo(index=i, uuid=f"GPU-sim-{node}-{i}", model=model, nvlink_domain=domains[i])
                         for i in range(self.gpus_per_node)]
                 out.append(ev.NodeRegistered(at=at, node=node, rack=f"rack{r:02d}", gpus=gpus, nvlink=self.nvlink,
-                                             address="sim"))
+                                             address="sim", cpus=self.cpus, memory_mb=self.memory_mb))
         return out
 
 
