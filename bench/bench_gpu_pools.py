@@ -13,8 +13,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from gpusched.sim.report import load_jobs, runtime_model, simulate
 from gpusched.sim.pools import node_models, parse_mix, types_of
+from gpusched.sim.report import load_jobs, runtime_model, simulate
 from gpusched.sim.traces import load_quotas
 from gpusched.sim.world import Cluster
 
