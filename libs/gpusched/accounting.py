@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .core.events import Event
+from .core.pools import canonical_model
 from .core.state import TERMINAL, ClusterState, Job
 
 
@@ -28,6 +29,8 @@ class Held:
     gpus: int
     start: float
     end: float | None = None
+    #: The GPU pool (canonical model, core/pools.py) of its GPUs; pools joined by "+" if several.
+    pool: str = ""
 
     def seconds(self, now: float) -> float:
         return max(0.0, (self.end if self.end is not None else now) - self.start)
@@ -50,17 +53,18 @@ class Ledger:
         for jid in touched:
             job = state.jobs.get(jid) if jid else None
             if job is not None:
-                self._sync(job, event.at)
+                self._sync(job, event.at, state)
 
-    def _sync(self, job: Job, at: float) -> None:
+    def _sync(self, job: Job, at: float, state: ClusterState) -> None:
         held = len(job.gpus) if job.holding else 0
         current = self.open.get(job.job_id)
-        if current is not None and current.gpus != held:
-            self.closed.append(Held(current.job_id, current.team, current.gpus, current.start, at))
+        if current is not None and current.gpus != held:  # (a resize that keeps the count keeps the pool)
+            self.closed.append(Held(current.job_id, current.team, current.gpus, current.start, at, current.pool))
             del self.open[job.job_id]
             current = None
         if current is None and held:
-            self.open[job.job_id] = Held(job.job_id, job.spec.team, held, at)
+            pool = "+".join(sorted({canonical_model(state.gpus[g].model) for g in job.gpus}))
+            self.open[job.job_id] = Held(job.job_id, job.spec.team, held, at, pool=pool)
         lost = job.lost_gpu_s - self._lost_seen.get(job.job_id, 0.0)
         if lost > 0:
             self.lost.append((at, job.spec.team, lost))
@@ -76,6 +80,15 @@ class Ledger:
             run, gpu_s = out.get(h.job_id, (0.0, 0.0))
             out[h.job_id] = (run + h.seconds(now), gpu_s + h.gpus * h.seconds(now))
         return out
+
+
+def gpu_hours_by_pool(ledger: Ledger, now: float) -> dict[str, dict[str, float]]:
+    """GPU pool -> team -> GPU-hours held there, up to `now` (docs/gpu-pools.md)."""
+    out: dict[str, dict[str, float]] = {}
+    for h in ledger.intervals():
+        per = out.setdefault(h.pool, {})
+        per[h.team] = per.get(h.team, 0.0) + h.gpus * h.seconds(now) / 3600.0
+    return {p: {t: round(v, 4) for t, v in sorted(per.items())} for p, per in sorted(out.items())}
 
 
 def gpu_hours_by_team(ledger: Ledger, now: float) -> dict[str, float]:
@@ -103,8 +116,8 @@ def _wait(job: Job, now: float) -> float:
     return max(0.0, start - job.submitted_at)
 
 
-def job_record(job: Job, run_s: float, gpu_s: float, now: float) -> dict[str, Any]:
-    """One job's line of the bill."""
+def job_record(job: Job, run_s: float, gpu_s: float, now: float, by_pool: dict[str, float] | None = None) -> dict[str, Any]:
+    """One job's line of the bill (`by_pool`: its GPU-seconds per GPU pool)."""
     spec = job.spec
     rec: dict[str, Any] = {
         "job_id": job.job_id, "name": spec.name, "team": spec.team, "user": job.user or None,
@@ -114,6 +127,8 @@ def job_record(job: Job, run_s: float, gpu_s: float, now: float) -> dict[str, An
         "gpu_hours": round(gpu_s / 3600.0, 4), "attempts": job.attempt, "preemptions": job.preemptions,
         "restarts": job.restarts, "lost_gpu_s": round(job.lost_gpu_s, 3), "end_reason": job.end_reason,
     }
+    if by_pool:
+        rec["gpu_hours_by_pool"] = {p: round(v / 3600.0, 4) for p, v in sorted(by_pool.items())}
     seconds = getattr(job, "gpu_seconds", None)  # held vs busy GPU-seconds, where the fold keeps them
     if callable(seconds):
         held, busy = seconds(now)
@@ -127,8 +142,13 @@ def job_records(state: ClusterState, ledger: Ledger, now: float | None = None) -
     the fold's latest event time)."""
     now = state.now if now is None else now
     per = ledger.per_job(now)
+    pools: dict[str, dict[str, float]] = {}
+    for h in ledger.intervals():
+        if h.pool:
+            mine = pools.setdefault(h.job_id, {})
+            mine[h.pool] = mine.get(h.pool, 0.0) + h.gpus * h.seconds(now)
     jobs = sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id))
-    return [job_record(j, *per.get(j.job_id, (0.0, 0.0)), now) for j in jobs]
+    return [job_record(j, *per.get(j.job_id, (0.0, 0.0)), now, pools.get(j.job_id)) for j in jobs]
 
 
 def period_start(t: float, by: str) -> float:

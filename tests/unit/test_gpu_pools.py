@@ -245,3 +245,20 @@ def test_a_mixed_simulated_cluster_keeps_typed_jobs_on_their_pool_and_reports_ea
     assert pools["H100"]["jobs_started"] == 2 and pools["A100"]["jobs_started"] == 2
     assert pools["H100"]["gpu_hours_by_team"] == {"a": round(2 * 200 / 3600, 3)}
     assert sim.state.violations() == [] and sim.runs["j1"].first_start == 100.0
+
+
+def test_accounting_splits_gpu_hours_by_pool():
+    from gpusched.accounting import Ledger, gpu_hours_by_pool, job_records
+
+    s, ledger = mixed(), Ledger()
+    s.submit("x", 2)
+    s.submit("y", 1)
+    for e in [ev.GpusGranted(at=0.0, job_id="x", attempt=1, gpus=["h0/0", "h0/1"]),
+              ev.JobCompleted(at=3600.0, job_id="x", attempt=1),
+              ev.GpusGranted(at=3600.0, job_id="y", attempt=1, gpus=["a0/0"]),
+              ev.JobCompleted(at=5400.0, job_id="y", attempt=1)]:
+        s.apply(e)
+        ledger.observe(s.state, e)
+    assert gpu_hours_by_pool(ledger, 5400.0) == {"A100": {"a": 0.5}, "H100": {"a": 2.0}}
+    rec = {r["job_id"]: r for r in job_records(s.state, ledger)}
+    assert rec["x"]["gpu_hours_by_pool"] == {"H100": 2.0} and rec["y"]["gpu_hours_by_pool"] == {"A100": 0.5}

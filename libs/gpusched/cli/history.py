@@ -36,6 +36,8 @@ JOB_FIELDS = [
     Field("restarts", "RESTARTS", _s("restarts"), wide=True),
     Field("busy_gpu_s", "BUSY_GPU_S", _s("busy_gpu_s", lambda x: f"{x:.0f}"), wide=True),
     Field("end_reason", "END_REASON", _s("end_reason"), wide=True),
+    Field("pools", "POOLS", lambda d, _n: " ".join(f"{p}:{h:.2f}" for p, h in (d.get("gpu_hours_by_pool") or {}).items())
+          or "-", wide=True),
 ]
 
 PERIOD_FIELDS = [
