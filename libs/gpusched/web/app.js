@@ -391,8 +391,15 @@ $("cluster").addEventListener("click", (ev) => {
   readFilter();
 });
 
+// "H100 2/8≤16  A100 0/32": held / guaranteed (≤ per-model limit) per GPU pool (docs/gpu-pools.md)
+function poolText(pools) {
+  return Object.entries(pools || {}).map(([p, r]) => `${p} ${r.held}/${r.guaranteed}${r.limit == null ? "" : "≤" + r.limit}`).join("  ");
+}
+
 function renderTeams(m) {
-  const rows = [`<tr><th>team</th><th class="num">held</th><th class="num">guar.</th><th class="num">limit</th><th>share vs guarantee</th><th class="num">queued</th><th class="num" title="GPU-hours held / busy; efficiency = busy / held">GPU-h (eff.)</th></tr>`];
+  const pooled = m.teams.some((t) => t.pools && Object.keys(t.pools).length);
+  const rows = [`<tr><th>team</th><th class="num">held</th><th class="num">guar.</th><th class="num">limit</th><th>share vs guarantee</th><th class="num">queued</th><th class="num" title="GPU-hours held / busy; efficiency = busy / held">GPU-h (eff.)</th>` +
+    (pooled ? `<th title="per GPU model: held / guaranteed (≤ limit)">pools</th>` : "") + `</tr>`];
   const total = Math.max(1, m.health.gpus.total);
   for (const t of m.teams) {
     const pct = Math.min(100, (t.held / total) * 100);
@@ -402,7 +409,8 @@ function renderTeams(m) {
       `<td><div class="bar" title="${(t.share * 100).toFixed(0)}% held, ${(t.entitled_share * 100).toFixed(0)}% guaranteed"><span style="width:${pct}%;background:${teamColor(t.team)}"></span><i style="left:${g}%"></i></div></td>` +
       `<td class="num">${t.pending_jobs}</td>` +
       `<td class="num${t.idle_gpus ? " idle-text" : ""}" title="${t.idle_gpus} GPU(s) idle now">${Number(t.gpu_hours_held || 0).toFixed(2)}/${Number(t.gpu_hours_busy || 0).toFixed(2)}` +
-      `${t.efficiency == null ? "" : " (" + (t.efficiency * 100).toFixed(0) + "%)"}</td></tr>`);
+      `${t.efficiency == null ? "" : " (" + (t.efficiency * 100).toFixed(0) + "%)"}</td>` +
+      (pooled ? `<td>${esc(poolText(t.pools))}</td>` : "") + `</tr>`);
   }
   $("teams").innerHTML = rows.join("");
   renderShares(m);
