@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 RUNS = {  # name: (--gpu-types, --gpu-type-mix, --quotas)
     "one model": (None, None, None),
     "A: 50% H100 only": ("16:H100,48:A100", "H100=0.5", None),
-    "B: 15% H100 only, 35% H100|A100": ("16:H100,48:A100", "H100=0.15,H100|A100=0.35", None),
+    "B: 15% H100 only, 35% H100 then A100": ("16:H100,48:A100", "H100=0.15,H100|A100=0.35", None),
     "C: B + per-model quotas": ("16:H100,48:A100", "H100=0.15,H100|A100=0.35", HERE / "philly-pools.csv"),
 }
 
