@@ -1,6 +1,7 @@
 """GPU models as pools through real processes (issue 30): `gpusched up --gpu-types` starts a
 mixed cluster of simulated node daemons; a job that accepts only H100 waits while an A100 is
-free, one that accepts H100 then A100 falls back to the A100, and `show` and `teams` say so."""
+free, one that accepts H100 then A100 falls back to the A100, `quota --model` sets a per-model
+limit, and `show` and `teams` say so."""
 
 from __future__ import annotations
 
@@ -65,9 +66,11 @@ async def test_a_mixed_stack_keeps_an_h100_job_off_the_a100_and_falls_back_when_
         st = await _until(nats, "the H100,A100 job falls back to the A100",
                           lambda s: s.jobs[either].state == "running")
         assert st.jobs[either].gpus == ["node01/0"] and st.jobs[h100_only].state == "pending"
+        quota = _cli("quota", "a", "--model", "h100", "--limit", "1", env=env)  # at it: no second H100
+        assert quota.returncode == 0 and "team a on h100: guaranteed 0, limit 1" in quota.stdout, quota.stderr
         teams = json.loads(_cli("teams", "--json", env=env).stdout)
         row = next(t for t in (teams["teams"] if isinstance(teams, dict) else teams) if t["team"] == "a")
-        assert {p: r["held"] for p, r in row["pools"].items()} == {"A100": 1, "H100": 1}
+        assert {p: (r["held"], r["limit"]) for p, r in row["pools"].items()} == {"A100": (1, None), "H100": (1, 1)}
 
         assert _cli("cancel", first, env=env).returncode == 0  # the H100 frees: the waiting job takes it
         st = await _until(nats, "the H100-only job starts on the H100", lambda s: s.jobs[h100_only].state == "running")
