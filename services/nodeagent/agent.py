@@ -184,6 +184,7 @@ def _launch_spec_for(self, job: Job, mine: tuple[int, ...], state: ClusterState)
         cwd=job.spec.workdir or self.cfg.cwd, generation=job.generation, checkpoint_mode=job.spec.checkpoint,
         **launcher.resume_and_secrets(job), checkpoint_roots=self.cfg.all_checkpoint_roots(),
         devices=tuple(self.devices[i].path for i in mine if i in self.devices),
+        **launcher.share_of(job, [state.gpus[g].memory_mb for g in job.gpus if g in state.gpus]),
     )
 
 

@@ -59,10 +59,17 @@ class TraceJob(Struct, frozen=True):
     max_gpus: int | None = None
     time_limit_s: float | None = None
     util_pct: float | None = None  # mean GPU utilization while running (None: busy)
+    #: Thousandths of ONE GPU a sharing job asks (Alibaba's `gpu_milli`; 1000: whole GPUs).
+    gpu_milli: int = 1000
+
+    @property
+    def fraction(self) -> float | None:
+        """The share of one GPU it asks for (None: whole GPUs)."""
+        return self.gpu_milli / 1000 if self.gpus == 1 and 0 < self.gpu_milli < 1000 else None
 
     @property
     def gpu_s(self) -> float:
-        return self.duration_s * self.gpus
+        return self.duration_s * (self.fraction or self.gpus)
 
 
 def default_class(job_id: str) -> tuple[str, bool]:
@@ -211,8 +218,9 @@ def load_alibaba(path: Path) -> list[TraceJob]:
     """Mapping (documented in docs/results.md): pods with `num_gpu == 0` (CPU only) and pods that
     were never scheduled (empty `scheduled_time`) are skipped; submit = `creation_time`;
     duration = `deletion_time - scheduled_time` (at least 1 s); a GPU-sharing pod
-    (`gpu_milli < 1000`) gets one whole GPU, since gpusched allocates whole GPUs (this overstates
-    the demand of the 3,078 sharing pods); priority and preemptibility come from `qos`
+    (`gpu_milli < 1000`, one GPU) keeps its share in `gpu_milli`: the simulator runs it as a
+    fractional job (`sim --fractions honour`, the default) or rounds it up to a whole GPU
+    (`--fractions round`, what gpusched did before it shared GPUs); priority and preemptibility come from `qos`
     (`ALIBABA_QOS`). The trace has no teams: the team is the qos class, so fairness is measured
     between workload classes."""
     jobs: list[TraceJob] = []
@@ -226,7 +234,9 @@ def load_alibaba(path: Path) -> list[TraceJob]:
         if qos not in ALIBABA_QOS:
             raise TraceError(f"{path}:{line}: column qos: unknown class {qos!r}")
         priority, preemptible = ALIBABA_QOS[qos]
-        jobs.append(TraceJob(row["name"].strip(), submit, max(1.0, duration), gpus, qos, priority, preemptible))
+        milli = _num(path, line, row, "gpu_milli", int, 0)
+        jobs.append(TraceJob(row["name"].strip(), submit, max(1.0, duration), gpus, qos, priority, preemptible,
+                             gpu_milli=milli if gpus == 1 and 0 < milli < 1000 else 1000))
     return _sorted(jobs)
 
 
@@ -265,7 +275,8 @@ def load_trace(path: str | Path | None = None, fmt: str | None = None, limit: in
 
 
 def _rest(j: TraceJob) -> tuple:
-    return (j.duration_s, j.gpus, j.team, j.priority, j.preemptible, j.min_gpus, j.max_gpus, j.time_limit_s, j.util_pct)
+    return (j.duration_s, j.gpus, j.team, j.priority, j.preemptible, j.min_gpus, j.max_gpus, j.time_limit_s, j.util_pct,
+            j.gpu_milli)
 
 
 def parse_burst(text: str) -> dict:
