@@ -66,7 +66,9 @@ def simulate(jobs: list[TraceJob], cluster: Cluster, policy: str, runtime: Runti
     """Run one simulation. `quotas`: the teams' terms (default: shares of the trace's GPU-hours).
     `services`: run the live services' composition on an in-memory log (`sim.composed`) instead
     of applying each whole cycle; `placement_down` (with it): when placement is gone."""
-    from .engine import default_quotas
+    from .engine import as_asked, default_quotas
+
+    jobs = as_asked(jobs, fractions)  # the quotas share out the demand as the run asks it
 
     # The policy weighs a preemption by the costs the runtime model charges (unless --set).
     costs = {"checkpoint_cost_s": str(runtime.checkpoint_s), "restore_cost_s": str(runtime.restore_s)}
