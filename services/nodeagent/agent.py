@@ -23,7 +23,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,6 +148,13 @@ class RunningJob:
     @property
     def key(self) -> RunKey:
         return (self.job_id, self.attempt, self.generation)
+
+
+def _sharers(job: Job, state: ClusterState) -> set[str]:
+    """The other fractional jobs the fold lets a fractional job share its GPU with."""
+    if not job.spec.shared:
+        return set()
+    return {j for g in job.gpus if g in state.gpus for j in state.gpus[g].shares if j != job.job_id}
 
 
 def job_nodes(job: Job) -> list[str]:
@@ -426,7 +433,7 @@ class NodeAgent(CheckpointHandshake):
         if job is None or (job.attempt, job.generation) != key[1:] or not mine:
             self.deferred.pop(key, None)
             return
-        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key) \
+        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key, _sharers(job, state)) \
                 or not self.host.fresh_view():
             return
         del self.deferred[key]
@@ -437,9 +444,11 @@ class NodeAgent(CheckpointHandshake):
         return next((r for r in self.jobs.values() if r.job_id == job_id and r.state not in ("stopping", "draining")),
                     None)
 
-    def _gpus_busy(self, gpus: Iterable[int], key: RunKey | None = None) -> bool:
+    def _gpus_busy(self, gpus: Iterable[int], key: RunKey | None = None, beside: Collection[str] = ()) -> bool:
+        """Another run is on these GPUs (`beside`: the fractional jobs the fold lets share them)."""
         wanted = set(gpus)
-        return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) for r in self.jobs.values())
+        return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) and r.job_id not in beside
+                   for r in self.jobs.values())
 
     _launch_spec = _launch_spec_for
 
@@ -496,7 +505,8 @@ class NodeAgent(CheckpointHandshake):
         self.jobs[run.id] = run
         self.host.track(run.job_id, self.node, True)
         if run.proc.pid:
-            self.backend.attach(run.gpus, run.proc.pid, env=run.proc.launch.env)
+            launch = run.proc.launch  # the spec's env and its MPS limits (the sim backend caps its memory by them)
+            self.backend.attach(run.gpus, run.proc.pid, env={**launch.env, **launcher.share_env(launch)})
         self._save_record(run)
 
     def _record_path(self, key: RunKey) -> Path:

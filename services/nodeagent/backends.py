@@ -43,6 +43,17 @@ def sim_util(env: Mapping[str, str] | None) -> float:
         return SIM_BUSY_PCT
 
 
+def mps_memory_limit_mb(env: Mapping[str, str] | None) -> int | None:
+    """The MB of `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` ("0=<MB>M", device 0 of the job's
+    visible GPUs): a simulated job uses three quarters of it, as a whole-GPU one of its GPU."""
+    raw = (env or {}).get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
+    _, _, size = raw.partition("=")
+    try:
+        return int(size.removesuffix("M")) if size else None
+    except ValueError:
+        return None
+
+
 class BackendUnavailable(RuntimeError):
     """The backend cannot run on this host (no driver, no library); the message says why."""
 
@@ -116,6 +127,7 @@ class SimBackend:
         self._health: dict[int, tuple[int | None, str]] = {}  # index -> (xid, reason) while unhealthy
         self._util: dict[int, float] = {}  # pid -> utilization it shows
         self._leaks: dict[int, int] = {}  # index -> MB in use by no process
+        self._cap: dict[int, int | None] = {}  # pid -> its MPS memory limit (a fractional job's), if any
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
@@ -124,6 +136,7 @@ class SimBackend:
         self._jobs[pid] = tuple(indices)
         if env is not None or pid not in self._util:
             self._util[pid] = sim_util(env)
+            self._cap[pid] = mps_memory_limit_mb(env)
 
     def detach(self, pid: int) -> None:
         self._jobs.pop(pid, None)  # its utilization is forgotten at the next sample
@@ -168,6 +181,7 @@ class SimBackend:
                 on_gpu.setdefault(i, []).append(pid)
         for pid in [p for p in self._util if p not in self._jobs]:
             del self._util[pid]
+            self._cap.pop(pid, None)
         out = []
         for g in self._gpus:
             jobs = on_gpu.get(g.index, [])
@@ -175,7 +189,7 @@ class SimBackend:
             for pid in [p for p, real in strays.items() if real and not process_alive(p)]:
                 del strays[pid]
             pids = sorted(jobs + list(strays))
-            used = min(g.memory_mb, len(jobs) * (g.memory_mb * 3 // 4) + len(strays) * 512
+            used = min(g.memory_mb, sum((self._cap.get(p) or g.memory_mb) * 3 // 4 for p in jobs) + len(strays) * 512
                        + self._leaks.get(g.index, 0))
             xid, reason = self._health.get(g.index, (None, ""))
             out.append(GpuSample(
