@@ -19,6 +19,7 @@ from typing import Protocol
 import structlog
 
 from gpusched.core.heartbeat import GpuSample
+from gpusched.core.mig import MigInfo, MigMode, MigProfile, profile_name, published_profiles
 from gpusched.core.model import GpuInfo, nvlink_domains
 
 log = structlog.get_logger()
@@ -52,6 +53,10 @@ def mps_memory_limit_mb(env: Mapping[str, str] | None) -> int | None:
         return int(size.removesuffix("M")) if size else None
     except ValueError:
         return None
+
+
+def _mig_mode(nv, value) -> MigMode:
+    return "enabled" if value == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1) else "disabled"
 
 
 class BackendUnavailable(RuntimeError):
@@ -112,8 +117,8 @@ class SimBackend:
     name = "sim"
 
     def __init__(self, node: str, count: int = 8, nvlink: str = "all", *, model: str = "SIM-H100-80GB",
-                 memory_mb: int = 81920, domains: Sequence[int] | None = None):
-        self.node = node
+                 memory_mb: int = 81920, domains: Sequence[int] | None = None, mig: bool = False):
+        self.node, self.mig_enabled = node, mig
         domains = list(domains) if domains is not None else nvlink_domains(nvlink, count)
         if len(domains) != count:
             raise ValueError(f"{count} GPUs but {len(domains)} NVLink domains")
@@ -131,6 +136,15 @@ class SimBackend:
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
+
+    def mig(self) -> dict[int, MigInfo]:
+        """Each GPU's MIG mode and the published profiles of its model (`core/mig.py`)."""
+        out = {}
+        for g in self._gpus:
+            profiles = published_profiles(g.model, g.memory_mb)
+            mode: MigMode = "unsupported" if not profiles else "enabled" if self.mig_enabled else "disabled"
+            out[g.index] = MigInfo(mode, mode, profiles)
+        return out
 
     def attach(self, indices: Sequence[int], pid: int, env: Mapping[str, str] | None = None) -> None:
         self._jobs[pid] = tuple(indices)
@@ -368,6 +382,35 @@ class NvmlBackend:
             return domains_from_pairs(count, pairs)
         bus_ids, links = self.nvlink_links()
         return domains_from_links(bus_ids, links)
+
+    def mig(self) -> dict[int, MigInfo]:
+        """Each GPU's MIG mode (current, pending) and GPU-instance profiles from the driver:
+        `nvmlDeviceGetMigMode`, `nvmlDeviceGetGpuInstanceProfileInfo` for every profile id, and
+        in MIG mode `nvmlDeviceGetGpuInstanceRemainingCapacity`. A GPU without MIG (or a driver
+        that cannot say) is `unsupported`."""
+        nv = self.nv
+        out = {}
+        for i, h in enumerate(self.handles):
+            modes = self._call(nv.nvmlDeviceGetMigMode, h)
+            if modes is None:
+                out[i] = MigInfo("unsupported", "unsupported")
+                continue
+            current, pending = (_mig_mode(nv, m) for m in modes)
+            out[i] = MigInfo(current, pending, self._mig_profiles(h, current == "enabled"))
+        return out
+
+    def _mig_profiles(self, h, enabled: bool) -> list[MigProfile]:
+        nv = self.nv
+        profiles = []
+        for p in range(int(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+            info = self._call(nv.nvmlDeviceGetGpuInstanceProfileInfo, h, p)
+            if info is None or not info.instanceCount:
+                continue  # a profile this GPU does not offer
+            count = int(info.instanceCount)
+            left = self._call(nv.nvmlDeviceGetGpuInstanceRemainingCapacity, h, info.id, default=0) if enabled else count
+            name = self._text(getattr(info, "name", b"")) or profile_name(int(info.sliceCount), int(info.memorySizeMB))
+            profiles.append(MigProfile(name, int(info.sliceCount), int(info.memorySizeMB), count, int(left)))
+        return profiles
 
     def minor_numbers(self) -> dict[int, int]:
         """GPU index -> the minor number of its /dev/nvidiaN (the job cgroup's device allow-list)."""

@@ -30,15 +30,19 @@ def run(plan: CyclePlan, ctx: Context) -> None:
     reclaimers = config.max_preemptors_per_cycle if (config.preemption or config.elastic) else 0
     limit_stop = False
     claimants = 0  # blocked jobs that reclaim may act for (those behind the reservation it skips)
+    shares_only = False  # nothing whole may start any more: only fractional jobs, while shared GPUs have room
     for job in idx.ordered(ctx.now, plan.held):
         if ctx.strict and plan.blocked or limit_stop:
             break
-        if not ctx.strict and pool.count <= 0 and len(plan.blocked) >= reclaimers + plan.inflight_gpus \
-                and not _shares_may_fit(plan, ctx, idx):
-            break  # (blocked jobs covered by GPUs in flight trigger no preemption: see reclaim)
-        if plan.head is not None and claimants >= reclaimers + plan.inflight_gpus and _all_reserved(plan, ctx, idx) \
-                and not _shares_may_fit(plan, ctx, idx):
-            break
+        if shares_only or (not ctx.strict and pool.count <= 0 and len(plan.blocked) >= reclaimers + plan.inflight_gpus) \
+                or (plan.head is not None and claimants >= reclaimers + plan.inflight_gpus
+                    and _all_reserved(plan, ctx, idx)):
+            # (blocked jobs covered by GPUs in flight trigger no preemption: see reclaim)
+            if not _shares_may_fit(plan, ctx, idx):
+                break
+            shares_only = True
+            if not job.spec.shared:
+                continue  # its reason: the tail's
         if job.job_id in plan.status:
             continue  # started by the hand-over
         processed[job.job_id] = None
@@ -47,7 +51,8 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         if len(plan.blocked) > blocked and plan.reason_of(job) is not _BEHIND:
             claimants += 1
     else:
-        return _tail(plan, ctx, idx, processed, complete=True)
+        if not shares_only:
+            return _tail(plan, ctx, idx, processed, complete=True)
     _tail(plan, ctx, idx, processed, complete=False)
 
 
