@@ -104,6 +104,8 @@ def gpu_status(state: ClusterState, g: str) -> str:
     node = state.nodes[rec.node]
     if rec.holder is not None:
         return "held"
+    if rec.shares:
+        return "shared"  # by fractional jobs (docs/gpu-sharing.md)
     if node.lost:
         return "lost"
     if node.drained:
@@ -128,12 +130,13 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
             "priority": holder.spec.priority if holder else None,
             "quarantined": rec.quarantined, "zombie_pids": rec.zombie_pids,
             "idle": holder is not None and holder.idle is not None,
+            "shares": dict(rec.shares),
         })
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
         "labels": dict(node.labels),
         "lost": node.lost, "drained": node.drained, "total": len(node.gpus), "free": len(node.free),
-        "held": sum(1 for x in gpus if x["status"] == "held"), "gpus": gpus,
+        "held": sum(1 for x in gpus if x["status"] in ("held", "shared")), "gpus": gpus,
     }
 
 

@@ -159,3 +159,33 @@ def test_the_simulator_honours_gpu_milli_and_can_round_it_up():
     assert h["fractional_jobs"] == 4 and r["fractional_jobs"] == 0
     assert h["makespan_s"] < 7200 < r["makespan_s"]  # four quarters at once, or one after another
     assert h["gpu_hours"] == pytest.approx(r["gpu_hours"] / 4, rel=0.01)
+
+
+def test_the_idle_rules_reclaim_a_share_and_its_gpu_stays_with_the_busy_sharer():
+    st = cluster(gpus=1)
+    submit(st, "nb", priority="interactive", gpu_fraction=0.5)  # an idle notebook
+    submit(st, "srv", gpu_fraction=0.5)
+    run_cycle(st, 2)
+    st.apply(ev.JobIdle(at=10, job_id="nb", attempt=1, since=3, window_s=7, threshold_pct=5.0))
+    assert st.teams["a"].idle_gpus == 0.5  # charged as idle by its share
+    events = cycle(st, 3 + 1801, FULL)  # past the interactive class's idle timeout
+    asked = [e for e in events if isinstance(e, ev.PreemptionRequested)]
+    assert [(e.job_id, e.cause) for e in asked] == [("nb", "idle")]
+    for e in events:
+        st.apply(e)
+    st.apply(ev.GpusReleased(at=1810, job_id="nb", reason="preempted", forced=True))
+    assert st.gpus["n0/0"].shares == {"srv": 0.5} and st.violations() == []
+    assert st.jobs["nb"].state == "pending" and st.jobs["nb"].idle_gpu_s == pytest.approx(0.5 * (1810 - 3))  # idle since 3, by its share
+
+
+def test_the_read_model_shows_a_shared_gpu_and_its_sharers():
+    from gpusched import readmodel
+
+    st = cluster(gpus=2)
+    submit(st, "f0", gpu_fraction=0.5)
+    submit(st, "f1", gpu_fraction=0.25)
+    run_cycle(st, 2)
+    doc = readmodel.node_doc(st, "n0")
+    shared = [g for g in doc["gpus"] if g["status"] == "shared"]
+    assert [g["shares"] for g in shared] == [{"f0": 0.5, "f1": 0.25}]
+    assert (doc["free"], doc["held"]) == (1, 1)

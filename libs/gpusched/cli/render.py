@@ -152,7 +152,7 @@ def print_nodes(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     from rich.table import Table
 
     teams = sorted({g["team"] for d in docs for g in d["gpus"] if g["team"]})
-    table = Table(caption=_caption(meta) + ("; GPUs: team initial (reversed: idle), . free, x down" if docs else ""),
+    table = Table(caption=_caption(meta) + ("; GPUs: team initial (reversed: idle), % shared, . free, x down" if docs else ""),
                   header_style="bold")
     for col in ("NODE", "RACK", "STATUS", "FREE", "GPUS", "JOBS"):
         table.add_column(col, no_wrap=True)
@@ -165,10 +165,12 @@ def print_nodes(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
                 cells.append(f"[{_team_color(g['team'], teams)}]{(g['team'] or '?')[0]}[/]")
             elif g["status"] == "free":
                 cells.append("[grey50].[/]")
+            elif g["status"] == "shared":
+                cells.append("[cyan]%[/]")
             else:
                 cells.append("[red]x[/]")
         status = "lost" if d["lost"] else "drained" if d["drained"] else "ok"
-        jobs = sorted({g["job_id"] for g in d["gpus"] if g["job_id"]})
+        jobs = sorted({g["job_id"] for g in d["gpus"] if g["job_id"]} | {j for g in d["gpus"] for j in g.get("shares", {})})
         table.add_row(d["node"], d["rack"], status, f"{d['free']}/{d['total']}", "".join(cells), " ".join(jobs))
     _console().print(table)
 
@@ -258,7 +260,8 @@ JOB_FIELDS = [
 
 
 def _gpu_cells(d: dict[str, Any]) -> str:
-    return "".join((g["team"] or "?")[0] if g["status"] == "held" else "." if g["status"] == "free" else "x"
+    return "".join((g["team"] or "?")[0] if g["status"] == "held" else "." if g["status"] == "free"
+                   else "%" if g["status"] == "shared" else "x"
                    for g in d["gpus"])
 
 
