@@ -108,6 +108,8 @@ def gpu_status(state: ClusterState, g: str) -> str:
         return "shared"  # by fractional jobs (docs/gpu-sharing.md)
     if node.lost:
         return "lost"
+    if node.partitioned:
+        return "partitioned"
     if node.drained:
         return "drained"
     if rec.quarantined is not None:
@@ -135,7 +137,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
         "labels": dict(node.labels),
-        "lost": node.lost, "drained": node.drained, "total": len(node.gpus), "free": len(node.free),
+        "lost": node.lost, "drained": node.drained, "partitioned": node.partitioned, "total": len(node.gpus), "free": len(node.free),
         "held": sum(1 for x in gpus if x["status"] in ("held", "shared")), "gpus": gpus,
     }
 

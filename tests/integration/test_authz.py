@@ -113,6 +113,8 @@ def publish_cases(who: str) -> dict[str, bool]:
         f"$JS.API.CONSUMER.CREATE.{subjects.SNAPSHOT_STREAM}": admin or reads_log,
         "$JS.API.STREAM.NAMES": admin or reads_log,
     })
+    for subject in [c for c in cases if c.startswith("gpusched.cmd.")]:
+        cases[subject] = cases[subject] or role == "api"  # the HTTP API sends as the caller it authenticated
     for api in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "SNAPSHOT", "RESTORE"):
         for stream in (subjects.STREAM, subjects.DEAD_STREAM, subjects.SNAPSHOT_STREAM):  # only admin changes one
             if api == "PURGE" and stream == subjects.SNAPSHOT_STREAM:

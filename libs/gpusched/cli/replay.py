@@ -293,17 +293,19 @@ def cmd_retention(args) -> int:
 
 
 def cmd_schemas(args) -> int:
+    from gpusched import openapi
     from gpusched.bus import asyncapi
 
     directory = Path(args.dir)
     if args.check:
-        stale = schemas.drift(directory) + asyncapi.drift(directory)
+        stale = schemas.drift(directory) + asyncapi.drift(directory) + openapi.drift(directory)
         for name in stale:
             print(f"{directory / name} is out of date: run `gpusched schemas`", file=sys.stderr)
         return 1 if stale else 0
     for path in schemas.write(directory):
         print(path)
     print(asyncapi.write(directory))
+    print(openapi.write(directory))
     return 0
 
 

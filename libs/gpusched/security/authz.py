@@ -67,6 +67,8 @@ def _service(role: str) -> tuple[list[str], list[str]]:
     elif role == "reconciler":
         sub.append(subjects.HEARTBEATS)
         pub += ["gpusched.node.*.ctl.KillProcesses", "gpusched.node.*.ctl.ResetGpu"]
+    elif role == "api":  # acts for the caller it authenticated, on the subjects that caller may use
+        pub += ["gpusched.cmd.>", "gpusched.read.>"]
     elif role == "dashboard":  # acts for a logged-in admin (the dashboard checks the login)
         pub += ["gpusched.cmd.*", "gpusched.cmd.*.*", "gpusched.ctl.*", subjects.Q_SHARES,
                 "gpusched.node.*.logs"]  # job logs, for the admin it acts for (tenants may not ask)
