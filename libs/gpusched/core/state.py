@@ -178,13 +178,20 @@ class Tombstone(Struct, array_like=True):
 
 class TeamUsage(Struct):
     quota: TeamQuota = TeamQuota()
-    held: float = 0  # GPUs held: whole GPUs, plus the shares of fractional jobs
+    held: int | float = 0  # GPUs held: whole GPUs, plus the shares of fractional jobs (`gpu_count`)
     usage_gpu_s: float = 0.0  # decayed GPU-seconds as of `usage_at`
     usage_at: float = 0.0
     held_gpu_s: float = 0.0  # GPU-seconds held, undecayed (accounting), as of `usage_at`
-    idle_gpus: float = 0  # GPUs of the team's jobs the reconciler reports idle
+    idle_gpus: int | float = 0  # GPUs of the team's jobs the reconciler reports idle
     idle_gpu_s: float = 0.0  # GPU-seconds held while idle, as of `idle_at`
     idle_at: float = 0.0
+
+
+def gpu_count(value: float) -> int | float:
+    """A count of GPUs that shares may make fractional: a whole count stays an int (as shown
+    and stored before shares), a fractional one is rounded so that sums of shares do not drift."""
+    r = round(value, 9)
+    return int(r) if r.is_integer() else r
 
 
 class Violation(Struct, frozen=True):
@@ -505,7 +512,7 @@ class ClusterState(Struct):
         t.held_gpu_s += t.held * max(0.0, at - t.usage_at)
         t.usage_gpu_s = self._decayed_usage(t, at)
         t.usage_at = max(t.usage_at, at)
-        t.held = t.held + delta if float(delta).is_integer() else round(t.held + delta, 9)  # shares: no drift
+        t.held = gpu_count(t.held + delta)
 
     def _decayed_usage(self, t: TeamUsage, at: float) -> float:
         dt = max(0.0, at - t.usage_at)
@@ -637,7 +644,7 @@ def _team_idle(st: ClusterState, name: str, delta: float, at: float, back: float
     t = st.team(name)
     t.idle_gpu_s += t.idle_gpus * max(0.0, at - t.idle_at) + back
     t.idle_at = max(t.idle_at, at)
-    t.idle_gpus += delta
+    t.idle_gpus = gpu_count(t.idle_gpus + delta)
 
 
 def _forget_old(st: ClusterState) -> None:
