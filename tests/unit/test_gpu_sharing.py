@@ -189,3 +189,19 @@ def test_the_read_model_shows_a_shared_gpu_and_its_sharers():
     shared = [g for g in doc["gpus"] if g["status"] == "shared"]
     assert [g["shares"] for g in shared] == [{"f0": 0.5, "f1": 0.25}]
     assert (doc["free"], doc["held"]) == (1, 1)
+
+
+def test_the_bill_charges_a_fractional_job_its_share():
+    from gpusched.accounting import Ledger, job_record
+
+    st, ledger = cluster(gpus=1, memory_mb=81920), Ledger()
+    events = [ev.JobSubmitted(at=0, job_id="q", spec=JobSpec(team="a", gpus=1, gpu_memory_mb=20480)),
+              ev.GpusGranted(at=100, job_id="q", attempt=1, gpus=["n0/0"]),
+              ev.JobCompleted(at=3700, job_id="q", attempt=1, exit_code=0)]
+    for e in events:
+        st.apply(e)
+        ledger.observe(st, e)
+    run_s, gpu_s = ledger.per_job(3700)["q"]
+    assert (run_s, gpu_s) == (3600.0, 900.0)  # a quarter of an 80 GiB GPU for an hour
+    rec = job_record(st.jobs["q"], run_s, gpu_s, 3700)
+    assert (rec["gpus"], rec["gpu_share"], rec["gpu_hours"]) == (1, 0.25, 0.25)

@@ -190,7 +190,7 @@ class TeamUsage(Struct):
 def gpu_count(value: float) -> int | float:
     """A count of GPUs that shares may make fractional: a whole count stays an int (as shown
     and stored before shares), a fractional one is rounded so that sums of shares do not drift."""
-    r = round(value, 9)
+    r = round(float(value), 9)
     return int(r) if r.is_integer() else r
 
 
