@@ -43,6 +43,8 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "preemptible": spec.preemptible,
         "required": spec.topology.required,
         "gpus": [gpu_ref(g) for g in job.gpus],
+        "gpu_fraction": spec.gpu_fraction, "gpu_memory_mb": spec.gpu_memory_mb,  # a share of one GPU (asked)
+        "gpu_share": job.share if spec.shared and job.gpus else None,  # ... and held
         "placer": job.placer,
         "level": job.level,
         "backfill": job.backfill,

@@ -205,3 +205,17 @@ def test_the_bill_charges_a_fractional_job_its_share():
     assert (run_s, gpu_s) == (3600.0, 900.0)  # a quarter of an 80 GiB GPU for an hour
     rec = job_record(st.jobs["q"], run_s, gpu_s, 3700)
     assert (rec["gpus"], rec["gpu_share"], rec["gpu_hours"]) == (1, 0.25, 0.25)
+
+
+def test_show_says_what_share_a_fractional_job_asked_for_and_holds(capsys):
+    from gpusched import readmodel
+    from gpusched.cli import render
+
+    st = cluster(gpus=1, memory_mb=81920)
+    submit(st, "nb", gpu_memory_mb=20480)
+    run_cycle(st, 2)
+    doc = readmodel.job_doc(st, st.jobs["nb"])
+    assert (doc["gpu_memory_mb"], doc["gpu_share"]) == (20480, 0.25)
+    render.print_show({"job": doc, "now": 3.0, "seq": 3, "preemptions": [], "preempted_for_it": [], "history": []})
+    out = " ".join(capsys.readouterr().out.split())
+    assert "wants 20480 MiB of a GPU" in out and "holds 0.25 of GPU n0[0] (shared" in out

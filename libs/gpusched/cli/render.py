@@ -355,6 +355,15 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
     return w
 
 
+def _wants(d: dict[str, Any]) -> str:
+    """What a job asks for, as `show` heads it: GPUs, or a share of one (docs/gpu-sharing.md)."""
+    if d.get("gpu_fraction") is not None:
+        return f"{d['gpu_fraction']:g} of a GPU"
+    if d.get("gpu_memory_mb") is not None:
+        return f"{d['gpu_memory_mb']} MiB of a GPU"
+    return f"{d['gpus_requested']} GPU(s)"
+
+
 def print_show(data: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -371,12 +380,14 @@ def print_show(data: dict[str, Any]) -> None:
     now = data["now"]
     head = (f"[bold]{d['job_id']}[/] {d['name']}  team [bold]{d['team']}[/]"
             + (f" user [bold]{d['user']}[/]" if d.get("user") else "") + f"  {d['priority']}  "
-            f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {d['gpus_requested']} GPU(s)"
+            f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {_wants(d)}"
             + (f" (min {d['min_gpus']})" if d["min_gpus"] != d["gpus_requested"] else "")
             + ("  preemptible" if d["preemptible"] else "")
             + (f"  topology <= {d['required']}" if d["required"] != "cluster" else ""))
     lines = [head]
-    if d["gpus"]:
+    if d["gpus"] and d.get("gpu_share") is not None:
+        lines.append(f"holds {d['gpu_share']:g} of GPU {compress_gpus(d['gpus'])} (shared with other fractional jobs, via {d['placer']})")
+    elif d["gpus"]:
         lines.append(f"holds {len(d['gpus'])} GPU(s): {compress_gpus(d['gpus'])} ({d['level']}, via {d['placer']})")
     if d["checkpoint"]:
         c = d["checkpoint"]
