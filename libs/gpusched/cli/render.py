@@ -364,6 +364,12 @@ def _wants(d: dict[str, Any]) -> str:
     return f"{d['gpus_requested']} GPU(s)"
 
 
+def _holds(d: dict[str, Any]) -> str:
+    if d.get("gpu_share") is not None:
+        return f"holds {d['gpu_share']:g} of GPU {compress_gpus(d['gpus'])} (shared with other fractional jobs, via {d['placer']})"
+    return f"holds {len(d['gpus'])} GPU(s): {compress_gpus(d['gpus'])} ({d['level']}, via {d['placer']})"
+
+
 def print_show(data: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -385,10 +391,8 @@ def print_show(data: dict[str, Any]) -> None:
             + ("  preemptible" if d["preemptible"] else "")
             + (f"  topology <= {d['required']}" if d["required"] != "cluster" else ""))
     lines = [head]
-    if d["gpus"] and d.get("gpu_share") is not None:
-        lines.append(f"holds {d['gpu_share']:g} of GPU {compress_gpus(d['gpus'])} (shared with other fractional jobs, via {d['placer']})")
-    elif d["gpus"]:
-        lines.append(f"holds {len(d['gpus'])} GPU(s): {compress_gpus(d['gpus'])} ({d['level']}, via {d['placer']})")
+    if d["gpus"]:
+        lines.append(_holds(d))
     if d["checkpoint"]:
         c = d["checkpoint"]
         lines.append(f"last checkpoint: step {c['step']} at {c['path']} ({dur(now - c['at'])} ago)")
