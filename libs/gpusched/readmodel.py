@@ -135,6 +135,8 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
             "quarantined": rec.quarantined, "zombie_pids": rec.zombie_pids,
             "idle": holder is not None and holder.idle is not None,
             "shares": dict(rec.shares),
+            **({"mig": {"mode": rec.mig.mode, "pending": rec.mig.pending,
+                        "profiles": [p.name for p in rec.mig.profiles]}} if rec.mig is not None else {}),
         })
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,

@@ -54,7 +54,7 @@ from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal
 
 from . import fencing, launcher
 from .acks import AckCoalescer, AckLimits
-from .backends import GpuBackend, SimBackend, process_alive
+from .backends import GpuBackend, SimBackend, gpus_with_mig, process_alive
 from .cgroups import CgroupError, JobCgroup, remove_parent
 from .confine import cgroups_wanted, confine
 from .devices import GpuDevice, nvidia_control_allow, nvidia_devices, sim_devices
@@ -328,7 +328,7 @@ class NodeAgent(CheckpointHandshake):
         self.node = config.node
         self.backend = backend
         self.agent_id = uuid.uuid4().hex[:12]
-        self.gpu_info = backend.gpus()
+        self.gpu_info = gpus_with_mig(backend)
         self.uuids = {g.index: g.uuid for g in self.gpu_info}
         self.jobs: dict[int, RunningJob] = {}  # by run id: a stopping run and its successor can coexist
         self.launched: dict[str, tuple[int, int]] = {}  # job -> (attempt, generation) started here

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+import msgspec
 import structlog
 
 from gpusched.core.heartbeat import GpuSample
@@ -57,6 +58,18 @@ def mps_memory_limit_mb(env: Mapping[str, str] | None) -> int | None:
 
 def _mig_mode(nv, value) -> MigMode:
     return "enabled" if value == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1) else "disabled"
+
+
+def gpus_with_mig(backend) -> list[GpuInfo]:
+    """The backend's GPUs as a node registers them: with their MIG mode and profiles where MIG
+    is enabled or pending (a GPU used whole registers as before)."""
+    gpus = backend.gpus()
+    read = getattr(backend, "mig", None)
+    if read is None:
+        return gpus
+    mig = read()
+    return [msgspec.structs.replace(g, mig=m) if (m := mig.get(g.index)) is not None and "enabled" in (m.mode, m.pending)
+            else g for g in gpus]
 
 
 class BackendUnavailable(RuntimeError):

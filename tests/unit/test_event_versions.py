@@ -28,7 +28,7 @@ OLD_SHAPES = {
                                      topology=TopologyConstraint(required="node"), command=["true"]))),
     "NodeRegistered v1, before labels": (
         b'{"type":"NodeRegistered","at":0,"v":1,"node":"n0","rack":"r0","gpus":[{"index":0,"uuid":"u0"}]}',
-        msgspec.convert({"type": "NodeRegistered", "at": 0, "node": "n0", "rack": "r0",
+        msgspec.convert({"type": "NodeRegistered", "at": 0, "v": 1, "node": "n0", "rack": "r0",
                          "gpus": [{"index": 0, "uuid": "u0"}]}, ev.AnyEvent)),
 }
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+import msgspec
+
 from gpusched.core.mig import PUBLISHED, MigInfo, profile_name, published_profiles
 from gpusched.services.nodeagent.backends import NvmlBackend, SimBackend
 
@@ -67,3 +69,21 @@ def test_the_simulated_backend_models_the_published_a100_and_h100_profiles():
     l4 = SimBackend("n2", count=1, model="SIM-L4", memory_mb=24576).mig()[0]
     assert (l4.mode, l4.profiles) == ("unsupported", [])
     assert published_profiles("NVIDIA H100 80GB HBM3", 81559) == PUBLISHED["H100-80GB"]
+
+
+def test_a_node_registers_the_mig_mode_and_profiles_of_its_mig_gpus_and_the_fold_shows_them():
+    from gpusched import readmodel
+    from gpusched.core import events as ev
+    from gpusched.core.state import ClusterState
+    from gpusched.services.nodeagent.backends import gpus_with_mig
+
+    assert all(g.mig is None for g in gpus_with_mig(SimBackend("plain", count=2)))  # used whole: as before
+    gpus = gpus_with_mig(SimBackend("n0", count=2, mig=True))
+    assert [g.mig.mode for g in gpus] == ["enabled", "enabled"]
+    st = ClusterState()
+    registered = ev.NodeRegistered(at=0, node="n0", rack="r0", gpus=gpus)
+    st.apply(ev.decode_event(msgspec.json.encode(registered)))  # as the log stores and reads it
+    assert st.gpus["n0/1"].mig == gpus[1].mig
+    doc = readmodel.node_doc(st, "n0")["gpus"][0]["mig"]
+    assert doc == {"mode": "enabled", "pending": "enabled",
+                   "profiles": ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]}

@@ -280,6 +280,9 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
     """A node daemon announced its GPUs and where it sits: rack, optional block."""
 
     ALLOC: ClassVar[bool] = True
+    VERSION: ClassVar[int] = 2
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "gpus[].mig (MIG mode and profiles)"}
+    v: int = 2
     node: str
     rack: str
     gpus: list[GpuInfo]

@@ -12,6 +12,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from . import limits as L
+from .mig import MigInfo
 
 SCHEMA_VERSION = 1
 #: How fast past GPU usage is forgotten in fair share, unless configured: its one default.
@@ -164,6 +165,8 @@ class GpuInfo(Struct, frozen=True, forbid_unknown_fields=True):
     model: str = "unknown"
     memory_mb: Annotated[int, Meta(ge=0)] = 0
     nvlink_domain: Annotated[int, Meta(ge=0)] = 0
+    #: Its MIG mode and GPU-instance profiles, where MIG is (or will be, after a reset) enabled.
+    mig: MigInfo | None = None
 
 
 class TeamQuota(Struct, frozen=True, forbid_unknown_fields=True):

@@ -355,7 +355,8 @@ class ClusterState(Struct):
         self.nodes[e.node] = Node(e.node, e.rack, e.block, ids, e.address, e.nvlink, e.at, free={},
                                   labels=dict(e.labels))
         for gid, info in zip(ids, e.gpus):
-            self.gpus[gid] = Gpu(gid, e.node, info.index, info.uuid, info.model, info.memory_mb, info.nvlink_domain)
+            self.gpus[gid] = Gpu(gid, e.node, info.index, info.uuid, info.model, info.memory_mb, info.nvlink_domain,
+                                 mig=info.mig)
             self._refresh(gid)
 
     def _on_node_lost(self, e: ev.NodeLost) -> None:

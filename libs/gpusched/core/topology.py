@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from msgspec import Struct
 
+from .mig import MigInfo
 from .model import LEVEL_RANK, LEVELS, GpuId, Level
 
 #: Relative communication distance of each level (NVLink = 1). Placement ranks sets by it.
@@ -31,6 +32,7 @@ class Gpu(Struct):
     #: Fractional holders (job -> share of this GPU, summing to at most 1) while it is shared;
     #: a shared GPU has no whole `holder` and is never placeable for a whole-GPU job.
     shares: dict[str, float] = {}
+    mig: MigInfo | None = None  # as its node registered it (MIG enabled, or pending)
 
     @property
     def occupied(self) -> bool:
