@@ -219,3 +219,13 @@ def test_show_says_what_share_a_fractional_job_asked_for_and_holds(capsys):
     render.print_show({"job": doc, "now": 3.0, "seq": 3, "preemptions": [], "preempted_for_it": [], "history": []})
     out = " ".join(capsys.readouterr().out.split())
     assert "wants 20480 MiB of a GPU" in out and "holds 0.25 of GPU n0[0] (shared" in out
+
+
+def test_admission_refuses_a_memory_ask_no_registered_gpu_can_hold():
+    from gpusched.services.admission import share_spec_problem
+
+    st = cluster(gpus=1, memory_mb=40_960)
+    too_big = JobSpec(team="a", gpus=1, gpu_memory_mb=50_000)
+    assert share_spec_problem(st, too_big) == "no GPU has 50000 MiB of memory (the largest has 40960 MiB)"
+    assert share_spec_problem(st, JobSpec(team="a", gpus=1, gpu_memory_mb=40_960)) is None
+    assert share_spec_problem(ClusterState(), too_big) is None  # before any node registered, it may queue
