@@ -229,3 +229,14 @@ def test_admission_refuses_a_memory_ask_no_registered_gpu_can_hold():
     assert share_spec_problem(st, too_big) == "no GPU has 50000 MiB of memory (the largest has 40960 MiB)"
     assert share_spec_problem(st, JobSpec(team="a", gpus=1, gpu_memory_mb=40_960)) is None
     assert share_spec_problem(ClusterState(), too_big) is None  # before any node registered, it may queue
+
+
+def test_a_lost_node_requeues_every_sharer_and_frees_the_gpu():
+    st = cluster(gpus=1)
+    submit(st, "f0", gpu_fraction=0.5)
+    submit(st, "f1", gpu_fraction=0.25)
+    run_cycle(st, 2)
+    st.apply(ev.NodeLost(at=10, node="n0", reason="silent"))
+    assert [st.jobs[j].state for j in ("f0", "f1")] == ["pending", "pending"]
+    assert st.gpus["n0/0"].shares == {} and st.teams["a"].held == 0 and st.shared == {}
+    assert st.violations() == []
