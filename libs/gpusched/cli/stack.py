@@ -246,6 +246,8 @@ class Stack:
                           "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2",
                           "--kill-grace-s", f"{NODE_KILL_GRACE_S:g}", *(["--keep-jobs"] if a.keep_jobs else []),
                           *(["--uid-range", a.uid_range] if a.uid_range else []),
+                          *(["--cpus", f"{a.node_cpus:g}"] if a.node_cpus is not None else []),
+                          *(["--mem", a.node_mem] if a.node_mem is not None else []),
                           "--checkpoint-root", str(self.data_dir / "work" / "checkpoints")],
         }
         env: dict[str, dict[str, str]] = {}
@@ -637,6 +639,10 @@ def register(sub) -> None:
                     help="dynamic uids of the simulated nodes' jobs (default when root: 61184-65519, one uid per "
                          "running job, never root; 'none': jobs run as up's own user, for a machine where the "
                          "jobs' programs are under a private home)")
+    up.add_argument("--node-cpus", type=float, default=None, metavar="N",
+                    help="CPUs each simulated node offers jobs (default: not declared, CPUs are not scheduled)")
+    up.add_argument("--node-mem", default=None, metavar="SIZE",
+                    help="memory each simulated node offers jobs, like 64G (default: not declared)")
     up.add_argument("--node-timeout-s", type=float, default=None, metavar="S",
                     help="reconciler: a node silent this long is lost and its jobs requeued (default 30)")
     up.add_argument("--no-process-grace-s", type=float, default=None, metavar="S",

@@ -475,7 +475,7 @@ class ClusterState(Struct):
         if job.idle is not None:
             _end_idle(self, job, at)
         self.idle_jobs.pop(job.job_id, None)
-        _give_back(self, job.gpus, job.job_id)
+        _give_back_all(self, job)
         self._team_held(job.team, -job.weight, at)
         job.gpus = []
 
@@ -779,6 +779,48 @@ NODE_REPORTS = frozenset({ev.JobStarted, ev.ProcessesEnded, ev.CheckpointSaved, 
 _ENDINGS = (ev.JobCompleted, ev.JobFailed, ev.GpusReleased)
 
 
+def _on_registered(st: ClusterState, e: ev.NodeRegistered) -> None:
+    """A node registers (`_on_node_registered`) with the CPUs and memory it offers: a restarted
+    agent may offer other amounts (`--cpus`, `--mem`); one that declares none keeps the last."""
+    st._on_node_registered(e)
+    node = st.nodes[e.node]
+    if e.cpus or e.memory_mb:
+        node.cpus, node.memory_mb = e.cpus, e.memory_mb
+        # counted afresh from the jobs holding its GPUs (a state restored from before the count)
+        holders = [st.jobs[h] for h in dict.fromkeys(st.gpus[g].holder for g in node.gpus) if h in st.jobs]
+        node.cpus_used = round(sum(j.spec.cpus or 0.0 for j in holders), 6)
+        node.memory_used_mb = sum(j.spec.memory_mb or 0 for j in holders)
+
+
+def _give_back_all(st: ClusterState, job: Job) -> None:
+    """A job's GPUs return; its CPUs and memory stop counting on their nodes."""
+    _give_back(st, job.gpus, job.job_id)
+    _reserve(st, job.spec, job.gpus, -1)
+
+
+def _reserve(st: ClusterState, spec: JobSpec, gpus: list[GpuId], sign: int, than: list[GpuId] | None = None) -> None:
+    """A job's per-node CPUs and memory count on each node of `gpus` (sign 1) or stop counting
+    (-1); with `than` (a resize), only the nodes the job enters (leaves) against `than`."""
+    cpus, mem = spec.cpus or 0.0, spec.memory_mb or 0
+    if not (cpus or mem):
+        return
+    now = dict.fromkeys(g.rpartition("/")[0] for g in gpus)
+    if than is not None:
+        was = dict.fromkeys(g.rpartition("/")[0] for g in than)
+        for n in [n for n in was if n not in now]:
+            _count_on(st, n, -cpus, -mem)
+        now = {n: None for n in now if n not in was}
+    for n in now:
+        _count_on(st, n, sign * cpus, sign * mem)
+
+
+def _count_on(st: ClusterState, name: str, cpus: float, mem: int) -> None:
+    node = st.nodes.get(name)
+    if node is not None:
+        node.cpus_used = max(0.0, round(node.cpus_used + cpus, 6))  # no float drift across grants
+        node.memory_used_mb = max(0, node.memory_used_mb + mem)
+
+
 def _nominate(st: ClusterState, victim: Job) -> None:
     """A victim releases for another job: that job's turn to take the freed GPUs first, until
     the next grant (policy/steps/handover.py; a job moved for itself is nobody's beneficiary)."""
@@ -846,6 +888,7 @@ def _fold_granted(self, e: ev.GpusGranted) -> None:
         )
     job.share = 1.0
     granted = _take_share(self, job, e.gpus) if spec.shared else self._take(e.job_id, e.gpus, e.at)
+    _reserve(self, spec, granted, 1)
     if self.handover:
         self.handover.clear()  # the grants after a release are decided: the hand-over had its turn
     del self.pending[e.job_id]
@@ -878,7 +921,9 @@ def _fold_resized(self, e: ev.JobResized) -> None:
     removed = [g for g in e.removed if g in job.gpus]
     _give_back(self, removed)
     added = self._take(e.job_id, e.added, e.at)
+    before = job.gpus
     job.gpus = [g for g in job.gpus if g not in removed] + added
+    _reserve(self, job.spec, job.gpus, 1, before)
     self._team_held(job.team, len(added) - len(removed), e.at)
     if job.idle is not None:
         _team_idle(self, job.team, len(added) - len(removed), e.at)
@@ -1102,7 +1147,7 @@ _HANDLERS: dict[type, Any] = {
     ev.JobCompleted: ClusterState._on_terminal,
     ev.JobFailed: ClusterState._on_terminal,
     ev.JobCancelled: ClusterState._on_terminal,
-    ev.NodeRegistered: ClusterState._on_node_registered,
+    ev.NodeRegistered: _on_registered,
     ev.NodeLost: ClusterState._on_node_lost,
     ev.PartitionDeclared: _on_partition,
     ev.PartitionEnded: _on_partition,

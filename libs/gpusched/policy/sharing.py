@@ -17,6 +17,7 @@ from ..core.state import ClusterState
 from .eligibility import barred_nodes, node_matches
 from .placement import Pool
 from .placer import Placer
+from .resources import room_on
 
 
 class SharePick(NamedTuple):
@@ -33,16 +34,18 @@ def _node_ok(state: ClusterState, spec: JobSpec, now: float | None) -> set[str] 
     return {n for n in state.nodes if n not in barred and node_matches(state, n, spec)}
 
 
-def on_shared(state: ClusterState, spec: JobSpec, load: dict[GpuId, float], now: float | None) -> SharePick | None:
-    """The fullest shared GPU the job's share still fits on. `load`: the cycle's view of the
-    shares' sums of the GPUs it changed (the fold's for the rest)."""
+def on_shared(pool: Pool, spec: JobSpec, load: dict[GpuId, float], now: float | None) -> SharePick | None:
+    """The fullest shared GPU the job's share still fits on, on a node with its CPUs and memory
+    free (`resources.room_on`). `load`: the cycle's view of the shares' sums of the GPUs it
+    changed (the fold's for the rest)."""
+    state = pool.state
     ok = _node_ok(state, spec, now)
     best: tuple[float, GpuId] | None = None
     for g in dict.fromkeys([*state.shared, *load]):
         rec = state.gpus[g]
         used = load.get(g, rec.shared_load)
-        if used <= rules.SHARE_SLACK or (ok is not None and rec.node not in ok):
-            continue  # a GPU this cycle emptied is back in the pool: `on_free` opens it
+        if used <= rules.SHARE_SLACK or (ok is not None and rec.node not in ok) or not room_on(pool, rec.node, spec):
+            continue  # (a GPU this cycle emptied is back in the pool: `on_free` opens it)
         share = spec.share_on(rec.memory_mb)
         if share is None or rules.share_problem(state, g, share, used) is not None:
             continue

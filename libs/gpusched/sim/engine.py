@@ -305,8 +305,8 @@ class Simulation:
     def _submit(self, run: _Run, t: float) -> None:
         j = run.trace
         spec = JobSpec(team=j.team, gpus=j.max_gpus or j.gpus, min_gpus=j.min_gpus, priority=j.priority,
-                       preemptible=j.preemptible, time_limit_s=j.time_limit_s, name=j.job_id,
-                       topology=self._constraint(j.max_gpus or j.gpus), gpu_fraction=j.fraction)
+                       preemptible=j.preemptible, time_limit_s=j.time_limit_s, name=j.job_id, cpus=j.cpus,
+                       topology=self._constraint(j.max_gpus or j.gpus), gpu_fraction=j.fraction, memory_mb=j.memory_mb)
         self._apply(ev.JobSubmitted(at=t, job_id=j.job_id, spec=spec, request_id=f"sim-{j.job_id}"))
         self._wait_from(run, t)
         self._submits_left -= 1

@@ -59,6 +59,9 @@ class TraceJob(Struct, frozen=True):
     max_gpus: int | None = None
     time_limit_s: float | None = None
     util_pct: float | None = None  # mean GPU utilization while running (None: busy)
+    #: CPUs and memory (MiB) per node, where the trace has them (Alibaba's cpu_milli, memory_mib)
+    cpus: float | None = None
+    memory_mb: int | None = None
     #: Thousandths of ONE GPU a sharing job asks (Alibaba's `gpu_milli`; 1000: whole GPUs).
     gpu_milli: int = 1000
 
@@ -222,7 +225,8 @@ def load_alibaba(path: Path) -> list[TraceJob]:
     fractional job (`sim --fractions honour`, the default) or rounds it up to a whole GPU
     (`--fractions round`, what gpusched did before it shared GPUs); priority and preemptibility come from `qos`
     (`ALIBABA_QOS`). The trace has no teams: the team is the qos class, so fairness is measured
-    between workload classes."""
+    between workload classes. A pod's `cpu_milli` and `memory_mib` are its CPUs and memory
+    (`--node-cpus`/`--node-mem` give the simulated nodes theirs; without them they do not count)."""
     jobs: list[TraceJob] = []
     for line, row in _rows(path, ("name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time", "scheduled_time")):
         gpus = _num(path, line, row, "num_gpu", int, 0)
@@ -235,7 +239,10 @@ def load_alibaba(path: Path) -> list[TraceJob]:
             raise TraceError(f"{path}:{line}: column qos: unknown class {qos!r}")
         priority, preemptible = ALIBABA_QOS[qos]
         milli = _num(path, line, row, "gpu_milli", int, 0)
+        cpus = _num(path, line, row, "cpu_milli", float, 0.0) / 1000 if (row.get("cpu_milli") or "").strip() else 0.0
+        mem = _num(path, line, row, "memory_mib", int, 0) if (row.get("memory_mib") or "").strip() else 0
         jobs.append(TraceJob(row["name"].strip(), submit, max(1.0, duration), gpus, qos, priority, preemptible,
+                             cpus=cpus or None, memory_mb=mem or None,
                              gpu_milli=milli if gpus == 1 and 0 < milli < 1000 else 1000))
     return _sorted(jobs)
 
@@ -276,7 +283,7 @@ def load_trace(path: str | Path | None = None, fmt: str | None = None, limit: in
 
 def _rest(j: TraceJob) -> tuple:
     return (j.duration_s, j.gpus, j.team, j.priority, j.preemptible, j.min_gpus, j.max_gpus, j.time_limit_s, j.util_pct,
-            j.gpu_milli)
+            j.cpus, j.memory_mb, j.gpu_milli)
 
 
 def parse_burst(text: str) -> dict:

@@ -80,12 +80,13 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
             plan.grant(job, p, backfill=True)
             return False
         plan.blocked.append(job)
-        plan.note(job, _BEHIND if plan.fits_pool(job, room) else _no_room(lo, job.spec.topology.required))
+        plan.note(job, _BEHIND if plan.fits_pool(job, room) else
+                  plan.wait_reason(job, lo, _no_room(lo, job.spec.topology.required)))
         return False
     p = plan.fit(job, pool, room) if pool.count >= lo else None
     if p is None:
         plan.blocked.append(job)
-        plan.note(job, _no_room(lo, job.spec.topology.required))
+        plan.note(job, plan.wait_reason(job, lo, _no_room(lo, job.spec.topology.required)))
         if ctx.config.backfill and plan.head is None and not ctx.strict:
             plan.head = job
         return False
@@ -100,9 +101,9 @@ def _consider_share(plan: CyclePlan, ctx: Context, job: Job) -> None:
     """Start a fractional job on a share of one GPU (`policy/sharing.py`), or record why it
     waits. A free GPU it opens is one the blocked head's reservation does not hold; it never
     blocks the queue, never gets a reservation and never preempts (its share frees no GPU)."""
-    st, spec = ctx.state, job.spec
+    spec = job.spec
     room = plan.share_room(job.team)  # a team's limit counts shares (no guarantee is reclaimed for them)
-    pick = sharing.on_shared(st, spec, plan.share_load, ctx.now)
+    pick = sharing.on_shared(plan.pool, spec, plan.share_load, ctx.now)
     if pick is None:
         pool = plan.pool
         if plan.head is not None and (res := head_reservation(plan, ctx)) is not None:
