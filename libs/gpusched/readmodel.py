@@ -72,6 +72,7 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "preemption": msgspec.to_builtins(job.preemption) if job.preemption else None,
         "checkpoint_mode": spec.checkpoint,
         "workdir": spec.workdir,
+        "image": spec.image,
         "generation": job.generation,
         "unhealthy_gpus": [gpu_ref(g) for g in job.unhealthy],
         "unhealthy_reason": job.unhealthy_reason,

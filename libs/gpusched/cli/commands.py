@@ -97,6 +97,10 @@ def add_resource_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem", default=None, metavar="SIZE",
                    help="memory per node (512M, 16G; plain numbers are MiB): the job's cgroup limit, beyond which "
                         "the kernel kills the job's processes, not its neighbours'")
+    p.add_argument("--image", default=None, metavar="REF",
+                   help="run the command in this OCI image (podman, runc; pulled when the node lacks it): "
+                        "only the granted GPUs enter it (CDI), with the checkpoint and control dirs; it starts in "
+                        "the image's working directory unless --chdir names one inside the image")
 
 
 def add_share_arguments(p: argparse.ArgumentParser) -> None:
@@ -128,7 +132,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "topology": msgspec.to_builtins(TopologyConstraint(required=TOPOLOGY[args.topology],  # type: ignore[arg-type]
                                                            preferred=level)),
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
-        "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
+        "checkpoint": args.checkpoint, "workdir": workdir_from_args(args),
+        "image": getattr(args, "image", None),
         "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
         "dependency": dependencies_from_arg(getattr(args, "dependency", None)),
         "gpu_type": getattr(args, "gpu_type", None),
@@ -146,6 +151,14 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if problem:
         raise SystemExit(f"gpusched submit: invalid job: {problem}")
     return spec
+
+
+def workdir_from_args(args: argparse.Namespace) -> str | None:
+    """Where the job starts: --chdir, else the submit directory; in an image only --chdir (the
+    submit directory is a path of the submitter's machine, not of the image)."""
+    if getattr(args, "image", None):
+        return os.path.abspath(args.chdir) if args.chdir else None
+    return os.path.abspath(args.chdir or os.getcwd())
 
 
 def dependencies_from_arg(text: str | None) -> list[dict[str, str]]:

@@ -370,6 +370,18 @@ def _holds(d: dict[str, Any]) -> str:
     return f"holds {len(d['gpus'])} GPU(s): {compress_gpus(d['gpus'])} ({d['level']}, via {d['placer']})"
 
 
+def _where_lines(d: dict[str, Any]) -> list[str]:
+    """The job's image and working directory."""
+    lines = []
+    if d.get("image"):
+        lines.append(f"image: {d['image']} (podman, pulled when missing on the node)")
+    if d.get("workdir"):
+        lines.append(f"runs in {d['workdir']}; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
+    elif d.get("image"):
+        lines.append(f"runs in the image's working directory; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
+    return lines
+
+
 def print_show(data: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -408,8 +420,7 @@ def print_show(data: dict[str, Any]) -> None:
         lines.append(f"[red]node(s) {', '.join(data['partitioned_nodes'])} in a declared partition (silent with many "
                      "others): the job is kept, not requeued, until their heartbeats return or an admin confirms "
                      "them lost (gpusched partition confirm)[/]")
-    if d.get("workdir"):
-        lines.append(f"runs in {d['workdir']}; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
+    lines += _where_lines(d)
     for ref in d.get("logs", [])[-8:]:
         lines.append(f"log of {readmodel.attempt_text(ref['attempt'], ref['generation'])} rank {ref['rank']}: {ref['node']}:{ref['path']}  "
                      f"(gpusched logs {d['job_id']} --attempt {ref['attempt']} --rank {ref['rank']})")

@@ -40,7 +40,7 @@ async def rebuild(nats_url: str | None, until_seq: int | None = None, until_time
             until_seq = await log.seq_at_time(until_time)
         if until_seq is None or until_seq > 0:
             async for rec in log.records(1, until_seq):
-                state.apply(rec.event, rec.seq, rec.time)
+                state.apply(rec.event, rec.seq, rec.time, rec.position)
     finally:
         await log.close()
     return state

@@ -110,6 +110,11 @@ LabelKey = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z0-
 LabelValue = Annotated[str, Meta(max_length=63, pattern=r"^[A-Za-z0-9_.\-/]*$")]
 Labels = Annotated[dict[LabelKey, LabelValue], Meta(max_length=32)]
 GpuType = Annotated[str, Meta(min_length=1, max_length=63, pattern=NO_NUL_PATTERN)]
+#: An OCI image reference (`[registry[:port]/]name[:tag][@digest]`): it starts with a letter or
+#: digit, so no reference can be read as an option of the container runtime (`--privileged`).
+MAX_IMAGE_CHARS = 512
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
+ImageRef = Annotated[str, Meta(min_length=1, max_length=MAX_IMAGE_CHARS, pattern=IMAGE_PATTERN)]
 
 
 # --- what one field cannot say alone ------------------------------------------------------------
@@ -243,6 +248,8 @@ def document() -> str:
         ("spec.checkpoint_dir", f"absolute, at most {MAX_PATH_CHARS} chars, no `..`, not under "
                                 f"{', '.join(FORBIDDEN_PATH_ROOTS)}"),
         ("spec.name", f"at most {MAX_JOB_NAME_CHARS} chars, no NUL"),
+        ("spec.image", f"an OCI image reference, 1-{MAX_IMAGE_CHARS} chars of letters, digits and `._/:@+-`, "
+                       "starting with a letter or digit (never `-`)"),
         ("whole spec (JSON)", f"at most {MAX_SPEC_BYTES} bytes"),
         ("reasons (cancel, drain)", f"at most {MAX_REASON_CHARS} chars, no NUL"),
         ("request_id", f"1 - {MAX_REQUEST_ID_CHARS} chars"),
@@ -267,6 +274,8 @@ PATTERN_MEANING = {
     ENV_KEY_PATTERN: "an environment variable name ([A-Za-z_][A-Za-z0-9_]*, no '=')",
     NO_NUL_PATTERN: "text without NUL bytes",
     ABS_PATH_PATTERN: "an absolute path without NUL bytes",
+    IMAGE_PATTERN: "an image reference ([registry/]name[:tag][@digest]: letters, digits and ._/:@+- , starting "
+                   "with a letter or digit)",
 }
 MAX_COMMAND_MESSAGE_BYTES = MAX_SPEC_BYTES + 8 * 1024
 

@@ -147,6 +147,8 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
         if gpu_memory_mb <= 0 or self.gpu_memory_mb > gpu_memory_mb:
             return None
         return min(1.0, round(self.gpu_memory_mb / gpu_memory_mb, 6))
+    #: Run the command in this OCI image (podman with runc on the node; None: the node's own system).
+    image: L.ImageRef | None = None
 
     @property
     def gang_min(self) -> int:

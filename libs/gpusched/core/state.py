@@ -194,6 +194,14 @@ def gpu_count(value: float) -> int | float:
     return int(r) if r.is_integer() else r
 
 
+class Position(Struct, frozen=True, array_like=True):
+    """Where a signed fact sits in its writer's chain (`security.signing.position`): `chain`
+    names the scope its subject is in, the signer and the chain id; `n` its number there."""
+
+    chain: str
+    n: int
+
+
 class Violation(Struct, frozen=True):
     seq: int
     rule: str
@@ -245,19 +253,21 @@ class ClusterState(Struct):
     retired: RetiredIds = msgspec.field(default_factory=RetiredIds)
     handover: dict[str, None] = {}  # jobs GPUs were freed for since the last grant (_nominate)
     shared: dict[GpuId, None] = {}  # GPUs with fractional holders, in the order they got the first
+    chains: dict[str, int] = {}  # writer chain (`Position.chain`) -> the highest fact number applied
 
     # --- the fold ------------------------------------------------------------------------
 
-    def apply(self, event: ev.Event, seq: int | None = None, stored_at: float | None = None) -> None:
-        """Apply one event. `seq`: its log sequence (the simulator numbers its own); `stored_at`:
-        the log's store time of it, the fold's clock (`_clocked`; None: the events' `at`)."""
+    def apply(self, event: ev.Event, seq: int | None = None, stored_at: float | None = None,
+              position: Position | None = None) -> None:
+        """Apply one event. `seq`: its log sequence (the simulator numbers its own); `stored_at`: its
+        store time, the fold's clock (`_clocked`; None: its `at`); `position`: in its signed chain."""
         self.last_seq = seq if seq is not None else self.last_seq + 1
         if event.ALLOC:
             self.last_alloc_seq = self.last_seq
         self.events += 1
         event = _clocked(self, event, stored_at)
         handler = _HANDLERS.get(type(event))
-        if handler is not None and not _refused(self, event):
+        if handler is not None and not _refused(self, event, position):
             handler(self, event)
         if self.finished_head < len(self.finished) or self.retiring_head < len(self.retiring):
             _forget_old(self)
@@ -546,19 +556,7 @@ class ClusterState(Struct):
         return held, max(0.0, held - idle)
 
     def gpu_blocker(self, g: GpuId) -> str:
-        rec = self.gpus[g]
-        node = self.nodes[rec.node]
-        if rec.occupied:
-            return f"held by {rec.holder}" if rec.holder is not None else f"shared by {', '.join(sorted(rec.shares))}"
-        if node.lost:
-            return f"node {node.name} lost"
-        if node.drained:
-            return f"node {node.name} drained"
-        if rec.quarantined is not None:
-            return f"quarantined: {rec.quarantined}"
-        if rec.zombie_pids is not None:
-            return f"zombie pids {rec.zombie_pids}"
-        return "free"
+        return _gpu_blocker(self, g)
 
     def span(self, gpus: list[GpuId]) -> str:
         return span_level(gpus, self.gpus, self.nodes)
@@ -606,6 +604,23 @@ class ClusterState(Struct):
         if not state.arrays:  # a snapshot from before the index: rebuild it from the tasks
             state.arrays = _array_index(state)
         return state
+
+
+def _gpu_blocker(st: ClusterState, g: GpuId) -> str:
+    """Why a GPU is not free (or "free"), outside the class for its size."""
+    rec = st.gpus[g]
+    node = st.nodes[rec.node]
+    if rec.occupied:
+        return f"held by {rec.holder}" if rec.holder is not None else f"shared by {', '.join(sorted(rec.shares))}"
+    if node.lost:
+        return f"node {node.name} lost"
+    if node.drained:
+        return f"node {node.name} drained"
+    if rec.quarantined is not None:
+        return f"quarantined: {rec.quarantined}"
+    if rec.zombie_pids is not None:
+        return f"zombie pids {rec.zombie_pids}"
+    return "free"
 
 
 # --- idle GPUs (JobIdle/JobBusy): held-but-unused accounting, outside the class for its size ---
@@ -739,9 +754,28 @@ def _clocked(st: ClusterState, event: ev.Event, stored_at: float | None) -> ev.E
     return msgspec.structs.replace(event, at=latest)
 
 
-def _refused(st: ClusterState, event: ev.Event) -> bool:
-    """A node speaks only for itself: its report about a job that is not on it is recorded as
-    a `foreign_node` violation and has no effect."""
+def _replayed(st: ClusterState, event: ev.Event, position: Position | None) -> bool:
+    """A fact at or below its writer chain's highest applied number is a re-published one: a
+    writer stores each number of a chain once (one append at a time per chain; after an append
+    whose outcome is unknown it starts a new chain, and a duplicate ack stores nothing), so
+    only a copy comes back to a number. Recorded as `replayed`, without effect."""
+    if position is None:
+        return False
+    top = st.chains.get(position.chain, 0)
+    if position.n > top:
+        st.chains[position.chain] = position.n
+        return False
+    job = getattr(event, "job_id", None)
+    st._violate("replayed", f"{event.kind} is fact {position.n} of writer chain {position.chain}, which was applied "
+                f"up to fact {top} already: a re-published fact, left without effect", [job] if job else [])
+    return True
+
+
+def _refused(st: ClusterState, event: ev.Event, position: Position | None = None) -> bool:
+    """A copy of an applied fact (`_replayed`), and a node's report about a job that is not on
+    it (`foreign_node`: a node speaks only for itself), are recorded and have no effect."""
+    if _replayed(st, event, position):
+        return True
     if type(event) not in NODE_REPORTS or event.node is None:  # type: ignore[attr-defined]
         return False
     problem = node_report_problem(st, event)

@@ -162,7 +162,7 @@ function renderHealth(m) {
   const lease = h.lease || {};
   let state = h.placement_degraded ? "degraded" : "ok";
   let text = h.placement_degraded ? "placement DEGRADED · naive fallback" : "placement topology-aware";
-  if (!h.placement_degraded && lease.redis && lease.placement === null) { state = "down"; text = "placement down (lease lapsed)"; }
+  if (!h.placement_degraded && lease.reachable && lease.placement === null) { state = "down"; text = "placement down (lease lapsed)"; }
   pb.dataset.state = state;
   pb.textContent = text;
   pb.title = lease.placement ? "lease held by " + lease.placement : "";
