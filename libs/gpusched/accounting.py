@@ -22,11 +22,12 @@ from .core.state import TERMINAL, ClusterState, Job
 
 @dataclass(frozen=True)
 class Held:
-    """`gpus` GPUs held by `job_id` (of `team`) from `start` to `end` (None: still held)."""
+    """`gpus` GPUs held by `job_id` (of `team`) from `start` to `end` (None: still held); a
+    fractional job's `gpus` is its share of its one GPU (docs/gpu-sharing.md)."""
 
     job_id: str
     team: str
-    gpus: int
+    gpus: int | float
     start: float
     end: float | None = None
     #: The GPU pool (canonical model, core/pools.py) of its GPUs; pools joined by "+" if several.
@@ -56,7 +57,7 @@ class Ledger:
                 self._sync(job, event.at, state)
 
     def _sync(self, job: Job, at: float, state: ClusterState) -> None:
-        held = len(job.gpus) if job.holding else 0
+        held = job.weight if job.holding else 0  # a fractional job is billed its share
         current = self.open.get(job.job_id)
         if current is not None and current.gpus != held:  # (a resize that keeps the count keeps the pool)
             self.closed.append(Held(current.job_id, current.team, current.gpus, current.start, at, current.pool))
@@ -129,6 +130,8 @@ def job_record(job: Job, run_s: float, gpu_s: float, now: float, by_pool: dict[s
     }
     if by_pool:
         rec["gpu_hours_by_pool"] = {p: round(v / 3600.0, 4) for p, v in sorted(by_pool.items())}
+    if spec.shared:
+        rec["gpu_share"] = job.share  # billed by its share of its one GPU
     seconds = getattr(job, "gpu_seconds", None)  # held vs busy GPU-seconds, where the fold keeps them
     if callable(seconds):
         held, busy = seconds(now)

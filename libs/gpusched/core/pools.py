@@ -10,6 +10,7 @@ older, looser rule (case-insensitive substring of the registered model), so
 from __future__ import annotations
 
 import functools
+import math
 import re
 from typing import TYPE_CHECKING
 
@@ -56,12 +57,13 @@ def has_models(quota: TeamQuota | None) -> bool:
     return quota is not None and bool(quota.models)
 
 
-def model_room(quota: TeamQuota | None, pool: str, held: int) -> int | None:
-    """GPUs of `pool` a team holding `held` of them may still take (None: no per-model limit)."""
+def model_room(quota: TeamQuota | None, pool: str, held: float) -> int | None:
+    """Whole GPUs of `pool` a team holding `held` of them (shares count their share) may still
+    take (None: no per-model limit)."""
     if quota is None:
         return None
     m = quota.models.get(pool)
-    return None if m is None or m.limit is None else m.limit - held
+    return None if m is None or m.limit is None else math.floor(m.limit - held + 1e-9)
 
 
 def model_guaranteed(quota: TeamQuota | None, pool: str) -> int:
@@ -89,7 +91,7 @@ def parse_gpu_types(text: str) -> list[str]:
 
 def pool_text(rows: dict[str, dict]) -> str:
     """`H100 2/8<=16 A100 0/0`: held / guaranteed (<= per-model limit) per pool."""
-    return " ".join(f"{p} {r['held']}/{r['guaranteed']}" + ("" if r["limit"] is None else f"<={r['limit']}")
+    return " ".join(f"{p} {r['held']:g}/{r['guaranteed']}" + ("" if r["limit"] is None else f"<={r['limit']}")
                     for p, r in rows.items())
 
 

@@ -49,7 +49,7 @@ def pools(state: ClusterState) -> dict[str, list[GpuId]]:
     return _Pools.gpus
 
 
-def choices(state: ClusterState, spec: JobSpec, held_on: Callable[[str], int],
+def choices(state: ClusterState, spec: JobSpec, held_on: Callable[[str], float],
             always: bool = False) -> list[Choice] | None:
     """The (type, pool) pairs the job is tried on, in order; None: placed as before (see the
     module docstring; `always`: also a job of one type, for its reason). `held_on(pool)`: its
@@ -79,7 +79,7 @@ def _typed(state: ClusterState, want: str) -> list[str]:
     return hit
 
 
-def room_on(state: ClusterState, team: str, pool: str, held: int) -> int | None:
+def room_on(state: ClusterState, team: str, pool: str, held: float) -> int | None:
     """GPUs of `pool` the team may still take under its per-model limit (None: no limit)."""
     t = state.teams.get(team)
     return model_room(t.quota if t is not None else None, pool, held)
@@ -177,7 +177,7 @@ def pool_rows(state: ClusterState, team: str | None = None) -> dict[str, dict]:
         return {}
     out: dict[str, dict] = {}
     for name, members in per.items():
-        row: dict[str, int | None] = {"gpus": len(members), "free": sum(1 for g in members if g in state.nodes[state.gpus[g].node].free)}
+        row: dict[str, float | None] = {"gpus": len(members), "free": sum(1 for g in members if g in state.nodes[state.gpus[g].node].free)}
         if t is not None:
             m = t.quota.models.get(name)
             row.update(held=t.pool_held.get(name, 0), guaranteed=0 if m is None else m.guaranteed,
