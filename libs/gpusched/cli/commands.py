@@ -460,6 +460,27 @@ def _register_job_edits(sub, common: list) -> None:
     p.set_defaults(func=cmd_node_label)
 
 
+def _register_quota(sub, common) -> None:
+    """`gpusched quota`: the team's terms, and with `--model` its terms on one GPU pool."""
+    p = sub.add_parser("quota", parents=common, help="change a team's guaranteed share, weight or hard limit (only those given)")
+    p.add_argument("team", help="the team")
+    p.add_argument("--guaranteed", type=int, default=None, help="GPUs it can always reclaim")
+    p.add_argument("--weight", type=float, default=None, help="its weight in sharing what is left")
+    p.add_argument("--limit", type=int, default=None, help="a hard limit it never exceeds")
+    p.add_argument("--no-limit", action="store_true", help="remove its hard limit")
+    p.add_argument("--model", default=None, metavar="MODEL",
+                   help="set --guaranteed and --limit on this GPU pool only (e.g. H100; docs/gpu-pools.md)")
+    p.add_argument("--default-time-limit", type=duration_arg, default=None, metavar="DURATION",
+                   help="the time limit its jobs get when submitted without one")
+    p.add_argument("--max-time-limit", type=duration_arg, default=None, metavar="DURATION",
+                   help="the longest time limit its jobs may ask for (longer submits are refused)")
+    p.add_argument("--default-cpus", type=float, default=None, metavar="N",
+                   help="the CPUs per node its jobs get when submitted without --cpus")
+    p.add_argument("--default-mem", default=None, metavar="SIZE",
+                   help="the memory per node its jobs get when submitted without --mem, like 16G")
+    p.set_defaults(func=cmd_quota)
+
+
 def _register_cancel(sub, common: list) -> None:
     p = sub.add_parser("cancel", parents=common, help="cancel a pending or running job, or every task of a job array by its id (a tenant: its own team's only)")
     p.add_argument("job", nargs="*", help="the job id(s)")
@@ -521,23 +542,7 @@ def register(sub) -> None:
 
     _register_cancel(sub, common)
 
-    p = sub.add_parser("quota", parents=common, help="change a team's guaranteed share, weight or hard limit (only those given)")
-    p.add_argument("team", help="the team")
-    p.add_argument("--guaranteed", type=int, default=None, help="GPUs it can always reclaim")
-    p.add_argument("--weight", type=float, default=None, help="its weight in sharing what is left")
-    p.add_argument("--limit", type=int, default=None, help="a hard limit it never exceeds")
-    p.add_argument("--no-limit", action="store_true", help="remove its hard limit")
-    p.add_argument("--model", default=None, metavar="MODEL",
-                   help="set --guaranteed and --limit on this GPU pool only (e.g. H100; docs/gpu-pools.md)")
-    p.add_argument("--default-time-limit", type=duration_arg, default=None, metavar="DURATION",
-                   help="the time limit its jobs get when submitted without one")
-    p.add_argument("--max-time-limit", type=duration_arg, default=None, metavar="DURATION",
-                   help="the longest time limit its jobs may ask for (longer submits are refused)")
-    p.add_argument("--default-cpus", type=float, default=None, metavar="N",
-                   help="the CPUs per node its jobs get when submitted without --cpus")
-    p.add_argument("--default-mem", default=None, metavar="SIZE",
-                   help="the memory per node its jobs get when submitted without --mem, like 16G")
-    p.set_defaults(func=cmd_quota)
+    _register_quota(sub, common)
 
     _register_job_edits(sub, common)
 

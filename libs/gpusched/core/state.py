@@ -489,7 +489,7 @@ class ClusterState(Struct):
         self.idle_jobs.pop(job.job_id, None)
         _give_back_all(self, job)
         self._team_held(job.team, -job.weight, at)
-        self._pool_held(job.team, job.gpus, -job.share)
+        _pool_held(self, job.team, job.gpus, -job.share)
         job.gpus = []
 
     def _requeue(self, job: Job, at: float, reason: str) -> None:
@@ -520,21 +520,6 @@ class ClusterState(Struct):
         elif not placeable and g in node.free:
             del node.free[g]
             self.free_count -= 1
-
-    def _pool_held(self, name: str, gpus: list[GpuId], amount: float) -> None:
-        """Per-pool holdings of a team (per-model quotas, `teams`), kept beside `held`: `amount`
-        per GPU (a fractional job's share); replaced whole, never edited (a forecast's fork
-        shares it, `policy/forecast.fork`)."""
-        if not gpus:
-            return
-        t = self.team(name)
-        per = dict(t.pool_held)
-        for g in gpus:
-            pool = canonical_model(self.gpus[g].model)
-            per[pool] = per.get(pool, 0) + amount
-            if abs(per[pool]) < 1e-9:
-                del per[pool]
-        t.pool_held = per
 
     def _team_held(self, name: str, delta: float, at: float) -> None:
         t = self.team(name)
@@ -639,6 +624,22 @@ def _gpu_blocker(st: ClusterState, g: GpuId) -> str:
     if rec.zombie_pids is not None:
         return f"zombie pids {rec.zombie_pids}"
     return "free"
+
+
+def _pool_held(st: ClusterState, name: str, gpus: list[GpuId], amount: float) -> None:
+    """Per-pool holdings of a team (per-model quotas, `teams`), kept beside `held`: `amount`
+    per GPU (a fractional job's share); replaced whole, never edited (a forecast's fork shares
+    it, `policy/forecast.fork`). Outside the class for its size."""
+    if not gpus:
+        return
+    t = st.team(name)
+    per = dict(t.pool_held)
+    for g in gpus:
+        pool = canonical_model(st.gpus[g].model)
+        per[pool] = per.get(pool, 0) + amount
+        if abs(per[pool]) < 1e-9:
+            del per[pool]
+    t.pool_held = per
 
 
 # --- idle GPUs (JobIdle/JobBusy): held-but-unused accounting, outside the class for its size ---
@@ -957,7 +958,7 @@ def _fold_granted(self, e: ev.GpusGranted) -> None:
     job.pending_eta_range = None
     job.pending_why = None
     self._team_held(spec.team, job.weight, e.at)
-    self._pool_held(spec.team, granted, job.share)
+    _pool_held(self, spec.team, granted, job.share)
     self._check_limit(spec.team, e.job_id, granted)
 
 
@@ -978,8 +979,8 @@ def _fold_resized(self, e: ev.JobResized) -> None:
     job.gpus = [g for g in job.gpus if g not in removed] + added
     _reserve(self, job.spec, job.gpus, 1, before)
     self._team_held(job.team, len(added) - len(removed), e.at)
-    self._pool_held(job.team, removed, -1)
-    self._pool_held(job.team, added, 1)
+    _pool_held(self, job.team, removed, -1)
+    _pool_held(self, job.team, added, 1)
     if job.idle is not None:
         _team_idle(self, job.team, len(added) - len(removed), e.at)
     if len(job.gpus) < job.spec.gang_min:

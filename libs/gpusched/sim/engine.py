@@ -456,22 +456,6 @@ class Simulation:
 
     # --- results --------------------------------------------------------------------------
 
-    def _used_vs_held(self) -> dict:
-        """GPU-hours held and busy (not idle) from the fold, and what the idle timeout did."""
-        st = self.state
-        held = busy = 0.0
-        for team in st.teams:
-            h, b = st.team_gpu_seconds(team)
-            held, busy = held + h, busy + b
-        return {
-            "gpu_hours_held": round(held / 3600, 3),
-            "gpu_hours_busy": round(busy / 3600, 3),
-            "held_efficiency": round(busy / held, 4) if held else 1.0,
-            "idle_reports": self.idle_reports,
-            "idle_requeues": sum(j.idle_requeues for j in st.jobs.values()),
-            "idle_ended": sum(1 for r in self.runs.values() if r.idle_ended),
-        }
-
     def summary(self) -> dict:
         out = self.rec.summary(self.runs, self.state)
         out.update({
@@ -488,7 +472,7 @@ class Simulation:
             "runtime_prediction": runtime_error(self.runtime_errors),
             "timed_out": sum(1 for r in self.runs.values() if r.timed_out),
             "guarantee_wait": self.guarantee_waits.summary(self.runs.values(), self.state.now),
-            **self._used_vs_held(),
+            **used_vs_held(self),
             "sim_wall_s": round(self.wall_s, 3),
             "gpu_hours_by_team": gpu_hours_by_team(self.ledger, self.state.now),
         })
@@ -496,3 +480,20 @@ class Simulation:
             out["pools"] = pool_summary(self.state, self.rec.pool_gpu_s, self.pool_waits, self.state.now)
         return out
 
+
+def used_vs_held(sim: Simulation) -> dict:
+    """GPU-hours held and busy (not idle) from the fold, and what the idle timeout did (outside
+    the class for its size)."""
+    st = sim.state
+    held = busy = 0.0
+    for team in st.teams:
+        h, b = st.team_gpu_seconds(team)
+        held, busy = held + h, busy + b
+    return {
+        "gpu_hours_held": round(held / 3600, 3),
+        "gpu_hours_busy": round(busy / 3600, 3),
+        "held_efficiency": round(busy / held, 4) if held else 1.0,
+        "idle_reports": sim.idle_reports,
+        "idle_requeues": sum(j.idle_requeues for j in st.jobs.values()),
+        "idle_ended": sum(1 for r in sim.runs.values() if r.idle_ended),
+    }
