@@ -220,6 +220,10 @@ def _report(command: str, err: Exception) -> int:
     if line is not None:
         print(f"gpusched {command}: {line}", file=sys.stderr)
         return 2
+    code = getattr(err, "exit_code", None)
+    if code is not None:  # a refusal of its own kind (cli.scoped: a read outside one's teams)
+        print(f"gpusched {command}: {err}", file=sys.stderr)
+        return int(code)
     if isinstance(err, (UsageError, PermissionError)):  # a refusal is one line, not a traceback
         print(f"gpusched {command}: {err}", file=sys.stderr)
         return 2

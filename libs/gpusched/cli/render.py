@@ -96,7 +96,12 @@ def _panel(text: str, **kw):
 
 
 def _caption(meta: dict[str, Any]) -> str:
-    return f"from {meta['source']} at log seq {meta['seq']}"
+    text = f"from {meta['source']} at log seq {meta['seq']}"
+    c = meta.get("cluster")  # a tenant's `teams`: the cluster's totals beside its own team
+    if c:
+        text += (f"; cluster: {c['total_gpus']} GPUs on {c['nodes']} nodes, {c['held_gpus']} held, "
+                 f"{c['running_jobs']} running and {c['pending_jobs']} pending jobs in {c['teams']} teams")
+    return text
 
 
 STATE_STYLE = {"pending": "yellow", "starting": "cyan", "running": "green", "completed": "dim",

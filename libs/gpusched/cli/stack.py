@@ -239,6 +239,7 @@ class Stack:
             "preemptor": policy,
             "projector": policy,  # its fold and queue order follow the running policy
             "quota_ledger": policy,  # usage decays with the running policy's half-life
+            "reader": policy,  # `show` for tenants explains under the running policy
             "reconciler": [*policy, *reconciler_timings(a)],  # idle_util_pct, idle_after_s; timings
             "fallback": [*policy, *ttl],  # its fold decays usage with the running policy's half-life
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),

@@ -67,10 +67,30 @@ def _service(role: str) -> tuple[list[str], list[str]]:
     elif role == "reconciler":
         sub.append(subjects.HEARTBEATS)
         pub += ["gpusched.node.*.ctl.KillProcesses", "gpusched.node.*.ctl.ResetGpu"]
+    elif role == "reader":
+        more_pub, sub = _reader()
+        pub += more_pub
     elif role == "dashboard":  # acts for a logged-in admin (the dashboard checks the login)
         pub += ["gpusched.cmd.*", "gpusched.cmd.*.*", "gpusched.ctl.*", subjects.Q_SHARES,
                 "gpusched.node.*.logs"]  # job logs, for the admin it acts for (tenants may not ask)
     return pub, sub
+
+
+def read_requests(p: Principal) -> list[str]:
+    """The read subjects a person may ask the reader service on (`subjects.read_subject`): a
+    tenant or platform only its own team(s) and name (the reader scopes every answer by the
+    subject); an auditor the unscoped form (every team). Admin may publish anything."""
+    if p.role in ("tenant", "platform"):
+        return [subjects.read_subject("*", team, p.name) for team in p.teams]
+    if p.role == "auditor":
+        return [subjects.read_subject("*")]
+    return []
+
+
+def _reader() -> tuple[list[str], list[str]]:
+    """The reader service: it answers read requests in its queue group, and asks the node that
+    ran a job for its logs (only after checking the job is the requester's team's)."""
+    return ["gpusched.node.*.logs"], [f"{subjects.READ_ANY} reader"]
 
 
 def _node(p: Principal) -> tuple[list[str], list[str]]:
@@ -94,10 +114,11 @@ def permissions(public_key: str, p: Principal) -> dict:
     elif p.role == "node":
         pub, more = _node(p)
     elif p.role == "auditor":
-        pub, more = read_log() + read_snapshots(), []
+        pub, more = read_log() + read_snapshots() + read_requests(p), []
     elif p.role in ("tenant", "platform"):
         pub = [subjects.command_subject(kind, team, p.name) for team in p.teams for kind in subjects.TENANT_COMMANDS]
         pub.append(subjects.Q_SHARES)
+        pub += read_requests(p)
         more = []
     else:
         pub, more = [], []
