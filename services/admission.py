@@ -80,6 +80,9 @@ class Caller:
 
     user: str = "admin"
     team: str | None = None
+    #: A platform submitting on behalf of `user` (`gpusched.cmd.submit.<team>.<platform>.<user>`,
+    #: which the server allows a platform for its own teams only), or None.
+    via: str | None = None
 
 
 ADMIN = Caller()
@@ -97,6 +100,10 @@ def split_subject(subject: str) -> tuple[str, Caller] | str:
         return base, Caller(user=parts[3])
     if len(parts) == 5:
         return base, Caller(user=parts[4], team=parts[3])
+    if len(parts) == 6 and base == subjects.CMD_SUBMIT:  # a platform for one of its teams' users
+        return base, Caller(user=parts[5], team=parts[3], via=parts[4])
+    if len(parts) == 6:
+        return f"only a submit may be sent on behalf of a user, not {subject!r}"
     return f"unknown command subject {subject!r}"
 
 
@@ -153,7 +160,8 @@ def request_scope(cmd: Command, caller: Caller) -> str:
     its spec's (a tenant's subject already holds it to that team); other commands use the
     subject's ('' for admin). `/` is in no team or user name, so scopes never run together."""
     team = cmd.spec.team if isinstance(cmd, SubmitJob) else (caller.team or "")
-    return f"{team}/{caller.user}/{cmd.request_id}"
+    user = caller.user if caller.via is None else f"{caller.user}@{caller.via}"  # each platform's own ids
+    return f"{team}/{user}/{cmd.request_id}"
 
 
 def job_id_for(scope: str, state: ClusterState, taken: Mapping[str, str] = MappingProxyType({})) -> str:
@@ -428,7 +436,7 @@ def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionCo
         return Decision(CommandReply(ok=False, error=problem), event, f"reject-{scope}")
     job_id = job_id_for(scope, state, taken)
     event = ev.JobSubmitted(at=now, job_id=job_id, spec=with_defaults(state, cmd.spec), request_id=rid,
-                            user=caller.user)
+                            user=caller.user, via=caller.via or "")
     return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{scope}")
 
 

@@ -11,7 +11,7 @@ nodes=${1:?usage: make-secrets.sh NODE[,NODE...] [OUT]}
 out=${2:-$(dirname "$0")/secrets}
 ns=${GPUSCHED_NAMESPACE:-gpusched}
 gpusched=${GPUSCHED:-gpusched}
-services=(admission placement fallback preemptor quota_ledger reconciler projector dashboard)
+services=(admission placement fallback preemptor quota_ledger reconciler projector dashboard reader)
 
 mkdir -p "$out"
 umask 077

@@ -183,7 +183,7 @@ def health_doc(state: ClusterState) -> dict[str, Any]:
 
 #: One human line per event kind (the event tail).
 _LINES: dict[str, Any] = {
-    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}{'/' + e.user if e.user else ''}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
+    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}{'/' + e.user if e.user else ''}{' via ' + e.via if e.via else ''}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
     "GpusGranted": lambda e: (f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}"
                               f"{', backfill' if e.backfill else ''}"
                               f"{', handed over: GPUs a preemption freed for it' if e.handover else ''})"),

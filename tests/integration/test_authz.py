@@ -93,6 +93,10 @@ def publish_cases(who: str) -> dict[str, bool]:
         "gpusched.cmd.submit.nlp.plat": admin or who == "plat",
         "gpusched.cmd.submit.research.plat": admin or who == "plat",
         "gpusched.cmd.submit.vision.plat": admin,  # not one of the platform's teams
+        "gpusched.cmd.submit.nlp.plat.alice": admin or who == "plat",  # on behalf of a user of its team
+        "gpusched.cmd.submit.vision.plat.bob": admin,  # ... of a team not its own
+        "gpusched.cmd.cancel.nlp.plat.alice": admin,  # only a submit is sent on behalf
+        "gpusched.cmd.submit.nlp.alice.bob": admin,  # a tenant may not act for another user
         subjects.CMD_SUBMIT: admin or role == "dashboard",  # admin's form: any team
         subjects.CMD_QUOTA + ".someone": admin or role == "dashboard",
         subjects.CMD_DRAIN: admin or role == "dashboard",

@@ -142,6 +142,11 @@ def command_subject(kind: str, team: str | None = None, user: str | None = None)
     return f"gpusched.cmd.{kind}" + (f".{token(user)}" if user else "")
 
 
+def on_behalf_subject(team: str, platform: str, user: str) -> str:
+    """A platform's submit for one of `team`'s users: the job is `user`'s, sent `via` the platform."""
+    return f"{command_subject('submit', team, platform)}.{token(user)}"
+
+
 def read_subject(kind: str, team: str | None = None, user: str | None = None) -> str:
     """A read request's subject: with a team, the scoped form (team and user); without, the
     unscoped form of admin and auditors."""

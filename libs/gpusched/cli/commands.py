@@ -224,9 +224,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     arr = spec.array
     tasks = f" (tasks {{0}}_{arr.first}..{{0}}_{arr.last})" if arr is not None else ""
+    def send(c):
+        return c.submit(spec, request_id=args.request_id, on_behalf_of=args.on_behalf_of)
+
     if args.parsable:  # `JOB=$(gpusched submit --parsable ...)`: the id alone (an array's own id)
-        return _run(args, lambda c: c.submit(spec, request_id=args.request_id), lambda r: r.job_id)
-    return _run(args, lambda c: c.submit(spec, request_id=args.request_id),
+        return _run(args, send, lambda r: r.job_id)
+    return _run(args, send,
                 lambda r: r.job_id + tasks.format(r.job_id) + (" (already submitted)" if r.duplicate else ""))
 
 
@@ -365,6 +368,9 @@ def _job_feature_options(p: argparse.ArgumentParser) -> None:
                    help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100)")
     p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
                    help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
+    p.add_argument("--on-behalf-of", default=None, metavar="USER",
+                   help="a platform's submit for USER of the job's team: the job is USER's, the log "
+                        "records the platform too (platform credentials only)")
     p.add_argument("--parsable", action="store_true",
                    help="print only the job id (an array's id), for JOB=$(gpusched submit --parsable ...)")
     p.add_argument("--array", default=None, metavar="FIRST-LAST[%MAX]",

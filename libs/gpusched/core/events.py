@@ -53,14 +53,17 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     """Admission accepted a job. `request_id` makes resubmission idempotent past JetStream's
     duplicate window."""
 
-    VERSION: ClassVar[int] = 2
-    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)"}
-    v: int = 2
+    VERSION: ClassVar[int] = 3
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)",
+                                         3: "via (a platform's submit on behalf of a user)"}
+    v: int = 3
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
     #: Who submitted it: the user of the command subject the server allowed (never the payload).
     user: str = ""
+    #: The platform that submitted it on behalf of `user` (the subject's), or "" (the user itself).
+    via: str = ""
 
 
 class JobRejected(Event, frozen=True, kw_only=True):

@@ -87,6 +87,13 @@ def read_requests(p: Principal) -> list[str]:
     return []
 
 
+def on_behalf(p: Principal) -> list[str]:
+    """A platform may submit for any user of its own teams (`subjects.on_behalf_subject`)."""
+    if p.role != "platform":
+        return []
+    return [subjects.command_subject("submit", team, p.name) + ".*" for team in p.teams]
+
+
 def _reader() -> tuple[list[str], list[str]]:
     """The reader service: it answers read requests in its queue group, and asks the node that
     ran a job for its logs (only after checking the job is the requester's team's)."""
@@ -118,7 +125,7 @@ def permissions(public_key: str, p: Principal) -> dict:
     elif p.role in ("tenant", "platform"):
         pub = [subjects.command_subject(kind, team, p.name) for team in p.teams for kind in subjects.TENANT_COMMANDS]
         pub.append(subjects.Q_SHARES)
-        pub += read_requests(p)
+        pub += read_requests(p) + on_behalf(p)
         more = []
     else:
         pub, more = [], []
