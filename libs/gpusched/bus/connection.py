@@ -12,9 +12,18 @@ import sys
 import time
 from collections.abc import Callable
 
-import structlog
 
-log = structlog.get_logger()
+class LazyLogger:
+    """structlog's logger, imported on the first line logged (structlog brings rich with it: a
+    CLI call that logs nothing should not pay for it)."""
+
+    def __getattr__(self, name: str):
+        import structlog
+
+        return getattr(structlog.get_logger(), name)
+
+
+log = LazyLogger()
 
 #: Called with (connection name, why) when a connection closes unexpectedly; None: only logged.
 on_closed: Callable[[str, str], None] | None = None
@@ -50,6 +59,8 @@ _quiet = _Quiet()
 def _say(level: str, event: str, **fields: object) -> None:
     """A service's structured log; in a CLI process (structlog not configured, whose default
     prints to stdout and would corrupt `--json` output) one plain line on stderr."""
+    import structlog
+
     if structlog.is_configured():
         getattr(log, level)(event, **fields)
     else:

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -29,7 +30,6 @@ from datetime import datetime, timezone
 
 import msgspec
 import nats
-import structlog
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
@@ -43,7 +43,6 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, NotFoundError
 
-from gpusched import telemetry
 from gpusched.core import limits
 from gpusched.core.events import Event, decode_event, encode_fact
 from gpusched.security import clientconfig, signing
@@ -52,7 +51,7 @@ from gpusched.security.identity import load as load_identity
 
 from . import connection, fastpath, subjects
 
-_log = structlog.get_logger()
+_log = connection.LazyLogger()
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
@@ -97,6 +96,22 @@ NATS_HINT = "is `gpusched up` running? (or set --nats / GPUSCHED_NATS_URL)"
 #: outlive blips); a command-line client calls `fail_fast()` so an unreachable server is one
 #: clear error within seconds instead of a retry loop.
 _client_options: dict = {}
+
+
+def _telemetry():
+    """gpusched.telemetry (OpenTelemetry), imported when first needed: a CLI that only reads
+    never loads it."""
+    from gpusched import telemetry
+
+    return telemetry
+
+
+def _observe(record: Record) -> None:
+    """Remember a record's job trace context, in a process that traces (one that imported
+    telemetry: every service does at start); a reading CLI has no trace to continue."""
+    telemetry = sys.modules.get("gpusched.telemetry")
+    if telemetry is not None:
+        telemetry.observe(record)
 
 
 def fail_fast(connect_timeout: float = 1.5) -> None:
@@ -460,7 +475,7 @@ class EventLog:
         payload = encode_fact(event)
         subject = subjects.event_subject(event)
         hdrs = dict(headers or {})
-        telemetry.append_headers(event, hdrs)  # traceparent: the job's trace crosses services here
+        _telemetry().append_headers(event, hdrs)  # traceparent: the job's trace crosses services here
         hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
         if expect_alloc_seq is not None:
             hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
@@ -540,7 +555,7 @@ class EventLog:
         reply = None
         for i, (event, (subject, payload)) in enumerate(zip(events, facts)):
             hdrs = dict(headers or {})
-            telemetry.append_headers(event, hdrs)  # each fact continues its own job's trace
+            _telemetry().append_headers(event, hdrs)  # each fact continues its own job's trace
             hdrs["Nats-Batch-Id"], hdrs["Nats-Batch-Sequence"] = batch_id, str(i + 1)
             msg_id = msg_ids[i] if msg_ids else None
             hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
@@ -611,7 +626,7 @@ class EventLog:
                         on_dead(seq, msg.subject)
                 else:
                     record = Record(seq, event, msg.subject, msg.headers, fastpath.stored_at(msg))
-                    telemetry.observe(record)  # remember the job's trace context
+                    _observe(record)  # remember the job's trace context
                     yield record
 
     async def raw(self, start: int = 1, until: int | None = None) -> AsyncIterator[RawMessage]:
