@@ -61,6 +61,16 @@ def _name_version(info: Path) -> tuple[str, str]:
     return fields.get("Name", stem_name), fields.get("Version", stem_version)
 
 
+def our_version() -> str | None:
+    """The version of the distribution `gpusched-cluster` as installed (None: not installed)."""
+    for info in _dist_infos():  # pip names the directory NAME-VERSION.dist-info: read only ours
+        if _normal(info.name.partition("-")[0]) == OURS:
+            name, version = _name_version(info)
+            if _normal(name) == OURS:
+                return version
+    return None
+
+
 def foreign_owners() -> list[str]:
     """`NAME VERSION` of every installed distribution other than ours that installs `gpusched`."""
     found: dict[str, str] = {}
