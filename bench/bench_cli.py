@@ -85,7 +85,8 @@ def stack_jobs(args: argparse.Namespace, base: float) -> None:
     import tempfile
     from pathlib import Path
 
-    from bench_startup import JOBS_PER_BATCH, NODES, build, nodes_batch
+    import msgspec
+    from bench_startup import JOBS_PER_BATCH, NODES, churn_batch, nodes_batch
 
     from gpusched.bus.log import EventLog
     from gpusched.bus.servers import start_nats, start_redis
@@ -104,10 +105,15 @@ def stack_jobs(args: argparse.Namespace, base: float) -> None:
     create_streams_sync(server.url, admin)
 
     async def fill() -> int:
+        """The churn of the last days (bench_startup's starts at 1970: every job would be past
+        the fold's horizon, and the listings empty), 200 jobs a day."""
         log = await EventLog.open(server.url, name="bench-cli-build", signer=None, creds=admin)
+        batches = max(1, args.jobs // JOBS_PER_BATCH)
+        since = time.time() - batches * 86400.0 - 3600.0
         try:
             await log.append_batch(nodes_batch())
-            await build(log, 0, max(1, args.jobs // JOBS_PER_BATCH), 200.0, 4)
+            for b in range(batches):
+                await log.append_batch([msgspec.structs.replace(e, at=e.at + since) for e in churn_batch(b, 200.0)])
             return await log.last_seq()
         finally:
             await log.close()
@@ -126,20 +132,31 @@ def stack_jobs(args: argparse.Namespace, base: float) -> None:
         wait_views(redis.url, events)
         env.update(GPUSCHED_CREDS=admin, GPUSCHED_REDIS_URL=redis.url)
         t = median_s(GPUSCHED + ["jobs", "--nats", server.url], args.runs, env)
-        report(f"jobs as admin ({NODES} nodes, {events} events; the projector's read models in Redis)", t, base, 0.300)
+        report(f"jobs as admin ({NODES} nodes, {events} events, {listed(server.url, env)} jobs listed; "
+               "the projector's read models in Redis)", t, base, 0.300)
         del env["GPUSCHED_REDIS_URL"]
         for who, what in (("tenant", "1 team's jobs, through the reader"), ("platform", "7 teams, through the reader")):
             env["GPUSCHED_CREDS"] = str(trust.creds(who))
             t = median_s(GPUSCHED + ["jobs", "--nats", server.url], args.runs, env)
-            report(f"jobs as a {who} ({NODES} nodes, {events} events; {what})", t, base, 0.300)
+            report(f"jobs as a {who} ({NODES} nodes, {events} events, {listed(server.url, env)} jobs listed; {what})",
+                   t, base, 0.300)
         env["GPUSCHED_CREDS"] = str(trust.creds("audit"))
         t = median_s(GPUSCHED + ["jobs", "--nats", server.url, "--fold"], args.runs, env)
-        report(f"jobs --fold as an auditor ({NODES} nodes, {events} events; the whole log folded)", t, base, 0.300)
+        report(f"jobs --fold as an auditor ({NODES} nodes, {events} events, {listed(server.url, env, '--fold')} jobs "
+               "listed; the whole log folded)", t, base, 0.300)
     finally:
         stop_processes(services)
         server.stop()
         redis.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def listed(url: str, env: dict, *more: str) -> int:
+    """How many jobs the same call lists (a timing of an empty listing would mean nothing)."""
+    import json
+
+    out = subprocess.run(GPUSCHED + ["jobs", "--nats", url, "--json", *more], capture_output=True, env=env, check=True)
+    return len(json.loads(out.stdout))
 
 
 def wait_ready(log_path, proc, name: str, timeout: float = 120.0) -> None:

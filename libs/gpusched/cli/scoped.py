@@ -103,9 +103,8 @@ async def listing(args: argparse.Namespace, ident: Identity, what: str) -> tuple
     request = {"at": getattr(args, "at", None)}
     docs: list[dict] = []
     meta: dict[str, Any] = {}
-    async with session(args.nats) as nc:
-        for team in teams:
-            data = await ask(nc, ident, what, team, request)
+    async with session(args.nats) as nc:  # a platform's teams at once: one round trip, not one each
+        for data in await asyncio.gather(*(ask(nc, ident, what, team, request) for team in teams)):
             docs += data["docs"]
             meta = {**data["meta"], **({"cluster": data["cluster"]} if "cluster" in data else {})}
     if what == "jobs":
