@@ -3,7 +3,19 @@ the services, so that `libs/` never imports `services/`."""
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
+import sys
+
+if "redis" not in sys.modules and "opentelemetry.sdk.metrics" not in sys.modules:
+    # redis-py imports the OpenTelemetry metrics SDK when it is installed (for its own metrics,
+    # which gpusched never turns on): two thirds of importing redis. Hidden while redis loads, it
+    # stays importable for whoever asks for it later.
+    sys.modules["opentelemetry.sdk.metrics"] = None  # type: ignore[assignment]
+    try:
+        import redis.asyncio as aioredis
+    finally:
+        del sys.modules["opentelemetry.sdk.metrics"]
+else:
+    import redis.asyncio as aioredis
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
