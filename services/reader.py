@@ -96,8 +96,8 @@ def cluster_totals(state: ClusterState) -> dict[str, Any]:
 
 
 class Reader:
-    def __init__(self, folded: FoldedLog, config, nats: str | None = None):
-        self.folded, self.config, self.nats = folded, config, nats
+    def __init__(self, folded: FoldedLog, config, nats: str | None = None, redis: str | None = None):
+        self.folded, self.config, self.nats, self.redis = folded, config, nats, redis
         self._tasks: set[asyncio.Task] = set()
 
     def on_message(self, msg) -> None:
@@ -132,7 +132,15 @@ class Reader:
         at = request.get("at")
         state = self.state if at is None else await fold_state(self.nats, None, at=str(at))
         meta = {"source": "reader", "seq": state.last_seq, "at": state.now, **({"past": True} if at else {})}
-        return {"docs": docs_from_state(state, "jobs", team=asker.team), "meta": meta}
+        docs = docs_from_state(state, "jobs", team=asker.team)
+        return {"docs": docs, "meta": meta, "usage": await self._usage(docs) if at is None else {}}
+
+    async def _usage(self, docs: list[dict]) -> dict:
+        """The reconciler's used-versus-held window of these jobs (Redis; none without it)."""
+        from gpusched.cli.reads import usage
+
+        used = await usage(self.redis) if any(d["gpus"] for d in docs) else {}
+        return {d["job_id"]: used[d["job_id"]] for d in docs if d["job_id"] in used}
 
     async def read_teams(self, asker: Asker, request: dict) -> dict:
         from gpusched.cli.reads import docs_from_state
@@ -224,7 +232,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = policy_of(args)
     folded = await FoldedLog.open(args.nats, name="gpusched-reader", half_life_s=config.half_life_s)
-    reader = Reader(folded, config, args.nats)
+    reader = Reader(folded, config, args.nats, args.redis)
 
     async def on_message(msg) -> None:
         reader.on_message(msg)

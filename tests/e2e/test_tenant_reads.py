@@ -7,6 +7,7 @@ node daemon running real processes, the CLI as a user runs it."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -133,3 +134,22 @@ async def _around_the_cli(h, creds: str, alice: str) -> None:
         assert reply["ok"] and reply["data"] == {"job_id": alice, "error": f"no job {alice} among team vision's jobs"}
     finally:
         await nc.close()
+
+
+async def test_admin_lists_every_team_from_the_reader_and_from_the_log_without_it(harness):  # noqa: F811
+    """Admin's `jobs` takes the reader's unscoped answer when a reader runs (the quick path: no
+    Redis client to load), and reads Redis or folds the log when none does: the same jobs."""
+    from gpusched.cli import reads
+
+    h = harness
+    h.start("admission")
+    h.start("reader")
+    await h.ready("admission", "reader")
+    ids = {await h.submit(team=team, gpus=1) for team in ("nlp", "vision")}
+    args = argparse.Namespace(nats=h.nats_url, redis=h.redis_url, at=None, team=None, fold=False, policy=None,
+                              command="jobs")
+    docs, meta = await reads.load(args, "jobs")
+    assert meta["source"] == "reader" and {d["job_id"] for d in docs} == ids
+    h.kill9("reader")
+    docs, meta = await reads.load(args, "jobs")  # no projector wrote Redis: the log is folded
+    assert meta["source"] == "log" and {d["job_id"] for d in docs} == ids

@@ -20,6 +20,8 @@ from gpusched.security.identity import Identity
 
 #: The listings a tenant's credential gets from the reader (the others are admin's and auditors').
 SCOPED_LISTINGS = ("jobs", "teams")
+#: Roles the reader answers for every team (its unscoped subjects).
+UNSCOPED = ("admin", "auditor")
 READER_HINT = "is `gpusched up` running with its reader service? (`gpusched service run reader`)"
 READ_TIMEOUT_S = 15.0
 
@@ -63,10 +65,14 @@ def teams_asked(ident: Identity, team_arg: str | None) -> list[str]:
 
 
 @asynccontextmanager
-async def session(nats: str | None) -> AsyncIterator[Any]:
+async def session(nats: str | None, nc=None) -> AsyncIterator[Any]:
+    """A connection as the caller's identity (`nc`: one already open, left open)."""
     from gpusched.bus import connection
     from gpusched.bus.log import connect
 
+    if nc is not None:
+        yield nc
+        return
     nc = await connect(nats, name="gpusched-cli")
     try:
         yield nc
@@ -75,7 +81,7 @@ async def session(nats: str | None) -> AsyncIterator[Any]:
         await nc.close()
 
 
-async def ask(nc, ident: Identity, kind: str, team: str, request: dict[str, Any],
+async def ask(nc, ident: Identity, kind: str, team: str | None, request: dict[str, Any],
               timeout: float = READ_TIMEOUT_S) -> Any:
     """The reader's answer to one request as `ident` for `team`; ReadFailed with its reason."""
     from nats.errors import NoRespondersError
@@ -97,19 +103,55 @@ async def ask(nc, ident: Identity, kind: str, team: str, request: dict[str, Any]
     return reply["data"]
 
 
-async def listing(args: argparse.Namespace, ident: Identity, what: str) -> tuple[list[dict], dict]:
-    """`jobs` or `teams` of the caller's teams (`--team` narrows), as `reads.load` returns them."""
-    teams = teams_asked(ident, getattr(args, "team", None))
+async def listing(args: argparse.Namespace, ident: Identity, what: str, nc=None) -> tuple[list[dict], dict]:
+    """`jobs` or `teams` of the caller's teams (`--team` narrows), as `reads.load` returns them;
+    for admin and auditors (`UNSCOPED`), every team's. `meta["usage"]`: the reconciler's window
+    of the running jobs listed."""
+    teams: list[str | None] = [None] if ident.role in UNSCOPED else list(teams_asked(ident, getattr(args, "team", None)))
     request = {"at": getattr(args, "at", None)}
     docs: list[dict] = []
-    meta: dict[str, Any] = {}
-    async with session(args.nats) as nc:  # a platform's teams at once: one round trip, not one each
-        for data in await asyncio.gather(*(ask(nc, ident, what, team, request) for team in teams)):
+    meta: dict[str, Any] = {"usage": {}}
+    async with session(args.nats, nc) as conn:  # a platform's teams at once: one round trip, not one each
+        for data in await asyncio.gather(*(ask(conn, ident, what, team, request) for team in teams)):
             docs += data["docs"]
-            meta = {**data["meta"], **({"cluster": data["cluster"]} if "cluster" in data else {})}
+            meta = {**data["meta"], **({"cluster": data["cluster"]} if "cluster" in data else {}),
+                    "usage": {**meta["usage"], **data.get("usage", {})}}
     if what == "jobs":
         docs.sort(key=lambda d: (d["submitted_at"], d["job_id"]))
-    return docs, meta or {"source": "reader", "seq": 0, "at": 0.0}
+    return docs, {"source": "reader", "seq": 0, "at": 0.0, **meta}
+
+
+async def unscoped_listing(args: argparse.Namespace, what: str) -> tuple[list[dict], dict] | None:
+    """Admin's or an auditor's `jobs`/`teams` from the reader when one answers (a live fold, no
+    Redis client to load: the quick path); None: no reader, or not such an identity (the caller
+    then reads Redis or folds the log, as before)."""
+    from nats.errors import NoRespondersError
+
+    from gpusched.bus import log
+    from gpusched.bus.log import Unreachable
+
+    path = log.creds_file()
+    try:
+        ident = log.load_identity(path) if path else None
+    except Exception:  # noqa: BLE001 - the direct path says what is wrong with the credentials
+        return None
+    if ident is None or ident.role not in UNSCOPED or getattr(args, "at", None) is not None:
+        return None
+    try:
+        nc = await asyncio.wait_for(log.connect(args.nats, name="gpusched-cli"), 5)
+    except (Unreachable, OSError, TimeoutError):  # PermissionError too: refused credentials
+        return None  # NATS down: Redis may still answer
+    try:
+        return await listing(args, ident, what, nc)
+    except Unreachable as err:
+        if isinstance(err.__cause__, NoRespondersError):
+            return None
+        raise
+    finally:
+        from gpusched.bus import connection
+
+        connection.expect_close(nc)
+        await nc.close()
 
 
 async def _first_answer(nc, ident: Identity, kind: str, request: dict[str, Any]) -> Any:
