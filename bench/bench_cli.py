@@ -78,9 +78,10 @@ def report(name: str, t: float, base: float, target: float) -> None:
 
 def stack_jobs(args: argparse.Namespace, base: float) -> None:
     """`gpusched jobs` on a log of 1,000 nodes and `--jobs` jobs (their whole lives, in 7 teams),
-    on an authenticated NATS with the reader service: as a tenant of one team and as a platform
-    of all seven (both through the reader: what their credential reads), and as an auditor
-    folding the whole log (no Redis password, no reader)."""
+    on an authenticated NATS with the reader service and the projector: as admin (the reader's
+    unscoped answer), a tenant of one team and a platform of all seven (through the reader: what
+    their credential reads); then, the reader stopped, as admin from Redis, and as an auditor
+    folding the whole log."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -133,13 +134,19 @@ def stack_jobs(args: argparse.Namespace, base: float) -> None:
         env.update(GPUSCHED_CREDS=admin, GPUSCHED_REDIS_URL=redis.url)
         t = median_s(GPUSCHED + ["jobs", "--nats", server.url], args.runs, env)
         report(f"jobs as admin ({NODES} nodes, {events} events, {listed(server.url, env)} jobs listed; "
-               "the projector's read models in Redis)", t, base, 0.300)
+               "the reader's unscoped answer)", t, base, 0.300)
         del env["GPUSCHED_REDIS_URL"]
         for who, what in (("tenant", "1 team's jobs, through the reader"), ("platform", "7 teams, through the reader")):
             env["GPUSCHED_CREDS"] = str(trust.creds(who))
             t = median_s(GPUSCHED + ["jobs", "--nats", server.url], args.runs, env)
             report(f"jobs as a {who} ({NODES} nodes, {events} events, {listed(server.url, env)} jobs listed; {what})",
                    t, base, 0.300)
+        stop_processes(services[:1])  # no reader: admin reads the projector's views in Redis
+        env.update(GPUSCHED_CREDS=admin, GPUSCHED_REDIS_URL=redis.url)
+        t = median_s(GPUSCHED + ["jobs", "--nats", server.url], args.runs, env)
+        report(f"jobs as admin ({NODES} nodes, {events} events, {listed(server.url, env)} jobs listed; no reader: "
+               "the projector's read models in Redis)", t, base, 0.300)
+        del env["GPUSCHED_REDIS_URL"]
         env["GPUSCHED_CREDS"] = str(trust.creds("audit"))
         t = median_s(GPUSCHED + ["jobs", "--nats", server.url, "--fold"], args.runs, env)
         report(f"jobs --fold as an auditor ({NODES} nodes, {events} events, {listed(server.url, env, '--fold')} jobs "
