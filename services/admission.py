@@ -47,7 +47,7 @@ from gpusched.core.commands import (
 from gpusched.core.model import LEVEL_RANK, TeamQuota
 from gpusched.core.reasons import NoMatchingNode
 from gpusched.core.state import TERMINAL, ClusterState, Job, array_tasks
-from gpusched.policy.eligibility import not_eligible
+from gpusched.policy.eligibility import constrained, matching, not_eligible, wants
 from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import common_arguments
 
@@ -221,30 +221,53 @@ class Capacity:
     def __init__(self) -> None:
         self._key: tuple[int, int] | None = None
         self._largest: dict[str, int] = {}
+        self._matching: dict[tuple, dict[str, int]] = {}
 
     def largest(self, state: ClusterState) -> dict[str, int]:
         key = (len(state.nodes), len(state.gpus))
         if key != self._key:
-            nvlink: dict[tuple[str, int], int] = {}
-            node: dict[str, int] = {}
-            rack: dict[str, int] = {}
-            block: dict[str, int] = {}
-            for g in state.gpus.values():
-                n = state.nodes[g.node]
-                nvlink[(g.node, g.nvlink_domain)] = nvlink.get((g.node, g.nvlink_domain), 0) + 1
-                node[g.node] = node.get(g.node, 0) + 1
-                rack[n.rack] = rack.get(n.rack, 0) + 1
-                if n.block is not None:
-                    block[n.block] = block.get(n.block, 0) + 1
-            self._largest = {
-                "nvlink": max(nvlink.values(), default=0),
-                "node": max(node.values(), default=0),
-                "rack": max(rack.values(), default=0),
-                "block": max(block.values(), default=max(rack.values(), default=0)),
-                "cluster": len(state.gpus),
-            }
+            self._largest = self._count(state, state.gpus.values())
             self._key = key
         return self._largest
+
+    def largest_matching(self, state: ClusterState, spec) -> dict[str, int]:
+        """The same over the GPUs a constrained job may hold (`--gpu-type`: GPUs of that model,
+        `--constraint`: on nodes with those labels), cached per constraint and cluster shape."""
+        key = (len(state.nodes), len(state.gpus), state.label_changes, spec.gpu_type,
+               tuple(sorted(spec.constraints.items())))
+        if key not in self._matching:
+            if len(self._matching) >= 256:
+                self._matching.clear()
+            want = (spec.gpu_type or "").lower()
+            nodes = set(matching(state, spec))
+            self._matching[key] = self._count(state, (g for g in state.gpus.values()
+                                                      if g.node in nodes and want in g.model.lower()))
+        return self._matching[key]
+
+    @staticmethod
+    def _count(state: ClusterState, gpus) -> dict[str, int]:
+        """The largest GPU count at each topology level among `gpus` (drained nodes count: a
+        drain ends, the cluster as configured stays)."""
+        nvlink: dict[tuple[str, int], int] = {}
+        node: dict[str, int] = {}
+        rack: dict[str, int] = {}
+        block: dict[str, int] = {}
+        total = 0
+        for g in gpus:
+            total += 1
+            n = state.nodes[g.node]
+            nvlink[(g.node, g.nvlink_domain)] = nvlink.get((g.node, g.nvlink_domain), 0) + 1
+            node[g.node] = node.get(g.node, 0) + 1
+            rack[n.rack] = rack.get(n.rack, 0) + 1
+            if n.block is not None:
+                block[n.block] = block.get(n.block, 0) + 1
+        return {
+            "nvlink": max(nvlink.values(), default=0),
+            "node": max(node.values(), default=0),
+            "rack": max(rack.values(), default=0),
+            "block": max(block.values(), default=max(rack.values(), default=0)),
+            "cluster": total,
+        }
 
 
 _LEVEL_NAMES = {"nvlink": "NVLink domain", "node": "node", "rack": "rack", "block": "block", "cluster": "cluster"}
@@ -286,6 +309,20 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
         if topo.required != "cluster" and need > largest[topo.required]:
             return (f"spec.topology.required is {topo.required}, but the largest {_LEVEL_NAMES[topo.required]} "
                     f"has {largest[topo.required]} GPUs; the job needs {need}")
+        if constrained(spec):  # it can never fit among the GPUs it may hold
+            return _never_fits_matching(capacity.largest_matching(state, spec), spec, need)
+    return None
+
+
+def _never_fits_matching(largest: dict[str, int], spec, need: int) -> str | None:
+    """Why a constrained job can never fit the GPUs matching it (drains aside), or None."""
+    level = spec.topology.required
+    if need > largest["cluster"]:
+        return (f"the cluster has {largest['cluster']} GPUs matching {wants(spec)} (drains aside); the job needs "
+                f"{need} (nodes register their GPU model; labels: `gpusched node label`)")
+    if level != "cluster" and need > largest[level]:
+        return (f"spec.topology.required is {level}, but the largest {_LEVEL_NAMES[level]} has {largest[level]} "
+                f"GPUs matching {wants(spec)}; the job needs {need}")
     return None
 
 
