@@ -331,7 +331,8 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
     lim = "none" if tq["limit"] is None else tq["limit"]
     w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
              + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
-             + ("  (under its guarantee: may reclaim from over-share teams)" if tq["under_guarantee"] else ""))
+             + ("  (under its guarantee: may reclaim from over-share teams)"
+                if tq["under_guarantee"] and why.get("reclaimable_gpus") else ""))
     topo = why["topology"]
     w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
              f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"
