@@ -128,7 +128,7 @@ class Gpusched:
             return
         state = ClusterState()
         async for rec in self.log.records(start, follow=True):
-            state.apply(rec.event, rec.seq)
+            state.apply(rec.event, rec.seq, rec.time, rec.position)
             if getattr(rec.event, "job_id", None) != job_id:
                 continue
             yield rec.event

@@ -104,6 +104,10 @@ class AgentConfig:
     checkpoint_roots: tuple[str, ...] = ()
     rejoin_heartbeats: int = 3  # after a NodeLost of itself, re-register after this many heartbeats
     labels: dict[str, str] = field(default_factory=dict)  # announced at registration (`--label K=V`)
+    #: CPUs and memory (MiB) offered to jobs, announced at registration (None: not declared,
+    #: then placement does not count them here; `main.host_resources` gives the host's).
+    cpus: float | None = None
+    memory_mb: int | None = None
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
@@ -346,11 +350,15 @@ class NodeAgent(CheckpointHandshake):
     def registration(self) -> ev.NodeRegistered:
         return ev.NodeRegistered(at=time.time(), node=self.node, rack=self.cfg.rack, gpus=self.gpu_info,
                                  block=self.cfg.block, nvlink=self.cfg.nvlink, address=self.cfg.address,
-                                 labels=dict(self.cfg.labels))
+                                 labels=dict(self.cfg.labels), cpus=self.cfg.cpus or 0.0,
+                                 memory_mb=self.cfg.memory_mb or 0)
 
     def needs_registration(self, state: ClusterState) -> bool:
+        """Unknown, lost, or offering other CPUs or memory than the log says (a restart with other
+        `--cpus`/`--mem`, or the first start of a daemon that declares them)."""
         node = state.nodes.get(self.node)
-        return node is None or node.lost
+        offers = (self.cfg.cpus or 0.0, self.cfg.memory_mb or 0)
+        return node is None or node.lost or (any(offers) and offers != (node.cpus, node.memory_mb))
 
     def leftovers(self) -> list[RunningJob]:
         """Runs being stopped (SIGTERM sent, SIGKILL after the grace, see `poll`): while any

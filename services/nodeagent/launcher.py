@@ -17,6 +17,7 @@ environment (`ENV_ALLOW`), and its control, log and checkpoint directories are 0
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -323,13 +324,44 @@ def reach_error(launch: Launch, ids: tuple[int, int] | None) -> str | None:
     return None
 
 
+#: The job's own /proc: a mount namespace of its own (a slave of the host's, so mounts the host
+#: makes later still reach the job) with procfs mounted `hidepid=2`, so that the job sees only
+#: its own uid's processes: no other tenant's command line, environment or pid. The job stays in
+#: the host's pid namespace, so its pids, the SDK's `sdk-<pid>` signalling and the daemon's
+#: signals are unchanged. A mount that fails leaves the host's /proc, saying so in the job's log.
+_HIDE_PROC = ('mount -t proc -o hidepid=2 proc /proc || '
+              'echo "--- gpusched: /proc is not hidden from this job (mount failed)" >&2; exec "$@"')
+
+
+@functools.cache
+def proc_hidable() -> bool:
+    """Root, Linux >= 5.8 (each procfs mount has its own options there: on older kernels
+    `hidepid` on a new mount would apply to the host's /proc as well), and a mount namespace this
+    daemon may make (tried once: a container without CAP_SYS_ADMIN may not)."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    if os.geteuid() != 0 or (major, minor) < (5, 8) or shutil.which("unshare") is None:
+        return False
+    try:
+        probe = ["unshare", "--mount", "--propagation", "slave", "--", "true"]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def command_argv(launch: Launch, ids: tuple[int, int] | None) -> list[str]:
-    """The job's argv: join its cgroup (as root, before anything of the job runs), drop to the
-    job's credentials (`setpriv`, no new privileges), then the exit-status wrapper."""
+    """The job's argv: join its cgroup (as root, before anything of the job runs), its own /proc
+    (`_HIDE_PROC`, for a job of another uid), drop to the job's credentials (`setpriv`, no new
+    privileges), then the exit-status wrapper."""
     argv = ["/bin/sh", "-c", _WRAPPER, "gpusched-job", *launch.command]
     if ids is not None:
         groups = ["--init-groups"] if launch.user and launch.home is not None else ["--clear-groups"]
         argv = ["setpriv", f"--reuid={ids[0]}", f"--regid={ids[1]}", *groups, "--no-new-privs", "--", *argv]
+        if proc_hidable():
+            argv = ["unshare", "--mount", "--propagation", "slave", "--", "/bin/sh", "-c", _HIDE_PROC,
+                    "gpusched-proc", *argv]
     if launch.cgroup is not None:
         procs = JobCgroup.from_json(launch.cgroup).procs_files
         argv = ["/bin/sh", "-c", _JOIN, "gpusched-join", str(len(procs)), *procs, *argv]

@@ -376,6 +376,7 @@ def print_show(data: dict[str, Any]) -> None:
             + (f" user [bold]{d['user']}[/]" if d.get("user") else "") + f"  {d['priority']}  "
             f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {d['gpus_requested']} GPU(s)"
             + (f" (min {d['min_gpus']})" if d["min_gpus"] != d["gpus_requested"] else "")
+            + _per_node(d.get("cpus"), d.get("memory_mb"))
             + ("  preemptible" if d["preemptible"] else "")
             + (f"  topology <= {d['required']}" if d["required"] != "cluster" else ""))
     lines = [head]
@@ -427,6 +428,13 @@ def print_show(data: dict[str, Any]) -> None:
     for h in data["history"]:
         table.add_row(str(h["seq"]), dur(h["at"] - t0), h["type"], h["text"])
     console.print(table)
+
+
+def _per_node(cpus: float | None, memory_mb: int | None) -> str:
+    """', 8 CPUs and 16G per node' (what the job reserves on each node it uses), or ''."""
+    parts = ([f"{cpus:g} CPUs"] if cpus else []) + (
+        [f"{memory_mb / 1024:g}G" if memory_mb >= 1024 else f"{memory_mb}M"] if memory_mb else [])
+    return f", {' and '.join(parts)} per node" if parts else ""
 
 
 def _used_lines(d: dict[str, Any], now: float) -> list[str]:

@@ -261,3 +261,15 @@ def explain(error: str) -> str:
     for pattern, meaning in PATTERN_MEANING.items():
         error = error.replace(f"`str` matching regex {pattern!r}", meaning)
     return error
+
+
+def size_mb(text: str) -> int:
+    """A size in MiB from `512M`, `16G`, `1.5T` (K, M, G, T: powers of 1024; a bare number is
+    MiB), as Slurm's `--mem`; ValueError when it is not one."""
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    factor = units.get(t[-1:], None)
+    value = float(t[:-1] if factor is not None else t) * (factor or 1)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"not a size: {text!r}")
+    return max(1, int(value))
