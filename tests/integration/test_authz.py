@@ -124,7 +124,7 @@ def publish_cases(who: str) -> dict[str, bool]:
         f"$JS.API.CONSUMER.CREATE.{subjects.SNAPSHOT_STREAM}": admin or reads_log,
         "$JS.API.STREAM.NAMES": admin or reads_log,
     })
-    for subject in [c for c in cases if c.startswith("gpusched.cmd.")]:
+    for subject in [c for c in cases if c.startswith(("gpusched.cmd.", "gpusched.read."))]:
         cases[subject] = cases[subject] or role == "api"  # the HTTP API sends as the caller it authenticated
     cases.update(lease_cases(role))
     for api in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "SNAPSHOT", "RESTORE"):
