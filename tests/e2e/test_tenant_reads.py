@@ -37,12 +37,15 @@ def people(trust, nats_server):
     return {name: str(trust.creds(name)) for name in PEOPLE}
 
 
-def cli(h, creds: str, *argv: str) -> subprocess.CompletedProcess:
-    """The CLI as a tenant runs it: its credential, no Redis, no client config."""
+async def acli(h, creds: str, *argv: str) -> subprocess.CompletedProcess:
+    """The CLI as a tenant runs it (its credential, no Redis, no client config), without blocking
+    the loop: several run at once."""
     env = {k: v for k, v in os.environ.items() if k not in ("GPUSCHED_REDIS_URL",)}
     env.update(GPUSCHED_NATS_URL=h.nats_url, GPUSCHED_CREDS=creds)
-    return subprocess.run([sys.executable, "-m", "gpusched.cli.main", *argv], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusched.cli.main", *argv, env=env,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    return subprocess.CompletedProcess(argv, proc.returncode or 0, out.decode(), err.decode())
 
 
 def ok_json(proc: subprocess.CompletedProcess):
@@ -74,35 +77,42 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
     bob = await _submit(h, people["ra-bob"], "vision", ["/bin/sh", "-c", "echo bob-secret-output"])
     await h.wait_for("both done", lambda s: all(s.jobs[j].state == "completed" for j in (alice, bob)), timeout=30)
 
-    # a teammate reads alice's job: listing, show, logs, history
-    carol = people["ra-carol"]
-    jobs = ok_json(cli(h, carol, "jobs", "--json"))
+    # every read at once (they are independent; 14 CLI starts one after another take long)
+    carol, b, plat, audit = (people[n] for n in ("ra-carol", "ra-bob", "ra-plat", "ra-audit"))
+    calls = {
+        "jobs": (carol, "jobs", "--json"), "show": (carol, "show", alice, "--json"), "logs": (carol, "logs", alice),
+        "history": (carol, "history", "--json"), "teams": (carol, "teams", "--json"),
+        "b jobs": (b, "jobs", "--json"), "b show": (b, "show", alice, "--json"), "b logs": (b, "logs", alice),
+        "b history": (b, "history", "--json"), "b asks nlp": (b, "jobs", "--team", "nlp"),
+        "plat jobs": (plat, "jobs", "--json"), "plat show": (plat, "show", alice, "--json"),
+        "audit jobs": (audit, "jobs", "--json", "--fold"),
+    }
+    got = dict(zip(calls, await asyncio.gather(*(acli(h, *argv) for argv in calls.values()))))
+
+    # a teammate reads alice's job: listing, show, logs, history, its team's standing
+    jobs = ok_json(got["jobs"])
     assert [d["job_id"] for d in jobs] == [alice] and jobs[0]["user"] == "ra-alice"
-    shown = ok_json(cli(h, carol, "show", alice, "--json"))
+    shown = ok_json(got["show"])
     assert shown["job"]["state"] == "completed" and "JobCompleted" in {e["type"] for e in shown["history"]}
-    logs = cli(h, carol, "logs", alice)
-    assert logs.returncode == 0 and "alice-secret-output" in logs.stdout, logs.stderr
-    history = ok_json(cli(h, carol, "history", "--json"))
-    assert [(d["job_id"], d["user"]) for d in history] == [(alice, "ra-alice")]
-    teams = ok_json(cli(h, carol, "teams", "--json"))
-    assert [d["team"] for d in teams] == ["nlp"]
+    assert got["logs"].returncode == 0 and "alice-secret-output" in got["logs"].stdout, got["logs"].stderr
+    assert [(d["job_id"], d["user"]) for d in ok_json(got["history"])] == [(alice, "ra-alice")]
+    assert [d["team"] for d in ok_json(got["teams"])] == ["nlp"]
 
     # bob (vision) reads none of it, and sees only his own job
-    b = people["ra-bob"]
-    assert [d["job_id"] for d in ok_json(cli(h, b, "jobs", "--json"))] == [bob]
-    denied = cli(h, b, "show", alice, "--json")
+    assert [d["job_id"] for d in ok_json(got["b jobs"])] == [bob]
+    denied = got["b show"]
     assert denied.returncode == 1 and json.loads(denied.stdout)["error"] == f"no job {alice} among team vision's jobs"
     assert "alice-secret" not in denied.stdout
-    nothing = cli(h, b, "logs", alice)
+    nothing = got["b logs"]
     assert nothing.returncode == 1 and "alice-secret-output" not in nothing.stdout + nothing.stderr
-    assert [d["job_id"] for d in ok_json(cli(h, b, "history", "--json"))] == [bob]
-    asked = cli(h, b, "jobs", "--team", "nlp")
+    assert [d["job_id"] for d in ok_json(got["b history"])] == [bob]
+    asked = got["b asks nlp"]
     assert asked.returncode == 1 and "reads team(s) vision only, not nlp" in asked.stderr
 
     # the platform reads its teams' jobs; the auditor (not scoped) everything, from the log
-    assert [d["job_id"] for d in ok_json(cli(h, people["ra-plat"], "jobs", "--json"))] == [alice]
-    assert ok_json(cli(h, people["ra-plat"], "show", alice, "--json"))["job"]["job_id"] == alice
-    assert {d["job_id"] for d in ok_json(cli(h, people["ra-audit"], "jobs", "--json", "--fold"))} == {alice, bob}
+    assert [d["job_id"] for d in ok_json(got["plat jobs"])] == [alice]
+    assert ok_json(got["plat show"])["job"]["job_id"] == alice
+    assert {d["job_id"] for d in ok_json(got["audit jobs"])} == {alice, bob}
 
     await _around_the_cli(h, b, alice)
 
