@@ -53,3 +53,37 @@ def test_a_platforms_submit_on_behalf_is_the_users_job_via_the_platform():
     # the same request id from dana herself, or from another platform, is another request
     assert request_scope(cmd, caller) != request_scope(cmd, Caller(user="dana", team="nlp"))
     assert request_scope(cmd, caller) != request_scope(cmd, Caller(user="dana", team="nlp", via="other"))
+
+
+def test_kept_job_documents_are_the_fresh_ones_after_every_record():
+    """The reader keeps job documents between answers; after every record they are what a fresh
+    build gives (GPU-seconds extrapolated to the same moment, as `accounting` does)."""
+    from gpusched.bus.log import Record
+    from gpusched.cli.reads import docs_from_state
+    from gpusched.cli.stack import simulated_nodes
+    from gpusched.core.model import ArraySpec
+    from gpusched.readmodel import accounting
+    from gpusched.services.reader import JobDocs
+
+    state, kept, seq = ClusterState(), JobDocs(), 0
+    events = [*simulated_nodes(1, 4, 1, "pairs", at=1.0),
+              ev.JobSubmitted(at=2.0, job_id="j-0000000a", spec=JobSpec(team="nlp", gpus=2)),
+              ev.JobSubmitted(at=2.0, job_id="j-0000000b", spec=JobSpec(team="vision", gpus=1)),
+              ev.GpusGranted(at=3.0, job_id="j-0000000a", attempt=1, gpus=["node00/0", "node00/1"]),
+              ev.JobPending(at=4.0, job_id="j-0000000b", reason="waiting for 1 free GPUs"),
+              ev.JobSubmitted(at=5.0, job_id="j-0000000c", spec=JobSpec(team="nlp", gpus=1,
+                                                                        array=ArraySpec(first=0, last=2))),
+              ev.JobCancelled(at=6.0, job_id="j-0000000b"),
+              ev.GpusReleased(at=9.0, job_id="j-0000000a", reason="preempted")]
+    for e in events:
+        seq += 1
+        state.apply(e, seq)
+        kept.listener(Record(seq, e, "", None), state)
+        for team in (None, "nlp"):
+            got, fresh = kept.of(state, team), docs_from_state(state, "jobs", team=team)
+            assert [d["job_id"] for d in got] == [d["job_id"] for d in fresh]
+            for g, f in zip(got, fresh):
+                assert {**g, "gpu_s": None} == {**f, "gpu_s": None}
+                assert accounting(g, state.now) == accounting(f, state.now)
+    assert {d["job_id"] for d in kept.of(state, "nlp")} == {"j-0000000a", "j-0000000c_0", "j-0000000c_1",
+                                                              "j-0000000c_2"}
