@@ -101,7 +101,7 @@ def publish_cases(who: str) -> dict[str, bool]:
         subjects.CMD_QUOTA + ".someone": admin or role == "dashboard",
         subjects.CMD_DRAIN: admin or role == "dashboard",
         "gpusched.ctl.placement": admin or role == "dashboard",
-        subjects.Q_SHARES: admin or role in ("dashboard", "tenant", "platform"),
+        subjects.Q_SHARES: admin or role == "dashboard",  # every team's standing: not a tenant's to read
         # reads through the reader service: a tenant's or platform's own team(s) and name only
         subjects.read_subject("show", "nlp", "alice"): admin or who == "alice",
         subjects.read_subject("jobs", "vision", "alice"): admin,  # alice asking as another team

@@ -150,7 +150,8 @@ def permissions(public_key: str, p: Principal) -> dict:
         pub, more = read_log() + read_snapshots() + read_requests(p), []
     elif p.role in ("tenant", "platform"):
         pub = [subjects.command_subject(kind, team, p.name) for team in p.teams for kind in subjects.TENANT_COMMANDS]
-        pub.append(subjects.Q_SHARES)
+        # not gpusched.q.shares: the ledger's whole table is every team's standing; a tenant's
+        # `teams` asks the reader, which answers with its own team's and the cluster's totals
         pub += read_requests(p) + on_behalf(p)
         more = []
     else:
