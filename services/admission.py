@@ -282,6 +282,9 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
         return problem
     if spec.min_gpus is not None and spec.min_gpus > spec.gpus:
         return f"spec.min_gpus ({spec.min_gpus}) exceeds spec.gpus ({spec.gpus})"
+    problem = share_spec_problem(state, spec)
+    if problem:
+        return problem
     topo = spec.topology
     if LEVEL_RANK[topo.preferred] > LEVEL_RANK[topo.required]:
         return (f"spec.topology.preferred ({topo.preferred}) is wider than spec.topology.required "
@@ -327,6 +330,16 @@ def _never_fits_matching(largest: dict[str, int], spec, need: int) -> str | None
     if level != "cluster" and need > largest[level]:
         return (f"spec.topology.required is {level}, but the largest {_LEVEL_NAMES[level]} has {largest[level]} "
                 f"GPUs matching {wants(spec)}; the job needs {need}")
+    return None
+
+
+def share_spec_problem(state: ClusterState, spec) -> str | None:
+    """A memory ask (`--gpu-memory`) some registered GPU can hold (the spec's own bounds:
+    `limits.share_problem`)."""
+    if spec.gpu_memory_mb is not None and state.gpus and all(
+            spec.share_on(g.memory_mb) is None for g in state.gpus.values()):
+        most = max(g.memory_mb for g in state.gpus.values())
+        return f"no GPU has {spec.gpu_memory_mb} MiB of memory (the largest has {most} MiB)"
     return None
 
 

@@ -15,6 +15,7 @@ fails (or requeues) the attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -23,7 +24,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,9 +53,9 @@ from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
-from . import fencing, launcher
+from . import container, fencing, launcher
 from .acks import AckCoalescer, AckLimits
-from .backends import GpuBackend, SimBackend, process_alive
+from .backends import GpuBackend, SimBackend, gpus_with_mig, process_alive
 from .cgroups import CgroupError, JobCgroup, remove_parent
 from .confine import cgroups_wanted, confine
 from .devices import GpuDevice, nvidia_control_allow, nvidia_devices, sim_devices
@@ -104,6 +105,8 @@ class AgentConfig:
     checkpoint_roots: tuple[str, ...] = ()
     rejoin_heartbeats: int = 3  # after a NodeLost of itself, re-register after this many heartbeats
     labels: dict[str, str] = field(default_factory=dict)  # announced at registration (`--label K=V`)
+    #: podman's configuration and image storage for image jobs (`container`); default <work_dir>/containers.
+    containers_dir: Path | None = None
     #: CPUs and memory (MiB) offered to jobs, announced at registration (None: not declared,
     #: then placement does not count them here; `main.host_resources` gives the host's).
     cpus: float | None = None
@@ -113,6 +116,7 @@ class AgentConfig:
         self.work_dir = Path(self.work_dir)
         self.log_dir = Path(self.log_dir) if self.log_dir else self.work_dir / "logs"
         self.checkpoint_root = Path(self.checkpoint_root) if self.checkpoint_root else self.work_dir / "checkpoints"
+        self.containers_dir = Path(self.containers_dir) if self.containers_dir else self.work_dir / "containers"
 
     def user_for(self, team: str) -> str | None:
         return self.team_users.get(team, self.job_user)
@@ -154,6 +158,13 @@ class RunningJob:
         return (self.job_id, self.attempt, self.generation)
 
 
+def _sharers(job: Job, state: ClusterState) -> set[str]:
+    """The other fractional jobs the fold lets a fractional job share its GPU with."""
+    if not job.spec.shared:
+        return set()
+    return {j for g in job.gpus if g in state.gpus for j in state.gpus[g].shares if j != job.job_id}
+
+
 def job_nodes(job: Job) -> list[str]:
     """The job's nodes in grant order: the rank of a node is its position here."""
     return job_node_order(job)
@@ -185,9 +196,11 @@ def _launch_spec_for(self, job: Job, mine: tuple[int, ...], state: ClusterState)
         checkpoint_dir=Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else self.cfg.checkpoint_root / job_token,
         control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
         resume_from=resume, resume_step=ck.step if ck is not None else None,
-        cwd=job.spec.workdir or self.cfg.cwd, generation=job.generation, checkpoint_mode=job.spec.checkpoint,
+        cwd=job.spec.workdir or (None if job.spec.image else self.cfg.cwd), generation=job.generation, checkpoint_mode=job.spec.checkpoint,
         **launcher.resume_and_secrets(job), checkpoint_roots=self.cfg.all_checkpoint_roots(),
         devices=tuple(self.devices[i].path for i in mine if i in self.devices),
+        image=job.spec.image, containers_dir=str(self.cfg.containers_dir) if job.spec.image else None,
+        **launcher.share_of(job, [state.gpus[g].memory_mb for g in job.gpus if g in state.gpus]),
     )
 
 
@@ -324,7 +337,7 @@ class NodeAgent(CheckpointHandshake):
         self.node = config.node
         self.backend = backend
         self.agent_id = uuid.uuid4().hex[:12]
-        self.gpu_info = backend.gpus()
+        self.gpu_info = gpus_with_mig(backend)
         self.uuids = {g.index: g.uuid for g in self.gpu_info}
         self.jobs: dict[int, RunningJob] = {}  # by run id: a stopping run and its successor can coexist
         self.launched: dict[str, tuple[int, int]] = {}  # job -> (attempt, generation) started here
@@ -344,6 +357,11 @@ class NodeAgent(CheckpointHandshake):
             config.work_dir.mkdir(parents=True, mode=0o711)
         self.cgroup_parent = config.cgroup_parent if cgroups_wanted(config.cgroups) else None
         self.devices, self.control_devices = gpu_devices(config, backend) if self.cgroup_parent else ({}, ())
+        #: The simulated GPUs' CDI spec to write at the first image job (NVML GPUs: NVIDIA's own spec).
+        self.cdi_pending: str | None = f"{config.work_dir.resolve()}/{config.node}" \
+            if self.devices and isinstance(backend, SimBackend) else None
+        #: Removed when the daemon stops its jobs (an earlier daemon's, for the runs adopted from it, too).
+        self.cdi_spec: Path | None = container.cdi_path(self.cdi_pending) if self.cdi_pending else None
         
     # --- registration ---------------------------------------------------------------------
 
@@ -433,7 +451,7 @@ class NodeAgent(CheckpointHandshake):
         if job is None or (job.attempt, job.generation) != key[1:] or not mine:
             self.deferred.pop(key, None)
             return
-        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key) \
+        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key, _sharers(job, state)) \
                 or not self.host.fresh_view():
             return
         del self.deferred[key]
@@ -444,14 +462,19 @@ class NodeAgent(CheckpointHandshake):
         return next((r for r in self.jobs.values() if r.job_id == job_id and r.state not in ("stopping", "draining")),
                     None)
 
-    def _gpus_busy(self, gpus: Iterable[int], key: RunKey | None = None) -> bool:
+    def _gpus_busy(self, gpus: Iterable[int], key: RunKey | None = None, beside: Collection[str] = ()) -> bool:
+        """Another run is on these GPUs (`beside`: the fractional jobs the fold lets share them)."""
         wanted = set(gpus)
-        return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) for r in self.jobs.values())
+        return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) and r.job_id not in beside
+                   for r in self.jobs.values())
 
     _launch_spec = _launch_spec_for
 
     def _launch(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> None:
         spec = self._launch_spec(job, mine, state)
+        if spec.image and self.cdi_pending:
+            self.cdi_spec = _publish_cdi(self.cdi_pending, self.devices, self.uuids)
+            self.cdi_pending = None
         key = (job.job_id, job.attempt, job.generation)
         try:
             spec = confine(spec, job, self.users, self.host.uid_holder, cgroup_parent=self.cgroup_parent,
@@ -503,7 +526,8 @@ class NodeAgent(CheckpointHandshake):
         self.jobs[run.id] = run
         self.host.track(run.job_id, self.node, True)
         if run.proc.pid:
-            self.backend.attach(run.gpus, run.proc.pid, env=run.proc.launch.env)
+            launch = run.proc.launch  # the spec's env and its MPS limits (the sim backend caps its memory by them)
+            self.backend.attach(run.gpus, run.proc.pid, env={**launch.env, **launcher.share_env(launch)})
         self._save_record(run)
 
     def _record_path(self, key: RunKey) -> Path:
@@ -616,7 +640,7 @@ class NodeAgent(CheckpointHandshake):
         if run.state in ("stopping",):
             self._forget(run)  # stopped by us: never reported
             return
-        detail = _oom_detail(run.proc.launch)
+        detail = _oom_detail(run.proc.launch) or container.exit_detail(run.proc.launch, rc)
         log.info("job_exited", job=run.job_id, attempt=run.attempt, node=self.node, exit_code=rc, detail=detail)
         if rc == 0 and run.node_rank != 0:
             run.state = "exited"  # its GPUs stay held until rank 0 finishes
@@ -648,9 +672,9 @@ class NodeAgent(CheckpointHandshake):
         like any exit, and its processes as ended."""
         rc = launcher.UNKNOWN_EXIT
         if not rec.get("virtual"):
-            control = Path(rec["launch"]["control_dir"])
+            status = launcher.exit_status_file(launcher.Launch.from_json(rec["launch"]))
             try:
-                rc = launcher.read_exit_status(control)
+                rc = launcher.read_exit_status(status.parent, status.name)
             except (OSError, ValueError):
                 pass
             for rest in ("control_dir",):
@@ -734,12 +758,25 @@ def _oom_detail(launch: launcher.Launch) -> str:
     return "out of memory: the job exceeded its memory limit (--mem) and the kernel killed it"
 
 
+def _publish_cdi(key: str, devices: dict[int, GpuDevice], uuids: dict[int, str]) -> Path | None:
+    """Write the simulated GPUs' CDI spec; a failure shows as the image job's unresolvable
+    device, with podman's message in its log."""
+    try:
+        return container.write_cdi_spec(key, devices, uuids)
+    except OSError as err:
+        log.warning("cdi_spec_not_written", dir=str(container.CDI_DIR), error=str(err))
+        return None
+
+
 def _remove_cgroup(launch: launcher.Launch) -> None:
     if launch.cgroup is not None:
         cg = JobCgroup.from_json(launch.cgroup)
         cg.kill()
         if not cg.remove(0.5):
             log.warning("cgroup_not_removed", job=launch.job_id, dirs=list(cg.dirs.values()))
+    if launch.image and launch.containers_dir:  # what its killed podman left behind
+        container.remove_run_cgroups(launch)
+        container.remove(container.configure(Path(launch.containers_dir)), container.name_of(launch))
 
 
 # --- the host: one connection, one fold, many agents -----------------------------------------
@@ -1035,6 +1072,9 @@ class NodeHost:
             agent.backend.close()
             if agent.cgroup_parent:
                 remove_parent(agent.cgroup_parent)  # empty once no run is left under it
+            if agent.cdi_spec is not None and kill_jobs:  # a kept run's podman may still be resolving it
+                with contextlib.suppress(OSError):
+                    agent.cdi_spec.unlink(missing_ok=True)
         if self.own_log:
             try:
                 await self.log.close()

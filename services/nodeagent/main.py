@@ -146,6 +146,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="jobs' cgroups are <parent>/<run> (v1: under the daemon's own cgroup of each controller; "
                              "v2: under /sys/fs/cgroup, a delegated cgroup with no processes)")
     parser.add_argument("--job-pids-max", type=int, default=8192, help="at most this many processes per job")
+    parser.add_argument("--containers-dir", default=None, metavar="DIR",
+                        help="podman's configuration and image storage for --image jobs (default <work-dir>/containers)")
     parser.add_argument("--checkpoint-roots", action="append", default=[], metavar="DIR",
                         help="directories (besides --checkpoint-root) under which a job may name its checkpoint_dir; "
                              "anywhere else is refused (repeatable)")
@@ -190,7 +192,8 @@ def confinement_from_args(args: argparse.Namespace) -> dict:
                                                  "give --uid-range or --job-user")
     return {"uid_range": uid_range, "submitter_accounts": not args.no_submitter_accounts,
             "cgroups": {"auto": None, "on": True, "off": False}[args.cgroups], "cgroup_parent": args.cgroup_parent,
-            "pids_max": args.job_pids_max, "checkpoint_roots": tuple(args.checkpoint_roots)}
+            "pids_max": args.job_pids_max, "checkpoint_roots": tuple(args.checkpoint_roots),
+            "containers_dir": Path(args.containers_dir) if args.containers_dir else None}
 
 
 def host_resources() -> tuple[float | None, int | None]:

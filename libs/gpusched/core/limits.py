@@ -91,6 +91,10 @@ MAX_CPUS = 4096
 MAX_MEMORY_MB = 2**24  # 16 TiB
 Cpus = Annotated[float, Meta(gt=0, le=MAX_CPUS)]
 MemoryMb = Annotated[int, Meta(ge=4, le=MAX_MEMORY_MB)]
+#: A share of one GPU (`--gpu-fraction`: strictly between none and all of it; at least 1/1000,
+#: Alibaba's `gpu_milli` grain) and a GPU memory ask (MiB, `--gpu-memory`).
+GpuFraction = Annotated[float, Meta(ge=0.001, lt=1.0)]
+GpuMemoryMb = Annotated[int, Meta(ge=1, le=MAX_MEMORY_MB)]
 Restarts = Annotated[int, Meta(ge=0, le=MAX_RESTARTS)]
 Arg = Annotated[str, Meta(max_length=MAX_ARG_CHARS, pattern=NO_NUL_PATTERN)]
 Command = Annotated[list[Arg], Meta(max_length=MAX_ARGS)]
@@ -106,6 +110,11 @@ LabelKey = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z0-
 LabelValue = Annotated[str, Meta(max_length=63, pattern=r"^[A-Za-z0-9_.\-/]*$")]
 Labels = Annotated[dict[LabelKey, LabelValue], Meta(max_length=32)]
 GpuType = Annotated[str, Meta(min_length=1, max_length=63, pattern=NO_NUL_PATTERN)]
+#: An OCI image reference (`[registry[:port]/]name[:tag][@digest]`): it starts with a letter or
+#: digit, so no reference can be read as an option of the container runtime (`--privileged`).
+MAX_IMAGE_CHARS = 512
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
+ImageRef = Annotated[str, Meta(min_length=1, max_length=MAX_IMAGE_CHARS, pattern=IMAGE_PATTERN)]
 
 
 # --- what one field cannot say alone ------------------------------------------------------------
@@ -179,6 +188,17 @@ def spec_problem(spec) -> str | None:
         problem = path_problem("spec.checkpoint_dir", spec.checkpoint_dir)
         if problem:
             return problem
+    return share_problem(spec)
+
+
+def share_problem(spec) -> str | None:
+    """A fractional job asks for a share of ONE GPU, by fraction or by memory, not both."""
+    if spec.gpu_fraction is None and spec.gpu_memory_mb is None:
+        return None
+    if spec.gpu_fraction is not None and spec.gpu_memory_mb is not None:
+        return "spec.gpu_fraction and spec.gpu_memory_mb are exclusive: ask for a share by one of them"
+    if spec.gpus != 1 or spec.min_gpus not in (None, 1):
+        return f"a fractional job takes a share of one GPU: spec.gpus must be 1, not {spec.gpus}"
     return None
 
 
@@ -228,6 +248,8 @@ def document() -> str:
         ("spec.checkpoint_dir", f"absolute, at most {MAX_PATH_CHARS} chars, no `..`, not under "
                                 f"{', '.join(FORBIDDEN_PATH_ROOTS)}"),
         ("spec.name", f"at most {MAX_JOB_NAME_CHARS} chars, no NUL"),
+        ("spec.image", f"an OCI image reference, 1-{MAX_IMAGE_CHARS} chars of letters, digits and `._/:@+-`, "
+                       "starting with a letter or digit (never `-`)"),
         ("whole spec (JSON)", f"at most {MAX_SPEC_BYTES} bytes"),
         ("reasons (cancel, drain)", f"at most {MAX_REASON_CHARS} chars, no NUL"),
         ("request_id", f"1 - {MAX_REQUEST_ID_CHARS} chars"),
@@ -252,6 +274,8 @@ PATTERN_MEANING = {
     ENV_KEY_PATTERN: "an environment variable name ([A-Za-z_][A-Za-z0-9_]*, no '=')",
     NO_NUL_PATTERN: "text without NUL bytes",
     ABS_PATH_PATTERN: "an absolute path without NUL bytes",
+    IMAGE_PATTERN: "an image reference ([registry/]name[:tag][@digest]: letters, digits and ._/:@+- , starting "
+                   "with a letter or digit)",
 }
 MAX_COMMAND_MESSAGE_BYTES = MAX_SPEC_BYTES + 8 * 1024
 
