@@ -309,15 +309,21 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
     need = spec.gang_min
     if team is not None and team.quota.limit is not None and need > team.quota.limit:
         return f"team {spec.team!r} has a limit of {team.quota.limit} GPUs; the job needs {need}"
-    if state.gpus:  # before any node registered, jobs may queue
-        largest = capacity.largest(state)
-        if need > largest["cluster"]:
-            return f"the cluster has {largest['cluster']} GPUs; the job needs {need}"
-        if topo.required != "cluster" and need > largest[topo.required]:
-            return (f"spec.topology.required is {topo.required}, but the largest {_LEVEL_NAMES[topo.required]} "
-                    f"has {largest[topo.required]} GPUs; the job needs {need}")
-        if constrained(spec):  # it can never fit among the GPUs it may hold
-            return _never_fits_matching(capacity.largest_matching(state, spec), spec, need)
+    return size_problem(state, spec, capacity) if state.gpus else None  # no node yet: jobs may queue
+
+
+def size_problem(state: ClusterState, spec, capacity: Capacity) -> str | None:
+    """A gang bigger than the cluster as configured (drains aside) holds, at its required level,
+    or among the GPUs it may hold (`--gpu-type`, `--constraint`)."""
+    need, level = spec.gang_min, spec.topology.required
+    largest = capacity.largest(state)
+    if need > largest["cluster"]:
+        return f"the cluster has {largest['cluster']} GPUs; the job needs {need}"
+    if level != "cluster" and need > largest[level]:
+        return (f"spec.topology.required is {level}, but the largest {_LEVEL_NAMES[level]} "
+                f"has {largest[level]} GPUs; the job needs {need}")
+    if constrained(spec):  # it can never fit among the GPUs it may hold
+        return _never_fits_matching(capacity.largest_matching(state, spec), spec, need)
     return None
 
 
