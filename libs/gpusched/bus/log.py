@@ -162,6 +162,7 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
     kwargs.setdefault("max_reconnect_attempts", -1)
     kwargs.setdefault("reconnect_time_wait", 0.5)
     quiet, holder = connection.callbacks(name)  # one line per outage period; exit when closed for good
+    watch = connection.QuorumWatch.for_servers(servers, name, kwargs)  # off a server without a quorum
     for key, value in quiet.items():
         if key != "error_cb":
             kwargs.setdefault(key, value)
@@ -202,6 +203,7 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         raise Unreachable("NATS", url, cause, NATS_HINT) from err
     holder["nc"] = nc
     nc.gpusched_identity = ident  # type: ignore[attr-defined]
+    watch.start(nc)
     fastpath.install(nc)  # header parse and encoding of every message: the same bytes, cheaper
     problem = limits.server_problem(nc._server_info)  # nats-py keeps the server's INFO here
     if problem:
