@@ -157,8 +157,9 @@ def test_service_host_cut_off_and_healed(stack):
 def test_stream_leader_cut_off_from_its_peers_while_clients_reach_it(stack):
     """A minority of one: it stops being ready (its probe, run in its host, says so), the other
     two elect a leader and stay ready; after the heal a submit is acknowledged and placed.
-    Known gap (docs/lab.md): a client or service still connected to the cut-off server gets no
-    reply while the cut lasts; the submits tried meanwhile are counted, not asserted."""
+    A client or service connected to the cut-off server gets no reply until its quorum watch
+    moves it (10 s without an answer; test_lab_quorum.py); the submits tried meanwhile are
+    counted, not asserted."""
     c = stack.nats
     leader = c.meta_leader("nats-0")
     others = [n for n in c.names if n != leader]
