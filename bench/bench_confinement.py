@@ -1,10 +1,11 @@
 """The cost of confinement: job start latency (grant appended -> the job's first command ran)
-on a real node daemon over a real log, without and with a per-job cgroup and dynamic uid.
+on a real node daemon over a real log, without and with a per-job cgroup and dynamic uid, and
+with `--image` (podman + runc in that cgroup, a tiny image imported locally: no pull).
 
     python bench/bench_confinement.py [--jobs 10]
 
-Needs root and cgroups for the confined case (else it reports only the baseline). Prints the
-median and p90 of each, and their ratio, from one run.
+Needs root and cgroups for the confined case, and podman for the image case (else it reports
+what it can). Prints the median and p90 of each, and their ratios, from one run.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import asyncio
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' image builder
 
-async def _latencies(url: str, work: Path, jobs: int, confined: bool) -> list[float]:
+
+async def _latencies(url: str, work: Path, jobs: int, confined: bool, image: str | None = None) -> list[float]:
     from gpusched.bus.log import EventLog
     from gpusched.core import events as ev
     from gpusched.core.model import JobSpec
@@ -27,11 +31,12 @@ async def _latencies(url: str, work: Path, jobs: int, confined: bool) -> list[fl
     from gpusched.services.nodeagent.backends import SimBackend
     from gpusched.services.runtime import FoldedLog, append_cas
 
-    node = "node00" if not confined else "node01"
+    node = "node02" if image else "node01" if confined else "node00"
     host = await NodeHost.open(url, heartbeat_s=1.0, poll_s=0.01)
     host.add(AgentConfig(node=node, address="127.0.0.1", work_dir=work, cgroups=confined,
                          uid_range=(64500, 400) if confined else None, cgroup_parent="gpusched-bench"),
              SimBackend(node, 1, "all"))
+    kind = "i" if image else "c" if confined else "p"
     await host.start()
     log = await EventLog.open(url, name="bench-confinement")
     watch = FoldedLog(log)
@@ -39,9 +44,10 @@ async def _latencies(url: str, work: Path, jobs: int, confined: bool) -> list[fl
     out = []
     try:
         for i in range(jobs):
-            job_id = f"{'c' if confined else 'p'}{i}-{os.getpid()}"
+            job_id = f"{kind}{i}-{os.getpid()}"
             marker = work / "checkpoints" / job_id / "up"
-            spec = JobSpec(team="t", gpus=1, workdir="/", command=["/bin/sh", "-c", f': > "{marker}"; exec sleep 30'])
+            spec = JobSpec(team="t", gpus=1, workdir="/", command=["/bin/sh", "-c", f': > "{marker}"; exec sleep 30'],
+                           image=image)
             await watch.catch_up()
             await append_cas(watch, [ev.JobSubmitted(at=time.time(), job_id=job_id, spec=spec)])
             await watch.catch_up()
@@ -78,7 +84,7 @@ async def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="gpusched-bench-confine-"))
     os.chmod(root, 0o755)
     trust = TrustStore(root / "trust")
-    trust.ensure_stack(["node00", "node01"])
+    trust.ensure_stack(["node00", "node01", "node02"])
     os.environ["GPUSCHED_CREDS"] = str(trust.creds("admin"))
     server = start_nats(trust=trust)
     try:
@@ -94,9 +100,28 @@ async def main() -> None:
         print(f"confined (cgroup v{cgroups.version()} + dynamic uid + device allow-list): median {cm * 1000:.1f} ms  "
               f"p90 {c90 * 1000:.1f} ms")
         print(f"ratio confined/unconfined: median {cm / bm:.2f}  p90 {c90 / b90:.2f}")
+        await _image_column(server.url, root / "work", args.jobs, (bm, b90), (cm, c90))
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def _image_column(url: str, work: Path, jobs: int, base: tuple[float, float], conf: tuple[float, float]) -> None:
+    from gpusched.services.nodeagent import container
+    from tests.integration.container_helpers import build_image, reset
+
+    if not container.available():
+        print("image: skipped (podman is not installed: scripts/install-system-deps.sh)")
+        return
+    image = build_image(work / "containers")
+    try:
+        im, i90 = _summary(await _latencies(url, work, jobs, confined=True, image=image))
+    finally:
+        reset(work / "containers")
+    print(f"image (podman run, runc, CDI GPU, in the job's cgroup, image present): median {im * 1000:.1f} ms  "
+          f"p90 {i90 * 1000:.1f} ms")
+    print(f"ratio image/unconfined: median {im / base[0]:.2f}  p90 {i90 / base[1]:.2f}")
+    print(f"ratio image/confined: median {im / conf[0]:.2f}  p90 {i90 / conf[1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ from gpusched.core.commands import (
 from gpusched.core.model import LEVEL_RANK, TeamQuota
 from gpusched.core.reasons import NoMatchingNode
 from gpusched.core.state import TERMINAL, ClusterState, Job, array_tasks
-from gpusched.policy.eligibility import not_eligible
+from gpusched.policy.eligibility import constrained, matching, not_eligible
+from gpusched.policy.resources import never_fits
 from gpusched.services.runtime import FoldedLog, catch_up_after, notify_ready
 from gpusched.services.shell import common_arguments
 
@@ -271,6 +272,9 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
         barred = not_eligible(state, Job("", spec, 0.0))
         if isinstance(barred, NoMatchingNode):
             return f"{barred.text} (nodes register their GPU model; labels: `gpusched node label`)"
+    never = never_fits(state, with_defaults(state, spec), matching(state, spec) if constrained(spec) else None)
+    if never is not None:
+        return f"{never.text}: ask less per node (--cpus, --mem) or spread the job over more nodes"
     need = spec.gang_min
     if team is not None and team.quota.limit is not None and need > team.quota.limit:
         return f"team {spec.team!r} has a limit of {team.quota.limit} GPUs; the job needs {need}"
@@ -323,12 +327,15 @@ def array_problem(spec) -> str | None:
 
 
 def with_defaults(state: ClusterState, spec):
-    """The spec as admitted: the team's default time limit when it gives none."""
+    """The spec as admitted: the team's default time limit, CPUs and memory for those it gives none of."""
     team = state.teams.get(spec.team)
-    default = team.quota.default_time_limit_s if team is not None else None
-    if spec.time_limit_s is None and default is not None:
-        return msgspec.structs.replace(spec, time_limit_s=default)
-    return spec
+    if team is None:
+        return spec
+    q = team.quota
+    changes = {name: default for name, default in (("time_limit_s", q.default_time_limit_s), ("cpus", q.default_cpus),
+                                                   ("memory_mb", q.default_memory_mb))
+               if default is not None and getattr(spec, name) is None}
+    return msgspec.structs.replace(spec, **changes) if changes else spec
 
 
 #: What the fold keeps of a job past its second horizon (`core.state.RETIRE_AFTER_HORIZONS`).

@@ -2,7 +2,8 @@
 
 Its own small process (`gpusched service run fallback`), so that killing placement (or its
 host) does not take the fallback with it, and placement stays a pure topology-aware writer.
-It watches the placement lease in Redis. When the lease has been absent for `--grace-ms`
+It watches the placement lease (services/lease.py: a key in the NATS key-value bucket that only
+placement's credentials may write). When the lease has been absent or lapsed for `--grace-ms`
 (and this process has been up that long, so a stack that is still starting is not "degraded"),
 it appends `PlacementDegraded` once (the fold's `placement_degraded` is checked first, the
 message id is derived from the last recovery's sequence) and then places with `naive_cycle`,
@@ -10,9 +11,9 @@ with the same compare-and-set as placement: a double booking is impossible even 
 comes back mid-append. Its grants carry `placer="naive"`. When a placement instance holds the
 lease again, the fallback stops at once and placement appends `PlacementRecovered`.
 
-If Redis itself is unreachable, placement cannot hold its lease and stops deciding; the fallback
-then counts the lease as lapsed and places naively (reason says so). Several fallbacks may run:
-one active by its own lease, any of them acting when Redis is down (compare-and-set again).
+Several fallbacks may run: the one holding its own lease `fallback` acts (compare-and-set again
+if two ever do). The lease bucket lives in the same NATS as the log: a fallback that cannot ask
+it cannot append either, so it never acts without its own lease.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import structlog
 from gpusched.core import events as ev
 from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
 
-from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, connect_redis, lease_holder, owner_id
+from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, Watch, lease_key, open_bucket, owner_id
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
 from .writer import Tracker, decide_and_append
 
@@ -46,15 +47,15 @@ PLACEMENT_OWNER = re.compile(r"placement@[A-Za-z0-9._-]{1,255}:[0-9]{1,10}:[0-9a
 
 
 class Fallback:
-    def __init__(self, folded: FoldedLog, redis, own: Lease, placement_key: str, grace_s: float,
+    def __init__(self, folded: FoldedLog, placement: Watch, own: Lease, grace_s: float,
                  debounce_s: float = 0.005, tick_s: float | None = None):
         from gpusched.policy.cycle import naive_cycle
         from gpusched.policy.memo import Indexes
 
         self.folded = folded
-        self.redis = redis
+        self.placement = placement
+        self.placement_key = placement.key
         self.own = own
-        self.placement_key = placement_key
         self.grace_s = grace_s
         self.debounce_s = debounce_s
         self.tick_s = tick_s if tick_s is not None else max(0.05, grace_s / 4)
@@ -69,11 +70,11 @@ class Fallback:
 
     async def placement_lapsed(self) -> str | None:
         """Why placement is considered gone, or None while it is alive (or still starting)."""
-        holder = await lease_holder(self.redis, self.placement_key)
+        holder = await self.placement.holder()
         now = time.monotonic()
         if holder and not PLACEMENT_OWNER.fullmatch(holder):
             self._foreign(holder)
-            holder = None  # a key anyone with Redis wrote is no placement alive
+            holder = None  # only placement may write the key; still, a holder must name one
         if holder:
             self.last_seen_placement = now
             return None
@@ -81,8 +82,8 @@ class Fallback:
         if gone < self.grace_s:
             return None
         if holder == "":
-            return f"redis unreachable for {gone:.1f}s: placement cannot hold its lease"
-        return f"placement lease {self.placement_key} absent for {gone:.1f}s"
+            return f"lease bucket unreachable for {gone:.1f}s: placement cannot hold its lease"
+        return f"placement lease {self.placement_key} absent or lapsed for {gone:.1f}s"
 
     def _foreign(self, holder: str) -> None:
         """Say once a minute that the placement lease is held by no placement process."""
@@ -95,8 +96,7 @@ class Fallback:
         reason = await self.placement_lapsed()
         if reason is None:
             return
-        redis_down = reason.startswith("redis")
-        if not (self.own.held or redis_down):
+        if not self.own.held:
             return
         state = self.folded.state
         if not state.placement_degraded:
@@ -134,23 +134,25 @@ class Fallback:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser)
     policy_arguments(parser)  # the usage half-life of the running policy: naive order is by fair share
-    parser.add_argument("--placement-lease-key", default=PLACEMENT_LEASE_KEY)
-    parser.add_argument("--lease-key", default=FALLBACK_LEASE_KEY)
+    parser.add_argument("--placement-lease-key", type=lease_key, default=PLACEMENT_LEASE_KEY,
+                        help="the placement lease it watches (a key in the lease bucket)")
+    parser.add_argument("--lease-key", type=lease_key, default=FALLBACK_LEASE_KEY,
+                        help="its own key in the lease bucket: 'fallback' or 'fallback.NAME'")
     parser.add_argument("--lease-ttl-ms", type=int, default=3000)
     parser.add_argument("--grace-ms", type=int, default=None,
                         help="how long the placement lease must be absent before taking over (default: its TTL)")
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    redis = connect_redis(args.redis)
     folded = await FoldedLog.open(args.nats, name="gpusched-fallback", half_life_s=policy_of(args).half_life_s)
-    own = Lease(redis, args.lease_key, owner_id("fallback"), args.lease_ttl_ms)
+    bucket = await open_bucket(folded.log.nc)
+    own = Lease(bucket, args.lease_key, owner_id("fallback"), args.lease_ttl_ms)
     grace_s = (args.grace_ms if args.grace_ms is not None else args.lease_ttl_ms) / 1000.0
-    fallback = Fallback(folded, redis, own, args.placement_lease_key, grace_s)
+    placement = Watch(bucket, args.placement_lease_key, args.lease_ttl_ms)
+    fallback = Fallback(folded, placement, own, grace_s)
     log.info("fallback_ready", seq=folded.seen_seq, watching=args.placement_lease_key, grace_s=grace_s)
     notify_ready()
     try:
         await fallback.run(stop)
     finally:
         await folded.close()
-        await redis.aclose()

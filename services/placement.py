@@ -1,8 +1,9 @@
 """Placement: the normal writer of grants. Follows the log, runs the policy `cycle`, and appends
 the `GpusGranted` / `JobResized` / `JobPending` events with compare-and-set over the alloc tree.
 
-Several instances may run: the one holding the Redis lease `gpusched:lease:placement` decides,
-the others stand by and take over when it lapses. The lease is only a liveness signal; safety
+Several instances may run: the one holding the lease `placement` (in the NATS key-value bucket
+only placement may write: services/lease.py) decides, the others stand by and take over when it
+lapses. The lease is only a liveness signal; safety
 comes from the compare-and-set, so even two deciders at once can never double-book a GPU.
 When it takes (or retakes) the lease while the fold says placement is degraded, it appends
 `PlacementRecovered`: topology-aware placement is back.
@@ -23,7 +24,7 @@ import structlog
 from gpusched.core import events as ev
 from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
 
-from .lease import PLACEMENT_LEASE_KEY, Lease, connect_redis, owner_id
+from .lease import PLACEMENT_LEASE_KEY, Lease, lease_key, open_bucket, owner_id
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
 
 log = structlog.get_logger()
@@ -113,7 +114,8 @@ class Placement:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser)
     policy_arguments(parser)
-    parser.add_argument("--lease-key", default=PLACEMENT_LEASE_KEY)
+    parser.add_argument("--lease-key", type=lease_key, default=PLACEMENT_LEASE_KEY,
+                        help="its key in the lease bucket: 'placement' or 'placement.NAME'")
     parser.add_argument("--lease-ttl-ms", type=int, default=3000)
     parser.add_argument("--debounce-ms", type=float, default=2.0,
                         help="after the fold moves, wait this long so one cycle covers a burst of events")
@@ -156,10 +158,9 @@ def settle_heap() -> None:
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = policy_config(args.policy, args.policy_set)
     decide = topo_decider(args.policy, args.policy_set, args.max_reasons)
-    redis = connect_redis(args.redis)
     # snapshot (JetStream's, verified) + tail: a restarted (or standby) placement is ready in the time of the tail
     folded = await FoldedLog.open(args.nats, name="gpusched-placement", half_life_s=config.half_life_s)
-    lease = Lease(redis, args.lease_key, owner_id("placement"), args.lease_ttl_ms)
+    lease = Lease(await open_bucket(folded.log.nc), args.lease_key, owner_id("placement"), args.lease_ttl_ms)
     placement = Placement(folded, lease, decide, debounce_s=args.debounce_ms / 1000.0, tick_s=args.tick_ms / 1000.0,
                           max_reasons=args.max_reasons)
     settle_heap()
@@ -169,4 +170,3 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         await placement.run(stop)
     finally:
         await folded.close()
-        await redis.aclose()

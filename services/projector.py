@@ -304,7 +304,7 @@ async def rebuild_views(nats_url: str | None, redis_url: str | None) -> dict[str
         last = await event_log.last_seq()
         if last:
             async for rec in event_log.records(1, last):
-                state.apply(rec.event, rec.seq, rec.time)
+                state.apply(rec.event, rec.seq, rec.time, rec.position)
                 projector.tail_new.append(readmodel.event_line(rec.seq, rec.event))
                 if len(projector.tail_new) > 4 * TAIL_LEN:
                     del projector.tail_new[: -TAIL_LEN]

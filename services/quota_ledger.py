@@ -18,9 +18,9 @@ import structlog
 
 from gpusched.bus import subjects
 from gpusched.core.state import ClusterState
+from gpusched.redis_client import connect_redis
 from gpusched.services.runtime import FoldedLog, notify_ready
 
-from .lease import connect_redis
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
 
 log = structlog.get_logger()

@@ -32,6 +32,8 @@ SERVICES: dict[str, Service] = {s.name: s for s in (
     Service("nodeagent", "gpusched.services.nodeagent", "node daemons (simulated GPUs unless NVML is found)"),
     Service("projector", "gpusched.services.projector", "read models in Redis for the CLI and dashboard"),
     Service("dashboard", "gpusched.services.dashboard", "web dashboard"),
+    Service("api", "gpusched.services.api", "the HTTP API (OpenAPI): the bus's commands and reads as each caller",
+            in_stack=False),
 )}
 
 

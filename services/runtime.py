@@ -180,7 +180,7 @@ class FoldedLog:
     async def _follow(self, target: int) -> None:
         on_dead = lambda seq, subject: self._saw(seq, subject, target)  # noqa: E731
         async for rec in self.log.records(self.seen_seq + 1, follow=True, on_dead=on_dead):
-            self.state.apply(rec.event, rec.seq, rec.time)  # the clock: the server's store time
+            self.state.apply(rec.event, rec.seq, rec.time, rec.position)  # the clock: the server's store time
             for listener in self.listeners:
                 try:
                     listener(rec, self.state)

@@ -34,6 +34,9 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats", default=None, help="NATS URL (default: $GPUSCHED_NATS_URL or nats://127.0.0.1:4222)")
     parser.add_argument("--redis", default=None,
                         help="Redis URL (default: $GPUSCHED_REDIS_URL or redis://127.0.0.1:6379/0)")
+    parser.add_argument("--redis-password-file", default=None, metavar="FILE",
+                        help="the Redis password, in a file of mode 0600 or an inherited /dev/fd/N "
+                             "(default: $GPUSCHED_REDIS_PASSWORD_FILE)")
     parser.add_argument("--log-level", default=os.environ.get("GPUSCHED_LOG_LEVEL", "info"))
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="serve Prometheus /metrics and the probes /healthz, /readyz here (0: off)")

@@ -92,7 +92,7 @@ class Gpusched:
         that ends the job (completed, failed, cancelled, timeout)."""
         state = ClusterState()
         async for rec in self.log.records(start, follow=True):
-            state.apply(rec.event, rec.seq)
+            state.apply(rec.event, rec.seq, rec.time, rec.position)
             if getattr(rec.event, "job_id", None) != job_id:
                 continue
             yield rec.event

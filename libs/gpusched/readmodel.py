@@ -65,10 +65,12 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "dependency": [f"{d.kind}:{d.job}" for d in spec.dependency],
         "gpu_type": spec.gpu_type,
         "constraints": dict(spec.constraints),
+        "cpus": spec.cpus, "memory_mb": spec.memory_mb,  # per node (None: asks none)
         "checkpoint": msgspec.to_builtins(job.checkpoint) if job.checkpoint else None,
         "preemption": msgspec.to_builtins(job.preemption) if job.preemption else None,
         "checkpoint_mode": spec.checkpoint,
         "workdir": spec.workdir,
+        "image": spec.image,
         "generation": job.generation,
         "unhealthy_gpus": [gpu_ref(g) for g in job.unhealthy],
         "unhealthy_reason": job.unhealthy_reason,
@@ -106,6 +108,8 @@ def gpu_status(state: ClusterState, g: str) -> str:
         return "held"
     if node.lost:
         return "lost"
+    if node.partitioned:
+        return "partitioned"
     if node.drained:
         return "drained"
     if rec.quarantined is not None:
@@ -132,7 +136,9 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
         "labels": dict(node.labels),
-        "lost": node.lost, "drained": node.drained, "total": len(node.gpus), "free": len(node.free),
+        "cpus": node.cpus, "cpus_used": node.cpus_used, "memory_mb": node.memory_mb,  # 0: not declared
+        "memory_used_mb": node.memory_used_mb,
+        "lost": node.lost, "drained": node.drained, "partitioned": node.partitioned, "total": len(node.gpus), "free": len(node.free),
         "held": sum(1 for x in gpus if x["status"] == "held"), "gpus": gpus,
     }
 

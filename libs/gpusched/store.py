@@ -257,7 +257,7 @@ async def fold_log(event_log: EventLog, state: ClusterState | None = None, until
                            f"seq {state.last_seq + 1} needs a snapshot or the exported segments")
     if last > state.last_seq:
         async for rec in event_log.records(state.last_seq + 1, last):
-            state.apply(rec.event, rec.seq, rec.time)
+            state.apply(rec.event, rec.seq, rec.time, rec.position)
     return state
 
 

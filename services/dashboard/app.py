@@ -95,9 +95,8 @@ class Series:
 
 
 class Dashboard:
-    def __init__(self, event_log: EventLog, redis_url: str | None = None):
+    def __init__(self, event_log: EventLog):
         self.log = event_log
-        self.redis_url = redis_url
         self.folded = FoldedLog(event_log)
         self.folded.listeners.append(self._on_record)
         self.tail: deque[dict[str, Any]] = deque(maxlen=TAIL)
@@ -105,7 +104,6 @@ class Dashboard:
         self.version = 0
         self.moved = asyncio.Event()
         self.versions = Versions(epoch=uuid.uuid4().hex[:8])
-        self._redis = None
         self.lease: dict[str, Any] = {}
         self.started_at = time.time()
 
@@ -127,28 +125,27 @@ class Dashboard:
             self.versions.publish(self.model())
         return self.versions
 
-    # --- lease (liveness of placement, from Redis when there is one) ------------------------
+    # --- lease (liveness of placement, from the lease bucket it may read) ----------------------
 
     async def watch_lease(self, stop: asyncio.Event) -> None:
-        if not self.redis_url:
-            return
+        """Who holds the placement lease, once a second. `reachable`: the bucket answered (a
+        credential without read access to it shows no lease at all)."""
+        from gpusched.services.lease import PLACEMENT_LEASE_KEY, Watch, open_bucket
+
         try:
-            from gpusched.services.lease import PLACEMENT_LEASE_KEY, connect_redis, lease_holder
-        except ImportError:
+            watch = Watch(await open_bucket(self.log.nc), PLACEMENT_LEASE_KEY, 3000)
+        except Exception as err:  # no bucket, or no permission: the page says nothing of a lease
+            log.warning("lease_unreadable", error=str(err) or type(err).__name__)
             return
-        r = connect_redis(self.redis_url)
-        try:
-            while not stop.is_set():
-                holder = await lease_holder(r, PLACEMENT_LEASE_KEY)
-                lease = {"placement": holder, "redis": holder != ""}
-                if lease != self.lease:
-                    self.lease = lease
-                    self.version += 1
-                    self.moved.set()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
-        finally:
-            await r.aclose()
+        while not stop.is_set():
+            holder = await watch.holder()
+            lease = {"placement": holder, "reachable": holder != ""}
+            if lease != self.lease:
+                self.lease = lease
+                self.version += 1
+                self.moved.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
 
 
 # --- HTTP --------------------------------------------------------------------------------------
@@ -386,7 +383,7 @@ async def run(nats_url: str | None, redis_url: str | None, host: str = "127.0.0.
     telemetry.set_service("dashboard")
     stop = stop or asyncio.Event()
     event_log = await EventLog.open(nats_url, name="gpusched-dashboard")
-    dash = Dashboard(event_log, redis_url)
+    dash = Dashboard(event_log)  # `redis_url`: kept for its callers; the dashboard reads no Redis
     metrics.attach(dash.folded)
     await dash.folded.start()
     app = make_app(dash, stop, guard)

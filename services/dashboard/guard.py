@@ -23,18 +23,15 @@ Without a valid token the page, the API and `/metrics` answer 401; `/healthz` st
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import hmac
 import os
 import secrets
-import time
 from collections.abc import Iterable
 
 from aiohttp import web
 
-from gpusched.security import keyring, signing
+from gpusched.security import httpauth, keyring, signing
 
 CSRF_HEADER = "X-Gpusched-Csrf"
 OPEN_PATHS = ("/healthz",)
@@ -46,23 +43,17 @@ printed in its ready line (<code>http://127.0.0.1:PORT/?token=...</code>), or se
 <code>Authorization: Bearer TOKEN</code>.</p></body>"""
 
 
-NKEY_PROOF_S = 120.0
+REALM = "gpusched-dashboard/v1"
 
 
 def new_token() -> str:
     return secrets.token_urlsafe(24)
 
 
-def _proof_input(host: str, at: int) -> bytes:
-    return f"gpusched-dashboard/v1\n{host.lower()}\n{at}".encode()
-
-
 def nkey_authorization(signer: signing.Signer, host: str, now: float | None = None) -> str:
     """An `Authorization` value proving the holder of `signer`'s key, for `host` (e.g.
-    "127.0.0.1:8080"), valid for NKEY_PROOF_S seconds around `now`."""
-    at = int(time.time() if now is None else now)
-    sig = base64.urlsafe_b64encode(signer.sign(_proof_input(host, at))).rstrip(b"=").decode()
-    return f"Nkey {signer.public_key}.{at}.{sig}"
+    "127.0.0.1:8080"), valid for two minutes around `now` (`security/httpauth.py`)."""
+    return httpauth.nkey_authorization(signer, host, now, REALM)
 
 
 def allowed_forms(name: str, port: int) -> set[str]:
@@ -129,16 +120,8 @@ class Guard:
         self._reload_keys()
         if self.keys is None:
             return False
-        try:
-            public_key, at_text, sig_text = proof.split(".")
-            at = int(at_text)
-            sig = base64.urlsafe_b64decode(sig_text + "=" * (-len(sig_text) % 4))
-        except (ValueError, binascii.Error):
-            return False
-        who = self.keys.principal(public_key)
-        now = time.time() if now is None else now
-        return (who is not None and who.role == "admin" and who.revoked_at is None
-                and abs(now - at) <= NKEY_PROOF_S and self.verifier.valid(public_key, _proof_input(host, at), sig))
+        who = httpauth.nkey_principal(proof, host, self.keys, self.verifier, REALM, now=now)
+        return who is not None and who.role == "admin"
 
     def credentials(self, request: web.Request) -> tuple[str | None, str]:
         """(token, how): from `Authorization: Bearer` or `Nkey`, else the login cookie."""

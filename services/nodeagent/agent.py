@@ -15,6 +15,7 @@ fails (or requeues) the attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -52,7 +53,7 @@ from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
-from . import fencing, launcher
+from . import container, fencing, launcher
 from .acks import AckCoalescer, AckLimits
 from .backends import GpuBackend, SimBackend, process_alive
 from .cgroups import CgroupError, JobCgroup, remove_parent
@@ -104,11 +105,18 @@ class AgentConfig:
     checkpoint_roots: tuple[str, ...] = ()
     rejoin_heartbeats: int = 3  # after a NodeLost of itself, re-register after this many heartbeats
     labels: dict[str, str] = field(default_factory=dict)  # announced at registration (`--label K=V`)
+    #: podman's configuration and image storage for image jobs (`container`); default <work_dir>/containers.
+    containers_dir: Path | None = None
+    #: CPUs and memory (MiB) offered to jobs, announced at registration (None: not declared,
+    #: then placement does not count them here; `main.host_resources` gives the host's).
+    cpus: float | None = None
+    memory_mb: int | None = None
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
         self.log_dir = Path(self.log_dir) if self.log_dir else self.work_dir / "logs"
         self.checkpoint_root = Path(self.checkpoint_root) if self.checkpoint_root else self.work_dir / "checkpoints"
+        self.containers_dir = Path(self.containers_dir) if self.containers_dir else self.work_dir / "containers"
 
     def user_for(self, team: str) -> str | None:
         return self.team_users.get(team, self.job_user)
@@ -181,9 +189,10 @@ def _launch_spec_for(self, job: Job, mine: tuple[int, ...], state: ClusterState)
         checkpoint_dir=Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else self.cfg.checkpoint_root / job_token,
         control_dir=control, log_path=self.cfg.log_dir / job_token / f"{run_name}.log",
         resume_from=resume, resume_step=ck.step if ck is not None else None,
-        cwd=job.spec.workdir or self.cfg.cwd, generation=job.generation, checkpoint_mode=job.spec.checkpoint,
+        cwd=job.spec.workdir or (None if job.spec.image else self.cfg.cwd), generation=job.generation, checkpoint_mode=job.spec.checkpoint,
         **launcher.resume_and_secrets(job), checkpoint_roots=self.cfg.all_checkpoint_roots(),
         devices=tuple(self.devices[i].path for i in mine if i in self.devices),
+        image=job.spec.image, containers_dir=str(self.cfg.containers_dir) if job.spec.image else None,
     )
 
 
@@ -340,17 +349,26 @@ class NodeAgent(CheckpointHandshake):
             config.work_dir.mkdir(parents=True, mode=0o711)
         self.cgroup_parent = config.cgroup_parent if cgroups_wanted(config.cgroups) else None
         self.devices, self.control_devices = gpu_devices(config, backend) if self.cgroup_parent else ({}, ())
+        #: The simulated GPUs' CDI spec to write at the first image job (NVML GPUs: NVIDIA's own spec).
+        self.cdi_pending: str | None = f"{config.work_dir.resolve()}/{config.node}" \
+            if self.devices and isinstance(backend, SimBackend) else None
+        #: Removed when the daemon stops its jobs (an earlier daemon's, for the runs adopted from it, too).
+        self.cdi_spec: Path | None = container.cdi_path(self.cdi_pending) if self.cdi_pending else None
         
     # --- registration ---------------------------------------------------------------------
 
     def registration(self) -> ev.NodeRegistered:
         return ev.NodeRegistered(at=time.time(), node=self.node, rack=self.cfg.rack, gpus=self.gpu_info,
                                  block=self.cfg.block, nvlink=self.cfg.nvlink, address=self.cfg.address,
-                                 labels=dict(self.cfg.labels))
+                                 labels=dict(self.cfg.labels), cpus=self.cfg.cpus or 0.0,
+                                 memory_mb=self.cfg.memory_mb or 0)
 
     def needs_registration(self, state: ClusterState) -> bool:
+        """Unknown, lost, or offering other CPUs or memory than the log says (a restart with other
+        `--cpus`/`--mem`, or the first start of a daemon that declares them)."""
         node = state.nodes.get(self.node)
-        return node is None or node.lost
+        offers = (self.cfg.cpus or 0.0, self.cfg.memory_mb or 0)
+        return node is None or node.lost or (any(offers) and offers != (node.cpus, node.memory_mb))
 
     def leftovers(self) -> list[RunningJob]:
         """Runs being stopped (SIGTERM sent, SIGKILL after the grace, see `poll`): while any
@@ -444,6 +462,9 @@ class NodeAgent(CheckpointHandshake):
 
     def _launch(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> None:
         spec = self._launch_spec(job, mine, state)
+        if spec.image and self.cdi_pending:
+            self.cdi_spec = _publish_cdi(self.cdi_pending, self.devices, self.uuids)
+            self.cdi_pending = None
         key = (job.job_id, job.attempt, job.generation)
         try:
             spec = confine(spec, job, self.users, self.host.uid_holder, cgroup_parent=self.cgroup_parent,
@@ -608,7 +629,7 @@ class NodeAgent(CheckpointHandshake):
         if run.state in ("stopping",):
             self._forget(run)  # stopped by us: never reported
             return
-        detail = _oom_detail(run.proc.launch)
+        detail = _oom_detail(run.proc.launch) or container.exit_detail(run.proc.launch, rc)
         log.info("job_exited", job=run.job_id, attempt=run.attempt, node=self.node, exit_code=rc, detail=detail)
         if rc == 0 and run.node_rank != 0:
             run.state = "exited"  # its GPUs stay held until rank 0 finishes
@@ -640,9 +661,9 @@ class NodeAgent(CheckpointHandshake):
         like any exit, and its processes as ended."""
         rc = launcher.UNKNOWN_EXIT
         if not rec.get("virtual"):
-            control = Path(rec["launch"]["control_dir"])
+            status = launcher.exit_status_file(launcher.Launch.from_json(rec["launch"]))
             try:
-                rc = launcher.read_exit_status(control)
+                rc = launcher.read_exit_status(status.parent, status.name)
             except (OSError, ValueError):
                 pass
             for rest in ("control_dir",):
@@ -726,12 +747,25 @@ def _oom_detail(launch: launcher.Launch) -> str:
     return "out of memory: the job exceeded its memory limit (--mem) and the kernel killed it"
 
 
+def _publish_cdi(key: str, devices: dict[int, GpuDevice], uuids: dict[int, str]) -> Path | None:
+    """Write the simulated GPUs' CDI spec; a failure shows as the image job's unresolvable
+    device, with podman's message in its log."""
+    try:
+        return container.write_cdi_spec(key, devices, uuids)
+    except OSError as err:
+        log.warning("cdi_spec_not_written", dir=str(container.CDI_DIR), error=str(err))
+        return None
+
+
 def _remove_cgroup(launch: launcher.Launch) -> None:
     if launch.cgroup is not None:
         cg = JobCgroup.from_json(launch.cgroup)
         cg.kill()
         if not cg.remove(0.5):
             log.warning("cgroup_not_removed", job=launch.job_id, dirs=list(cg.dirs.values()))
+    if launch.image and launch.containers_dir:  # what its killed podman left behind
+        container.remove_run_cgroups(launch)
+        container.remove(container.configure(Path(launch.containers_dir)), container.name_of(launch))
 
 
 # --- the host: one connection, one fold, many agents -----------------------------------------
@@ -1031,6 +1065,9 @@ class NodeHost:
             agent.backend.close()
             if agent.cgroup_parent:
                 remove_parent(agent.cgroup_parent)  # empty once no run is left under it
+            if agent.cdi_spec is not None and kill_jobs:  # a kept run's podman may still be resolving it
+                with contextlib.suppress(OSError):
+                    agent.cdi_spec.unlink(missing_ok=True)
         if self.own_log:
             try:
                 await self.log.close()

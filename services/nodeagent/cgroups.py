@@ -100,12 +100,15 @@ class JobCgroup:
         return Path(self.dirs["unified" if self.version == 2 else controller])
 
     def pids(self) -> set[int]:
-        """Every process in the job's cgroup (read from the pids controller, which always holds all)."""
-        try:
-            raw = (self._dir("pids") / "cgroup.procs").read_text()
-        except OSError:
-            return set()
-        return {int(x) for x in raw.split()}
+        """Every process in the job's cgroup and the cgroups below it (a container's), read from
+        the pids controller, which always holds all."""
+        out: set[int] = set()
+        for top, _, _ in os.walk(self._dir("pids")):
+            try:
+                out.update(int(x) for x in (Path(top) / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return out
 
     def signal(self, sig: int) -> list[int]:
         return signal_each(sorted(self.pids()), sig)
@@ -139,12 +142,13 @@ class JobCgroup:
             time.sleep(0.01)
         ok = True
         for d in self.dirs.values():
-            try:
-                os.rmdir(d)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                ok = False
+            for top, _, _ in sorted(os.walk(d), key=lambda t: -len(t[0])):  # children (a container's) first
+                try:
+                    os.rmdir(top)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    ok = False
         return ok
 
     def to_json(self) -> dict:

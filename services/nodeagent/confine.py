@@ -12,7 +12,7 @@ import structlog
 
 from gpusched.core.state import Job
 
-from . import cgroups
+from . import cgroups, container
 from .devices import GpuDevice
 from .launcher import Launch
 from .users import UserMap
@@ -33,6 +33,8 @@ def limits_for(job: Job, launch: Launch, devices: dict[int, GpuDevice], control:
     allow = None
     if devices:  # only the granted GPUs' nodes, and the control devices every GPU job needs
         allow = (*(devices[i].allow for i in launch.gpus if i in devices), *control)
+        if spec.image:  # runc's own rules for every container: its cgroup is a child of this one
+            allow += container.RUNC_DEVICES
     return cgroups.Limits(cpus=spec.cpus, memory_bytes=spec.memory_mb * 2**20 if spec.memory_mb else None,
                           pids_max=pids_max, devices=allow)
 

@@ -17,6 +17,7 @@ environment (`ENV_ALLOW`), and its control, log and checkpoint directories are 0
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -34,7 +35,7 @@ from pathlib import Path
 from gpusched.job import env as E
 from gpusched.readmodel import attempt_text
 
-from . import secrets
+from . import container, secrets
 from .backends import VIRTUAL_PID_BASE
 from .cgroups import JobCgroup
 from .procs import JobGroup
@@ -52,6 +53,10 @@ UNKNOWN_EXIT = -1
 _WRAPPER = ('trap : TERM INT HUP; "$@"; rc=$?; '
             'printf "%s\\n" "$rc" > "$GPUSCHED_CONTROL_DIR/.exit-status.tmp" && '
             'mv -f "$GPUSCHED_CONTROL_DIR/.exit-status.tmp" "$GPUSCHED_CONTROL_DIR/exit-status"; exit $rc')
+#: The same for a container run, as root outside the container: the status goes to a file of the
+#: daemon's own (named first), never into the job's directory, where the job could plant a link.
+_CONTAINER_WRAPPER = ('trap : TERM INT HUP; out=$1; shift; "$@"; rc=$?; '
+                      'printf "%s\\n" "$rc" > "$out.tmp" && mv -f "$out.tmp" "$out"; exit $rc')
 #: Writes its pid into every cgroup.procs file named first (the count, then the files), then runs the rest.
 _JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"'
 
@@ -101,6 +106,8 @@ class Launch:
     devices: tuple[str, ...] = ()  # device nodes of its GPUs
     #: Where the daemon may create and chown a checkpoint dir: nowhere else.
     checkpoint_roots: tuple[str, ...] = ()
+    image: str | None = None  # spec.image: the run is a podman container (`container`)
+    containers_dir: str | None = None  # podman's configuration and storage for this daemon
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -218,10 +225,18 @@ def launch_error(launch: Launch, env: Mapping[str, str]) -> str | None:
     return None
 
 
-def read_exit_status(control: Path) -> int:
+def exit_status_file(launch: Launch) -> Path:
+    """Where the wrapper writes the exit status: the control dir (the wrapper runs as the job's
+    user), or beside the log for a container run (its wrapper runs as root)."""
+    if launch.image:
+        return launch.log_path.with_name(launch.log_path.name + ".exit")
+    return launch.control_dir / EXIT_FILE
+
+
+def read_exit_status(control: Path, name: str = EXIT_FILE) -> int:
     """The wrapper's exit status file: a job-writable directory, so a few bytes of a regular
     file only, never through a symlink."""
-    fd = os.open(control / EXIT_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd = os.open(control / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         if (os.fstat(fd).st_mode & 0o170000) != 0o100000:
             raise ValueError("not a regular file")
@@ -323,13 +338,48 @@ def reach_error(launch: Launch, ids: tuple[int, int] | None) -> str | None:
     return None
 
 
-def command_argv(launch: Launch, ids: tuple[int, int] | None) -> list[str]:
-    """The job's argv: join its cgroup (as root, before anything of the job runs), drop to the
-    job's credentials (`setpriv`, no new privileges), then the exit-status wrapper."""
+#: The job's own /proc: a mount namespace of its own (a slave of the host's, so mounts the host
+#: makes later still reach the job) with procfs mounted `hidepid=2`, so that the job sees only
+#: its own uid's processes: no other tenant's command line, environment or pid. The job stays in
+#: the host's pid namespace, so its pids, the SDK's `sdk-<pid>` signalling and the daemon's
+#: signals are unchanged. A mount that fails leaves the host's /proc, saying so in the job's log.
+_HIDE_PROC = ('mount -t proc -o hidepid=2 proc /proc || '
+              'echo "--- gpusched: /proc is not hidden from this job (mount failed)" >&2; exec "$@"')
+
+
+@functools.cache
+def proc_hidable() -> bool:
+    """Root, Linux >= 5.8 (each procfs mount has its own options there: on older kernels
+    `hidepid` on a new mount would apply to the host's /proc as well), and a mount namespace this
+    daemon may make (tried once: a container without CAP_SYS_ADMIN may not)."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    if os.geteuid() != 0 or (major, minor) < (5, 8) or shutil.which("unshare") is None:
+        return False
+    try:
+        probe = ["unshare", "--mount", "--propagation", "slave", "--", "true"]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def command_argv(launch: Launch, ids: tuple[int, int] | None, env_fd: int = -1) -> list[str]:
+    """The job's argv: join its cgroup (as root, before anything of the job runs), its own /proc
+    (`_HIDE_PROC`, for a job of another uid), drop to the job's credentials (`setpriv`, no new
+    privileges), then the exit-status wrapper. A container run's wrapper runs podman as root:
+    podman itself switches to the job's uid (`--user`), and the container has its own /proc."""
     argv = ["/bin/sh", "-c", _WRAPPER, "gpusched-job", *launch.command]
-    if ids is not None:
+    if launch.image:
+        argv = ["/bin/sh", "-c", _CONTAINER_WRAPPER, "gpusched-job", str(exit_status_file(launch)),
+                *container.run_argv(launch, ids, job_groups(launch, ids) if ids else set(), env_fd)]
+    elif ids is not None:
         groups = ["--init-groups"] if launch.user and launch.home is not None else ["--clear-groups"]
         argv = ["setpriv", f"--reuid={ids[0]}", f"--regid={ids[1]}", *groups, "--no-new-privs", "--", *argv]
+        if proc_hidable():
+            argv = ["unshare", "--mount", "--propagation", "slave", "--", "/bin/sh", "-c", _HIDE_PROC,
+                    "gpusched-proc", *argv]
     if launch.cgroup is not None:
         procs = JobCgroup.from_json(launch.cgroup).procs_files
         argv = ["/bin/sh", "-c", _JOIN, "gpusched-join", str(len(procs)), *procs, *argv]
@@ -361,13 +411,16 @@ class JobProcess:
         self.spawn_error: str | None = None
         self.group: JobGroup | None = None
         self.cgroup = JobCgroup.from_json(launch.cgroup) if launch.cgroup is not None else None
-        env = job_env(launch, base_env)
+        env = job_env(launch, base_env if not launch.image else {})  # the host's PATH is not the image's
+        if launch.image and "PATH" not in launch.env:
+            del env["PATH"]
         with open(_open_log(launch.log_path), "ab") as out:
             out.write(f"--- gpusched: {launch.job_id} {attempt_text(launch.attempt, launch.generation)} on {launch.node} "
                       f"rank {launch.node_rank}/{launch.num_nodes} gpus {list(launch.gpus)}\n".encode())
             out.flush()
             os.fchmod(out.fileno(), 0o600)
-            self.spawn_error = launch_error(launch, env) or reach_error(launch, ids)
+            self.spawn_error = (container.launch_error(launch) if launch.image
+                                else launch_error(launch, env) or reach_error(launch, ids))
             if self.spawn_error is None and launch.secret_env:
                 try:  # read only what the job's own user may read
                     reader = (ids[0], job_groups(launch, ids)) if ids else (os.geteuid(), set(os.getgroups()))
@@ -376,17 +429,31 @@ class JobProcess:
                     self.spawn_error = str(err)
             self.popen: subprocess.Popen | None = None
             if self.spawn_error is None:
-                try:
-                    self.popen = subprocess.Popen(
-                        command_argv(launch, ids), env=env, stdin=subprocess.DEVNULL, stdout=out,
-                        stderr=subprocess.STDOUT, start_new_session=True, cwd=launch.cwd)
-                except OSError as err:
-                    self.spawn_error = f"cannot start {launch.command[0]!r}: {err}"
+                self.popen = self._spawn(launch, ids, env, out)
             if self.spawn_error is not None:
                 out.write(f"--- gpusched: launch error: {self.spawn_error}\n".encode())
         self.pid = self.popen.pid if self.popen is not None else 0
         if self.popen is not None:
             self.group = JobGroup.of(self.pid, launch.job_id, launch.attempt, self.cgroup)
+
+    def _spawn(self, launch: Launch, ids: tuple[int, int] | None, env: dict[str, str], out) -> subprocess.Popen | None:
+        """Start the wrapper (a container run: podman, its environment in an in-memory file)."""
+        fds: tuple[int, ...] = ()
+        try:
+            if launch.image:  # podman's own environment; the job's goes through the file
+                fds = (container.env_file(container.image_env(launch, env)),)
+                argv, cwd = command_argv(launch, ids, fds[0]), None
+                env = container.configure(Path(str(launch.containers_dir)))
+            else:
+                argv, cwd = command_argv(launch, ids), launch.cwd
+            return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=cwd, pass_fds=fds)
+        except (OSError, ValueError) as err:
+            self.spawn_error = f"cannot start {launch.command[0]!r}: {err}"
+            return None
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def poll(self) -> int | None:
         if self.popen is None:
@@ -406,7 +473,7 @@ class JobProcess:
 
     def signal_pids(self, pids: list[int], sig: int) -> list[int]:
         """Only members of the job's own process group, never another pid a job wrote down."""
-        return self.group.signal_pids(pids, sig) if self.group is not None else []
+        return _signal_pids(self.launch, self.group, pids, sig) if self.group is not None else []
 
     def kill_stragglers(self) -> None:
         """After the leader exits, nothing it started may outlive it."""
@@ -430,7 +497,8 @@ class AdoptedProcess:
         if self.group.leader_alive():
             return None
         try:
-            return read_exit_status(self.launch.control_dir)
+            path = exit_status_file(self.launch)
+            return read_exit_status(path.parent, path.name)
         except (OSError, ValueError):
             return UNKNOWN_EXIT
 
@@ -438,10 +506,17 @@ class AdoptedProcess:
         self.group.signal(sig)
 
     def signal_pids(self, pids: list[int], sig: int) -> list[int]:
-        return self.group.signal_pids(pids, sig)
+        return _signal_pids(self.launch, self.group, pids, sig)
 
     def kill_stragglers(self) -> None:
         self.group.signal(signal.SIGKILL)
+
+
+def _signal_pids(launch: Launch, group: JobGroup, pids: list[int], sig: int) -> list[int]:
+    """Signal the pids a job wrote down that are its own; a container's are in its namespace."""
+    if launch.image:
+        pids = container.host_pids(pids, group.members())
+    return group.signal_pids(pids, sig)
 
 
 _virtual_pids = itertools.count(VIRTUAL_PID_BASE)

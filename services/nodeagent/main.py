@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from gpusched.core.limits import size_mb
 from gpusched.core.model import nvlink_domains
 
 from .agent import AgentConfig, NodeHost, default_work_dir
@@ -55,7 +56,7 @@ async def run_nodeagent(
     log_dir: str | os.PathLike | None = None, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
     stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, job_user: str | None = None,
     team_users: dict[str, str] | None = None, keep_jobs: bool = False, labels: dict[str, str] | None = None,
-    confinement: dict | None = None,
+    confinement: dict | None = None, resources: dict | None = None,
 ) -> None:
     """One node daemon until `stop` is set. `backend="nvml"` reads this host's GPUs (`gpus` and
     `nvlink` only shape a `backend="sim"` node; "auto": NVML if a driver answers, else sim)."""
@@ -67,7 +68,7 @@ async def run_nodeagent(
                          nvlink=nvlink if backend == "sim" else "custom",
                          work_dir=Path(work_dir) if work_dir else default_work_dir(), kill_grace_s=kill_grace_s,
                          checkpoint_root=checkpoint_root, log_dir=log_dir, labels=dict(labels or {}),
-                         **job_users(job_user, team_users), **(confinement or {})),
+                         **job_users(job_user, team_users), **(confinement or {}), **(resources or {})),
              gpu_backend)
     await host.start()
     await _serve_until(host, stop, ready, keep_jobs)
@@ -79,7 +80,7 @@ async def start_simulated_nodes(
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     heartbeat_s: float = 2.0, kill_grace_s: float = 5.0, poll_s: float = 0.2, address: str = "127.0.0.1",
     job_user: str | None = None, team_users: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-    confinement: dict | None = None,
+    confinement: dict | None = None, resources: dict | None = None,
 ) -> NodeHost:
     """Start `count` simulated nodes sharing one connection and one fold; returns the started
     host (call `await host.stop()`). Nodes are `<prefix>00..`, racks `rack00..` of
@@ -93,7 +94,7 @@ async def start_simulated_nodes(
                              block=f"block{rack_i // racks_per_block:02d}" if racks_per_block else None,
                              address=address, nvlink=nvlink, work_dir=root, kill_grace_s=kill_grace_s,
                              checkpoint_root=checkpoint_root, labels=dict(labels or {}),
-                             **job_users(job_user, team_users), **(confinement or {})),
+                             **job_users(job_user, team_users), **(confinement or {}), **(resources or {})),
                  SimBackend(name, gpus_per_node, nvlink))
     await host.start()
     return host
@@ -145,6 +146,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="jobs' cgroups are <parent>/<run> (v1: under the daemon's own cgroup of each controller; "
                              "v2: under /sys/fs/cgroup, a delegated cgroup with no processes)")
     parser.add_argument("--job-pids-max", type=int, default=8192, help="at most this many processes per job")
+    parser.add_argument("--containers-dir", default=None, metavar="DIR",
+                        help="podman's configuration and image storage for --image jobs (default <work-dir>/containers)")
     parser.add_argument("--checkpoint-roots", action="append", default=[], metavar="DIR",
                         help="directories (besides --checkpoint-root) under which a job may name its checkpoint_dir; "
                              "anywhere else is refused (repeatable)")
@@ -160,6 +163,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rack-label", default="topology.gpusched.io/rack", help="kubernetes: the Node label naming its rack")
     parser.add_argument("--block-label", default="topology.kubernetes.io/zone",
                         help="kubernetes: the Node label naming its block")
+    parser.add_argument("--cpus", type=float, default=None, metavar="N",
+                        help="CPUs this node offers jobs (default: the host's; nodes simulated with --count: "
+                             "none; 0: not declared, placement does not count CPUs here). Less than the host's "
+                             "reserves some for the system")
+    parser.add_argument("--mem", default=None, metavar="SIZE",
+                        help="memory this node offers jobs, like 256G (default: the host's MemTotal; nodes "
+                             "simulated with --count: none; 0: not declared)")
     parser.add_argument("--heartbeat-s", type=float, default=5.0)
     parser.add_argument("--kill-grace-s", type=float, default=10.0)
 
@@ -182,7 +192,41 @@ def confinement_from_args(args: argparse.Namespace) -> dict:
                                                  "give --uid-range or --job-user")
     return {"uid_range": uid_range, "submitter_accounts": not args.no_submitter_accounts,
             "cgroups": {"auto": None, "on": True, "off": False}[args.cgroups], "cgroup_parent": args.cgroup_parent,
-            "pids_max": args.job_pids_max, "checkpoint_roots": tuple(args.checkpoint_roots)}
+            "pids_max": args.job_pids_max, "checkpoint_roots": tuple(args.checkpoint_roots),
+            "containers_dir": Path(args.containers_dir) if args.containers_dir else None}
+
+
+def host_resources() -> tuple[float | None, int | None]:
+    """This host's CPUs (those the daemon may run on) and memory (MemTotal, MiB)."""
+    try:
+        cpus: float | None = float(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        cpus = float(os.cpu_count() or 0) or None
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return cpus, mem
+
+
+def resources_from_args(args: argparse.Namespace, one_host: bool) -> dict:
+    """The AgentConfig fields `cpus` and `memory_mb` a node registers: `--cpus`/`--mem` (0: not
+    declared), else the host's for a daemon that is one node; the nodes one process simulates
+    (`--count`, what `gpusched up` runs) share one host, so they declare none unless told."""
+    cpus, mem = host_resources() if one_host else (None, None)
+    if args.cpus is not None:
+        if not 0 <= args.cpus <= 1_000_000:
+            raise SystemExit(f"gpusched nodeagent: --cpus {args.cpus:g}: give 0 (not declared) to 1000000")
+        cpus = args.cpus or None
+    if args.mem is not None:
+        try:
+            mem = None if args.mem.strip() == "0" else size_mb(args.mem)
+        except ValueError:
+            raise SystemExit(f"gpusched nodeagent: --mem {args.mem!r} is not a size like 512M or 16G") from None
+    return {"cpus": cpus, "memory_mb": mem}
 
 
 def parse_team_users(items: list[str]) -> dict[str, str]:
@@ -232,7 +276,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         log.info("topology_learned", source=source, rack=topo.rack, block=args.block)
     users = {"job_user": args.job_user, "team_users": parse_team_users(args.team_user),
              "labels": parse_labels(args.label), "confinement": confinement_from_args(args)}
-    if args.backend == "sim" and (args.count > 1 or args.node is None):
+    many = args.backend == "sim" and (args.count > 1 or args.node is None)
+    users["resources"] = resources_from_args(args, one_host=not many)
+    if many:
         await run_simulated_nodes(args.nats, args.count, args.gpus, args.nodes_per_rack, args.nvlink, stop=stop,
                                   prefix=args.node or "node", work_dir=args.work_dir, heartbeat_s=args.heartbeat_s,
                                   checkpoint_root=args.checkpoint_root, **users, keep_jobs=args.keep_jobs,

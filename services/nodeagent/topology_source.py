@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
+from gpusched.kube import KubeApi, KubeError
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RACK_LABEL = "topology.gpusched.io/rack"
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class TopologyUnavailable(Exception):
@@ -48,37 +45,18 @@ def from_labels(labels: dict[str, str], rack_label: str = RACK_LABEL, block_labe
     return Topology(rack=block or default_rack, block=None)
 
 
-def api_server() -> str:
-    """The API server as a pod sees it (the variables every pod gets)."""
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        raise TopologyUnavailable("not in a Kubernetes pod (KUBERNETES_SERVICE_HOST unset): use --rack/--block")
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-
-
 async def node_labels(node: str, api: str | None = None, token_file: Path | None = None,
                       ca_file: Path | None = None, timeout_s: float = 10.0) -> dict[str, str]:
     """The labels of Node `node`, read with the service-account token."""
-    api = (api or api_server()).rstrip("/")
-    token_file = token_file or SA_DIR / "token"
-    ca_file = ca_file if ca_file is not None else SA_DIR / "ca.crt"
     try:
-        token = token_file.read_text().strip()
-    except OSError as err:
-        raise TopologyUnavailable(f"no service-account token ({err}): is automountServiceAccountToken off?") from None
-    tls = ssl.create_default_context(cafile=str(ca_file)) if api.startswith("https") else None
-    url = f"{api}/api/v1/nodes/{node}"
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
-            async with http.get(url, headers={"Authorization": f"Bearer {token}"}, ssl=tls) as resp:
-                if resp.status == 403:
-                    raise TopologyUnavailable(f"GET {url}: 403 forbidden: the service account needs `get` on "
-                                              "`nodes` (the chart's nodeagent ClusterRole)")
-                if resp.status != 200:
-                    raise TopologyUnavailable(f"GET {url}: HTTP {resp.status}")
-                doc = await resp.json()
-    except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-        raise TopologyUnavailable(f"GET {url}: {type(err).__name__}: {err}") from None
+        kube = KubeApi(api, token_file, ca_file, timeout_s)
+        doc = await kube.call("GET", f"/api/v1/nodes/{node}")
+    except KubeError as err:
+        if err.status == 403:
+            raise TopologyUnavailable(f"{err}: it needs `get` on `nodes` (the chart's nodeagent ClusterRole)") from None
+        raise TopologyUnavailable(str(err)) from None
+    if doc is None:
+        raise TopologyUnavailable(f"GET {kube.api}/api/v1/nodes/{node}: HTTP 404 (no such Node)")
     labels = (doc.get("metadata") or {}).get("labels") or {}
     return {str(k): str(v) for k, v in labels.items()}
 

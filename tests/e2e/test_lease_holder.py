@@ -1,31 +1,66 @@
-"""The fallback goes by who holds the placement lease, not by whether the key exists. Before,
+"""The placement lease is where only placement can write it. Before, it was a Redis key:
 `SET gpusched:lease:placement attacker PX 120000` (anyone with the Redis password, which `ps`
 showed) stopped placement and kept the fallback from taking over: an interactive job waited
-over 85 s with 8 GPUs free. Real admission and fallback processes, a real Redis."""
+over 85 s with 8 GPUs free. Now that key means nothing, and a tenant's forged lease in the NATS
+bucket is refused by the server. Real admission and fallback processes, real NATS and Redis."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
+import pytest
 import redis.asyncio as aioredis
 
-from gpusched.services.lease import PLACEMENT_LEASE_KEY
+from gpusched.bus import subjects
+from gpusched.bus.log import connect
+from gpusched.core import events as ev
 
 from .harness import LEASE_TTL_MS, harness  # noqa: F401
 
 
-async def test_a_lease_key_written_by_no_placement_does_not_stop_the_fallback(harness, redis_url):  # noqa: F811
+@pytest.fixture
+def mallory(trust):
+    """A tenant, added before the test's server starts (it renders the keyring)."""
+    if trust.get("mallory") is None:
+        trust.add("mallory", "tenant", teams=["a"])
+    return trust.creds("mallory")
+
+
+async def forge_as_tenant(nats_url: str, creds) -> str:
+    """What the server answers a tenant who writes the placement lease."""
+    said: list[str] = []
+
+    async def on_error(err: Exception) -> None:
+        said.append(str(err).lower())
+
+    nc = await connect(nats_url, name="mallory", creds=creds, error_cb=on_error)
+    try:
+        subject = f"$KV.{subjects.LEASE_BUCKET}.placement"
+        await nc.publish(subject, json.dumps({"owner": "placement@evil:1:abcdef", "ttl_ms": 120_000}).encode())
+        for _ in range(100):
+            await nc.flush()
+            if said:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await nc.close()
+    return " ".join(said)
+
+
+async def test_a_forged_placement_lease_does_not_stop_the_fallback(mallory, harness, redis_url):  # noqa: F811
     h = harness
     r = aioredis.Redis.from_url(redis_url)
     try:
-        for forged in ("attacker", "placement@evil", "placement@host:1:zzzzzz\n"):
-            assert await r.set(PLACEMENT_LEASE_KEY, forged, px=120_000)
-        h.start("admission")
-        h.start("fallback", "--grace-ms", str(LEASE_TTL_MS))
-        await h.ready("admission", "fallback")
-        await h.nodes(1, 8)
-        job = await h.submit(team="a", gpus=2, priority="interactive")
-        await h.wait_for("placed by the fallback", lambda s: h.holding(job), timeout=10)
-        assert h.state.jobs[job].placer == "naive" and h.state.placement_degraded
-        assert await r.get(PLACEMENT_LEASE_KEY) == b"placement@host:1:zzzzzz\n"  # it took nothing over
+        assert await r.set("gpusched:lease:placement", "placement@host:1:abcdef", px=120_000)  # the old attack
     finally:
         await r.aclose()
-    assert "placement_lease_foreign_holder" in h.service_log("fallback")
+    assert "permissions violation" in await forge_as_tenant(h.nats_url, mallory)
+    h.start("admission")
+    h.start("fallback", "--grace-ms", str(LEASE_TTL_MS))
+    await h.ready("admission", "fallback")
+    await h.nodes(1, 8)
+    job = await h.submit(team="a", gpus=2, priority="interactive")
+    await h.wait_for("placed by the fallback", lambda s: h.holding(job), timeout=10)
+    assert h.state.jobs[job].placer == "naive" and h.state.placement_degraded
+    assert "absent or lapsed" in h.events(ev.PlacementDegraded)[0].reason

@@ -18,8 +18,8 @@ async def test_gangs_are_atomic_with_two_placement_writers_racing(harness):
     size), no GPU is ever held twice (the audit fold checks), and every job completes."""
     h = harness
     h.start("admission")
-    h.start("placement", "--lease-key", "e2e:lease:one", alias="placement")
-    h.start("placement", "--lease-key", "e2e:lease:two", alias="placement2")
+    h.start("placement", "--lease-key", "placement.one", alias="placement")
+    h.start("placement", "--lease-key", "placement.two", alias="placement2")
     await h.ready("admission", "placement", "placement2")
     await h.nodes(4, 8, per_rack=2)
     rng = random.Random(7)

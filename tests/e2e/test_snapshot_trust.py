@@ -73,7 +73,7 @@ async def test_the_cli_does_not_show_a_poisoned_redis_snapshot(harness):
     """Redis caches the CLI's snapshot; whoever can write Redis must not make `show`/`nodes`
     report held GPUs as free: the CLI folds on from it only when the log's seal vouches for it."""
     from gpusched.cli.reads import fold_state
-    from gpusched.services.lease import connect_redis
+    from gpusched.redis_client import connect_redis
     from gpusched.store import SNAPSHOT_KEY, save_snapshot
 
     h = harness

@@ -7,10 +7,13 @@ import asyncio
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from gpusched.bus.log import EventLog
 from gpusched.bus.servers import port_free
@@ -92,6 +95,14 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
             assert time.monotonic() < deadline, "no per-GPU metrics from the reconciler"
             await asyncio.sleep(0.5)
         assert "gpusched_gpu_temperature_celsius{" in gpus
+
+        # The Redis password reaches the services in a 0600 file: not in their arguments (`ps`)
+        # nor in their environment.
+        password = urlsplit(stack["redis"]).password.encode()
+        assert stat.S_IMODE((data / "redis.password").stat().st_mode) == 0o600
+        for pid in stack["services"].values():
+            assert password not in Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert password not in Path(f"/proc/{pid}/environ").read_bytes()
 
         # A service killed with SIGKILL is restarted by `up`.
         os.kill(stack["services"]["admission"], signal.SIGKILL)

@@ -113,13 +113,37 @@ def publish_cases(who: str) -> dict[str, bool]:
         f"$JS.API.CONSUMER.CREATE.{subjects.SNAPSHOT_STREAM}": admin or reads_log,
         "$JS.API.STREAM.NAMES": admin or reads_log,
     })
+    for subject in [c for c in cases if c.startswith("gpusched.cmd.")]:
+        cases[subject] = cases[subject] or role == "api"  # the HTTP API sends as the caller it authenticated
+    cases.update(lease_cases(role))
     for api in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "SNAPSHOT", "RESTORE"):
-        for stream in (subjects.STREAM, subjects.DEAD_STREAM, subjects.SNAPSHOT_STREAM):  # only admin changes one
+        for stream in (subjects.STREAM, subjects.DEAD_STREAM, subjects.SNAPSHOT_STREAM,
+                       subjects.LEASE_STREAM):  # only admin changes one
             if api == "PURGE" and stream == subjects.SNAPSHOT_STREAM:
                 continue  # the projector drops a replaced snapshot's chunks (above)
             cases[f"$JS.API.STREAM.{api}.{stream}"] = admin
     cases[f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.x"] = admin
     return cases
+
+
+def lease_cases(role: str) -> dict[str, bool]:
+    """The lease bucket: placement writes its lease, the fallback its own; each reads what it
+    watches (the dashboard: placement's). A forged, deleted or purged lease is a publish to the
+    key's subject, so these are the whole write surface."""
+    admin = role == "admin"
+    kv, get = f"$KV.{subjects.LEASE_BUCKET}", f"$JS.API.DIRECT.GET.{subjects.LEASE_STREAM}"
+    return {
+        f"{kv}.placement": admin or role == "placement",
+        f"{kv}.placement.standby": admin or role == "placement",
+        f"{kv}.fallback": admin or role == "fallback",
+        f"{kv}.other": admin,
+        f"{get}.{kv}.placement": admin or role in ("placement", "fallback", "dashboard"),
+        f"{get}.{kv}.fallback": admin or role == "fallback",
+        f"{get}": admin,  # a get by body could name any key
+        f"$JS.API.STREAM.MSG.GET.{subjects.LEASE_STREAM}": admin,
+        f"$JS.API.STREAM.INFO.{subjects.LEASE_STREAM}": admin or role in ("placement", "fallback", "dashboard"),
+        f"$JS.API.CONSUMER.CREATE.{subjects.LEASE_STREAM}": admin,  # a watcher reads every key
+    }
 
 
 def subscribe_cases(who: str) -> dict[tuple[str, str | None], bool]:

@@ -125,6 +125,43 @@ def cut_node_drill(stack: LabStack, peers_too: bool) -> dict:
     return {"cut_node_job_ran_on_s": round(gone_s, 2), "requeued_after_s": round(requeued_s, 2)}
 
 
+#: Two ranks on two hosts meet at rank 0's MASTER_ADDR:MASTER_PORT (what torchrun's c10d does
+#: first), through the lab's bridge only: each rank is in its own host's network namespace.
+RENDEZVOUS = """
+import os, socket, time
+port, rank = int(os.environ["MASTER_PORT"]), int(os.environ["RANK"])
+if rank == 0:
+    server = socket.create_server(("0.0.0.0", port))
+    server.settimeout(60)
+    conn, peer = server.accept()
+    conn.sendall(("hello from " + os.environ["GPUSCHED_NODE"]).encode())
+    print("rank0 served", peer[0], flush=True)
+else:
+    for _ in range(300):
+        try:
+            conn = socket.create_connection((os.environ["MASTER_ADDR"], port), 2)
+            break
+        except OSError:
+            time.sleep(0.2)
+    print("rank1 got", conn.recv(100).decode(), flush=True)
+"""
+
+
+def test_two_ranks_on_two_hosts_rendezvous_at_rank_0(stack):
+    # /usr/bin/python3 (Debian's): readable by the job's dynamic uid, unlike a venv under /root
+    done = stack.gpusched("submit", "--team", "t", "--gpus", "4", "--chdir", "/", "--",
+                          "/usr/bin/python3", "-c", RENDEZVOUS)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().split()[-1]
+    doc = wait(lambda: (j := job(stack, job_id)) and j["state"] in ("completed", "failed") and j, 90,
+               f"{job_id} ended")
+    logs = {r: stack.gpusched("logs", job_id, "--rank", str(r)).stdout for r in (0, 1)}
+    assert doc["state"] == "completed", (doc, logs)
+    rank0 = next(n for n in stack.nodes if f"rank1 got hello from {n}" in logs[1])
+    peer = logs[0].split("rank0 served ")[1].split()[0]
+    assert peer in {stack.lab.hosts[n] for n in stack.nodes if n != rank0}, (peer, stack.lab.hosts)  # another host
+
+
 def test_node_host_cut_off_fences_its_job_before_the_requeue(stack):
     r = cut_node_drill(stack, peers_too=True)
     print(f"\nnode host cut off: {json.dumps(r)}")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+from gpusched import readmodel
 from gpusched.bus.log import EventLog
 from gpusched.cli.partition import confirm, partition_data
 from gpusched.core import events as ev
@@ -69,11 +70,15 @@ async def test_a_frozen_host_of_many_nodes_is_a_partition_not_a_requeue_storm(na
             assert s.jobs["long"].state == "running" and s.jobs["long"].attempt == 1
             assert all(not s.nodes[n].free for n in SIM), "no new work on partitioned nodes"
             assert not s.nodes["a0"].partitioned and len(s.nodes["a0"].free) == 2
+            docs = [readmodel.node_doc(s, n) for n in SIM]  # what `nodes` and the dashboard show
+            assert all(d["partitioned"] and not d["lost"] for d in docs)
+            assert {g["status"] for d in docs for g in d["gpus"]} == {"held", "partitioned"}
             daemon.send_signal(signal.SIGCONT)  # heartbeats return
             await c.wait(lambda s: not any(s.nodes[n].partitioned for n in SIM), "partition ended", timeout=10)
             await asyncio.sleep(1.0)
             assert c.state.jobs["long"].state == "running" and c.state.jobs["long"].attempt == 1
             assert len(c.state.nodes["s01"].free) == 2
+            assert {g["status"] for g in readmodel.node_doc(c.state, "s01")["gpus"]} == {"free"}
         finally:
             stop(daemon)
             await rec.stop()

@@ -93,7 +93,27 @@ async def test_a_tenant_cannot_read_another_tenants_environ(nats_url, site):
         job = await _run(c, "spy", sh(script, team="b"), "r0/1")
         assert job.state == "completed", job.end_reason
         got = out(site, "spy")
-        assert "hf_victim_token" not in got and "Permission denied" in got, got
+        # another uid: unreadable; with the job's own /proc (hidepid=2), not even there
+        assert "hf_victim_token" not in got and ("Permission denied" in got or "No such file" in got), got
+        assert c.state.jobs["victim"].state == "running"  # untouched
+
+
+async def test_a_tenant_cannot_see_another_tenants_command_line_or_pid(nats_url, site):
+    """Each job has its own /proc (`hidepid=2` in its own mount namespace): another tenant's
+    processes are not there at all, its command line with them; the job's own are."""
+    async with Cluster(nats_url, site) as c:
+        host = await _start(c, site, ["r0"], 2)
+        victim = sh("sleep 30; echo --api-key=hf_cmdline_secret", team="a")
+        await _run(c, "victim", victim, "r0/0", done=False)
+        pid = host.agents["r0"].current("victim").proc.pid
+        assert b"hf_cmdline_secret" in Path(f"/proc/{pid}/cmdline").read_bytes()  # the host sees it
+        script = (f"cat /proc/{pid}/cmdline > {OUT} 2>&1; cat /proc/[0-9]*/cmdline >> {OUT} 2>/dev/null; "
+                  f"ls /proc | grep -x {pid} >> {OUT}; echo own $(cat /proc/$$/cmdline | tr '\\0' ' ') >> {OUT}; true")
+        job = await _run(c, "spy", sh(script, team="b"), "r0/1")
+        assert job.state == "completed", job.end_reason
+        got = out(site, "spy")
+        assert "hf_cmdline_secret" not in got and "No such file" in got, got
+        assert "own /bin/sh -c" in got, got  # its own processes stay visible
         assert c.state.jobs["victim"].state == "running"  # untouched
 
 

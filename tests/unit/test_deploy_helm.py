@@ -109,6 +109,48 @@ def test_default_render_validates_and_forms_a_cluster():
 
 
 @needs_helm
+def test_the_identities_job_runs_first_with_narrow_rbac_and_finds_every_pool():
+    docs = _render({"nodeAgent": {"nodePools": [{"name": "h100", "matchLabels": {"gpu": "h100", "zone": "a"}},
+                                                {"name": "a100", "matchLabels": {"gpu": "a100"}}]},
+                    "bootstrap": {"identities": {"nodes": ["gpu-extra"]}}})
+    _validate(docs)
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    job = by[("Job", "gpusched-identities")]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"  # before NATS mounts nats-auth
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["user", "k8s-secrets", "--apply"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--node-selector"] == ["gpu=h100,zone=a", "gpu=a100"]
+    assert args[args.index("--nodes") + 1] == "gpu-extra"
+    assert args[args.index("--tls-hosts") + 1] == "nats,nats.gpusched.svc,nats-0.nats,nats-1.nats,nats-2.nats"
+    role = by[("Role", "gpusched-identities")]
+    assert {v for r in role["rules"] for v in r["verbs"]} == {"create", "get", "update"}  # no list, no delete
+    assert [r["verbs"] for r in by[("ClusterRole", "gpusched-gpusched-identities")]["rules"]] == [["list"]]
+    # every Secret a pod mounts is one the Job may write
+    writable = {n for r in role["rules"] for n in r.get("resourceNames", [])}
+    assert {"gpusched-creds", "gpusched-node-creds", "nats-auth", "gpusched-redis", "gpusched-admin", "nats-tls"} <= writable
+    off = _render({"tls": {"certManager": {"enabled": True}}})
+    assert "--tls-hosts" not in next(d for d in off if d["metadata"]["name"] == "gpusched-identities"
+                                     and d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@needs_helm
+def test_redis_with_sentinels_validates_and_every_client_follows_them():
+    docs = _render({"redis": {"sentinel": {"enabled": True}}})
+    _validate(docs)
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert ("Deployment", "redis") not in by and by[("StatefulSet", "redis")]["spec"]["replicas"] == 3
+    pod = by[("StatefulSet", "redis")]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["redis", "sentinel"]
+    script = pod["initContainers"][0]["command"][-1]
+    assert "get-master-addr-by-name gpusched" in script  # a restarted pod joins the current master
+    urls = [e["value"] for d in docs if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]
+            for e in c.get("env", []) if e["name"] == "GPUSCHED_REDIS_URL"]
+    assert len(urls) >= 7 and {u.split("@", 1)[1] for u in urls} == {"redis-sentinel:26379/gpusched/0"}
+    with pytest.raises(helm_python.HelmError, match="replicas"):
+        _render({"redis": {"sentinel": {"enabled": True, "replicas": 2}}})
+
+
+@needs_helm
 def test_render_with_cert_manager_operator_and_ingress_validates():
     docs = _render({"tls": {"certManager": {"enabled": True}},
                     "dashboard": {"ingress": {"enabled": True, "hosts": ["gpusched.example.com"]}}},

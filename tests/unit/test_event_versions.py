@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from gpusched.core import events as ev
-from gpusched.core.model import JobSpec, Preferences, TopologyConstraint
+from gpusched.core.model import JobSpec, Preferences, TeamQuota, TopologyConstraint
 
 # name: (a stored fact as an older writer appended it, what it reads as today)
 OLD_SHAPES = {
@@ -28,8 +28,15 @@ OLD_SHAPES = {
                                      topology=TopologyConstraint(required="node"), command=["true"]))),
     "NodeRegistered v1, before labels": (
         b'{"type":"NodeRegistered","at":0,"v":1,"node":"n0","rack":"r0","gpus":[{"index":0,"uuid":"u0"}]}',
-        msgspec.convert({"type": "NodeRegistered", "at": 0, "node": "n0", "rack": "r0",
+        msgspec.convert({"type": "NodeRegistered", "at": 0, "v": 1, "node": "n0", "rack": "r0",
                          "gpus": [{"index": 0, "uuid": "u0"}]}, ev.AnyEvent)),
+    "NodeRegistered v1, before cpus and memory_mb (not declared: not counted)": (
+        b'{"type":"NodeRegistered","at":0,"v":1,"node":"n0","rack":"r0","gpus":[],"labels":{"zone":"a"}}',
+        ev.NodeRegistered(at=0, v=1, node="n0", rack="r0", gpus=[], labels={"zone": "a"}, cpus=0.0, memory_mb=0)),
+    "TeamQuotaSet v1, before default_cpus and default_memory_mb": (
+        b'{"type":"TeamQuotaSet","at":0,"v":1,"team":"a","quota":{"guaranteed":2,"weight":1.0,"limit":null,'
+        b'"default_time_limit_s":60.0,"max_time_limit_s":null}}',
+        ev.TeamQuotaSet(at=0, v=1, team="a", quota=TeamQuota(guaranteed=2, default_time_limit_s=60.0))),
 }
 
 

@@ -212,6 +212,21 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
     return nc
 
 
+async def create_lease_bucket(js: JetStreamContext, replicas: int) -> None:
+    """The key-value bucket of the placement and fallback leases (`services/lease.py`), created
+    with the streams: one revision per key, small values, direct gets (a lease is read often)."""
+    from nats.js.api import KeyValueConfig
+
+    try:
+        await js.create_key_value(KeyValueConfig(
+            bucket=subjects.LEASE_BUCKET, description="gpusched: liveness leases of placement and the fallback",
+            history=1, max_value_size=1024, max_bytes=1 << 20, storage=StorageType.FILE, replicas=replicas,
+            direct=True))
+    except APIError as err:
+        if err.err_code != 10058:  # exists (with other settings): keep it
+            raise
+
+
 def cluster_size(nc: NATS) -> int:
     """How many servers the connected cluster has, as its INFO says (1: a single server)."""
     info = getattr(nc, "_server_info", None) or {}
@@ -295,6 +310,11 @@ class Record:
     subject: str
     headers: dict[str, str] | None
     time: float | None = None  # the server's store time (epoch seconds): the fold's clock
+
+    @property
+    def position(self):
+        """Its place in its writer's signed chain (`ClusterState.apply` refuses a copy)."""
+        return signing.position(self.subject, self.headers)
 
 
 @dataclass(frozen=True)
@@ -415,6 +435,7 @@ class EventLog:
                         raise ReplicasUnavailable(self.replicas, size, err2.description or "") from err2
                     raise
         await self.create_snapshot_store()
+        await create_lease_bucket(self.js, self.replicas)
 
     async def _keep_limits(self, config: StreamConfig) -> None:
         current = (await self.js.stream_info(config.name)).config

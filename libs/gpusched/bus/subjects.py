@@ -32,6 +32,10 @@ DEAD_STREAM = "GPUSCHED_DEAD"
 #: projector writes it, every service, node agent, the dashboard and auditors read it.
 SNAPSHOT_BUCKET = "GPUSCHED_SNAPSHOTS"
 SNAPSHOT_STREAM = "OBJ_" + SNAPSHOT_BUCKET
+#: The JetStream key-value bucket of liveness leases (its stream is KV_<bucket>): placement's and
+#: the fallback's. Only those two roles may read or write it (`security/authz.py lease_access`).
+LEASE_BUCKET = "GPUSCHED_LEASES"
+LEASE_STREAM = "KV_" + LEASE_BUCKET
 EVENTS = "gpusched.evt.>"
 ALLOC_TREE = "gpusched.evt.alloc.>"
 DEAD = "gpusched.dead.>"

@@ -84,14 +84,10 @@ def memory_mb(text: str | None) -> int | None:
     """`--mem SIZE`: MiB, or with a unit K, M, G, T (powers of 1024), as Slurm's --mem."""
     if text is None:
         return None
-    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    factor = units.get(t[-1:], None)
     try:
-        value = float(t[:-1] if factor is not None else t) * (factor or 1)
+        return limits.size_mb(text)
     except ValueError:
         raise SystemExit(f"gpusched submit: --mem {text!r} is not a size like 512M or 16G") from None
-    return max(1, int(value))
 
 
 def add_resource_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,6 +97,10 @@ def add_resource_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem", default=None, metavar="SIZE",
                    help="memory per node (512M, 16G; plain numbers are MiB): the job's cgroup limit, beyond which "
                         "the kernel kills the job's processes, not its neighbours'")
+    p.add_argument("--image", default=None, metavar="REF",
+                   help="run the command in this OCI image (podman, runc; pulled when the node lacks it): "
+                        "only the granted GPUs enter it (CDI), with the checkpoint and control dirs; it starts in "
+                        "the image's working directory unless --chdir names one inside the image")
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
@@ -122,7 +122,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "topology": msgspec.to_builtins(TopologyConstraint(required=TOPOLOGY[args.topology],  # type: ignore[arg-type]
                                                            preferred=level)),
         "on_failure": args.on_failure, "max_restarts": args.max_restarts,
-        "checkpoint": args.checkpoint, "workdir": os.path.abspath(args.chdir or os.getcwd()),
+        "checkpoint": args.checkpoint, "workdir": workdir_from_args(args),
+        "image": getattr(args, "image", None),
         "secret_env": secret_env_from_args(getattr(args, "secret_env", None)),
         "dependency": dependencies_from_arg(getattr(args, "dependency", None)),
         "gpu_type": getattr(args, "gpu_type", None),
@@ -138,6 +139,14 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if problem:
         raise SystemExit(f"gpusched submit: invalid job: {problem}")
     return spec
+
+
+def workdir_from_args(args: argparse.Namespace) -> str | None:
+    """Where the job starts: --chdir, else the submit directory; in an image only --chdir (the
+    submit directory is a path of the submitter's machine, not of the image)."""
+    if getattr(args, "image", None):
+        return os.path.abspath(args.chdir) if args.chdir else None
+    return os.path.abspath(args.chdir or os.getcwd())
 
 
 def dependencies_from_arg(text: str | None) -> list[dict[str, str]]:
@@ -303,7 +312,8 @@ def cmd_update(args: argparse.Namespace) -> int:
 def cmd_quota(args: argparse.Namespace) -> int:
     """Change only the fields given (`--weight 2` keeps the guarantee and the limit)."""
     given = {"guaranteed": args.guaranteed, "weight": args.weight, "limit": args.limit,
-             "default_time_limit_s": args.default_time_limit, "max_time_limit_s": args.max_time_limit}
+             "default_time_limit_s": args.default_time_limit, "max_time_limit_s": args.max_time_limit,
+             "default_cpus": args.default_cpus, "default_memory_mb": memory_mb(args.default_mem)}
     only = [f for f, v in given.items() if v is not None]
     if args.no_limit:
         if args.limit is not None:
@@ -311,7 +321,7 @@ def cmd_quota(args: argparse.Namespace) -> int:
         only.append("limit")
     if not only:
         raise SystemExit("gpusched quota: nothing to change (give --guaranteed, --weight, --limit, --no-limit, "
-                         "--default-time-limit or --max-time-limit)")
+                         "--default-time-limit, --max-time-limit, --default-cpus or --default-mem)")
     try:
         quota = msgspec.convert({k: v for k, v in given.items() if v is not None}, TeamQuota)
     except msgspec.ValidationError as err:
@@ -473,6 +483,10 @@ def register(sub) -> None:
                    help="the time limit its jobs get when submitted without one")
     p.add_argument("--max-time-limit", type=duration_arg, default=None, metavar="DURATION",
                    help="the longest time limit its jobs may ask for (longer submits are refused)")
+    p.add_argument("--default-cpus", type=float, default=None, metavar="N",
+                   help="the CPUs per node its jobs get when submitted without --cpus")
+    p.add_argument("--default-mem", default=None, metavar="SIZE",
+                   help="the memory per node its jobs get when submitted without --mem, like 16G")
     p.set_defaults(func=cmd_quota)
 
     _register_job_edits(sub, common)

@@ -59,7 +59,7 @@ async def history_data(nats: str | None, at: str | None = None) -> tuple[Any, An
         state, ledger = ClusterState(), Ledger()
         if until is None or until > 0:
             async for rec in log.records(1, until):
-                state.apply(rec.event, rec.seq, rec.time)
+                state.apply(rec.event, rec.seq, rec.time, rec.position)
                 ledger.observe(state, rec.event)
         return state, ledger
     finally:

@@ -17,6 +17,7 @@ ENVIRONMENT = [
     ("GPUSCHED_CREDS", "this process's identity, an nkey seed file (the --creds option wins)"),
     ("GPUSCHED_CA", "the CA bundle that signs the NATS server's certificate"),
     ("GPUSCHED_REDIS_URL", "the Redis that holds the read models"),
+    ("GPUSCHED_REDIS_PASSWORD_FILE", "a service's Redis password: a file of mode 0600, or /dev/fd/N"),
     ("GPUSCHED_METRICS_ADDR", "the address of a service's --metrics-port server (default 127.0.0.1)"),
     ("GPUSCHED_DASHBOARD_HOSTS", "more Host names the dashboard answers to, comma-separated"),
     ("GPUSCHED_DEBUG", "1: show the traceback of an error"),

@@ -352,6 +352,18 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
     return w
 
 
+def _where_lines(d: dict[str, Any]) -> list[str]:
+    """The job's image and working directory."""
+    lines = []
+    if d.get("image"):
+        lines.append(f"image: {d['image']} (podman, pulled when missing on the node)")
+    if d.get("workdir"):
+        lines.append(f"runs in {d['workdir']}; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
+    elif d.get("image"):
+        lines.append(f"runs in the image's working directory; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
+    return lines
+
+
 def print_show(data: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -370,6 +382,7 @@ def print_show(data: dict[str, Any]) -> None:
             + (f" user [bold]{d['user']}[/]" if d.get("user") else "") + f"  {d['priority']}  "
             f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {d['gpus_requested']} GPU(s)"
             + (f" (min {d['min_gpus']})" if d["min_gpus"] != d["gpus_requested"] else "")
+            + _per_node(d.get("cpus"), d.get("memory_mb"))
             + ("  preemptible" if d["preemptible"] else "")
             + (f"  topology <= {d['required']}" if d["required"] != "cluster" else ""))
     lines = [head]
@@ -389,8 +402,7 @@ def print_show(data: dict[str, Any]) -> None:
         lines.append(f"[red]node(s) {', '.join(data['partitioned_nodes'])} in a declared partition (silent with many "
                      "others): the job is kept, not requeued, until their heartbeats return or an admin confirms "
                      "them lost (gpusched partition confirm)[/]")
-    if d.get("workdir"):
-        lines.append(f"runs in {d['workdir']}; checkpoints: {d.get('checkpoint_mode', 'rank0')}")
+    lines += _where_lines(d)
     for ref in d.get("logs", [])[-8:]:
         lines.append(f"log of {readmodel.attempt_text(ref['attempt'], ref['generation'])} rank {ref['rank']}: {ref['node']}:{ref['path']}  "
                      f"(gpusched logs {d['job_id']} --attempt {ref['attempt']} --rank {ref['rank']})")
@@ -421,6 +433,13 @@ def print_show(data: dict[str, Any]) -> None:
     for h in data["history"]:
         table.add_row(str(h["seq"]), dur(h["at"] - t0), h["type"], h["text"])
     console.print(table)
+
+
+def _per_node(cpus: float | None, memory_mb: int | None) -> str:
+    """', 8 CPUs and 16G per node' (what the job reserves on each node it uses), or ''."""
+    parts = ([f"{cpus:g} CPUs"] if cpus else []) + (
+        [f"{memory_mb / 1024:g}G" if memory_mb >= 1024 else f"{memory_mb}M"] if memory_mb else [])
+    return f", {' and '.join(parts)} per node" if parts else ""
 
 
 def _used_lines(d: dict[str, Any], now: float) -> list[str]:

@@ -40,7 +40,7 @@ async def rebuild(nats_url: str | None, until_seq: int | None = None, until_time
             until_seq = await log.seq_at_time(until_time)
         if until_seq is None or until_seq > 0:
             async for rec in log.records(1, until_seq):
-                state.apply(rec.event, rec.seq, rec.time)
+                state.apply(rec.event, rec.seq, rec.time, rec.position)
     finally:
         await log.close()
     return state
@@ -293,17 +293,19 @@ def cmd_retention(args) -> int:
 
 
 def cmd_schemas(args) -> int:
+    from gpusched import openapi
     from gpusched.bus import asyncapi
 
     directory = Path(args.dir)
     if args.check:
-        stale = schemas.drift(directory) + asyncapi.drift(directory)
+        stale = schemas.drift(directory) + asyncapi.drift(directory) + openapi.drift(directory)
         for name in stale:
             print(f"{directory / name} is out of date: run `gpusched schemas`", file=sys.stderr)
         return 1 if stale else 0
     for path in schemas.write(directory):
         print(path)
     print(asyncapi.write(directory))
+    print(openapi.write(directory))
     return 0
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
+
+from ..core.limits import size_mb
 
 EPILOG = """\
 examples:
@@ -32,6 +35,11 @@ def register(sub) -> None:
     p.add_argument("--trace", help="trace file (default: the bundled Philly week, 7,748 jobs)")
     p.add_argument("--format", choices=FORMATS, help="trace format (default: guessed from the file)")
     p.add_argument("--cluster", default="2x32x8", help="RxNxG: racks x nodes per rack x GPUs per node (default 2x32x8)")
+    p.add_argument("--node-cpus", type=float, default=0.0, metavar="N",
+                   help="CPUs each node offers jobs (default: not declared, CPUs are not scheduled); jobs ask "
+                        "theirs where the trace has them (alibaba: cpu_milli)")
+    p.add_argument("--node-mem", default=None, metavar="SIZE",
+                   help="memory each node offers jobs, like 256G (default: not declared); alibaba: memory_mib")
     p.add_argument("--nvlink", default="all", choices=("all", "pairs", "quads", "none"), help="NVLink layout in a node")
     p.add_argument("--policy", default="full", help="policy preset (default full)")
     p.add_argument("--compare", help="comma-separated presets to run side by side, or 'all'")
@@ -73,6 +81,9 @@ def run(args) -> int:
             print(f"gpusched sim --out: writing summary.json and jobs.csv only: {err}", file=sys.stderr)
     try:
         cluster = Cluster.parse(args.cluster, args.nvlink)
+        if args.node_cpus or args.node_mem:
+            cluster = dataclasses.replace(cluster, cpus=max(0.0, args.node_cpus),
+                                          memory_mb=size_mb(args.node_mem) if args.node_mem else 0)
         model = runtime_model(args.runtime_model, checkpoint_interval_s=args.checkpoint_interval,
                               checkpoint_s=args.checkpoint_s, restore_s=args.restore_s)
         overrides = parse_overrides(args.set)

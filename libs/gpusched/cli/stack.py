@@ -50,10 +50,28 @@ from gpusched.services.dashboard import control
 
 def service_command(name: str, nats_url: str, redis_url: str, *extra: str) -> list[str]:
     """The command line of one service process. A Redis URL with a password stays off it
-    (`ps` shows every process's arguments to every user on the host): `spawn_service` hands it
-    over in the environment (`GPUSCHED_REDIS_URL`), which only the process's owner can read."""
+    (`ps` shows every process's arguments to every user on the host): `spawn_service` gives
+    the URL without it, and the password as a file or an inherited descriptor."""
     redis = [] if urlsplit(redis_url).password else ["--redis", redis_url]
     return [sys.executable, "-m", "gpusched.cli.main", "service", "run", name, "--nats", nats_url, *redis, *extra]
+
+
+def password_handover(redis_url: str, password_file: str | os.PathLike | None) -> tuple[str, dict[str, str], int | None]:
+    """How a service gets the Redis password: (the URL without it, the environment naming where
+    it is, a pipe's read end to inherit or None). `password_file` (0600, `up` writes it) is
+    named as is; without one the password goes down a pipe the service reads once (`/dev/fd/N`),
+    so it is in no file, no argument and no environment."""
+    from gpusched.redis_client import PASSWORD_FILE_ENV, without_password
+
+    url, password = without_password(redis_url)
+    if password is None:
+        return url, {}, None
+    if password_file is not None:
+        return url, {PASSWORD_FILE_ENV: str(password_file)}, None
+    read, write = os.pipe()
+    os.write(write, password.encode())
+    os.close(write)
+    return url, {PASSWORD_FILE_ENV: f"/dev/fd/{read}"}, read
 
 
 def service_creds(name: str, identity_dir: str | os.PathLike | None = None) -> str | None:
@@ -70,7 +88,8 @@ def service_creds(name: str, identity_dir: str | os.PathLike | None = None) -> s
 def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | tuple[str, ...] = (),
                   log_path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
                   creds: str | os.PathLike | None = None, pipe: bool = False,
-                  death_signal: int = signal.SIGTERM) -> subprocess.Popen:
+                  death_signal: int = signal.SIGTERM,
+                  redis_password_file: str | os.PathLike | None = None) -> subprocess.Popen:
     """Start one service as a subprocess in its own session (signals from a terminal reach
     only `up`, which stops the services in order), as its own identity (`service_creds`), ended
     by `death_signal` if its parent dies. Output goes to `log_path`, or to a pipe (`pipe=True`: `up`
@@ -81,18 +100,22 @@ def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | t
     # The project's interpreter comes first on PATH, so a job's `python` on the simulated nodes
     # is the one gpusched (and its job SDK) is installed in.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    redis_url, password_env, inherited = password_handover(redis_url, redis_password_file)
     full_env = {**os.environ, "PATH": path, "GPUSCHED_NATS_URL": nats_url, "GPUSCHED_REDIS_URL": redis_url,
-                **(env or {})}
+                **password_env, **(env or {})}
     creds = creds or service_creds(name)
     if creds:
         full_env["GPUSCHED_CREDS"] = str(creds)
     try:
         return subprocess.Popen(service_command(name, nats_url, redis_url, *extra), stdout=out,
                                 stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
-                                preexec_fn=die_with_parent(death_signal))
+                                preexec_fn=die_with_parent(death_signal),
+                                pass_fds=() if inherited is None else (inherited,))
     finally:
         if log_path is not None:
             out.close()
+        if inherited is not None:
+            os.close(inherited)
 
 
 def stop_processes(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
@@ -141,6 +164,7 @@ class Stack:
     data_dir: Path
     nats_url: str = ""
     redis_url: str = ""
+    redis_password_file: Path | None = None  # 0600: how the services get the Redis password
     dashboard_url: str | None = None
     servers: list[Server] = field(default_factory=list)
     children: dict[str, Child] = field(default_factory=dict)
@@ -194,6 +218,24 @@ class Stack:
             server = start_redis(choose_port(a.redis_port, 6379, "--redis-port"), workdir=self.data_dir / "redis")
             self.servers.append(server)
             self.redis_url = server.url
+        self.redis_password_file = self.write_redis_password()
+
+    def write_redis_password(self) -> Path | None:
+        """The Redis password as a 0600 file in the 0700 data dir (`DATA/redis.password`), the
+        one way `up` gives it to its services."""
+        from gpusched.redis_client import without_password
+
+        password = without_password(self.redis_url)[1]
+        if password is None:
+            return None
+        path = self.data_dir / "redis.password"
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        os.chmod(tmp, 0o600)  # whatever the umask or an older file's mode
+        os.replace(tmp, path)
+        return path
 
     def start_nats(self) -> None:
         """The embedded NATS: one server, or `--nats-cluster N` servers clustered on this machine
@@ -246,6 +288,8 @@ class Stack:
                           "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2",
                           "--kill-grace-s", f"{NODE_KILL_GRACE_S:g}", *(["--keep-jobs"] if a.keep_jobs else []),
                           *(["--uid-range", a.uid_range] if a.uid_range else []),
+                          *(["--cpus", f"{a.node_cpus:g}"] if a.node_cpus is not None else []),
+                          *(["--mem", a.node_mem] if a.node_mem is not None else []),
                           "--checkpoint-root", str(self.data_dir / "work" / "checkpoints")],
         }
         env: dict[str, dict[str, str]] = {}
@@ -294,7 +338,8 @@ class Stack:
         env = {**child.env, **({"NOTIFY_SOCKET": self.notify.address} if self.notify is not None else {})}
         child.proc = spawn_service(child.name, self.nats_url, self.redis_url, child.argv_extra, env=env, pipe=True,
                                    creds=self.creds_for(child.name),
-                                   death_signal=DEATH_SIGNAL.get(child.name, signal.SIGTERM))
+                                   death_signal=DEATH_SIGNAL.get(child.name, signal.SIGTERM),
+                                   redis_password_file=self.redis_password_file)
         self.pumps[child.name] = LogPump(child.proc, RotatingLog(logs / f"{child.name}.log",
                                                                  int(self.args.log_max_mb * 2**20)))
         child.died_at, child.ready = None, False
@@ -589,9 +634,16 @@ def cmd_service_run(args: argparse.Namespace) -> int:
     common_arguments(parser)  # every service takes --nats, --redis, --log-level
     entry.add_arguments(parser)
     opts = parser.parse_args(args.rest)
-    for flag, var in (("nats", "GPUSCHED_NATS_URL"), ("redis", "GPUSCHED_REDIS_URL")):
+    from gpusched.redis_client import PASSWORD_FILE_ENV, SecretFileError, redis_password, redis_url
+
+    for flag, var in (("nats", "GPUSCHED_NATS_URL"), ("redis", "GPUSCHED_REDIS_URL"),
+                      ("redis_password_file", PASSWORD_FILE_ENV)):
         if getattr(opts, flag, None):
             os.environ[var] = getattr(opts, flag)  # for modules that read the environment
+    try:
+        redis_password(redis_url(opts.redis))  # a bad password file is refused now, precisely
+    except SecretFileError as err:
+        raise SystemExit(f"gpusched service run {args.name}: {err}") from None
     return run(entry.serve, opts, args.name)
 
 
@@ -651,6 +703,10 @@ def register(sub) -> None:
                     help="dynamic uids of the simulated nodes' jobs (default when root: 61184-65519, one uid per "
                          "running job, never root; 'none': jobs run as up's own user, for a machine where the "
                          "jobs' programs are under a private home)")
+    up.add_argument("--node-cpus", type=float, default=None, metavar="N",
+                    help="CPUs each simulated node offers jobs (default: not declared, CPUs are not scheduled)")
+    up.add_argument("--node-mem", default=None, metavar="SIZE",
+                    help="memory each simulated node offers jobs, like 64G (default: not declared)")
     up.add_argument("--node-timeout-s", type=float, default=None, metavar="S",
                     help="reconciler: a node silent this long is lost and its jobs requeued (default 30)")
     up.add_argument("--no-process-grace-s", type=float, default=None, metavar="S",

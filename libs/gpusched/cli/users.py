@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -133,6 +134,65 @@ def cmd_tls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_token(args: argparse.Namespace) -> int:
+    """An API token for an identity (the HTTP API, `gpusched service run api`): printed once; the
+    trust store keeps only its hash, and it stops working when the identity is revoked."""
+    from gpusched.security.httpauth import Tokens
+
+    store = _store(args)
+    found = store.ring().by_name(args.name)
+    if found is None or found[1].revoked_at is not None:
+        print(f"gpusched user token: no live identity {args.name!r} (gpusched user list)", file=sys.stderr)
+        return 1
+    print(Tokens(store.dir).issue(args.name))
+    return 0
+
+
+def cmd_k8s_secrets(args: argparse.Namespace) -> int:
+    """The Secrets the Kubernetes pods mount: as manifests under --out from a local trust store
+    (make-secrets.sh), or made and applied in the cluster (the Helm chart's bootstrap Job)."""
+    import asyncio
+    import tempfile
+
+    from gpusched.kube import KubeApi, KubeError
+    from gpusched.security import k8s_secrets as ks
+
+    nodes = [n for n in (args.nodes or "").split(",") if n]
+    hosts = None if args.tls_hosts is None else [h for h in args.tls_hosts.split(",") if h]
+    if args.apply:
+        try:
+            with tempfile.TemporaryDirectory(prefix="gpusched-trust-") as work:
+                done = asyncio.run(ks.apply(KubeApi(), args.namespace, nodes=nodes, selectors=args.node_selector,
+                                            tls_hosts=hosts, workdir=Path(work)))
+        except KubeError as err:
+            print(f"gpusched user k8s-secrets: {err}", file=sys.stderr)
+            return 1
+        print(" ".join(f"{name}={what}" for name, what in done.items()))
+        return 0
+    if not args.out or not args.trust:
+        raise SystemExit("gpusched user k8s-secrets: pass --apply (in a pod), or --trust DIR and --out DIR")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    store = TrustStore(args.trust)
+    ks.init_store(store, nodes)
+    if hosts is not None:
+        ks.make_tls(out / "tls", hosts)
+    pw_file = out / "redis-password"
+    if not pw_file.exists():
+        pw_file.write_bytes(ks.new_password())
+        pw_file.chmod(0o600)
+    known = sorted(p.name for p in store.ring().active().values() if p.role == "node" and p.node)
+    for name, data in ks.secrets_of(store, known, out / "tls" if hosts is not None else None,
+                                    pw_file.read_bytes().strip()).items():
+        target = out / f"{name}.yaml"
+        target.write_text(json.dumps(ks.manifest(name, args.namespace, data), indent=2) + "\n")
+        target.chmod(0o600)
+        if name == "nats-auth":  # the plain file too, for a NATS config that includes it (the lab's)
+            (out / "auth.conf").write_bytes(data["auth.conf"])
+    print(f"secrets in {out}: kubectl apply -f {out}/  (the trust store: {store.dir})")
+    return 0
+
+
 def register(sub) -> None:
     stream = sub.add_parser("stream", help="admin: create the streams (deploy/; `up` does it itself)")
     ssub = stream.add_subparsers(dest="stream_command", required=True, metavar="ACTION")
@@ -173,6 +233,24 @@ def register(sub) -> None:
     p.add_argument("--dir", required=True, help="where to write the CA and the server certificate")
     p.add_argument("--hosts", default="", help="DNS names of the server, comma-separated (e.g. nats)")
     p.set_defaults(func=cmd_tls)
+    p = usub.add_parser("token", help="issue an HTTP API token for an identity (printed once)")
+    p.add_argument("name", help="the identity the token acts as")
+    p.add_argument("--trust", default=None, help="the stack's trust store (default: the client config's)")
+    p.set_defaults(func=cmd_token)
+    p = usub.add_parser("k8s-secrets", help="the Secrets of a Kubernetes deployment: manifests, or applied in a pod")
+    p.add_argument("--namespace", default=os.environ.get("GPUSCHED_NAMESPACE", "gpusched"),
+                   help="their namespace (default: $GPUSCHED_NAMESPACE or gpusched)")
+    p.add_argument("--nodes", default=None, help="GPU nodes to make identities for, comma-separated")
+    p.add_argument("--node-selector", action="append", default=[], metavar="K=V[,K=V]",
+                   help="with --apply: also every Node these labels select (a node pool; repeatable)")
+    p.add_argument("--tls-hosts", default=None, metavar="H[,H]",
+                   help="make the NATS servers' CA and certificate for these names (Secret nats-tls); "
+                        "leave out when cert-manager issues it")
+    p.add_argument("--trust", default=None, help="with --out: the trust store (made when absent)")
+    p.add_argument("--out", default=None, help="write the Secrets as manifests here")
+    p.add_argument("--apply", action="store_true",
+                   help="in a pod: keep the trust store in the Secret gpusched-trust and create or update every Secret")
+    p.set_defaults(func=cmd_k8s_secrets)
     p = usub.add_parser("revoke", help="revoke an identity (cut off now, refused from now on)")
     p.add_argument("name", help="the identity to revoke")
     p.add_argument("--trust", default=None, help="the stack's trust store (default: the client config's)")

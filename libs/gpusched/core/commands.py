@@ -36,7 +36,8 @@ class SetTeamQuota(Command, frozen=True, kw_only=True):
 
     team: Team
     quota: TeamQuota
-    only: list[Literal["guaranteed", "weight", "limit", "default_time_limit_s", "max_time_limit_s"]] = []
+    only: list[Literal["guaranteed", "weight", "limit", "default_time_limit_s", "max_time_limit_s",
+                       "default_cpus", "default_memory_mb"]] = []
 
 
 class DrainNode(Command, frozen=True, kw_only=True):

@@ -276,9 +276,13 @@ class JobCancelled(Event, frozen=True, kw_only=True):
 
 
 class NodeRegistered(Event, frozen=True, kw_only=True):
-    """A node daemon announced its GPUs and where it sits: rack, optional block."""
+    """A node daemon announced its GPUs and where it sits: rack, optional block. `cpus` and
+    `memory_mb`: what it offers jobs (0: not declared, then placement does not count them there)."""
 
     ALLOC: ClassVar[bool] = True
+    VERSION: ClassVar[int] = 2
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "cpus and memory_mb (CPUs and memory as resources)"}
+    v: int = 2
     node: str
     rack: str
     gpus: list[GpuInfo]
@@ -287,6 +291,8 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
     address: str = ""
     #: key=value labels the node announces (agent `--label`); an admin's `NodeLabeled` wins.
     labels: dict[str, str] = {}
+    cpus: Annotated[float, Meta(ge=0, le=1_000_000)] = 0.0
+    memory_mb: Annotated[int, Meta(ge=0, le=2**40)] = 0
 
 
 class NodeLabeled(Event, frozen=True, kw_only=True):
@@ -374,6 +380,9 @@ class ZombieReclaimed(Event, frozen=True, kw_only=True):
 
 
 class TeamQuotaSet(Event, frozen=True, kw_only=True):
+    VERSION: ClassVar[int] = 2
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "quota.default_cpus, quota.default_memory_mb"}
+    v: int = 2
     team: str
     quota: TeamQuota
 

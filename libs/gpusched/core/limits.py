@@ -106,6 +106,11 @@ LabelKey = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z0-
 LabelValue = Annotated[str, Meta(max_length=63, pattern=r"^[A-Za-z0-9_.\-/]*$")]
 Labels = Annotated[dict[LabelKey, LabelValue], Meta(max_length=32)]
 GpuType = Annotated[str, Meta(min_length=1, max_length=63, pattern=NO_NUL_PATTERN)]
+#: An OCI image reference (`[registry[:port]/]name[:tag][@digest]`): it starts with a letter or
+#: digit, so no reference can be read as an option of the container runtime (`--privileged`).
+MAX_IMAGE_CHARS = 512
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
+ImageRef = Annotated[str, Meta(min_length=1, max_length=MAX_IMAGE_CHARS, pattern=IMAGE_PATTERN)]
 
 
 # --- what one field cannot say alone ------------------------------------------------------------
@@ -228,6 +233,8 @@ def document() -> str:
         ("spec.checkpoint_dir", f"absolute, at most {MAX_PATH_CHARS} chars, no `..`, not under "
                                 f"{', '.join(FORBIDDEN_PATH_ROOTS)}"),
         ("spec.name", f"at most {MAX_JOB_NAME_CHARS} chars, no NUL"),
+        ("spec.image", f"an OCI image reference, 1-{MAX_IMAGE_CHARS} chars of letters, digits and `._/:@+-`, "
+                       "starting with a letter or digit (never `-`)"),
         ("whole spec (JSON)", f"at most {MAX_SPEC_BYTES} bytes"),
         ("reasons (cancel, drain)", f"at most {MAX_REASON_CHARS} chars, no NUL"),
         ("request_id", f"1 - {MAX_REQUEST_ID_CHARS} chars"),
@@ -252,6 +259,8 @@ PATTERN_MEANING = {
     ENV_KEY_PATTERN: "an environment variable name ([A-Za-z_][A-Za-z0-9_]*, no '=')",
     NO_NUL_PATTERN: "text without NUL bytes",
     ABS_PATH_PATTERN: "an absolute path without NUL bytes",
+    IMAGE_PATTERN: "an image reference ([registry/]name[:tag][@digest]: letters, digits and ._/:@+- , starting "
+                   "with a letter or digit)",
 }
 MAX_COMMAND_MESSAGE_BYTES = MAX_SPEC_BYTES + 8 * 1024
 
@@ -261,3 +270,15 @@ def explain(error: str) -> str:
     for pattern, meaning in PATTERN_MEANING.items():
         error = error.replace(f"`str` matching regex {pattern!r}", meaning)
     return error
+
+
+def size_mb(text: str) -> int:
+    """A size in MiB from `512M`, `16G`, `1.5T` (K, M, G, T: powers of 1024; a bare number is
+    MiB), as Slurm's `--mem`; ValueError when it is not one."""
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    factor = units.get(t[-1:], None)
+    value = float(t[:-1] if factor is not None else t) * (factor or 1)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"not a size: {text!r}")
+    return max(1, int(value))

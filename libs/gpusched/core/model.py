@@ -118,11 +118,14 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     constraints: L.Labels = {}
     #: A job array: admission's one `JobSubmitted` folds into one job per index.
     array: ArraySpec | None = None
-    #: CPUs and memory (MiB) per node: the limits of the job's cgroup there (None: no limit).
+    #: CPUs and memory (MiB) per node: the limits of the job's cgroup there (None: no limit),
+    #: and what placement reserves on each node the job uses (`policy/resources.py`).
     cpus: L.Cpus | None = None
     memory_mb: L.MemoryMb | None = None
     #: Where it would rather run, when several sets fit (None: no preference).
     prefer: Preferences | None = None
+    #: Run the command in this OCI image (podman with runc on the node; None: the node's own system).
+    image: L.ImageRef | None = None
 
     @property
     def gang_min(self) -> int:
@@ -155,6 +158,10 @@ class TeamQuota(Struct, frozen=True, forbid_unknown_fields=True):
     default_time_limit_s: L.TimeLimit | None = None
     #: The longest time limit a job of the team may ask for (None: no maximum).
     max_time_limit_s: L.TimeLimit | None = None
+    #: CPUs and memory (MiB) per node admission gives the team's jobs submitted without
+    #: `--cpus` / `--mem` (None: none; the job then reserves none of the node's CPUs or memory).
+    default_cpus: L.Cpus | None = None
+    default_memory_mb: L.MemoryMb | None = None
 
 
 def nvlink_domains(layout: str, count: int) -> list[int]:

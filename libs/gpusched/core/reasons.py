@@ -212,8 +212,45 @@ class ArrayLimit(_Reason, frozen=True, tag="array_limit"):
         return f"array {self.array} has {self.max_running} tasks running, its limit"
 
 
-Reason = Union[QueuedBehind, NoRoom, TeamLimit, BeyondGuarantee, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
-               Held, DependencyWait, DependencyNever, NoMatchingNode, MaintenanceWindow, ArrayLimit]
+def _amounts(cpus: float, memory_mb: int) -> str:
+    """'64 CPUs', '16G memory', '64 CPUs and 16G memory' (memory in G from 1024 MiB up)."""
+    mem = f"{memory_mb / 1024:g}G" if memory_mb >= 1024 else f"{memory_mb}M"
+    parts = ([f"{cpus:g} CPUs"] if cpus else []) + ([f"{mem} memory"] if memory_mb else [])
+    return " and ".join(parts)
 
-__all__ = ["ArrayLimit", "BehindReservation", "BeyondGuarantee", "ComingFree", "DependencyNever", "DependencyWait", "Held", "MaintenanceWindow", "NoMatchingNode", "NoRoom",
+
+class NoFreeCpuMem(_Reason, frozen=True, tag="no_free_cpu_mem"):
+    """Its GPUs would fit, but no node it could use has its per-node CPUs and memory free
+    (`policy/resources.py`): it starts when jobs there end."""
+
+    cpus: float
+    memory_mb: int
+    need: int
+
+    @property
+    def text(self) -> str:
+        return f"fits on GPUs but no node has {_amounts(self.cpus, self.memory_mb)} free (per node; needs {self.need} GPUs)"
+
+
+class NoNodeCpuMem(_Reason, frozen=True, tag="no_node_cpu_mem"):
+    """No registered node can ever hold the job: it asks more CPUs or memory per node than the
+    nodes that would hold its gang have (`largest_*`: the most any node offers)."""
+
+    cpus: float
+    memory_mb: int
+    need: int
+    largest_cpus: float = 0.0
+    largest_memory_mb: int = 0
+
+    @property
+    def text(self) -> str:
+        have = _amounts(self.largest_cpus if self.cpus else 0.0, self.largest_memory_mb if self.memory_mb else 0)
+        return (f"no node can hold {_amounts(self.cpus, self.memory_mb)} per node for {self.need} GPUs"
+                f"{f' (the largest node offers {have})' if have else ''}")
+
+
+Reason = Union[QueuedBehind, NoRoom, TeamLimit, BeyondGuarantee, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
+               Held, DependencyWait, DependencyNever, NoMatchingNode, MaintenanceWindow, ArrayLimit, NoFreeCpuMem, NoNodeCpuMem]
+
+__all__ = ["ArrayLimit", "BehindReservation", "BeyondGuarantee", "ComingFree", "DependencyNever", "DependencyWait", "Held", "MaintenanceWindow", "NoFreeCpuMem", "NoMatchingNode", "NoNodeCpuMem", "NoRoom",
            "QueuedBehind", "Reason", "TeamLimit", "Topology", "WaitingForCheckpoint"]

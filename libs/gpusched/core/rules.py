@@ -89,6 +89,7 @@ class BatchCheck:
         self.team_delta: dict[str, int] = {}
         self.granted: set[str] = set()
         self.released: set[str] = set()
+        self.node_res: dict[str, tuple[float, int]] = {}  # node -> (CPUs, MiB) this batch reserved there
 
     def placeable(self, g: GpuId) -> bool:
         if g not in self.holder:
@@ -118,6 +119,9 @@ class BatchCheck:
             return f"grant of {len(e.gpus)} GPUs, gang needs {job.spec.gang_min}..{job.spec.gpus}"
         if self._over_limit(job.team, len(e.gpus)):
             return f"grant beyond team {job.team}'s limit"
+        short = self._short(job.spec, _nodes(e.gpus))
+        if short:
+            return f"grant {short}"
         self._hold(job.team, e.job_id, [], list(e.gpus))
         self.granted.add(e.job_id)
         return None
@@ -135,6 +139,10 @@ class BatchCheck:
             return "resize outside the gang's range"
         if self._over_limit(job.team, len(e.added) - len(e.removed)):
             return f"grow beyond team {job.team}'s limit"
+        kept = _nodes([g for g in current if g not in set(e.removed)])
+        short = self._short(job.spec, [n for n in _nodes(e.added) if n not in kept])
+        if short:
+            return f"grow {short}"
         self._hold(job.team, e.job_id, list(e.removed), list(e.added))
         return None
 
@@ -168,14 +176,40 @@ class BatchCheck:
             return f"unfair preemption of team {job.team} for team {beneficiary.team}"
         return None
 
+    def _short(self, spec: JobSpec, nodes: list[str]) -> str | None:
+        """A node of `nodes` without the job's per-node CPUs or memory free (fold plus batch)."""
+        cpus, mem = spec.cpus or 0.0, spec.memory_mb or 0
+        for n in nodes if (cpus or mem) else ():
+            node = self.state.nodes.get(n)
+            if node is None:
+                continue
+            dc, dm = self.node_res.get(n, (0.0, 0))
+            if cpus and node.cpus and cpus > node.cpus - node.cpus_used - dc + 1e-6:
+                return f"of {cpus:g} CPUs on node {n} with {node.cpus - node.cpus_used - dc:g} free"
+            if mem and node.memory_mb and mem > node.memory_mb - node.memory_used_mb - dm:
+                return f"of {mem} MiB on node {n} with {node.memory_mb - node.memory_used_mb - dm} free"
+        return None
+
     def _hold(self, team: str, job_id: str, removed: list[GpuId], added: list[GpuId]) -> None:
         for g in removed:
             self.holder[g] = None
         for g in added:
             self.holder[g] = job_id
         gone = set(removed)
+        before = _nodes(self.gpus_of(job_id))
         self.job_gpus[job_id] = [g for g in self.gpus_of(job_id) if g not in gone] + added
         self.team_delta[team] = self.team_delta.get(team, 0) + len(added) - len(removed)
+        job = self.state.jobs.get(job_id)
+        if job is not None and (job.spec.cpus or job.spec.memory_mb):
+            after = _nodes(self.job_gpus[job_id])
+            cpus, mem = job.spec.cpus or 0.0, job.spec.memory_mb or 0
+            for n, sign in [(n, -1) for n in before if n not in after] + [(n, 1) for n in after if n not in before]:
+                dc, dm = self.node_res.get(n, (0.0, 0))
+                self.node_res[n] = (dc + sign * cpus, dm + sign * mem)
+
+
+def _nodes(gpus: Iterable[GpuId]) -> list[str]:
+    return list(dict.fromkeys(g.rpartition("/")[0] for g in gpus))
 
 
 _CHECKS: dict[type, Any] = {ev.GpusGranted: BatchCheck._grant, ev.JobResized: BatchCheck._resize,

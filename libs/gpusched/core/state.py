@@ -181,6 +181,14 @@ class TeamUsage(Struct):
     idle_at: float = 0.0
 
 
+class Position(Struct, frozen=True, array_like=True):
+    """Where a signed fact sits in its writer's chain (`security.signing.position`): `chain`
+    names the scope its subject is in, the signer and the chain id; `n` its number there."""
+
+    chain: str
+    n: int
+
+
 class Violation(Struct, frozen=True):
     seq: int
     rule: str
@@ -231,19 +239,21 @@ class ClusterState(Struct):
     retiring_head: int = 0  # `retiring[:retiring_head]` were retired already (compacted lazily)
     retired: RetiredIds = msgspec.field(default_factory=RetiredIds)
     handover: dict[str, None] = {}  # jobs GPUs were freed for since the last grant (_nominate)
+    chains: dict[str, int] = {}  # writer chain (`Position.chain`) -> the highest fact number applied
 
     # --- the fold ------------------------------------------------------------------------
 
-    def apply(self, event: ev.Event, seq: int | None = None, stored_at: float | None = None) -> None:
-        """Apply one event. `seq`: its log sequence (the simulator numbers its own); `stored_at`:
-        the log's store time of it, the fold's clock (`_clocked`; None: the events' `at`)."""
+    def apply(self, event: ev.Event, seq: int | None = None, stored_at: float | None = None,
+              position: Position | None = None) -> None:
+        """Apply one event. `seq`: its log sequence (the simulator numbers its own); `stored_at`: its
+        store time, the fold's clock (`_clocked`; None: its `at`); `position`: in its signed chain."""
         self.last_seq = seq if seq is not None else self.last_seq + 1
         if event.ALLOC:
             self.last_alloc_seq = self.last_seq
         self.events += 1
         event = _clocked(self, event, stored_at)
         handler = _HANDLERS.get(type(event))
-        if handler is not None and not _refused(self, event):
+        if handler is not None and not _refused(self, event, position):
             handler(self, event)
         if self.finished_head < len(self.finished) or self.retiring_head < len(self.retiring):
             _forget_old(self)
@@ -466,7 +476,7 @@ class ClusterState(Struct):
         if job.idle is not None:
             _end_idle(self, job, at)
         self.idle_jobs.pop(job.job_id, None)
-        self._give_back(job.gpus)
+        _give_back_all(self, job)
         self._team_held(job.team, -len(job.gpus), at)
         job.gpus = []
 
@@ -536,19 +546,7 @@ class ClusterState(Struct):
         return held, max(0.0, held - idle)
 
     def gpu_blocker(self, g: GpuId) -> str:
-        rec = self.gpus[g]
-        node = self.nodes[rec.node]
-        if rec.holder is not None:
-            return f"held by {rec.holder}"
-        if node.lost:
-            return f"node {node.name} lost"
-        if node.drained:
-            return f"node {node.name} drained"
-        if rec.quarantined is not None:
-            return f"quarantined: {rec.quarantined}"
-        if rec.zombie_pids is not None:
-            return f"zombie pids {rec.zombie_pids}"
-        return "free"
+        return _gpu_blocker(self, g)
 
     def span(self, gpus: list[GpuId]) -> str:
         return span_level(gpus, self.gpus, self.nodes)
@@ -596,6 +594,23 @@ class ClusterState(Struct):
         if not state.arrays:  # a snapshot from before the index: rebuild it from the tasks
             state.arrays = _array_index(state)
         return state
+
+
+def _gpu_blocker(st: ClusterState, g: GpuId) -> str:
+    """Why a GPU is not free (or "free"), outside the class for its size."""
+    rec = st.gpus[g]
+    node = st.nodes[rec.node]
+    if rec.holder is not None:
+        return f"held by {rec.holder}"
+    if node.lost:
+        return f"node {node.name} lost"
+    if node.drained:
+        return f"node {node.name} drained"
+    if rec.quarantined is not None:
+        return f"quarantined: {rec.quarantined}"
+    if rec.zombie_pids is not None:
+        return f"zombie pids {rec.zombie_pids}"
+    return "free"
 
 
 # --- idle GPUs (JobIdle/JobBusy): held-but-unused accounting, outside the class for its size ---
@@ -729,9 +744,28 @@ def _clocked(st: ClusterState, event: ev.Event, stored_at: float | None) -> ev.E
     return msgspec.structs.replace(event, at=latest)
 
 
-def _refused(st: ClusterState, event: ev.Event) -> bool:
-    """A node speaks only for itself: its report about a job that is not on it is recorded as
-    a `foreign_node` violation and has no effect."""
+def _replayed(st: ClusterState, event: ev.Event, position: Position | None) -> bool:
+    """A fact at or below its writer chain's highest applied number is a re-published one: a
+    writer stores each number of a chain once (one append at a time per chain; after an append
+    whose outcome is unknown it starts a new chain, and a duplicate ack stores nothing), so
+    only a copy comes back to a number. Recorded as `replayed`, without effect."""
+    if position is None:
+        return False
+    top = st.chains.get(position.chain, 0)
+    if position.n > top:
+        st.chains[position.chain] = position.n
+        return False
+    job = getattr(event, "job_id", None)
+    st._violate("replayed", f"{event.kind} is fact {position.n} of writer chain {position.chain}, which was applied "
+                f"up to fact {top} already: a re-published fact, left without effect", [job] if job else [])
+    return True
+
+
+def _refused(st: ClusterState, event: ev.Event, position: Position | None = None) -> bool:
+    """A copy of an applied fact (`_replayed`), and a node's report about a job that is not on
+    it (`foreign_node`: a node speaks only for itself), are recorded and have no effect."""
+    if _replayed(st, event, position):
+        return True
     if type(event) not in NODE_REPORTS or event.node is None:  # type: ignore[attr-defined]
         return False
     problem = node_report_problem(st, event)
@@ -769,6 +803,48 @@ NODE_REPORTS = frozenset({ev.JobStarted, ev.ProcessesEnded, ev.CheckpointSaved, 
 _ENDINGS = (ev.JobCompleted, ev.JobFailed, ev.GpusReleased)
 
 
+def _on_registered(st: ClusterState, e: ev.NodeRegistered) -> None:
+    """A node registers (`_on_node_registered`) with the CPUs and memory it offers: a restarted
+    agent may offer other amounts (`--cpus`, `--mem`); one that declares none keeps the last."""
+    st._on_node_registered(e)
+    node = st.nodes[e.node]
+    if e.cpus or e.memory_mb:
+        node.cpus, node.memory_mb = e.cpus, e.memory_mb
+        # counted afresh from the jobs holding its GPUs (a state restored from before the count)
+        holders = [st.jobs[h] for h in dict.fromkeys(st.gpus[g].holder for g in node.gpus) if h in st.jobs]
+        node.cpus_used = round(sum(j.spec.cpus or 0.0 for j in holders), 6)
+        node.memory_used_mb = sum(j.spec.memory_mb or 0 for j in holders)
+
+
+def _give_back_all(st: ClusterState, job: Job) -> None:
+    """A job's GPUs return; its CPUs and memory stop counting on their nodes."""
+    st._give_back(job.gpus)
+    _reserve(st, job.spec, job.gpus, -1)
+
+
+def _reserve(st: ClusterState, spec: JobSpec, gpus: list[GpuId], sign: int, than: list[GpuId] | None = None) -> None:
+    """A job's per-node CPUs and memory count on each node of `gpus` (sign 1) or stop counting
+    (-1); with `than` (a resize), only the nodes the job enters (leaves) against `than`."""
+    cpus, mem = spec.cpus or 0.0, spec.memory_mb or 0
+    if not (cpus or mem):
+        return
+    now = dict.fromkeys(g.rpartition("/")[0] for g in gpus)
+    if than is not None:
+        was = dict.fromkeys(g.rpartition("/")[0] for g in than)
+        for n in [n for n in was if n not in now]:
+            _count_on(st, n, -cpus, -mem)
+        now = {n: None for n in now if n not in was}
+    for n in now:
+        _count_on(st, n, sign * cpus, sign * mem)
+
+
+def _count_on(st: ClusterState, name: str, cpus: float, mem: int) -> None:
+    node = st.nodes.get(name)
+    if node is not None:
+        node.cpus_used = max(0.0, round(node.cpus_used + cpus, 6))  # no float drift across grants
+        node.memory_used_mb = max(0, node.memory_used_mb + mem)
+
+
 def _nominate(st: ClusterState, victim: Job) -> None:
     """A victim releases for another job: that job's turn to take the freed GPUs first, until
     the next grant (policy/steps/handover.py; a job moved for itself is nobody's beneficiary)."""
@@ -792,6 +868,7 @@ def _fold_granted(self, e: ev.GpusGranted) -> None:
             e.gpus,
         )
     granted = self._take(e.job_id, e.gpus, e.at)
+    _reserve(self, spec, granted, 1)
     if self.handover:
         self.handover.clear()  # the grants after a release are decided: the hand-over had its turn
     del self.pending[e.job_id]
@@ -824,7 +901,9 @@ def _fold_resized(self, e: ev.JobResized) -> None:
     removed = [g for g in e.removed if g in job.gpus]
     self._give_back(removed)
     added = self._take(e.job_id, e.added, e.at)
+    before = job.gpus
     job.gpus = [g for g in job.gpus if g not in removed] + added
+    _reserve(self, job.spec, job.gpus, 1, before)
     self._team_held(job.team, len(added) - len(removed), e.at)
     if job.idle is not None:
         _team_idle(self, job.team, len(added) - len(removed), e.at)
@@ -1048,7 +1127,7 @@ _HANDLERS: dict[type, Any] = {
     ev.JobCompleted: ClusterState._on_terminal,
     ev.JobFailed: ClusterState._on_terminal,
     ev.JobCancelled: ClusterState._on_terminal,
-    ev.NodeRegistered: ClusterState._on_node_registered,
+    ev.NodeRegistered: _on_registered,
     ev.NodeLost: ClusterState._on_node_lost,
     ev.PartitionDeclared: _on_partition,
     ev.PartitionEnded: _on_partition,

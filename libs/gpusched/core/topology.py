@@ -45,6 +45,13 @@ class Node(Struct):
     free: dict[GpuId, None] = {}
     #: key=value labels jobs may ask for (`constraints`): from registration, and from admins.
     labels: dict[str, str] = {}
+    #: CPUs and memory (MiB) it offers jobs (0: not declared, not counted: old agents, the
+    #: simulator without them), and what the jobs holding its GPUs reserve there, each its
+    #: per-node `cpus` / `memory_mb` (kept by the fold; `policy/resources.py` reads them).
+    cpus: float = 0.0
+    memory_mb: int = 0
+    cpus_used: float = 0.0
+    memory_used_mb: int = 0
 
     @property
     def usable(self) -> bool:

@@ -23,13 +23,15 @@ GROUPS = {"svc-0": ["admission", "placement", "fallback", "projector"],
 
 
 class LabStack:
-    def __init__(self, work: Path, nodes: int = 3, node_timeout_s: float = 12.0, heartbeat_s: float = 1.0):
-        self.work, self.node_timeout_s, self.heartbeat_s = work, node_timeout_s, heartbeat_s
+    def __init__(self, work: Path, nodes: int = 3, node_timeout_s: float = 12.0, heartbeat_s: float = 1.0,
+                 gpus: int = 2):
+        self.work, self.node_timeout_s, self.heartbeat_s, self.gpus = work, node_timeout_s, heartbeat_s, gpus
         self.nodes = [f"gpu{i + 1:02d}" for i in range(nodes)]
         self.lab = Lab().up()
         self.secrets = make_secrets(work / "secrets", self.nodes)
         self.nats = NatsCluster(self.lab, work, self.secrets)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.specs: dict[str, tuple[str, list[str], str]] = {}  # name -> host, command, identity
 
     def env(self, identity: str) -> dict[str, str]:
         pw = (self.secrets / "redis-password").read_text().strip()
@@ -43,9 +45,15 @@ class LabStack:
                 "GPUSCHED_NODE_TIMEOUT_S": f"{self.node_timeout_s:g}"}
 
     def spawn(self, host: str, name: str, cmd: list[str], identity: str) -> None:
+        self.specs[name] = (host, cmd, identity)
         log = open(self.work / f"{name}.log", "ab")
         self.procs[name] = self.lab.popen(host, cmd, env=self.env(identity), cwd=self.work, stdout=log,
                                           stderr=subprocess.STDOUT)
+
+    def restart(self, name: str) -> None:
+        """Start a process again as it was started (after a kill -9 drill)."""
+        host, cmd, identity = self.specs[name]
+        self.spawn(host, name, cmd, identity)
 
     def gpusched(self, *args: str, identity: str = "admin", timeout: float = 30) -> subprocess.CompletedProcess:
         """The CLI on the client host, as admin by default."""
@@ -77,7 +85,7 @@ class LabStack:
                                      *extra.get(s, [])], s)
         for i, node in enumerate(self.nodes):
             self.spawn(node, node, [sys.executable, "-m", "gpusched.cli.main", "service", "run", "nodeagent",
-                                    "--backend", "sim", "--node", node, "--gpus", "2", "--rack", "rack0",
+                                    "--backend", "sim", "--node", node, "--gpus", str(self.gpus), "--rack", "rack0",
                                     "--address", self.lab.hosts[node], "--heartbeat-s", f"{self.heartbeat_s:g}",
                                     "--kill-grace-s", "2", "--work-dir", str(self.work / node)], node)
         self.wait_nodes(len(self.nodes), 90)

@@ -21,6 +21,7 @@ One question per module (Volcano-style plugins):
     fairshare.py   which team goes next; hard limits; the fairness rule of preemption
     placer.py      the one entry point of placement: feasibility filters, weighted scorers
     placement.py   the pool and the search under it (topology-aware `place`, naive `first_free`)
+    resources.py   CPUs and memory per node: the filter, what a cycle holds, jobs no node can hold
     backfill.py    the blocked head's reservation, and who may start before it
     preemption.py  whom to preempt for a blocked job
     elastic.py     how elastic jobs start small, grow and shrink

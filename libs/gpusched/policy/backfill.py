@@ -25,6 +25,7 @@ from ..core.model import GpuId
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .placement import Placement, Pool, first_free, place
+from .resources import hold
 
 
 class Reservation(Struct, frozen=True):
@@ -69,6 +70,7 @@ def reserve(state: ClusterState, pool: Pool, job: Job, need: int, now: float, co
     owner: dict[GpuId, tuple[float, str]] = {}
     for end, h, gpus in holders:
         hyp.add(gpus)
+        hold(hyp, h.spec, gpus, -1)
         for g in gpus:
             owner[g] = (end, h.job_id)
         if hyp.count < need:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from ..core.model import LEVEL_RANK, GpuId
 from ..core.state import ClusterState, Job
 from .placement import Pool
+from .resources import room_on
 
 
 def extras(job: Job, gpus: list[GpuId] | None = None) -> int:
@@ -81,7 +82,7 @@ def grow_gpus(state: ClusterState, pool: Pool, job: Job, room: int | None) -> li
             order += [n for n in nodes if n not in own and nodes[n].rack not in racks]
     out: list[GpuId] = []
     for name in order:
-        if pool.n_free(name) <= 0:
+        if pool.n_free(name) <= 0 or (name not in own and not room_on(pool, name, job.spec)):
             continue
         for g in pool.free_on(name):
             out.append(g)

@@ -15,6 +15,7 @@ from ..core.model import GpuId, JobSpec
 from ..core.reasons import ArrayLimit, DependencyNever, DependencyWait, Held, MaintenanceWindow, NoMatchingNode, Reason
 from ..core.state import ClusterState, Job
 from .placement import Pool
+from .resources import never_fits
 
 #: End states that satisfy each dependency kind.
 _SATISFIED = {"afterok": ("completed",), "afterany": ("completed", "failed", "cancelled", "timeout")}
@@ -36,6 +37,10 @@ def not_eligible(state: ClusterState, job: Job, now: float | None = None) -> Rea
         if not any(len(state.nodes[n].gpus) >= spec.gang_min for n in m) and \
                 sum(len(state.nodes[n].gpus) for n in m) < spec.gang_min:
             return NoMatchingNode(wants(spec), spec.gang_min)
+    if (spec.cpus or spec.memory_mb) and state.gpus:
+        never = never_fits(state, spec, matching(state, spec) if constrained(spec) else None)
+        if never is not None:
+            return never
     if now is not None and state.windows:
         return window_reason(state, spec, now)
     return None

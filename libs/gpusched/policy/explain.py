@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from ..core.model import LEVEL_RANK, PRIORITY_RANK
+from ..core.reasons import NoFreeCpuMem, NoNodeCpuMem
 from ..core.state import ClusterState, Job
 from .backfill import expected_end
 from .config import DEFAULT, PolicyConfig
@@ -287,6 +288,9 @@ def _unblock(state: ClusterState, job: Job, out: dict[str, Any]) -> list[str]:
         if out["reclaimable_gpus"] >= short:
             unblock.append(f"preempting {short} of {out['reclaimable_gpus']} reclaimable GPU(s) (preemptible "
                            f"jobs of over-share teams, or of its own team at lower priority)")
+    elif isinstance(job.pending_why, (NoFreeCpuMem, NoNodeCpuMem)):  # its GPUs fit: CPUs or memory do not
+        unblock.append(job.pending_why.text + (": it starts when jobs on nodes with free GPUs end and free them" if
+                                               isinstance(job.pending_why, NoFreeCpuMem) else ""))
     elif fits_now and not limit_blocks:
         if ahead_jobs:
             unblock.append(f"{ahead_jobs} job(s) ahead of it in the queue are placed first "

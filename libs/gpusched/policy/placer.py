@@ -22,6 +22,7 @@ from typing import Literal, NamedTuple
 from ..core.model import LEVEL_RANK, JobSpec
 from .eligibility import barred_nodes, constrained, restrict
 from .placement import Placement, Pool, candidates, first_free, place
+from .resources import by_resources
 
 #: A feasibility filter: the pool less the GPUs that may not hold this job (at `now`).
 Filter = Callable[[Pool, JobSpec, float | None], Pool]
@@ -43,8 +44,9 @@ def by_windows(pool: Pool, spec: JobSpec, now: float | None) -> Pool:
     return pool.without([g for n in barred for g in nodes[n].gpus])
 
 
-#: The hard requirements, applied in order (CPUs and memory: one more line here).
-FILTERS: list[Filter] = [by_constraints, by_windows]
+#: The hard requirements, applied in order. `by_resources`: only nodes with the job's per-node
+#: CPUs and memory free, so every node of a gang can hold it (`policy/resources.py`).
+FILTERS: list[Filter] = [by_constraints, by_windows, by_resources]
 
 
 class Scorer(NamedTuple):
@@ -161,4 +163,4 @@ class Placer:
         return place_for
 
 
-__all__ = ["FILTERS", "SCORERS", "Filter", "Placer", "Scorer", "by_constraints", "by_windows"]
+__all__ = ["FILTERS", "SCORERS", "Filter", "Placer", "Scorer", "by_constraints", "by_resources", "by_windows"]

@@ -28,6 +28,7 @@ from .guarantee import Firm
 from .memo import Indexes
 from .placement import Placement, Pool
 from .placer import Placer
+from .resources import asks, busy_reason, by_resources, hold, short_nodes
 from .running import RunningIndex
 
 #: What a cycle has done to a job so far (absent: untouched).
@@ -137,11 +138,14 @@ class CyclePlan:
                                           placer=ctx.placer.name, level=p.level,  # type: ignore[arg-type]
                                           backfill=backfill, handover=handover))
         self.pool.take(p.gpus)
+        hold(self.pool, job.spec, p.gpus)
         self.fits_now.clear()
         if self.outside is not None:
             self.outside.remove(p.gpus)
+            hold(self.outside, job.spec, p.gpus)
         if self.coming is not None:
             self.coming.remove(p.gpus)  # a GPU an earlier claim counted on: that claim is void
+            hold(self.coming, job.spec, p.gpus)
         self._count(job.team, len(p.gpus))
         if self._firm is not None and not job.spec.preemptible:
             self._firm.add(job, len(p.gpus))
@@ -187,6 +191,7 @@ class CyclePlan:
         self.in_flight(victim, job.job_id)
         if self.coming is not None:
             self.coming.add(victim.gpus)
+            hold(self.coming, victim.spec, victim.gpus, -1)
 
     def in_flight(self, victim: Job, for_job: str) -> None:
         """`victim` was asked to yield for `for_job` (now or in an earlier cycle)."""
@@ -213,13 +218,17 @@ class CyclePlan:
         self.events.append(ev.JobResized(at=self.ctx.now, job_id=job.job_id, added=added,
                                          reason="grow into idle GPUs"))
         self.pool.take(added)
+        own = {self.ctx.state.gpus[g].node for g in self.gpus_of(job)}
+        hold(self.pool, job.spec, [g for g in added if self.ctx.state.gpus[g].node not in own])
         self._count(job.team, len(added))
 
     def _free(self, job: Job) -> None:
         """The job's GPUs return to this cycle's pool; nothing else may touch the job."""
         self.pool.add(job.gpus)
+        hold(self.pool, job.spec, job.gpus, -1)
         if self.coming is not None:
             self.coming.add(job.gpus)
+            hold(self.coming, job.spec, job.gpus, -1)
         self.outside = None
         self._count(job.team, -len(job.gpus))
         self.status[job.job_id] = "released"
@@ -263,7 +272,8 @@ class CyclePlan:
         spec = job.spec
         want = spec.gpus if room is None else min(spec.gpus, room)
         key = (want, self.ctx.floor(job), spec.topology.required, spec.topology.preferred,
-               spec.gpu_type, tuple(spec.constraints.items()), bool(self.ctx.state.windows) and spec.time_limit_s)
+               spec.gpu_type, tuple(spec.constraints.items()), bool(self.ctx.state.windows) and spec.time_limit_s,
+               spec.cpus, spec.memory_mb)
         if key in self.fits_now:
             return True
         if self.fit(job, self.pool, room) is None:
@@ -287,6 +297,18 @@ class CyclePlan:
             return True
 
         return fits
+
+    def wait_reason(self, job: Job, lo: int, no_room: Reason) -> Reason:
+        """Why a job that did not fit waits: `no_room` (GPUs), or, when its GPUs would fit on
+        the pool were it not for CPUs and memory, that (`resources.busy_reason`)."""
+        ctx, spec = self.ctx, job.spec
+        pool = self.pool
+        if not asks(spec) or pool.count < lo or not short_nodes(pool, spec):
+            return no_room
+        for keep in ctx.placer.filters:
+            if keep is not by_resources:
+                pool = keep(pool, spec, ctx.now)
+        return busy_reason(spec, lo) if ctx.placer.best(pool, spec, lo) is not None else no_room
 
     def start_blocked(self, job: Job, room: int | None) -> None:
         """Start a blocked job on the pool if it now fits."""

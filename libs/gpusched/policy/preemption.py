@@ -63,6 +63,7 @@ from .memo import GpuGroups
 from .ordering import las_queue
 from .placement import Pool
 from .predict import Estimate
+from .resources import hold, short_nodes
 
 # The one definition of the work a job loses, re-exported for the policies that import it here.
 work_since_checkpoint = rules.work_since_checkpoint
@@ -152,6 +153,34 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
         hyp = pool.copy()
         for v in chosen:
             hyp.add(v.gpus)
+            hold(hyp, v.spec, v.gpus, -1)
+        if fits(hyp):
+            return chosen
+    return None
+
+
+def choose_cpu_victims(state: ClusterState, pool: Pool, job: Job, now: float, config: PolicyConfig,
+                       candidates: list[Job], held: Callable[[str], int], fits: Callable[[Pool], bool],
+                       leaving: dict[str, int] | None = None, incoming: dict[str, int] | None = None,
+                       left: Remaining | None = None) -> list[Job] | None:
+    """The victims for a job whose GPUs fit but whose CPUs or memory do not (`resources`): the
+    candidates holding GPUs on the nodes short of them, in the candidates' order and under the
+    same rules as `choose_victims`, until `fits` holds with their GPUs, CPUs and memory back."""
+    rule = _Rule(state, job, config, held, leaving or {}, incoming or {}, False, now, left)
+    short = set(short_nodes(pool, job.spec))
+    hyp = pool.copy()
+    drop: dict[str, int] = {}
+    chosen: list[Job] = []
+    for v in candidates:
+        if short.isdisjoint(g.rpartition("/")[0] for g in v.gpus):
+            continue
+        ok, _ = rule.admits(v, rule.victim_held(v.spec.team, drop))
+        if not ok:
+            continue
+        chosen.append(v)
+        drop[v.spec.team] = drop.get(v.spec.team, 0) + len(v.gpus)
+        hyp.add(v.gpus)
+        hold(hyp, v.spec, v.gpus, -1)
         if fits(hyp):
             return chosen
     return None

@@ -156,7 +156,7 @@ class Audit:
         if msg.subject.startswith(ALLOC_PREFIX):
             self.alloc_seq = msg.seq
         if event is not None:
-            self.state.apply(event, msg.seq, msg.time)
+            self.state.apply(event, msg.seq, msg.time, signing.position(msg.subject, msg.headers))
         return True
 
     def _fold(self, msg: Message) -> bool:
@@ -167,7 +167,7 @@ class Audit:
         if self.until_time is not None and msg.time > self.until_time:
             return False
         if subjects.subject_problem(msg.subject, event) is None:  # else dead-lettered live: not folded
-            self.state.apply(event, msg.seq, msg.time)
+            self.state.apply(event, msg.seq, msg.time, signing.position(msg.subject, msg.headers))
         return True
 
     def _find(self, seq: int, rule: str, detail: str, signer: str = "") -> None:

@@ -5,6 +5,7 @@ fixtures and `gpusched user add|revoke` write and the server reloads.
 Everything not allowed is refused by the server. Who may append an event kind is
 `roles.EVENT_WRITERS`; only admin reaches the stream-changing JetStream API. The snapshot store
 is written by the projector alone and read by every service, node and auditor (not tenants).
+The lease bucket is placement's and the fallback's alone (`lease_access`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,27 @@ def write_snapshots() -> list[str]:
     return [f"$O.{subjects.SNAPSHOT_BUCKET}.>", f"$JS.API.STREAM.PURGE.{subjects.SNAPSHOT_STREAM}"]
 
 
+#: Lease keys (`services/lease.py`) each role may write and read; a `KEY.NAME` form goes with KEY.
+LEASE_WRITES = {"placement": ("placement",), "fallback": ("fallback",)}
+LEASE_READS = {"placement": ("placement",), "fallback": ("placement", "fallback"), "dashboard": ("placement",)}
+
+
+def lease_access(role: str) -> list[str]:
+    """The lease bucket: placement writes only its lease, the fallback only its own and reads
+    placement's, the dashboard reads placement's. No one else (admin aside) reaches it: a tenant
+    or a node can neither forge, delete, purge nor read a lease, nor touch its stream."""
+    stream, bucket = subjects.LEASE_STREAM, subjects.LEASE_BUCKET
+    reads = LEASE_READS.get(role, ())
+    if not reads:
+        return []
+    out = [f"$JS.API.STREAM.INFO.{stream}"]  # opening the bucket (`js.key_value`)
+    for key in LEASE_WRITES.get(role, ()):
+        out += [f"$KV.{bucket}.{key}", f"$KV.{bucket}.{key}.*"]
+    for key in reads:  # direct get of a key's last value (the bucket allows direct gets)
+        out += [f"$JS.API.DIRECT.GET.{stream}.$KV.{bucket}.{key}", f"$JS.API.DIRECT.GET.{stream}.$KV.{bucket}.{key}.*"]
+    return out
+
+
 def event_subjects(kind: str) -> list[str]:
     """The service-form subjects of one kind, in both trees (a kind lives in one; both are
     harmless and keep this table independent of the ALLOC flags)."""
@@ -57,6 +79,7 @@ def event_subjects(kind: str) -> list[str]:
 def _service(role: str) -> tuple[list[str], list[str]]:
     pub = read_log() + read_snapshots() + ["gpusched.dead.>"] + [s for k in sorted(kinds_of(role))
                                                                   for s in event_subjects(k)]
+    pub += lease_access(role)
     sub: list[str] = []
     if role == "projector":
         pub += write_snapshots()
@@ -67,6 +90,8 @@ def _service(role: str) -> tuple[list[str], list[str]]:
     elif role == "reconciler":
         sub.append(subjects.HEARTBEATS)
         pub += ["gpusched.node.*.ctl.KillProcesses", "gpusched.node.*.ctl.ResetGpu"]
+    elif role == "api":  # acts for the caller it authenticated, on the subjects that caller may use
+        pub += ["gpusched.cmd.>", "gpusched.read.>"]
     elif role == "dashboard":  # acts for a logged-in admin (the dashboard checks the login)
         pub += ["gpusched.cmd.*", "gpusched.cmd.*.*", "gpusched.ctl.*", subjects.Q_SHARES,
                 "gpusched.node.*.logs"]  # job logs, for the admin it acts for (tenants may not ask)

@@ -133,6 +133,32 @@ def parse(header: str) -> Signature:
     return Signature(signer, chain, int(n), prev, cas, raw)
 
 
+def writer_scope(subject: str) -> str:
+    """Who may publish on `subject`, as a name: its kind, and the node for a node's subject
+    (`gpusched.evt.alloc.GpusReleased.node.node03` -> `GpusReleased.node.node03`). Chain
+    numbers are kept per scope, so only a writer that may publish a kind there anyway could
+    push a chain's number up with a forged header."""
+    parts = subject.split(".")
+    if len(parts) >= 6 and parts[4] == "node":
+        return ".".join(parts[3:6])
+    return parts[3] if len(parts) > 3 else subject
+
+
+def position(subject: str, headers: dict[str, str] | None):
+    """The fold's `Position` of a stored fact: its scope, signer, chain id and number; None for
+    an unsigned fact or an unreadable header (the audit reports those)."""
+    from gpusched.core.state import Position
+
+    header = (headers or {}).get(SIG_HEADER)
+    if header is None:
+        return None
+    try:
+        sig = parse(header)
+    except ValueError:
+        return None
+    return Position(f"{writer_scope(subject)} {sig.signer} {sig.chain}", sig.n)
+
+
 def _public_bytes(public_key: str) -> bytes:
     """The raw ed25519 key inside a public user nkey (`U...`), checksum checked."""
     raw = base64.b32decode(public_key + "=" * (-len(public_key) % 8))

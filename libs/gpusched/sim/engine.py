@@ -288,7 +288,7 @@ class Simulation:
         j = run.trace
         spec = JobSpec(team=j.team, gpus=j.max_gpus or j.gpus, min_gpus=j.min_gpus, priority=j.priority,
                        preemptible=j.preemptible, time_limit_s=j.time_limit_s, name=j.job_id,
-                       topology=self._constraint(j.max_gpus or j.gpus))
+                       topology=self._constraint(j.max_gpus or j.gpus), cpus=j.cpus, memory_mb=j.memory_mb)
         self._apply(ev.JobSubmitted(at=t, job_id=j.job_id, spec=spec, request_id=f"sim-{j.job_id}"))
         self._wait_from(run, t)
         self._submits_left -= 1

@@ -59,6 +59,9 @@ class TraceJob(Struct, frozen=True):
     max_gpus: int | None = None
     time_limit_s: float | None = None
     util_pct: float | None = None  # mean GPU utilization while running (None: busy)
+    #: CPUs and memory (MiB) per node, where the trace has them (Alibaba's cpu_milli, memory_mib)
+    cpus: float | None = None
+    memory_mb: int | None = None
 
     @property
     def gpu_s(self) -> float:
@@ -214,7 +217,8 @@ def load_alibaba(path: Path) -> list[TraceJob]:
     (`gpu_milli < 1000`) gets one whole GPU, since gpusched allocates whole GPUs (this overstates
     the demand of the 3,078 sharing pods); priority and preemptibility come from `qos`
     (`ALIBABA_QOS`). The trace has no teams: the team is the qos class, so fairness is measured
-    between workload classes."""
+    between workload classes. A pod's `cpu_milli` and `memory_mib` are its CPUs and memory
+    (`--node-cpus`/`--node-mem` give the simulated nodes theirs; without them they do not count)."""
     jobs: list[TraceJob] = []
     for line, row in _rows(path, ("name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time", "scheduled_time")):
         gpus = _num(path, line, row, "num_gpu", int, 0)
@@ -226,7 +230,10 @@ def load_alibaba(path: Path) -> list[TraceJob]:
         if qos not in ALIBABA_QOS:
             raise TraceError(f"{path}:{line}: column qos: unknown class {qos!r}")
         priority, preemptible = ALIBABA_QOS[qos]
-        jobs.append(TraceJob(row["name"].strip(), submit, max(1.0, duration), gpus, qos, priority, preemptible))
+        cpus = _num(path, line, row, "cpu_milli", float, 0.0) / 1000 if (row.get("cpu_milli") or "").strip() else 0.0
+        mem = _num(path, line, row, "memory_mib", int, 0) if (row.get("memory_mib") or "").strip() else 0
+        jobs.append(TraceJob(row["name"].strip(), submit, max(1.0, duration), gpus, qos, priority, preemptible,
+                             cpus=cpus or None, memory_mb=mem or None))
     return _sorted(jobs)
 
 

@@ -19,6 +19,9 @@ class Cluster:
     nodes_per_rack: int
     gpus_per_node: int
     nvlink: str = "all"
+    #: CPUs and memory (MiB) every node offers jobs (0: not declared, not scheduled: `--node-cpus`)
+    cpus: float = 0.0
+    memory_mb: int = 0
 
     @classmethod
     def parse(cls, text: str, nvlink: str = "all") -> Cluster:
@@ -61,7 +64,7 @@ class Cluster:
                 gpus = [GpuInfo(index=i, uuid=f"GPU-sim-{node}-{i}", model="sim", nvlink_domain=domains[i])
                         for i in range(self.gpus_per_node)]
                 out.append(ev.NodeRegistered(at=at, node=node, rack=f"rack{r:02d}", gpus=gpus, nvlink=self.nvlink,
-                                             address="sim"))
+                                             address="sim", cpus=self.cpus, memory_mb=self.memory_mb))
         return out
 
 

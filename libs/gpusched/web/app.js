@@ -9,7 +9,7 @@ const HUES = [205, 330, 140, 38, 265, 8, 175, 88, 300, 55];
 const KEYED = {nodes: "node", running: "job_id", finished: "job_id", queue: "job_id"};
 const SERIES = {tail: ["seq", 120], shares: ["at", 1200]};
 const STATE_COLORS = {held: "#4f7fd6", free: "#222a33", idle: "#d4a72c", quarantined: "#c0443e", zombie: "#c0443e",
-  lost: "#101317", drained: "#5b6470"};
+  lost: "#101317", drained: "#5b6470", partitioned: "#7a4fd6"};
 const $ = (id) => document.getElementById(id);
 let model = null;
 let teamIndex = {};
@@ -162,7 +162,7 @@ function renderHealth(m) {
   const lease = h.lease || {};
   let state = h.placement_degraded ? "degraded" : "ok";
   let text = h.placement_degraded ? "placement DEGRADED · naive fallback" : "placement topology-aware";
-  if (!h.placement_degraded && lease.redis && lease.placement === null) { state = "down"; text = "placement down (lease lapsed)"; }
+  if (!h.placement_degraded && lease.reachable && lease.placement === null) { state = "down"; text = "placement down (lease lapsed)"; }
   pb.dataset.state = state;
   pb.textContent = text;
   pb.title = lease.placement ? "lease held by " + lease.placement : "";
@@ -186,9 +186,14 @@ function cellAttrs(g) {
     (g.job_id ? ` data-job="${esc(g.job_id)}" data-team="${esc(g.team)}"` : "") + style;
 }
 
+// A node in a declared partition keeps its jobs (not requeued) and gets no new work: not lost.
+function nodeClass(n) {
+  return n.lost ? "node lost" : n.partitioned ? "node partitioned" : n.drained ? "node drained" : "node";
+}
+
 function nodeHtml(n) {
-  const cls = n.lost ? "node lost" : n.drained ? "node drained" : "node";
-  const parts = [`<div class="${cls}" data-node="${esc(n.node)}"><span class="name" title="${n.free}/${n.total} free">${esc(n.node)}</span><span class="gpus">`];
+  const cls = nodeClass(n);
+  const parts = [`<div class="${cls}" data-node="${esc(n.node)}"><span class="name" title="${n.free}/${n.total} free${n.partitioned ? " · partitioned: its jobs kept, no new work" : ""}">${esc(n.node)}</span><span class="gpus">`];
   let dom = null;
   for (const g of n.gpus) {
     if (g.nvlink_domain !== dom) {
@@ -230,8 +235,8 @@ function updateNode(n) {
   indexNode(n);
   const el = document.querySelector(`.node[data-node="${CSS.escape(n.node)}"]`);
   if (!el) return;
-  el.className = n.lost ? "node lost" : n.drained ? "node drained" : "node";
-  el.querySelector(".name").title = `${n.free}/${n.total} free`;
+  el.className = nodeClass(n);
+  el.querySelector(".name").title = `${n.free}/${n.total} free${n.partitioned ? " · partitioned: its jobs kept, no new work" : ""}`;
   for (const g of n.gpus) {
     const c = cells[g.gpu];
     if (!c) continue;

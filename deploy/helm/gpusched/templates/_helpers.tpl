@@ -45,5 +45,19 @@ volumeMounts:
 
 {{- define "gpusched.redisEnv" -}}
 - {name: REDIS_PASSWORD, valueFrom: {secretKeyRef: {name: gpusched-redis, key: password}}}
+{{- if .Values.redis.sentinel.enabled }}
+- {name: GPUSCHED_REDIS_URL, value: "redis+sentinel://:$(REDIS_PASSWORD)@redis-sentinel:26379/gpusched/0"}
+{{- else }}
 - {name: GPUSCHED_REDIS_URL, value: "redis://:$(REDIS_PASSWORD)@redis:6379/0"}
+{{- end }}
+{{- end }}
+
+{{/* A label selector from a matchLabels map: k=v,k2=v2 (sorted, as Go ranges maps). */}}
+{{- define "gpusched.selector" -}}
+{{- $pairs := list }}{{ range $k, $v := . }}{{ $pairs = append $pairs (printf "%s=%s" $k $v) }}{{ end }}{{ join "," $pairs }}
+{{- end }}
+
+{{/* The NATS servers' DNS names: the client Service and each pod (routes). */}}
+{{- define "gpusched.natsHosts" -}}
+{{- $hosts := list "nats" (printf "nats.%s.svc" .Release.Namespace) }}{{ range $i := until (int .Values.nats.replicas) }}{{ $hosts = append $hosts (printf "nats-%d.nats" $i) }}{{ end }}{{ join "," $hosts }}
 {{- end }}

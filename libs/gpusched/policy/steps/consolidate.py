@@ -23,6 +23,7 @@ from ..eligibility import constrained
 from ..fairshare import may_preempt
 from ..plan import Context, CyclePlan
 from ..preemption import ran_back_off
+from ..resources import hold
 from .reservation import due_soon, head_reservation
 
 
@@ -97,7 +98,9 @@ def _room_elsewhere(plan: CyclePlan, ctx: Context, head: Job, node: str, movers:
         if p is None:
             return False
         elsewhere.take(p.gpus)
+        hold(elsewhere, v.spec, p.gpus)
     hyp = plan.pool.copy()
     for v in movers:
         hyp.add(v.gpus)
+        hold(hyp, v.spec, v.gpus, -1)
     return plan.fits(head, lo)(hyp)

@@ -21,6 +21,7 @@ from ..fairshare import may_preempt
 from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
+from ..resources import asks, hold
 from .victims import victims
 
 
@@ -64,7 +65,8 @@ def _preempt(plan: CyclePlan, ctx: Context, job: Job, lo: int, fits: Callable[[P
              room: int | None, failed: set[tuple]) -> None:
     config = ctx.config
     las = las_queue(job.service_gpu_s, config) if config.las and config.las_preempt else None
-    alike = (job.team, job.spec.priority, las, lo, job.spec.topology.required, job is plan.head)
+    alike = (job.team, job.spec.priority, las, lo, job.spec.topology.required, job is plan.head, job.spec.cpus,
+             job.spec.memory_mb)
     if alike in failed:
         return
     chosen = victims(plan, ctx, job, lo, fits)
@@ -87,6 +89,7 @@ def _coming(plan: CyclePlan, ctx: Context) -> Pool:
     for jid in plan.inflight:
         if plan.status.get(jid) != "released":
             coming.add(jobs[jid].gpus)
+            hold(coming, jobs[jid].spec, jobs[jid].gpus, -1)
     return coming
 
 
@@ -106,10 +109,11 @@ def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) 
         return False
     p = ctx.placer.place(coming, job.spec, lo)
     if p is None:
-        if not constrained(job.spec) and not ctx.state.windows:  # a constrained job's failure says nothing of the whole pool
+        if not constrained(job.spec) and not ctx.state.windows and not asks(job.spec):  # a constrained job's failure says nothing of the whole pool
             coming.fails.add(key)
         return False
     coming.take(p.gpus)
+    hold(coming, job.spec, p.gpus)
     plan.incoming[job.team] = plan.incoming.get(job.team, 0) + len(p.gpus)
     if own:
         return True

@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...core.model import PRIORITY_RANK
+from ...core.reasons import NoFreeCpuMem
 from ...core.state import Job
 from ..fairshare import may_preempt, over_share
 from ..memo import GpuGroups
 from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
-from ..preemption import Remaining, choose_victims
+from ..preemption import Remaining, choose_cpu_victims, choose_victims
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
 VICTIM_POOL = 48
@@ -54,6 +55,9 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
             break
     if gathered < want:
         return None
+    if isinstance(plan.reason_of(job), NoFreeCpuMem):  # its GPUs fit: victims that free CPUs or memory
+        return choose_cpu_victims(st, plan.pool, job, now, config, cands, plan.held, fits, plan.leaving,
+                                  plan.incoming, left=remaining(ctx))
     return choose_victims(st, plan.pool, job, need, now, config, cands, plan.held, fits, scope(ctx, job),
                           plan.leaving, plan.incoming, left=remaining(ctx))
 

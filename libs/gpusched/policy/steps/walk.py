@@ -68,12 +68,13 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
             plan.grant(job, p, backfill=True)
             return False
         plan.blocked.append(job)
-        plan.note(job, _BEHIND if plan.fits_pool(job, room) else _no_room(lo, job.spec.topology.required))
+        plan.note(job, _BEHIND if plan.fits_pool(job, room) else
+                  plan.wait_reason(job, lo, _no_room(lo, job.spec.topology.required)))
         return False
     p = plan.fit(job, pool, room) if pool.count >= lo else None
     if p is None:
         plan.blocked.append(job)
-        plan.note(job, _no_room(lo, job.spec.topology.required))
+        plan.note(job, plan.wait_reason(job, lo, _no_room(lo, job.spec.topology.required)))
         if ctx.config.backfill and plan.head is None and not ctx.strict:
             plan.head = job
         return False

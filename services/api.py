@@ -1,0 +1,217 @@
+"""The HTTP API (`gpusched service run api`): gpusched for systems that do not speak NATS, with
+the same identities, the same permissions and the same schemas (`schemas/openapi.json`).
+
+Every call but `/healthz` and `/v1/openapi.json` names its caller: an identity of the keyring,
+by an API token issued for it (`gpusched user token NAME`) or by a proof its own nkey signs over
+this very request (`security/httpauth.py`). The API then does what that identity would do over
+NATS, on the subject it would use there, and only when the server's permission table for that
+identity (`authz.permissions`, the one the NATS server enforces) allows that subject: a tenant
+submits to its own team, a platform to its teams (and on behalf of their users), an auditor
+reads and submits nothing. Its own NATS identity (role `api`) may publish every command and read
+subject, as the dashboard may: it is trusted to act only for the caller it authenticated.
+
+    POST   /v1/jobs                  {"spec": JobSpec, "request_id"?, "on_behalf_of"?} -> 201 {"job_id"}
+    DELETE /v1/jobs/{job_id}[?team=] cancel -> 200
+
+A refusal is precise: 400 for a body that does not decode (msgspec's path to the bad field),
+401 without a valid credential, 403 naming the subject the identity may not use, 422 with
+admission's reason, 503 when the control plane does not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from gpusched.bus import subjects
+from gpusched.bus.client import ControlPlaneUnavailable
+from gpusched.bus.log import connect
+from gpusched.bus.memory import subject_matches
+from gpusched.core.commands import CancelJob, CommandReply, SubmitJob
+from gpusched.openapi import SubmitRequest
+from gpusched.security import authz, httpauth, keyring, signing
+from gpusched.services.runtime import notify_ready
+
+log = structlog.get_logger()
+
+REALM = "gpusched-api/v1"
+MAX_BODY = 256 * 1024  # a JobSpec is bounded far below this (core/limits.py)
+
+
+class Caller(msgspec.Struct, frozen=True):
+    public_key: str
+    principal: keyring.Principal
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"ok": False, "error": message}, status=status)
+
+
+class Api:
+    def __init__(self, nc, keys_path: str, tokens: httpauth.Tokens, timeout: float = 5.0):
+        self.nc, self.keys_path, self.tokens, self.timeout = nc, keys_path, tokens, timeout
+        self.verifier = signing.Verifier()
+        self._keys: keyring.KeyRing | None = None
+        self._mtime = -1.0
+
+    def keys(self) -> keyring.KeyRing:
+        """The keyring, followed as it changes (an identity added or revoked counts at once)."""
+        mtime = os.stat(self.keys_path).st_mtime
+        if self._keys is None or mtime != self._mtime:
+            self._keys, self._mtime = keyring.load(self.keys_path), mtime
+        return self._keys
+
+    def caller(self, request: web.Request, body: bytes) -> Caller | None:
+        auth = request.headers.get("Authorization", "")
+        ring = self.keys()
+        if auth.startswith("Bearer "):
+            name = self.tokens.name_of(auth[7:].strip())
+            found = ring.by_name(name) if name else None
+            if found is None or found[1].revoked_at is not None:
+                return None
+            return Caller(found[0], found[1])
+        if auth.startswith("Nkey "):
+            digest = httpauth.request_digest(request.method, request.path_qs, body)
+            who = httpauth.nkey_principal(auth[5:].strip(), request.host, ring, self.verifier, REALM, digest)
+            if who is None:
+                return None
+            return Caller(next(k for k, p in ring.keys.items() if p == who), who)
+        return None
+
+    def permitted(self, caller: Caller, subject: str) -> bool:
+        """What the NATS server would say to this identity publishing on `subject`."""
+        allow = authz.permissions(caller.public_key, caller.principal)["publish"]["allow"]
+        return any(subject_matches(pattern, subject) for pattern in allow)
+
+    def command_subject(self, caller: Caller, kind: str, team: str | None, on_behalf_of: str | None = None) -> str:
+        """The subject the caller uses over NATS (`bus.client.Client.subject`): admin's form for
+        admin, else the team form naming the caller (and, on behalf, the user)."""
+        p = caller.principal
+        if p.role not in ("tenant", "platform"):
+            return subjects.command_subject(kind)
+        team = team or (p.teams[0] if len(p.teams) == 1 else None)
+        if team is None:
+            raise web.HTTPBadRequest(text=f"{p.name} acts for several teams: name one (?team=)")
+        if on_behalf_of:
+            return f"{subjects.command_subject(kind, team, p.name)}.{subjects.token(on_behalf_of)}"
+        return subjects.command_subject(kind, team, p.name)
+
+    async def send(self, caller: Caller, subject: str, payload: bytes) -> bytes | web.Response:
+        if not self.permitted(caller, subject):
+            return _error(403, f"{caller.principal.name} (role {caller.principal.role}) may not publish {subject}")
+        try:
+            msg = await self.nc.request(subject, payload, timeout=self.timeout)
+        except Exception as err:  # no responder, timeout: the control plane is not answering
+            raise ControlPlaneUnavailable(f"no answer on {subject}: {type(err).__name__}") from None
+        return msg.data
+
+
+async def _body(request: web.Request) -> bytes:
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)
+    return await request.content.read(MAX_BODY + 1)
+
+
+def _authenticated(handler):
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        api: Api = request.app[API]
+        body = await _body(request)
+        caller = api.caller(request, body)
+        if caller is None:
+            return _error(401, "no valid credential: send `Authorization: Bearer TOKEN` "
+                               "(gpusched user token NAME) or an nkey proof of this request")
+        try:
+            return await handler(request, api, caller, body)
+        except ControlPlaneUnavailable as err:
+            return _error(503, str(err))
+    return wrapped
+
+
+_reply = msgspec.json.Decoder(CommandReply)
+
+
+@_authenticated
+async def submit(request: web.Request, api: Api, caller: Caller, body: bytes) -> web.Response:
+    try:
+        req = msgspec.json.decode(body, type=SubmitRequest)
+    except msgspec.ValidationError as err:
+        return _error(400, f"invalid job: {err}")
+    except msgspec.DecodeError as err:
+        return _error(400, f"not JSON: {err}")
+    from gpusched.bus.client import new_request_id
+
+    subject = api.command_subject(caller, "submit", req.spec.team, req.on_behalf_of)
+    cmd = SubmitJob(request_id=req.request_id or new_request_id(), spec=req.spec)
+    out = await api.send(caller, subject, msgspec.json.encode(cmd))
+    if isinstance(out, web.Response):
+        return out
+    reply = _reply.decode(out)
+    return web.Response(body=out, status=201 if reply.ok else 422, content_type="application/json")
+
+
+@_authenticated
+async def cancel(request: web.Request, api: Api, caller: Caller, body: bytes) -> web.Response:
+    from gpusched.bus.client import new_request_id
+
+    job_id = request.match_info["job_id"]
+    subject = api.command_subject(caller, "cancel", request.query.get("team"))
+    cmd = CancelJob(request_id=new_request_id(), job_id=job_id,
+                    reason=request.query.get("reason", f"cancelled through the HTTP API by {caller.principal.name}"))
+    out = await api.send(caller, subject, msgspec.json.encode(cmd))
+    if isinstance(out, web.Response):
+        return out
+    reply = _reply.decode(out)
+    return web.Response(body=out, status=200 if reply.ok else 422, content_type="application/json")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    from gpusched import openapi as spec
+
+    return web.Response(text=spec.render(), content_type="application/json")
+
+
+API: web.AppKey[Api] = web.AppKey("api", Api)
+
+
+def make_app(api: Api) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+    app[API] = api
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/openapi.json", openapi)
+    app.router.add_post("/v1/jobs", submit)
+    app.router.add_delete("/v1/jobs/{job_id}", cancel)
+    return app
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1 only)")
+    parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--keys", default=os.environ.get("GPUSCHED_KEYS"),
+                        help="the keyring (keys.json; default $GPUSCHED_KEYS); API tokens are read beside it")
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    if not args.keys:
+        raise SystemExit("gpusched api: no keyring: pass --keys DATA/trust/keys.json (or $GPUSCHED_KEYS)")
+    nc = await connect(getattr(args, "nats", None), name="gpusched-api")
+    api = Api(nc, args.keys, httpauth.Tokens(Path(args.keys).parent))
+    runner = web.AppRunner(make_app(api), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    log.info("api_ready", url=f"http://{args.host}:{args.port}/v1/")
+    notify_ready()
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        await nc.close()
