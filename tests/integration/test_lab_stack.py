@@ -20,8 +20,8 @@ import pytest
 from gpusched.lab import netns
 from gpusched.lab.stack import LabStack
 
-# In the default suite: the stack (~8 s), the two node-host cuts (~13 s and ~15 s) and the audit
-# of the log (~2 s). Slow (`-m slow`, ~55 s more): the service-host cut, the stream leader in a
+# In the default suite (~50 s here): the stack (~8-15 s), the two-host rendezvous (~4 s), the two
+# node-host cuts (~14 s each) and the audit of the log (~2 s). Slow (`-m slow`, ~55 s more): the service-host cut, the stream leader in a
 # minority and the one-way cut with flapping. The audit covers whatever ran before it.
 pytestmark = pytest.mark.skipif(bool(netns.available()), reason=netns.available() or "lab available")
 TIMEOUT_S = 8.0
