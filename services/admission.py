@@ -254,6 +254,9 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
         return problem
     if spec.min_gpus is not None and spec.min_gpus > spec.gpus:
         return f"spec.min_gpus ({spec.min_gpus}) exceeds spec.gpus ({spec.gpus})"
+    problem = share_spec_problem(state, spec)
+    if problem:
+        return problem
     topo = spec.topology
     if LEVEL_RANK[topo.preferred] > LEVEL_RANK[topo.required]:
         return (f"spec.topology.preferred ({topo.preferred}) is wider than spec.topology.required "
@@ -285,6 +288,16 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
         if topo.required != "cluster" and need > largest[topo.required]:
             return (f"spec.topology.required is {topo.required}, but the largest {_LEVEL_NAMES[topo.required]} "
                     f"has {largest[topo.required]} GPUs; the job needs {need}")
+    return None
+
+
+def share_spec_problem(state: ClusterState, spec) -> str | None:
+    """A memory ask (`--gpu-memory`) some registered GPU can hold (the spec's own bounds:
+    `limits.share_problem`)."""
+    if spec.gpu_memory_mb is not None and state.gpus and all(
+            spec.share_on(g.memory_mb) is None for g in state.gpus.values()):
+        most = max(g.memory_mb for g in state.gpus.values())
+        return f"no GPU has {spec.gpu_memory_mb} MiB of memory (the largest has {most} MiB)"
     return None
 
 

@@ -24,7 +24,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +55,7 @@ from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal
 
 from . import container, fencing, launcher
 from .acks import AckCoalescer, AckLimits
-from .backends import GpuBackend, SimBackend, process_alive
+from .backends import GpuBackend, SimBackend, gpus_with_mig, process_alive
 from .cgroups import CgroupError, JobCgroup, remove_parent
 from .confine import cgroups_wanted, confine
 from .devices import GpuDevice, nvidia_control_allow, nvidia_devices, sim_devices
@@ -158,6 +158,13 @@ class RunningJob:
         return (self.job_id, self.attempt, self.generation)
 
 
+def _sharers(job: Job, state: ClusterState) -> set[str]:
+    """The other fractional jobs the fold lets a fractional job share its GPU with."""
+    if not job.spec.shared:
+        return set()
+    return {j for g in job.gpus if g in state.gpus for j in state.gpus[g].shares if j != job.job_id}
+
+
 def job_nodes(job: Job) -> list[str]:
     """The job's nodes in grant order: the rank of a node is its position here."""
     return job_node_order(job)
@@ -193,6 +200,7 @@ def _launch_spec_for(self, job: Job, mine: tuple[int, ...], state: ClusterState)
         **launcher.resume_and_secrets(job), checkpoint_roots=self.cfg.all_checkpoint_roots(),
         devices=tuple(self.devices[i].path for i in mine if i in self.devices),
         image=job.spec.image, containers_dir=str(self.cfg.containers_dir) if job.spec.image else None,
+        **launcher.share_of(job, [state.gpus[g].memory_mb for g in job.gpus if g in state.gpus]),
     )
 
 
@@ -329,7 +337,7 @@ class NodeAgent(CheckpointHandshake):
         self.node = config.node
         self.backend = backend
         self.agent_id = uuid.uuid4().hex[:12]
-        self.gpu_info = backend.gpus()
+        self.gpu_info = gpus_with_mig(backend)
         self.uuids = {g.index: g.uuid for g in self.gpu_info}
         self.jobs: dict[int, RunningJob] = {}  # by run id: a stopping run and its successor can coexist
         self.launched: dict[str, tuple[int, int]] = {}  # job -> (attempt, generation) started here
@@ -443,7 +451,7 @@ class NodeAgent(CheckpointHandshake):
         if job is None or (job.attempt, job.generation) != key[1:] or not mine:
             self.deferred.pop(key, None)
             return
-        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key) \
+        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key, _sharers(job, state)) \
                 or not self.host.fresh_view():
             return
         del self.deferred[key]
@@ -454,9 +462,11 @@ class NodeAgent(CheckpointHandshake):
         return next((r for r in self.jobs.values() if r.job_id == job_id and r.state not in ("stopping", "draining")),
                     None)
 
-    def _gpus_busy(self, gpus: Iterable[int], key: RunKey | None = None) -> bool:
+    def _gpus_busy(self, gpus: Iterable[int], key: RunKey | None = None, beside: Collection[str] = ()) -> bool:
+        """Another run is on these GPUs (`beside`: the fractional jobs the fold lets share them)."""
         wanted = set(gpus)
-        return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) for r in self.jobs.values())
+        return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) and r.job_id not in beside
+                   for r in self.jobs.values())
 
     _launch_spec = _launch_spec_for
 
@@ -516,7 +526,8 @@ class NodeAgent(CheckpointHandshake):
         self.jobs[run.id] = run
         self.host.track(run.job_id, self.node, True)
         if run.proc.pid:
-            self.backend.attach(run.gpus, run.proc.pid, env=run.proc.launch.env)
+            launch = run.proc.launch  # the spec's env and its MPS limits (the sim backend caps its memory by them)
+            self.backend.attach(run.gpus, run.proc.pid, env={**launch.env, **launcher.share_env(launch)})
         self._save_record(run)
 
     def _record_path(self, key: RunKey) -> Path:

@@ -80,14 +80,14 @@ def exported(names: str, environ: dict[str, str] | os._Environ) -> dict[str, str
     return out
 
 
-def memory_mb(text: str | None) -> int | None:
+def memory_mb(text: str | None, flag: str = "--mem") -> int | None:
     """`--mem SIZE`: MiB, or with a unit K, M, G, T (powers of 1024), as Slurm's --mem."""
     if text is None:
         return None
     try:
         return limits.size_mb(text)
     except ValueError:
-        raise SystemExit(f"gpusched submit: --mem {text!r} is not a size like 512M or 16G") from None
+        raise SystemExit(f"gpusched submit: {flag} {text!r} is not a size like 512M or 16G") from None
 
 
 def add_resource_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,6 +101,16 @@ def add_resource_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the command in this OCI image (podman, runc; pulled when the node lacks it): "
                         "only the granted GPUs enter it (CDI), with the checkpoint and control dirs; it starts in "
                         "the image's working directory unless --chdir names one inside the image")
+
+
+def add_share_arguments(p: argparse.ArgumentParser) -> None:
+    """`submit --gpu-fraction F | --gpu-memory SIZE`: a share of one GPU (docs/gpu-sharing.md)."""
+    p.add_argument("--gpu-fraction", type=float, default=None, metavar="F",
+                   help="a share of one GPU (0 < F < 1, with --gpus 1), co-located with other shares on it, "
+                        "never beside whole-GPU jobs; GPU memory is limited by CUDA MPS (soft isolation)")
+    p.add_argument("--gpu-memory", default=None, metavar="SIZE",
+                   help="the GPU memory the job needs of one GPU (8G, 4096M; with --gpus 1): its share of the GPU "
+                        "it lands on is that memory over the GPU's")
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
@@ -130,6 +140,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "constraints": pairs_from_args(getattr(args, "constraint", None), "submit: --constraint"),
         "array": array_from_arg(getattr(args, "array", None)),
         "prefer": prefer,
+        "gpu_fraction": getattr(args, "gpu_fraction", None),
+        "gpu_memory_mb": memory_mb(getattr(args, "gpu_memory", None), "--gpu-memory"),
     }
     try:
         spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
@@ -460,6 +472,7 @@ def register(sub) -> None:
     p.add_argument("--name", default=None, help="a name shown next to the job id")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="an environment variable of the job (repeatable; stored in plaintext in the log: no secrets)")
     add_resource_arguments(p)
+    add_share_arguments(p)
     p.add_argument("--secret-env", action="append", metavar="NAME=@FILE",
                    help="pass FILE's content (a file on the nodes, owned by the job's user, not group/world "
                         "writable) as NAME; only the path is stored")

@@ -53,9 +53,10 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     """Admission accepted a job. `request_id` makes resubmission idempotent past JetStream's
     duplicate window."""
 
-    VERSION: ClassVar[int] = 2
-    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)"}
-    v: int = 2
+    VERSION: ClassVar[int] = 3
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)",
+                                         3: "spec.gpu_fraction, spec.gpu_memory_mb (fractional GPUs)"}
+    v: int = 3
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
@@ -280,9 +281,10 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
     `memory_mb`: what it offers jobs (0: not declared, then placement does not count them there)."""
 
     ALLOC: ClassVar[bool] = True
-    VERSION: ClassVar[int] = 2
-    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "cpus and memory_mb (CPUs and memory as resources)"}
-    v: int = 2
+    VERSION: ClassVar[int] = 3
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "cpus and memory_mb (CPUs and memory as resources)",
+                                         3: "gpus[].mig (MIG mode and profiles)"}
+    v: int = 3
     node: str
     rack: str
     gpus: list[GpuInfo]
