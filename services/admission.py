@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind
 
 from gpusched import metrics, telemetry
 from gpusched.bus import subjects
+from gpusched.bus.log import Conflict
 from gpusched.core import events as ev
 from gpusched.core import limits as L
 from gpusched.core.commands import (
@@ -49,7 +50,7 @@ from gpusched.core.reasons import NoMatchingNode
 from gpusched.core.state import TERMINAL, ClusterState, Job, array_tasks
 from gpusched.policy.eligibility import constrained, matching, not_eligible, wants
 from gpusched.policy.resources import never_fits
-from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.services.runtime import FoldedLog, catch_up_after, notify_ready
 from gpusched.services.shell import common_arguments
 
 log = structlog.get_logger()
@@ -71,6 +72,8 @@ _encode_reply = msgspec.json.Encoder().encode
 #: How long admission keeps retrying an append the log cannot take right now (a JetStream leader
 #: election, a frozen or reconnecting server) before it answers that the log is unavailable.
 APPEND_PATIENCE_S = 10.0
+#: How many times one command is decided again after its compare-and-set lost to another writer.
+MAX_REDECIDES = 20
 
 
 @dataclass(frozen=True)
@@ -644,16 +647,18 @@ def transient(err: BaseException) -> bool:
                             ConnectionReconnectingError, StaleConnectionError))
 
 
-async def append_patiently(event_log, event: ev.Event, msg_id: str | None, patience_s: float = APPEND_PATIENCE_S) -> int:
+async def append_patiently(event_log, event: ev.Event, msg_id: str | None, patience_s: float = APPEND_PATIENCE_S,
+                           expect_alloc_seq: int | None = None) -> int:
     """Append, retrying transient failures with backoff for up to `patience_s`. The message id
     stays the same, so JetStream's duplicate window stores the fact once however many attempts
-    reached it (a repeat answers the first one's sequence)."""
+    reached it (a repeat answers the first one's sequence, before any compare-and-set is
+    checked). A `Conflict` is no transient failure: it is raised, for the caller to decide again."""
     start = time.monotonic()
     delay, attempts = 0.05, 0
     while True:
         attempts += 1
         try:
-            return await event_log.append(event, msg_id=msg_id)
+            return await event_log.append(event, msg_id=msg_id, expect_alloc_seq=expect_alloc_seq)
         except Exception as err:
             waited = time.monotonic() - start
             if not transient(err):
@@ -731,11 +736,24 @@ class Admission:
             del self._in_flight[key]
 
     async def _decide_and_append(self, cmd: Command, caller: Caller = ADMIN) -> CommandReply:
+        """Decide, append, and on a lost compare-and-set (a cancel, a drain: facts of the alloc
+        tree) fold what was missed and decide again."""
+        for _ in range(MAX_REDECIDES):
+            try:
+                return await self._decide_once(cmd, caller)
+            except Conflict as conflict:
+                await catch_up_after(self.folded, conflict)
+        return CommandReply(ok=False, error=f"GPU ownership changed under {MAX_REDECIDES} decisions in a row; "
+                                            "retry with the same request id")
+
+    async def _decide_once(self, cmd: Command, caller: Caller) -> CommandReply:
         state = self.folded.state
+        view = self.folded.alloc_seq  # what the decision sees of the alloc tree (no await until `admit`)
         decision = admit(state, cmd, time.time(), self.config, self.capacity, self._taken, caller)
         if decision.event is None and not decision.reply.ok and await self._caught_up():
             # A refusal must not come from a lagging fold: the node the caller just registered,
             # the job it just submitted, may be in the log and not folded yet. Decide again.
+            view = self.folded.alloc_seq
             decision = admit(state, cmd, time.time(), self.config, self.capacity, self._taken, caller)
         if decision.event is None:
             return decision.reply
@@ -743,9 +761,7 @@ class Admission:
         if job_id:
             self._taken[job_id] = request_scope(cmd, caller)
         try:
-            seq = await append_patiently(self.folded.log, decision.event, decision.msg_id, self.append_patience_s)
-            for event, msg_id in decision.more:
-                seq = await append_patiently(self.folded.log, event, msg_id, self.append_patience_s)
+            seq = await self._append(decision, view)
         except LogUnavailable as err:
             self._taken.pop(job_id or "", None)  # a retry of this request must name the same job
             log.warning("command_unavailable", kind=decision.event.kind, request_id=cmd.request_id, error=str(err))
@@ -755,6 +771,19 @@ class Admission:
         (log.debug if decision.reply.ok else log.info)("command_decided", kind=decision.event.kind, ok=decision.reply.ok, seq=seq,
                  request_id=cmd.request_id, job_id=decision.reply.job_id, error=decision.reply.error or None)
         return msgspec.structs.replace(decision.reply, seq=seq)
+
+    async def _append(self, decision: Decision, view: int) -> int:
+        """The decision's facts in order; those of the alloc tree as compare-and-sets, the first
+        against the view it was decided at, each next one against the one before (see
+        `runtime.append_cas`: on a NATS cluster a plain append could slip under a grant's check).
+        Raises `Conflict` when the tree moved: nothing more is appended."""
+        expected, seq = view, 0
+        for event, msg_id in ((decision.event, decision.msg_id), *decision.more):
+            assert event is not None
+            seq = await append_patiently(self.folded.log, event, msg_id, self.append_patience_s,
+                                         expect_alloc_seq=expected if event.ALLOC else None)
+            expected = seq if event.ALLOC else expected
+        return seq
 
     async def _caught_up(self) -> bool:
         """Read barrier before a refusal: fold the log up to its head as of now. True when the

@@ -59,6 +59,11 @@ _log = connection.LazyLogger()
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
+#: A clustered stream's leader refuses an expected-sequence check while another one over the same
+#: subject (here: the alloc tree) is proposed and not yet applied; it names no sequence. Stored
+#: nothing, like 10071: a conflict, and the writer catches up and decides again.
+CHECK_IN_FLIGHT = 10164
+CAS_REFUSALS = (WRONG_LAST_SEQUENCE, CHECK_IN_FLIGHT)
 BATCH_DUPLICATE_MSG_ID = 10201  # an atomic batch repeats a stored Nats-Msg-Id
 MAX_BATCH = 1000  # JetStream's limit on one atomic batch
 DEAD_ALREADY_STORED = 10077  # "maximum messages per subject exceeded" (discard new per subject)
@@ -172,6 +177,7 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
     kwargs.setdefault("max_reconnect_attempts", -1)
     kwargs.setdefault("reconnect_time_wait", 0.5)
     quiet, holder = connection.callbacks(name)  # one line per outage period; exit when closed for good
+    watch = connection.QuorumWatch.for_servers(servers, name, kwargs)  # off a server without a quorum
     for key, value in quiet.items():
         if key != "error_cb":
             kwargs.setdefault(key, value)
@@ -212,6 +218,7 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         raise Unreachable("NATS", url, cause, NATS_HINT) from err
     holder["nc"] = nc
     nc.gpusched_identity = ident  # type: ignore[attr-defined]
+    watch.start(nc)
     fastpath.install(nc)  # header parse and encoding of every message: the same bytes, cheaper
     problem = limits.server_problem(nc._server_info)  # nats-py keeps the server's INFO here
     if problem:
@@ -407,7 +414,7 @@ class EventLog:
         try:
             ack = await self.js.publish(subject, payload, headers=hdrs)
         except APIError as err:
-            if err.err_code == WRONG_LAST_SEQUENCE and expect_alloc_seq is not None:
+            if err.err_code in CAS_REFUSALS and expect_alloc_seq is not None:
                 raise Conflict(expect_alloc_seq, err.description or "") from err
             raise
         return ack if raw else ack.seq
@@ -478,7 +485,7 @@ class EventLog:
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error:
-            if error.get("err_code") in (WRONG_LAST_SEQUENCE, BATCH_DUPLICATE_MSG_ID) and expect_alloc_seq is not None:
+            if error.get("err_code") in (*CAS_REFUSALS, BATCH_DUPLICATE_MSG_ID) and expect_alloc_seq is not None:
                 raise Conflict(expect_alloc_seq or 0, error.get("description", ""))
             raise APIError(**error)
         if chain is not None:

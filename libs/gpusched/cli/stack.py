@@ -541,8 +541,22 @@ match the simulated node daemons': `node00` in `rack00`, ..."""
 
 
 async def register_simulated_nodes(log, nodes: int, gpus_per_node: int, nodes_per_rack: int, nvlink: str) -> None:
+    """Each registration is a compare-and-set, as every fact of the alloc tree
+    (`runtime.append_cas`), against the tree's last sequence that a lost one names."""
+    from gpusched.bus.log import Conflict
+
     for event in simulated_nodes(nodes, gpus_per_node, nodes_per_rack, nvlink):
-        await log.append(event, msg_id=f"register-{event.node}")
+        expected = 0
+        for _ in range(100):
+            try:
+                await log.append(event, msg_id=f"register-{event.node}", expect_alloc_seq=expected)
+                break
+            except Conflict as conflict:
+                if conflict.actual is None:  # another writer's check in flight: it names no sequence
+                    await asyncio.sleep(0.01)
+                expected = conflict.actual if conflict.actual is not None else expected
+        else:
+            raise RuntimeError(f"registering {event.node}: the alloc tree kept changing")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
