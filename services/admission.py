@@ -41,6 +41,7 @@ from gpusched.core.commands import (
     HoldJob,
     LabelNode,
     RestoreGpu,
+    SetFoldSettings,
     SetTeamQuota,
     SubmitJob,
     UpdateJob,
@@ -60,6 +61,7 @@ SUBJECT_COMMANDS: dict[str, type[Command]] = {
     subjects.CMD_SUBMIT: SubmitJob,
     subjects.CMD_CANCEL: CancelJob,
     subjects.CMD_QUOTA: SetTeamQuota,
+    subjects.CMD_FOLD: SetFoldSettings,
     subjects.CMD_DRAIN: DrainNode,
     subjects.CMD_RESTORE: RestoreGpu,
     subjects.CMD_HOLD: HoldJob,
@@ -123,7 +125,7 @@ def caller_problem(state: ClusterState, cmd: Command, caller: Caller) -> str | N
         job = state.jobs.get(cmd.job_id)
         if job is not None and job.spec.team != caller.team:
             return f"job {cmd.job_id} belongs to team {job.spec.team!r}; these credentials act for {caller.team!r}"
-    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu, LabelNode)):
+    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu, LabelNode, SetFoldSettings)):
         return f"{type(cmd).__name__} needs the admin role"
     return None
 
@@ -589,6 +591,9 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
         return _label(state, cmd, now)
     if isinstance(cmd, SetTeamQuota):
         return _set_quota(state, cmd, now)
+    if isinstance(cmd, SetFoldSettings):  # the log's one record of them: every fold reads it
+        return Decision(CommandReply(ok=True), ev.FoldSettingsSet(at=now, settings=cmd.settings, reason=cmd.reason),
+                        f"fold-{cmd.request_id}")
     if isinstance(cmd, DrainNode):
         return _drain(state, cmd, now)
     if isinstance(cmd, RestoreGpu):

@@ -273,7 +273,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = policy_of(args)
-    folded = await FoldedLog.open(args.nats, name="gpusched-reader", half_life_s=config.half_life_s)
+    folded = await FoldedLog.open(args.nats, name="gpusched-reader")
     reader = Reader(folded, config, args.nats, args.redis)
 
     async def on_message(msg) -> None:

@@ -18,7 +18,6 @@ from gpusched import health, metrics, store, telemetry
 from gpusched.bus import subjects
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
-from gpusched.core.model import DEFAULT_HALF_LIFE_S
 from gpusched.core.state import ClusterState
 
 log = structlog.get_logger()
@@ -69,9 +68,9 @@ class FailedRounds:
 class FoldedLog:
     """A live fold of the log. `changed` is set after every applied event."""
 
-    def __init__(self, event_log: EventLog, half_life_s: float | None = DEFAULT_HALF_LIFE_S):
+    def __init__(self, event_log: EventLog):
         self.log = event_log
-        self.state = store.new_fold(half_life_s)
+        self.state = store.new_fold()
         self.changed = asyncio.Event()
         self.listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
@@ -84,12 +83,11 @@ class FoldedLog:
         self.heads = SharedRead(event_log.last_seq)
 
     @classmethod
-    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None,
-                   half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> FoldedLog:
+    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None) -> FoldedLog:
         """Connect, replay what exists (from `snapshot` on, when one is given) and keep
-        following: what every service starts with. `half_life_s`: the usage half-life of the
-        fold (a policy's `PolicyConfig.half_life_s`, the same as the simulator folds with)."""
-        folded = cls(await EventLog.open(url, name=name), half_life_s)
+        following: what every service starts with. The fold's settings (usage half-life,
+        horizon) are the log's own (`FoldSettingsSet`), not the process's."""
+        folded = cls(await EventLog.open(url, name=name))
         await folded.start(snapshot)
         return folded
 
@@ -106,13 +104,11 @@ class FoldedLog:
         info = (await self.log.js.stream_info(subjects.STREAM)).state
         target, first = info.last_seq, info.first_seq
         if snapshot is not None and self.seen_seq == 0 and 0 < snapshot.last_seq <= target:
-            same = (snapshot.half_life_s, snapshot.forget_after_s) == (self.state.half_life_s,
-                                                                       self.state.forget_after_s)
-            if same:
-                await self._adopt(snapshot)
+            if snapshot.keep_whole != self.state.keep_whole:
+                log.warning("snapshot_rejected", seq=snapshot.last_seq, reason=store.other_fold(snapshot.keep_whole),
+                            hint="replaying the log from the start")
             else:
-                log.warning("snapshot_rejected", seq=snapshot.last_seq, reason="folded with another half-life or "
-                            "horizon (GPUSCHED_FORGET_AFTER_S)", hint="replaying the log from the start")
+                await self._adopt(snapshot)
         if self.seen_seq == 0 and snapshot is None:
             await self._adopt_stored(first, target)
         if first > self.seen_seq + 1 and target > 0:
@@ -140,8 +136,7 @@ class FoldedLog:
     async def _adopt_stored(self, first: int, last: int) -> None:
         """Start from the newest snapshot in JetStream that passes verification (refused ones
         are logged with why, and an older one is tried); none: replay from the start."""
-        state, refused = await store.SnapshotStore(self.log).latest(self.state.half_life_s, first, last,
-                                                                       self.state.forget_after_s)
+        state, refused = await store.SnapshotStore(self.log).latest(first, last, self.state.keep_whole)
         if state is None:
             if refused:
                 log.warning("snapshot_none_adopted", refused=len(refused), hint="replaying the log from the start")

@@ -222,6 +222,8 @@ _LINES: dict[str, Any] = {
                               else f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}").rstrip(),
     "ZombieDetected": lambda e: f"zombie on {e.gpu}: pids {e.pids}",
     "ZombieReclaimed": lambda e: f"zombie on {e.gpu} reclaimed",
+    "FoldSettingsSet": lambda e: (f"fold settings: usage half-life {_span(e.settings.half_life_s)}, finished jobs "
+                                  f"kept whole {_span(e.settings.forget_after_s)}" + (f" ({e.reason})" if e.reason else "")),
     "TeamQuotaSet": lambda e: (f"team {e.team} quota: guaranteed {e.quota.guaranteed}, weight {e.quota.weight}, "
                                 f"limit {e.quota.limit}"),
     "PlacementDegraded": lambda e: f"placement DEGRADED: {e.reason}",
@@ -230,6 +232,15 @@ _LINES: dict[str, Any] = {
     "GpuRestored": lambda e: f"GPU {e.gpu} restored: {e.reason}",
     "SnapshotTaken": lambda e: f"snapshot of the state at seq {e.seq} sealed",
 }
+
+
+def _span(seconds: float | None) -> str:
+    if seconds is None:
+        return "for ever"
+    for unit, size in (("d", 86_400), ("h", 3600)):
+        if seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 def attempt_text(attempt: int, generation: int = 0) -> str:

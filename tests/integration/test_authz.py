@@ -100,6 +100,7 @@ def publish_cases(who: str) -> dict[str, bool]:
         subjects.CMD_SUBMIT: admin or role == "dashboard",  # admin's form: any team
         subjects.CMD_QUOTA + ".someone": admin or role == "dashboard",
         subjects.CMD_DRAIN: admin or role == "dashboard",
+        subjects.CMD_FOLD: admin or role == "dashboard",  # the fold's settings: admin's alone
         "gpusched.ctl.placement": admin or role == "dashboard",
         subjects.Q_SHARES: admin or role == "dashboard",  # every team's standing: not a tenant's to read
         # reads through the reader service: a tenant's or platform's own team(s) and name only

@@ -24,11 +24,12 @@ from gpusched.core.commands import (
     HoldJob,
     LabelNode,
     RestoreGpu,
+    SetFoldSettings,
     SetTeamQuota,
     SubmitJob,
     UpdateJob,
 )
-from gpusched.core.model import JobSpec, TeamQuota
+from gpusched.core.model import FoldSettings, JobSpec, TeamQuota
 
 from . import connection, subjects
 from .log import connect, identity_of
@@ -38,6 +39,7 @@ COMMAND_SUBJECTS: dict[type[Command], str] = {
     SubmitJob: subjects.CMD_SUBMIT,
     CancelJob: subjects.CMD_CANCEL,
     SetTeamQuota: subjects.CMD_QUOTA,
+    SetFoldSettings: subjects.CMD_FOLD,
     DrainNode: subjects.CMD_DRAIN,
     RestoreGpu: subjects.CMD_RESTORE,
     HoldJob: subjects.CMD_HOLD,
@@ -167,6 +169,12 @@ class Client:
         """Set a team's quota; with `only`, change just those fields (the rest stay as they are)."""
         return await self.send(SetTeamQuota(request_id=request_id or new_request_id(), team=team, quota=quota,
                                             only=only or []))  # type: ignore[arg-type]
+
+    async def set_fold_settings(self, settings: FoldSettings, reason: str = "",
+                                request_id: str | None = None) -> CommandReply:
+        """Admin: the fold's settings from now on (a `FoldSettingsSet` fact)."""
+        return await self.send(SetFoldSettings(request_id=request_id or new_request_id(), settings=settings,
+                                               reason=reason))
 
     async def drain(self, node: str, drain: bool = True, reason: str = "", request_id: str | None = None,
                     at: float | None = None, until: float | None = None) -> CommandReply:

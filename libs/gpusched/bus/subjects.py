@@ -50,6 +50,7 @@ CMD_RESTORE = "gpusched.cmd.restore"
 CMD_HOLD = "gpusched.cmd.hold"
 CMD_UPDATE = "gpusched.cmd.update"
 CMD_LABEL = "gpusched.cmd.label"
+CMD_FOLD = "gpusched.cmd.fold"
 CMD_ANY = "gpusched.cmd.>"
 #: Command kinds as the subject names them, and those a tenant or platform may send.
 COMMAND_KINDS = ("submit", "cancel", "quota", "drain", "restore", "hold", "update", "label")

@@ -349,6 +349,39 @@ def cmd_quota(args: argparse.Namespace) -> int:
     return _run(args, lambda c: c.set_quota(args.team, quota, only=only), done)
 
 
+def span_arg(text: str) -> float | None:
+    """A fold setting: a duration (`7d`, `PT12H`), or `none`."""
+    return None if text.strip().lower() in ("none", "never", "off") else duration_arg(text)
+
+
+def cmd_fold_settings(args: argparse.Namespace) -> int:
+    """Admin: both settings at once, so the fact says the whole of what every fold uses."""
+    from gpusched.core.model import FoldSettings
+
+    try:
+        settings = msgspec.convert({"half_life_s": args.half_life, "forget_after_s": args.forget_after}, FoldSettings)
+    except msgspec.ValidationError as err:
+        raise SystemExit(f"gpusched fold-settings: {err} (each from 1h to 10 years, or none)") from None
+
+    def shown(v: float | None) -> str:
+        return "none" if v is None else f"{v:g} s"
+
+    return _run(args, lambda c: c.set_fold_settings(settings, args.reason),
+                lambda reply: f"fold settings from seq {reply.seq}: usage half-life {shown(settings.half_life_s)}, "
+                              f"finished jobs kept whole {shown(settings.forget_after_s)}")
+
+
+def _register_fold_settings(sub, common) -> None:
+    p = sub.add_parser("fold-settings", parents=common,
+                       help="admin: what every fold computes with from now on (a fact of the log): usage half-life, horizon")
+    p.add_argument("--half-life", type=span_arg, required=True, metavar="DURATION|none",
+                   help="fair share's usage half-life (default of a new cluster: 7d; none: usage never decays)")
+    p.add_argument("--forget-after", type=span_arg, required=True, metavar="DURATION|none",
+                   help="how long a finished job is kept whole, then only its tombstone (default 90d; none: for ever)")
+    p.add_argument("--reason", default="", help="why (kept with the fact)")
+    p.set_defaults(func=cmd_fold_settings)
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     from gpusched.cli.output import parse_future
 
@@ -445,10 +478,7 @@ def _register_cancel(sub, common: list) -> None:
     p.set_defaults(func=cmd_cancel)
 
 
-def register(sub) -> None:
-    from .output import CONNECTION
-
-    common = [CONNECTION, _client_parent()]
+def _register_submit(sub, common) -> None:
     p = sub.add_parser("submit", parents=common, help="submit a job: gpusched submit --team T --gpus N -- COMMAND...")
     p.add_argument("--team", required=True, help="the team the job runs for (its quota and share)")
     p.add_argument("--gpus", type=int, required=True, help="gang size (the most an elastic job uses)")
@@ -492,6 +522,13 @@ def register(sub) -> None:
 
     _register_cancel(sub, common)
 
+
+
+def register(sub) -> None:
+    from .output import CONNECTION
+
+    common = [CONNECTION, _client_parent()]
+    _register_submit(sub, common)
     p = sub.add_parser("quota", parents=common, help="change a team's guaranteed share, weight or hard limit (only those given)")
     p.add_argument("team", help="the team")
     p.add_argument("--guaranteed", type=int, default=None, help="GPUs it can always reclaim")
@@ -507,6 +544,7 @@ def register(sub) -> None:
     p.add_argument("--default-mem", default=None, metavar="SIZE",
                    help="the memory per node its jobs get when submitted without --mem, like 16G")
     p.set_defaults(func=cmd_quota)
+    _register_fold_settings(sub, common)
 
     _register_job_edits(sub, common)
 

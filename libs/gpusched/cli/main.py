@@ -59,6 +59,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("gpusched.cli.commands", "cancel a pending or running job, or every task of a job array by its id "
                                       "(a tenant: its own team's only)"),
     "quota": ("gpusched.cli.commands", "change a team's guaranteed share, weight or hard limit (only those given)"),
+    "fold-settings": ("gpusched.cli.commands",
+                      "admin: what every fold computes with from now on (a fact of the log): usage half-life, horizon"),
     "hold": ("gpusched.cli.commands", "hold a pending job: it is never placed until released (a tenant: its own team's)"),
     "release": ("gpusched.cli.commands", "release a held job: it may be placed again"),
     "update": ("gpusched.cli.commands", "change a pending job's priority class or time limit"),

@@ -30,23 +30,22 @@ async def open_log(nats: str | None):
 
 
 async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: bool = True,
-                     half_life_s: float | None = 7 * 24 * 3600.0, at: str | None = None) -> ClusterState:
+                     at: str | None = None) -> ClusterState:
     """The cluster state now, or `at` a log sequence or time: a Redis snapshot (when it is not
-    past the cut) plus the log up to the cut, or the log from its start (folded with the running
-    policy's usage half-life)."""
+    past the cut) plus the log up to the cut, or the log from its start (with the log's own
+    fold settings)."""
     from gpusched.store import fold_log
 
     log = await open_log(nats)
     try:
         until = await cut_seq(log, at)
-        state = await verified_snapshot(log, redis, half_life_s, until) if use_snapshot else None
-        return await fold_log(log, state, until, half_life_s=half_life_s)
+        state = await verified_snapshot(log, redis, until) if use_snapshot else None
+        return await fold_log(log, state, until)
     finally:
         await log.close()
 
 
-async def verified_snapshot(log, redis: str | None, half_life_s: float | None,
-                            until: int | None = None) -> ClusterState | None:
+async def verified_snapshot(log, redis: str | None, until: int | None = None) -> ClusterState | None:
     """A snapshot to fold on from, never past `until`: Redis's cached one if the log's latest
     seal vouches for it (anyone who can write Redis could otherwise show held GPUs as free),
     else (for the state now) the newest verified one in JetStream; None: fold from the start. Only a shortcut, so
@@ -58,7 +57,7 @@ async def verified_snapshot(log, redis: str | None, half_life_s: float | None,
     if _redis_configured(redis):
         r = _redis_client(redis)
         try:
-            state = await asyncio.wait_for(load_snapshot(r, half_life_s), 3)
+            state = await asyncio.wait_for(load_snapshot(r), 3)
             if state is not None and await untrusted(log, state) is not None:
                 state = None
         except Exception:  # noqa: BLE001 - a snapshot is only a shortcut
@@ -68,7 +67,7 @@ async def verified_snapshot(log, redis: str | None, half_life_s: float | None,
     if state is None and until is None:
         try:
             info = (await log.js.stream_info(subjects.STREAM)).state
-            state, _ = await SnapshotStore(log).latest(half_life_s, info.first_seq, info.last_seq)
+            state, _ = await SnapshotStore(log).latest(info.first_seq, info.last_seq)
         except Exception:  # noqa: BLE001
             state = None
     return None if state is None or (until is not None and state.last_seq > until) else state
@@ -156,8 +155,7 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"]}
         finally:
             await views.close()
-    kw = {} if config is None else {"half_life_s": config.half_life_s}
-    state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False), **kw)
+    state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False))
     return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now}
 
 
@@ -274,8 +272,8 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
     config = config or DEFAULT
     event_log = await open_log(nats)
     try:
-        state = await verified_snapshot(event_log, redis, config.half_life_s)
-        state = await fold_log(event_log, state, half_life_s=config.half_life_s)
+        state = await verified_snapshot(event_log, redis)
+        state = await fold_log(event_log, state)
         job = state.jobs.get(job_id)
         used = await usage(redis) if job is not None and job.holding else {}
         return await show_from(event_log, state, job_id, config, used)

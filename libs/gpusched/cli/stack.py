@@ -280,10 +280,10 @@ class Stack:
             "placement": [*policy, *ttl],
             "preemptor": policy,
             "projector": policy,  # its fold and queue order follow the running policy
-            "quota_ledger": policy,  # usage decays with the running policy's half-life
+            "quota_ledger": policy,  # its standings order teams as the running policy does
             "reader": policy,  # `show` for tenants explains under the running policy
             "reconciler": [*policy, *reconciler_timings(a)],  # idle_util_pct, idle_after_s; timings
-            "fallback": [*policy, *ttl],  # its fold decays usage with the running policy's half-life
+            "fallback": [*policy, *ttl],  # it orders the queue as the running policy does
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
                           "--work-dir", str(self.data_dir / "work"), "--heartbeat-s", "2",

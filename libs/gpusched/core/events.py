@@ -28,7 +28,18 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from .model import SCHEMA_VERSION, GpuId, GpuInfo, JobId, JobSpec, Level, NvlinkLayout, Priority, TeamQuota
+from .model import (
+    SCHEMA_VERSION,
+    FoldSettings,
+    GpuId,
+    GpuInfo,
+    JobId,
+    JobSpec,
+    Level,
+    NvlinkLayout,
+    Priority,
+    TeamQuota,
+)
 from .reasons import Reason
 
 
@@ -392,6 +403,15 @@ class TeamQuotaSet(Event, frozen=True, kw_only=True):
     quota: TeamQuota
 
 
+class FoldSettingsSet(Event, frozen=True, kw_only=True):
+    """From this fact on, every fold (services, `replay`, the audit) decays usage and forgets
+    finished jobs with these settings: admin's decision, through admission (`gpusched
+    fold-settings`). Usage up to it decays with the settings before it."""
+
+    settings: FoldSettings
+    reason: str = ""
+
+
 class PlacementDegraded(Event, frozen=True, kw_only=True):
     """The placement lease lapsed: naive first-free placement has taken over."""
 
@@ -442,6 +462,7 @@ AnyEvent = Union[
     ZombieDetected,
     ZombieReclaimed,
     TeamQuotaSet,
+    FoldSettingsSet,
     PlacementDegraded,
     PlacementRecovered,
     SnapshotTaken,

@@ -24,6 +24,7 @@ EVENT_WRITERS: dict[str, frozenset[str]] = {
     "JobHeld": frozenset({"admission"}),
     "JobUpdated": frozenset({"admission"}),
     "TeamQuotaSet": frozenset({"admission"}),
+    "FoldSettingsSet": frozenset({"admission"}),
     "NodeDrained": frozenset({"admission"}),
     "NodeLabeled": frozenset({"admission"}),
     "JobPending": frozenset({"placement", "fallback"}),
