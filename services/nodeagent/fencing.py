@@ -55,6 +55,17 @@ class FenceConfig:
                 + self.slack_s)
         return max(self.probe_s, self.node_timeout_s - rest)
 
+    def keeper_after_s(self, kill_grace_s: float, heartbeat_s: float, tick_s: float) -> float:
+        """How long the fence keeper (`keeper.py`) lets the jobs of an agent that stopped renewing
+        its lease run: never before the agent's own fence has had its checkpoint grace (so a
+        live, cut-off agent fences first), and, computed, as late as the node timeout allows, since
+        a dead agent has no probe to wait for and no checkpoint to record:
+        `heartbeat_s + keeper_after_s + tick_s + kill_grace_s + slack_s <= node_timeout_s`."""
+        own = self.after_s(kill_grace_s, heartbeat_s) + self.checkpoint_grace_s
+        if self.fence_after_s is not None:
+            return own
+        return max(own, self.node_timeout_s - (heartbeat_s + tick_s + kill_grace_s + self.slack_s))
+
     @classmethod
     def from_env(cls) -> FenceConfig | None:
         if os.environ.get("GPUSCHED_FENCE", "1") == "0":
@@ -114,9 +125,14 @@ class Fence:
             agent.stop_all(why)
 
 
+def config(host: Any) -> FenceConfig | None:
+    """A host's fencing settings: set on it (tests), else from the environment; None: off."""
+    return getattr(host, "fence_config", None) or FenceConfig.from_env()
+
+
 def tasks(host: Any) -> list[asyncio.Task]:
     """The fence's task for a started `NodeHost` (none when fencing is off)."""
-    cfg = getattr(host, "fence_config", None) or FenceConfig.from_env()
+    cfg = config(host)
     if cfg is None:
         return []
     host.fence = Fence(host, cfg)
