@@ -11,7 +11,7 @@ alive (SIGTERM to the run's cgroup, or its process group; SIGKILL after the kill
 `fenced` into each run's state file, and exits. A daemon restarted within `after_s` renews the
 lease and keeps every job; one restarted later finds its runs ended by the keeper and reports
 them as fenced (`ProcessesEnded`), not as failed exits. A live daemon cut off from the log
-fences its jobs itself first (its own fence fires a checkpoint grace earlier at least).
+fences its jobs itself first (the keeper waits as long as that fence may take).
 
 No checkpoint is asked for: no agent is there to record it in the log, so a new attempt resumes
 from the last checkpoint the log holds, as after a machine crash.
@@ -36,7 +36,7 @@ from typing import Any
 from .procs import JobGroup
 
 LEASE, LOCK, LOG = "keeper.json", "keeper.lock", "keeper.log"
-#: How often the keeper looks at the lease (part of the bound: `FenceConfig.keeper_after_s`).
+#: How often the keeper looks at the lease (within the fence bound's slack: `FenceConfig.keeper_after_s`).
 TICK_S = 0.2
 #: The keeper runs without the package's __init__, which imports the whole daemon (1.5 s of CPU
 #: and 60 MB for a process that only watches a file): an empty package module, then this one.
@@ -127,7 +127,7 @@ def start(host: Any) -> None:
     if cfg is None:
         return
     kill = max((a.cfg.kill_grace_s for a in host.agents.values()), default=10.0)
-    after = cfg.keeper_after_s(kill, host.heartbeat_s, TICK_S)
+    after = cfg.keeper_after_s(kill, host.heartbeat_s)
     for agent in host.agents.values():
         if agent.cfg.work_dir not in host.keepers:
             host.keepers[agent.cfg.work_dir] = Keeper(agent.cfg.work_dir, after, kill)
