@@ -134,10 +134,16 @@ def start(host: Any) -> None:
 
 
 def guard(agent: Any) -> None:
-    """A job process was started or adopted: its work dir's keeper must run."""
+    """A job process was started or adopted: its work dir's keeper must run (if it cannot be
+    started now, the renewal tries again within a second)."""
     keeper = getattr(agent.host, "keepers", {}).get(agent.cfg.work_dir)
     if keeper is not None:
-        keeper.ensure()
+        try:
+            keeper.ensure()
+        except OSError as err:
+            import structlog
+
+            structlog.get_logger().warning("fence_keeper_not_started", dir=str(keeper.runs), error=str(err))
 
 
 def tasks(host: Any) -> list:
@@ -196,7 +202,7 @@ def fence(runs: Path, why: str, kill_grace_s: float) -> list[str]:
             group = None if rec.get("virtual") else JobGroup.from_record(rec)
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if group is None or not group.leader_alive():
+        if group is None or not group.alive():  # its leader, or what it left in its cgroup or group
             continue
         _write_atomic(path, {**rec, "fenced": why})  # before the signal: whoever sees the exit knows why
         group.signal(signal.SIGTERM)
