@@ -4,7 +4,8 @@
     python scripts/nvml_check.py            # backend only
     python scripts/nvml_check.py --agent    # also a real node daemon on a throwaway NATS
 
-1. list the GPUs (UUID, model, memory) and the NVLink topology (P2P pairs, links, domains);
+1. list the GPUs (UUID, model, memory), the NVLink topology (P2P pairs, links, domains) and
+   each GPU's MIG mode and GPU-instance profiles;
 2. one heartbeat sample (memory, utilization, processes, health), and the used-versus-held
    fields the reconciler reads (utilization, memory used with or without a process: idle, leaked);
 3. start a process with CUDA_VISIBLE_DEVICES=<index> that opens a CUDA context (through
@@ -77,6 +78,10 @@ def check_backend(index: int):
     print(f"      bus ids: {bus_ids}")
     print(f"      active links per GPU: {[len(lk) for lk in links]} {links if sum(map(len, links)) < 40 else ''}")
     ok(f"NVLink domains {backend.nvlink_domains()}")
+    for i, m in backend.mig().items():  # MIG mode and GPU-instance profiles (docs/gpu-sharing.md)
+        made = ", ".join(f"{p.name} x{p.instances} ({p.remaining} free)" for p in m.profiles) or "no profiles"
+        print(f"      MIG {i}: mode {m.mode} (pending {m.pending}): {made}")
+    ok("MIG modes read")
     t0 = time.perf_counter()
     samples = backend.sample()
     ok(f"sample in {(time.perf_counter() - t0) * 1000:.1f} ms")

@@ -166,8 +166,13 @@ def _no_process_outcome(job: Job, node: str, now: float) -> ev.Event:
 
 def _tell_holder(state: ClusterState, gid: str, reason: str, now: float, out: Decision) -> None:
     """A running job on a quarantined GPU gets the fact (once: the fold remembers it)."""
-    holder = state.gpus[gid].holder
-    job = state.jobs.get(holder) if holder is not None else None
+    rec = state.gpus[gid]
+    for sharer in rec.shares:  # every fractional job on it
+        _tell_job(state.jobs.get(sharer), gid, reason, now, out)
+    _tell_job(state.jobs.get(rec.holder) if rec.holder is not None else None, gid, reason, now, out)
+
+
+def _tell_job(job: Job | None, gid: str, reason: str, now: float, out: Decision) -> None:
     if job is None or not job.holding or gid in job.unhealthy:
         return
     for i, e in enumerate(out.events):  # one fact per job and decision, naming all its GPUs
@@ -258,7 +263,7 @@ def _gpu_facts(state: ClusterState, obs: Observations, now: float, cfg: Reconcil
                 out.events.append(ev.ZombieReclaimed(at=now, gpu=gid, pids=list(g.zombie_pids)))
             elif now - obs.kill_sent.get(gid, -math.inf) >= cfg.kill_retry_s:
                 out.kills.append((name, gid, list(s.pids)))
-        elif g.holder is None and s.pids:
+        elif not g.occupied and s.pids:  # a shared GPU's processes are its fractional jobs
             first = min(obs.stray_since.setdefault((gid, p), now) for p in s.pids)
             strays.update((gid, p) for p in s.pids)
             if now - first >= cfg.zombie_grace_s:
@@ -341,7 +346,7 @@ def decide_leaks(state: ClusterState, obs: Observations, now: float, cfg: Reconc
     leaking: set[str] = set()
     for name, s, gid, g in _live_samples(state, obs, lost):
         ours = g.quarantined is not None and g.quarantined.startswith(LEAK_PREFIX)
-        if s.memory_used_mb < cfg.leak_min_mb or s.pids or g.holder is not None or g.zombie_pids is not None:
+        if s.memory_used_mb < cfg.leak_min_mb or s.pids or g.occupied or g.zombie_pids is not None:
             if ours and s.memory_used_mb < cfg.leak_min_mb and not s.pids:
                 out.events.append(ev.GpuRestored(at=now, gpu=gid, reason="leaked memory freed"))
             continue

@@ -271,6 +271,18 @@ async def cancel_tasks(tasks: list[asyncio.Task], timeout: float = 5.0) -> None:
             task.exception()  # retrieved: no "exception was never retrieved" noise
 
 
+async def catch_up_after(folded: FoldedLog, conflict: Conflict) -> None:
+    """A compare-and-set append lost: fold what the writer missed before it decides again."""
+    metrics.CONFLICTS.labels(telemetry.current_service()).inc()
+    if conflict.actual is None:
+        await folded.catch_up()
+    else:  # the server named the change we missed: wait for it, no stream-info round trip
+        await folded.wait_seq(conflict.actual)
+        # self-heal: the server knows the alloc tree's last sequence even when this fold
+        # could not attribute it (e.g. a snapshot that predates a dead-lettered message)
+        folded.alloc_seq = max(folded.alloc_seq, conflict.actual)
+
+
 async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callable[[Event], str | None] = lambda e: None,
                      headers: dict[str, str] | None = None, view: int | None = None) -> tuple[int, bool]:
     """Append one cycle's decisions as atomic batches, compare-and-set over the alloc tree
@@ -278,7 +290,13 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
     MAX_BATCH events). Returns (appended count, conflicted). On conflict the fold is caught up
     and the caller decides again from the fresher state. `view` is the alloc sequence the
     decisions were made at (default: the fold's, right now — decide and append with no await
-    in between, or pass it)."""
+    in between, or pass it).
+
+    Every writer of the alloc tree appends through a compare-and-set, not only those that grant
+    (docs/scale.md, "Every alloc fact is a compare-and-set"): a clustered stream's leader checks
+    the expected sequence against what it has applied, and a plain append to the tree that is
+    proposed but not yet applied is invisible to the check, so a grant would be stored after a
+    change it never saw."""
     expected = folded.alloc_seq if view is None else view
     appended = last = 0
     for start in range(0, len(events), MAX_BATCH):
@@ -288,14 +306,7 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
             seqs = await folded.log.append_batch(chunk, msg_ids=[msg_id(e) for e in chunk],
                                                  expect_alloc_seq=cas, headers=headers)
         except Conflict as conflict:
-            metrics.CONFLICTS.labels(telemetry.current_service()).inc()
-            if conflict.actual is None:
-                await folded.catch_up()
-            else:  # the server named the change we missed: wait for it, no stream-info round trip
-                await folded.wait_seq(conflict.actual)
-                # self-heal: the server knows the alloc tree's last sequence even when this fold
-                # could not attribute it (e.g. a snapshot that predates a dead-lettered message)
-                folded.alloc_seq = max(folded.alloc_seq, conflict.actual)
+            await catch_up_after(folded, conflict)
             return appended, True
         appended += len(chunk)
         last = seqs[-1]

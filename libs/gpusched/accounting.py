@@ -21,11 +21,12 @@ from .core.state import TERMINAL, ClusterState, Job
 
 @dataclass(frozen=True)
 class Held:
-    """`gpus` GPUs held by `job_id` (of `team`) from `start` to `end` (None: still held)."""
+    """`gpus` GPUs held by `job_id` (of `team`) from `start` to `end` (None: still held); a
+    fractional job's `gpus` is its share of its one GPU (docs/gpu-sharing.md)."""
 
     job_id: str
     team: str
-    gpus: int
+    gpus: int | float
     start: float
     end: float | None = None
 
@@ -53,7 +54,7 @@ class Ledger:
                 self._sync(job, event.at)
 
     def _sync(self, job: Job, at: float) -> None:
-        held = len(job.gpus) if job.holding else 0
+        held = job.weight if job.holding else 0  # a fractional job is billed its share
         current = self.open.get(job.job_id)
         if current is not None and current.gpus != held:
             self.closed.append(Held(current.job_id, current.team, current.gpus, current.start, at))
@@ -114,6 +115,8 @@ def job_record(job: Job, run_s: float, gpu_s: float, now: float) -> dict[str, An
         "gpu_hours": round(gpu_s / 3600.0, 4), "attempts": job.attempt, "preemptions": job.preemptions,
         "restarts": job.restarts, "lost_gpu_s": round(job.lost_gpu_s, 3), "end_reason": job.end_reason,
     }
+    if spec.shared:
+        rec["gpu_share"] = job.share  # billed by its share of its one GPU
     seconds = getattr(job, "gpu_seconds", None)  # held vs busy GPU-seconds, where the fold keeps them
     if callable(seconds):
         held, busy = seconds(now)

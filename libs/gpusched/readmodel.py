@@ -43,6 +43,8 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "preemptible": spec.preemptible,
         "required": spec.topology.required,
         "gpus": [gpu_ref(g) for g in job.gpus],
+        "gpu_fraction": spec.gpu_fraction, "gpu_memory_mb": spec.gpu_memory_mb,  # a share of one GPU (asked)
+        "gpu_share": job.share if spec.shared and job.gpus else None,  # ... and held
         "placer": job.placer,
         "level": job.level,
         "backfill": job.backfill,
@@ -106,6 +108,8 @@ def gpu_status(state: ClusterState, g: str) -> str:
     node = state.nodes[rec.node]
     if rec.holder is not None:
         return "held"
+    if rec.shares:
+        return "shared"  # by fractional jobs (docs/gpu-sharing.md)
     if node.lost:
         return "lost"
     if node.partitioned:
@@ -132,6 +136,9 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
             "priority": holder.spec.priority if holder else None,
             "quarantined": rec.quarantined, "zombie_pids": rec.zombie_pids,
             "idle": holder is not None and holder.idle is not None,
+            "shares": dict(rec.shares),
+            **({"mig": {"mode": rec.mig.mode, "pending": rec.mig.pending,
+                        "profiles": [p.name for p in rec.mig.profiles]}} if rec.mig is not None else {}),
         })
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
@@ -139,7 +146,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
         "cpus": node.cpus, "cpus_used": node.cpus_used, "memory_mb": node.memory_mb,  # 0: not declared
         "memory_used_mb": node.memory_used_mb,
         "lost": node.lost, "drained": node.drained, "partitioned": node.partitioned, "total": len(node.gpus), "free": len(node.free),
-        "held": sum(1 for x in gpus if x["status"] == "held"), "gpus": gpus,
+        "held": sum(1 for x in gpus if x["status"] in ("held", "shared")), "gpus": gpus,
     }
 
 
@@ -189,7 +196,7 @@ def health_doc(state: ClusterState) -> dict[str, Any]:
 
 #: One human line per event kind (the event tail).
 _LINES: dict[str, Any] = {
-    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}{'/' + e.user if e.user else ''}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
+    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}{'/' + e.user if e.user else ''}{' via ' + e.via if e.via else ''}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
     "GpusGranted": lambda e: (f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}"
                               f"{', backfill' if e.backfill else ''}"
                               f"{', handed over: GPUs a preemption freed for it' if e.handover else ''})"),

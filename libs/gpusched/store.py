@@ -20,20 +20,23 @@ import io
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
-import redis.asyncio as aioredis
-import structlog
 from nats.js.errors import NotFoundError
 
 from gpusched.bus import subjects
+from gpusched.bus.connection import LazyLogger
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
 from gpusched.core.model import DEFAULT_HALF_LIFE_S
 from gpusched.core.state import FORGET_AFTER_S, ClusterState
 from gpusched.security import snapshots
 
-log = structlog.get_logger()
+log = LazyLogger()
+
+if TYPE_CHECKING:  # redis is imported where a snapshot is read from or written to it
+    import redis.asyncio as aioredis
 
 SNAPSHOT_KEY = "gpusched:snapshot"
 #: Snapshots kept in the object store: the newest and older ones to fall back to when the newest
@@ -219,9 +222,11 @@ async def untrusted(event_log: EventLog, state: ClusterState) -> str | None:
 
 async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> ClusterState | None:
     """The latest snapshot if its half-life matches (a fold with other parameters is another fold)."""
+    from redis.exceptions import RedisError
+
     try:
         raw = await r.hgetall(SNAPSHOT_KEY)
-    except (aioredis.RedisError, OSError):
+    except (RedisError, OSError):
         return None
     if not raw or b"data" not in raw:
         return None

@@ -24,7 +24,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +55,7 @@ from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal
 
 from . import container, fencing, keeper, launcher
 from .acks import AckCoalescer, AckLimits
-from .backends import GpuBackend, SimBackend, process_alive
+from .backends import GpuBackend, SimBackend, gpus_with_mig, process_alive
 from .cgroups import CgroupError, JobCgroup, remove_parent
 from .confine import cgroups_wanted, confine
 from .devices import GpuDevice, nvidia_control_allow, nvidia_devices, sim_devices
@@ -158,6 +158,13 @@ class RunningJob:
         return (self.job_id, self.attempt, self.generation)
 
 
+def _sharers(job: Job, state: ClusterState) -> set[str]:
+    """The other fractional jobs the fold lets a fractional job share its GPU with."""
+    if not job.spec.shared:
+        return set()
+    return {j for g in job.gpus if g in state.gpus for j in state.gpus[g].shares if j != job.job_id}
+
+
 def job_nodes(job: Job) -> list[str]:
     """The job's nodes in grant order: the rank of a node is its position here."""
     return job_node_order(job)
@@ -193,6 +200,7 @@ def _launch_spec_for(self, job: Job, mine: tuple[int, ...], state: ClusterState)
         **launcher.resume_and_secrets(job), checkpoint_roots=self.cfg.all_checkpoint_roots(),
         devices=tuple(self.devices[i].path for i in mine if i in self.devices),
         image=job.spec.image, containers_dir=str(self.cfg.containers_dir) if job.spec.image else None,
+        **launcher.share_of(job, [state.gpus[g].memory_mb for g in job.gpus if g in state.gpus]),
     )
 
 
@@ -318,7 +326,7 @@ def _register_node(self: NodeAgent) -> bool:
             return None
         return event
 
-    self.host.submit(build, cas=False)
+    self.host.submit(build)
     return True
 
 
@@ -329,7 +337,7 @@ class NodeAgent(CheckpointHandshake):
         self.node = config.node
         self.backend = backend
         self.agent_id = uuid.uuid4().hex[:12]
-        self.gpu_info = backend.gpus()
+        self.gpu_info = gpus_with_mig(backend)
         self.uuids = {g.index: g.uuid for g in self.gpu_info}
         self.jobs: dict[int, RunningJob] = {}  # by run id: a stopping run and its successor can coexist
         self.launched: dict[str, tuple[int, int]] = {}  # job -> (attempt, generation) started here
@@ -443,7 +451,7 @@ class NodeAgent(CheckpointHandshake):
         if job is None or (job.attempt, job.generation) != key[1:] or not mine:
             self.deferred.pop(key, None)
             return
-        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key) \
+        if time.monotonic() < self.deferred[key] or stale_live(job) or self._gpus_busy(mine, key, _sharers(job, state)) \
                 or not self.host.fresh_view():
             return
         del self.deferred[key]
@@ -454,9 +462,11 @@ class NodeAgent(CheckpointHandshake):
         return next((r for r in self.jobs.values() if r.job_id == job_id and r.state not in ("stopping", "draining")),
                     None)
 
-    def _gpus_busy(self, gpus: Iterable[int], key: RunKey | None = None) -> bool:
+    def _gpus_busy(self, gpus: Iterable[int], key: RunKey | None = None, beside: Collection[str] = ()) -> bool:
+        """Another run is on these GPUs (`beside`: the fractional jobs the fold lets share them)."""
         wanted = set(gpus)
-        return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) for r in self.jobs.values())
+        return any(r.key != key and r.state != "exited" and wanted & set(r.gpus) and r.job_id not in beside
+                   for r in self.jobs.values())
 
     _launch_spec = _launch_spec_for
 
@@ -491,7 +501,7 @@ class NodeAgent(CheckpointHandshake):
         started = ev.JobStarted(at=time.time(), job_id=job.job_id, attempt=job.attempt, node=self.node,
                                 pids=[proc.pid], rank=spec.node_rank, generation=job.generation,
                                 log="" if proc.virtual else str(spec.log_path))
-        self.host.submit(started, msg_id=f"started:{job.job_id}:{job.attempt}.{job.generation}:{self.node}", cas=False)
+        self.host.submit(started, msg_id=f"started:{job.job_id}:{job.attempt}.{job.generation}:{self.node}")
         if job.preemption is not None:  # asked while the run was waiting for its fence
             self._request_checkpoint(run, f"pre-{job.attempt}", job.preemption.reason, job.preemption.deadline,
                                      job.preemption.for_job)
@@ -516,7 +526,8 @@ class NodeAgent(CheckpointHandshake):
         self.jobs[run.id] = run
         self.host.track(run.job_id, self.node, True)
         if run.proc.pid:
-            self.backend.attach(run.gpus, run.proc.pid, env=run.proc.launch.env)
+            launch = run.proc.launch  # the spec's env and its MPS limits (the sim backend caps its memory by them)
+            self.backend.attach(run.gpus, run.proc.pid, env={**launch.env, **launcher.share_env(launch)})
         self._save_record(run)
 
     def _record_path(self, key: RunKey) -> Path:
@@ -576,7 +587,7 @@ class NodeAgent(CheckpointHandshake):
         self.ended_sent[key] = None
         e = ev.ProcessesEnded(at=time.time(), job_id=key[0], attempt=key[1], generation=key[2], node=self.node,
                               exit_code=exit_code, reason=reason)
-        self.host.submit(e, msg_id=f"ended:{key[0]}:{key[1]}.{key[2]}:{self.node}", cas=False)
+        self.host.submit(e, msg_id=f"ended:{key[0]}:{key[1]}.{key[2]}:{self.node}")
 
     # --- processes --------------------------------------------------------------------------
 
@@ -803,7 +814,7 @@ class NodeHost:
         self.poll_s = poll_s
         self.own_log = own_log
         self._history = 0
-        self._queue: asyncio.Queue[tuple[Build | ev.Event, str | None, bool]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Build | ev.Event, str | None]] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._job_nodes: dict[str, set[str]] = {}
         self.appended = 0
@@ -837,13 +848,13 @@ class NodeHost:
             if not nodes:
                 del self._job_nodes[job_id]
 
-    def submit(self, item: Build | ev.Event, msg_id: str | None = None, cas: bool = True) -> None:
-        self._queue.put_nowait((item, msg_id, cas))
+    def submit(self, item: Build | ev.Event, msg_id: str | None = None) -> None:
+        self._queue.put_nowait((item, msg_id))
 
     async def start(self) -> None:
         asked = time.monotonic()
         self._history = await self.log.last_seq()
-        keeper.start(self)  # the lease renewed first thing: a keeper left by the last daemon may be counting
+        keeper.start(self)  # the fence keeper's side, before adoption (its lease renewed once running: keeper.tasks)
         self.folded.listeners.append(self._on_record)
         await self.folded.start()
         self.view_confirmed_at = asked  # folded at least up to the head as it was then
@@ -876,7 +887,7 @@ class NodeHost:
                 await self.nc.subscribe(subjects.node_logs_subject(agent.node), cb=self._logs_cb(agent)),
             ]
         await self.nc.flush()  # control subjects are heard before the node is announced as usable
-        await self._register_all(state)
+        await self._register_all()
         self._tasks = [
             asyncio.create_task(self._writer(), name="nodeagent-writer"),
             asyncio.create_task(self._monitor(), name="nodeagent-monitor"),
@@ -888,16 +899,20 @@ class NodeHost:
         log.info("nodeagent_ready", nodes=len(self.agents), seq=self.folded.seen_seq)
         notify_ready()
 
-    async def _register_all(self, state: ClusterState) -> None:
+    async def _register_all(self) -> None:
         """Register the nodes the log does not know or holds lost, except those whose adopted
-        leftovers are still being stopped: they register from `heartbeat` once those are dead."""
-        todo = []
-        for a in self.agents.values():
-            if a.needs_registration(state) and not _defer_registration(a):
-                todo.append(a.registration())
-        for i in range(0, len(todo), 64):  # registration needs no compare-and-set: pipeline it
-            await asyncio.gather(*(self.log.append(e) for e in todo[i:i + 64]))
-        self.appended += len(todo)
+        leftovers are still being stopped: they register from `heartbeat` once those are dead.
+        A registration changes what may be granted, so it is a compare-and-set like every fact
+        of the alloc tree (`runtime.append_cas`), in atomic batches; after a conflict the nodes
+        still to register are decided again on the fresher fold."""
+        for _ in range(50):
+            todo = [a.registration() for a in self.agents.values()
+                    if a.needs_registration(self.folded.state) and not _defer_registration(a)]
+            appended, conflicted = await append_cas(self.folded, todo)
+            self.appended += appended
+            if not conflicted:
+                return
+        fatal("registering the nodes lost 50 compare-and-sets in a row")
 
     def _on_record(self, rec, state: ClusterState) -> None:
         if rec.seq <= self._history:
@@ -937,13 +952,13 @@ class NodeHost:
 
     async def _writer(self) -> None:
         while True:
-            item, msg_id, cas = await self._queue.get()
+            item, msg_id = await self._queue.get()
             for _ in range(50):
                 try:
                     event = item(self.folded.state) if callable(item) else item
                     if event is None:
                         break
-                    if cas and event.ALLOC:
+                    if event.ALLOC:  # every fact of the alloc tree (see `runtime.append_cas`)
                         _, conflicted = await append_cas(self.folded, [event], msg_id=lambda e: msg_id)
                         if conflicted:
                             continue

@@ -16,9 +16,11 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+import msgspec
 import structlog
 
 from gpusched.core.heartbeat import GpuSample
+from gpusched.core.mig import MigInfo, MigMode, MigProfile, profile_name, published_profiles
 from gpusched.core.model import GpuInfo, nvlink_domains
 
 log = structlog.get_logger()
@@ -41,6 +43,33 @@ def sim_util(env: Mapping[str, str] | None) -> float:
         return min(100.0, max(0.0, float(raw))) if raw is not None else SIM_BUSY_PCT
     except ValueError:
         return SIM_BUSY_PCT
+
+
+def mps_memory_limit_mb(env: Mapping[str, str] | None) -> int | None:
+    """The MB of `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` ("0=<MB>M", device 0 of the job's
+    visible GPUs): a simulated job uses three quarters of it, as a whole-GPU one of its GPU."""
+    raw = (env or {}).get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
+    _, _, size = raw.partition("=")
+    try:
+        return int(size.removesuffix("M")) if size else None
+    except ValueError:
+        return None
+
+
+def _mig_mode(nv, value) -> MigMode:
+    return "enabled" if value == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1) else "disabled"
+
+
+def gpus_with_mig(backend) -> list[GpuInfo]:
+    """The backend's GPUs as a node registers them: with their MIG mode and profiles where MIG
+    is enabled or pending (a GPU used whole registers as before)."""
+    gpus = backend.gpus()
+    read = getattr(backend, "mig", None)
+    if read is None:
+        return gpus
+    mig = read()
+    return [msgspec.structs.replace(g, mig=m) if (m := mig.get(g.index)) is not None and "enabled" in (m.mode, m.pending)
+            else g for g in gpus]
 
 
 class BackendUnavailable(RuntimeError):
@@ -101,8 +130,8 @@ class SimBackend:
     name = "sim"
 
     def __init__(self, node: str, count: int = 8, nvlink: str = "all", *, model: str = "SIM-H100-80GB",
-                 memory_mb: int = 81920, domains: Sequence[int] | None = None):
-        self.node = node
+                 memory_mb: int = 81920, domains: Sequence[int] | None = None, mig: bool = False):
+        self.node, self.mig_enabled = node, mig
         domains = list(domains) if domains is not None else nvlink_domains(nvlink, count)
         if len(domains) != count:
             raise ValueError(f"{count} GPUs but {len(domains)} NVLink domains")
@@ -116,14 +145,25 @@ class SimBackend:
         self._health: dict[int, tuple[int | None, str]] = {}  # index -> (xid, reason) while unhealthy
         self._util: dict[int, float] = {}  # pid -> utilization it shows
         self._leaks: dict[int, int] = {}  # index -> MB in use by no process
+        self._cap: dict[int, int | None] = {}  # pid -> its MPS memory limit (a fractional job's), if any
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
+
+    def mig(self) -> dict[int, MigInfo]:
+        """Each GPU's MIG mode and the published profiles of its model (`core/mig.py`)."""
+        out = {}
+        for g in self._gpus:
+            profiles = published_profiles(g.model, g.memory_mb)
+            mode: MigMode = "unsupported" if not profiles else "enabled" if self.mig_enabled else "disabled"
+            out[g.index] = MigInfo(mode, mode, profiles)
+        return out
 
     def attach(self, indices: Sequence[int], pid: int, env: Mapping[str, str] | None = None) -> None:
         self._jobs[pid] = tuple(indices)
         if env is not None or pid not in self._util:
             self._util[pid] = sim_util(env)
+            self._cap[pid] = mps_memory_limit_mb(env)
 
     def detach(self, pid: int) -> None:
         self._jobs.pop(pid, None)  # its utilization is forgotten at the next sample
@@ -168,6 +208,7 @@ class SimBackend:
                 on_gpu.setdefault(i, []).append(pid)
         for pid in [p for p in self._util if p not in self._jobs]:
             del self._util[pid]
+            self._cap.pop(pid, None)
         out = []
         for g in self._gpus:
             jobs = on_gpu.get(g.index, [])
@@ -175,7 +216,7 @@ class SimBackend:
             for pid in [p for p, real in strays.items() if real and not process_alive(p)]:
                 del strays[pid]
             pids = sorted(jobs + list(strays))
-            used = min(g.memory_mb, len(jobs) * (g.memory_mb * 3 // 4) + len(strays) * 512
+            used = min(g.memory_mb, sum((self._cap.get(p) or g.memory_mb) * 3 // 4 for p in jobs) + len(strays) * 512
                        + self._leaks.get(g.index, 0))
             xid, reason = self._health.get(g.index, (None, ""))
             out.append(GpuSample(
@@ -354,6 +395,35 @@ class NvmlBackend:
             return domains_from_pairs(count, pairs)
         bus_ids, links = self.nvlink_links()
         return domains_from_links(bus_ids, links)
+
+    def mig(self) -> dict[int, MigInfo]:
+        """Each GPU's MIG mode (current, pending) and GPU-instance profiles from the driver:
+        `nvmlDeviceGetMigMode`, `nvmlDeviceGetGpuInstanceProfileInfo` for every profile id, and
+        in MIG mode `nvmlDeviceGetGpuInstanceRemainingCapacity`. A GPU without MIG (or a driver
+        that cannot say) is `unsupported`."""
+        nv = self.nv
+        out = {}
+        for i, h in enumerate(self.handles):
+            modes = self._call(nv.nvmlDeviceGetMigMode, h)
+            if modes is None:
+                out[i] = MigInfo("unsupported", "unsupported")
+                continue
+            current, pending = (_mig_mode(nv, m) for m in modes)
+            out[i] = MigInfo(current, pending, self._mig_profiles(h, current == "enabled"))
+        return out
+
+    def _mig_profiles(self, h, enabled: bool) -> list[MigProfile]:
+        nv = self.nv
+        profiles = []
+        for p in range(int(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+            info = self._call(nv.nvmlDeviceGetGpuInstanceProfileInfo, h, p)
+            if info is None or not info.instanceCount:
+                continue  # a profile this GPU does not offer
+            count = int(info.instanceCount)
+            left = self._call(nv.nvmlDeviceGetGpuInstanceRemainingCapacity, h, info.id, default=0) if enabled else count
+            name = self._text(getattr(info, "name", b"")) or profile_name(int(info.sliceCount), int(info.memorySizeMB))
+            profiles.append(MigProfile(name, int(info.sliceCount), int(info.memorySizeMB), count, int(left)))
+        return profiles
 
     def minor_numbers(self) -> dict[int, int]:
         """GPU index -> the minor number of its /dev/nvidiaN (the job cgroup's device allow-list)."""

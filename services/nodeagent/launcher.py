@@ -108,6 +108,9 @@ class Launch:
     checkpoint_roots: tuple[str, ...] = ()
     image: str | None = None  # spec.image: the run is a podman container (`container`)
     containers_dir: str | None = None  # podman's configuration and storage for this daemon
+    #: A fractional job's share of its one GPU and that GPU's memory (MiB): the MPS limits.
+    gpu_share: float | None = None
+    gpu_memory_mb: int = 0
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -126,6 +129,29 @@ class Launch:
                 v = tuple(v)
             out[k] = v
         return cls(**out)
+
+
+def share_of(job, gpu_memory_mb: list[int]) -> dict:
+    """The Launch fields of a fractional job (none for a whole-GPU job)."""
+    if not job.spec.shared or not job.gpus:
+        return {}
+    return {"gpu_share": job.share, "gpu_memory_mb": gpu_memory_mb[0] if gpu_memory_mb else 0}
+
+
+def share_env(launch: Launch) -> dict[str, str]:
+    """A fractional job's CUDA MPS limits (docs/gpu-sharing.md): its share of the GPU's memory
+    (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, device 0 of its CUDA_VISIBLE_DEVICES) and of its SMs
+    (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`). Soft isolation: MPS enforces them where an MPS
+    control daemon serves the GPU; a job outside MPS is trusted to read GPUSCHED_GPU_MEMORY_MB."""
+    if launch.gpu_share is None:
+        return {}
+    out = {E.GPU_SHARE: f"{launch.gpu_share:g}",
+           "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, min(100, round(launch.gpu_share * 100))))}
+    if launch.gpu_memory_mb > 0:
+        mb = max(1, int(launch.gpu_share * launch.gpu_memory_mb))
+        out[E.GPU_MEMORY_MB] = str(mb)
+        out["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mb}M"
+    return out
 
 
 def allowed(name: str) -> bool:
@@ -168,6 +194,7 @@ def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
         E.GENERATION: str(launch.generation),
         E.GPU_DEVICES: ",".join(launch.devices),
     })
+    out.update(share_env(launch))
     if launch.resume_from:
         out[E.RESUME_FROM] = launch.resume_from
         if launch.resume_step is not None:

@@ -81,8 +81,9 @@ def test_alibaba_mapping(tmp_path):
     first = jobs[0]  # openb-pod-0000: LS, 1 GPU, scheduled 0, deleted 12537496
     assert (first.job_id, first.team, first.priority, first.preemptible) == ("openb-pod-0000", "LS", "high", False)
     assert first.duration_s == 12537496
-    shared = next(j for j in jobs if j.job_id == "openb-pod-0001")  # gpu_milli 460 -> one whole GPU
-    assert shared.gpus == 1
+    shared = next(j for j in jobs if j.job_id == "openb-pod-0001")  # gpu_milli 460: a share of one GPU
+    assert (shared.gpus, shared.gpu_milli, shared.fraction) == (1, 460, 0.46)
+    assert first.fraction is None  # openb-pod-0000 asks a whole GPU
     assert {j.team for j in jobs} <= {"LS", "BE", "Burstable", "Guaranteed"}
 
 

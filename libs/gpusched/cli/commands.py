@@ -80,14 +80,14 @@ def exported(names: str, environ: dict[str, str] | os._Environ) -> dict[str, str
     return out
 
 
-def memory_mb(text: str | None) -> int | None:
+def memory_mb(text: str | None, flag: str = "--mem") -> int | None:
     """`--mem SIZE`: MiB, or with a unit K, M, G, T (powers of 1024), as Slurm's --mem."""
     if text is None:
         return None
     try:
         return limits.size_mb(text)
     except ValueError:
-        raise SystemExit(f"gpusched submit: --mem {text!r} is not a size like 512M or 16G") from None
+        raise SystemExit(f"gpusched submit: {flag} {text!r} is not a size like 512M or 16G") from None
 
 
 def add_resource_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,6 +101,16 @@ def add_resource_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the command in this OCI image (podman, runc; pulled when the node lacks it): "
                         "only the granted GPUs enter it (CDI), with the checkpoint and control dirs; it starts in "
                         "the image's working directory unless --chdir names one inside the image")
+
+
+def add_share_arguments(p: argparse.ArgumentParser) -> None:
+    """`submit --gpu-fraction F | --gpu-memory SIZE`: a share of one GPU (docs/gpu-sharing.md)."""
+    p.add_argument("--gpu-fraction", type=float, default=None, metavar="F",
+                   help="a share of one GPU (0 < F < 1, with --gpus 1), co-located with other shares on it, "
+                        "never beside whole-GPU jobs; GPU memory is limited by CUDA MPS (soft isolation)")
+    p.add_argument("--gpu-memory", default=None, metavar="SIZE",
+                   help="the GPU memory the job needs of one GPU (8G, 4096M; with --gpus 1): its share of the GPU "
+                        "it lands on is that memory over the GPU's")
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
@@ -130,6 +140,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "constraints": pairs_from_args(getattr(args, "constraint", None), "submit: --constraint"),
         "array": array_from_arg(getattr(args, "array", None)),
         "prefer": prefer,
+        "gpu_fraction": getattr(args, "gpu_fraction", None),
+        "gpu_memory_mb": memory_mb(getattr(args, "gpu_memory", None), "--gpu-memory"),
     }
     try:
         spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
@@ -233,9 +245,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     arr = spec.array
     tasks = f" (tasks {{0}}_{arr.first}..{{0}}_{arr.last})" if arr is not None else ""
+    def send(c):
+        return c.submit(spec, request_id=args.request_id, on_behalf_of=args.on_behalf_of)
+
     if args.parsable:  # `JOB=$(gpusched submit --parsable ...)`: the id alone (an array's own id)
-        return _run(args, lambda c: c.submit(spec, request_id=args.request_id), lambda r: r.job_id)
-    return _run(args, lambda c: c.submit(spec, request_id=args.request_id),
+        return _run(args, send, lambda r: r.job_id)
+    return _run(args, send,
                 lambda r: r.job_id + tasks.format(r.job_id) + (" (already submitted)" if r.duplicate else ""))
 
 
@@ -375,6 +390,9 @@ def _job_feature_options(p: argparse.ArgumentParser) -> None:
                    help="only on nodes whose GPU model contains MODEL (case-insensitive, e.g. H100)")
     p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
                    help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
+    p.add_argument("--on-behalf-of", default=None, metavar="USER",
+                   help="a platform's submit for USER of the job's team: the job is USER's, the log "
+                        "records the platform too (platform credentials only)")
     p.add_argument("--parsable", action="store_true",
                    help="print only the job id (an array's id), for JOB=$(gpusched submit --parsable ...)")
     p.add_argument("--array", default=None, metavar="FIRST-LAST[%MAX]",
@@ -460,6 +478,7 @@ def register(sub) -> None:
     p.add_argument("--name", default=None, help="a name shown next to the job id")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="an environment variable of the job (repeatable; stored in plaintext in the log: no secrets)")
     add_resource_arguments(p)
+    add_share_arguments(p)
     p.add_argument("--secret-env", action="append", metavar="NAME=@FILE",
                    help="pass FILE's content (a file on the nodes, owned by the job's user, not group/world "
                         "writable) as NAME; only the path is stored")

@@ -135,6 +135,13 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Documents of one kind (`jobs`, `nodes`, `teams`, `queue`) and where they came from. With
     `--policy`, the queue is folded from the log and ordered by that policy; without, the
     projector's order (the stack's running policy) or, folding, the default preset's."""
+    from . import scoped
+
+    if what in scoped.SCOPED_LISTINGS and (ident := scoped.reader_identity()) is not None:
+        return await scoped.listing(args, ident, what)
+    quick = what in scoped.SCOPED_LISTINGS and not getattr(args, "fold", False) and _policy(args) is None
+    if quick and (answer := await scoped.unscoped_listing(args, what)) is not None:
+        return answer
     config = _policy(args)
     at = getattr(args, "at", None)
     if at is not None:  # the past: always a fold of the log up to the cut
@@ -185,15 +192,18 @@ def with_accounting(what: str, docs: list[dict[str, Any]], now: float,
     return out
 
 
-def docs_from_state(state: ClusterState, what: str, config=None) -> list[dict[str, Any]]:
+def docs_from_state(state: ClusterState, what: str, config=None, team: str | None = None) -> list[dict[str, Any]]:
+    """The documents of one kind; `team`: only that team's jobs (or its own row of `teams`)."""
     if what == "jobs":
-        jobs = sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id))
+        jobs = sorted((j for j in state.jobs.values() if team is None or j.spec.team == team),
+                      key=lambda j: (j.submitted_at, j.job_id))
         return [{**readmodel.job_doc(state, j), "seq": state.last_seq} for j in jobs]
     if what == "nodes":
         return [{**readmodel.node_doc(state, n), "seq": state.last_seq}
                 for n in sorted(state.nodes, key=readmodel.natural_key)]
     if what == "teams":
-        return [{**readmodel.team_doc(state, t), "seq": state.last_seq} for t in sorted(state.teams)]
+        return [{**readmodel.team_doc(state, t), "seq": state.last_seq} for t in sorted(state.teams)
+                if team is None or t == team]
     if what == "queue":
         return [{**q, "seq": state.last_seq} for q in readmodel.queue_docs(state, config)]
     raise ValueError(what)
@@ -252,26 +262,39 @@ async def job_history(event_log, job_id: str) -> list[Any]:
 
 async def show_data(nats: str | None, redis: str | None, job_id: str, config=None) -> dict[str, Any]:
     """A job's document, history and preemptions; for a pending job, why it waits under the
-    running policy `config` (default: the default preset)."""
+    running policy `config` (default: the default preset). A tenant's or platform's credentials
+    ask the reader service instead (`cli.scoped`): it answers for their own team's jobs only."""
     from gpusched.policy.config import DEFAULT
-    from gpusched.policy.explain import explain_pending, explain_preemptions
     from gpusched.store import fold_log
 
+    from . import scoped
+
+    if (ident := scoped.reader_identity()) is not None:
+        return await scoped.show(nats, ident, job_id)
     config = config or DEFAULT
     event_log = await open_log(nats)
     try:
         state = await verified_snapshot(event_log, redis, config.half_life_s)
         state = await fold_log(event_log, state, half_life_s=config.half_life_s)
-        if job_id in state.forgotten:
-            return forgotten_doc(state, job_id)
-        if job_id not in state.jobs:
-            return {"job_id": job_id, "error": _not_a_job(state, job_id)}
-        history = await job_history(event_log, job_id)
+        job = state.jobs.get(job_id)
+        used = await usage(redis) if job is not None and job.holding else {}
+        return await show_from(event_log, state, job_id, config, used)
     finally:
         await event_log.close()
+
+
+async def show_from(event_log, state: ClusterState, job_id: str, config, used: dict | None = None) -> dict[str, Any]:
+    """`show_data` over a fold at hand (the CLI's own, or the reader service's live one): the
+    job's history comes from the log, filtered by subject."""
+    from gpusched.policy.explain import explain_pending, explain_preemptions
+
+    if job_id in state.forgotten:
+        return forgotten_doc(state, job_id)
+    if job_id not in state.jobs:
+        return {"job_id": job_id, "error": _not_a_job(state, job_id)}
+    history = await job_history(event_log, job_id)
     job = state.jobs[job_id]
     own = [(r.seq, r.event) for r in history if getattr(r.event, "job_id", None) == job_id]
-    used = await usage(redis) if job.holding else {}
     data: dict[str, Any] = {
         "job": with_accounting("jobs", [readmodel.job_doc(state, job)], display_now({"at": state.now}), used)[0],
         "seq": state.last_seq,
@@ -325,4 +348,4 @@ def forgotten_doc(state: ClusterState, job_id: str) -> dict[str, Any]:
 
 
 __all__ = ["open_log", "fold_state", "verified_snapshot", "cut_seq", "load", "usage", "with_accounting",
-           "docs_from_state", "read_subject", "job_history", "show_data", "retired_note", "forgotten_doc"]
+           "docs_from_state", "read_subject", "job_history", "show_data", "show_from", "retired_note", "forgotten_doc"]

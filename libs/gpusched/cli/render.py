@@ -96,7 +96,12 @@ def _panel(text: str, **kw):
 
 
 def _caption(meta: dict[str, Any]) -> str:
-    return f"from {meta['source']} at log seq {meta['seq']}"
+    text = f"from {meta['source']} at log seq {meta['seq']}"
+    c = meta.get("cluster")  # a tenant's `teams`: the cluster's totals beside its own team
+    if c:
+        text += (f"; cluster: {c['total_gpus']} GPUs on {c['nodes']} nodes, {c['held_gpus']} held, "
+                 f"{c['running_jobs']} running and {c['pending_jobs']} pending jobs in {c['teams']} teams")
+    return text
 
 
 STATE_STYLE = {"pending": "yellow", "starting": "cyan", "running": "green", "completed": "dim",
@@ -152,7 +157,7 @@ def print_nodes(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     from rich.table import Table
 
     teams = sorted({g["team"] for d in docs for g in d["gpus"] if g["team"]})
-    table = Table(caption=_caption(meta) + ("; GPUs: team initial (reversed: idle), . free, x down" if docs else ""),
+    table = Table(caption=_caption(meta) + ("; GPUs: team initial (reversed: idle), % shared, . free, x down" if docs else ""),
                   header_style="bold")
     for col in ("NODE", "RACK", "STATUS", "FREE", "GPUS", "JOBS"):
         table.add_column(col, no_wrap=True)
@@ -165,10 +170,12 @@ def print_nodes(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
                 cells.append(f"[{_team_color(g['team'], teams)}]{(g['team'] or '?')[0]}[/]")
             elif g["status"] == "free":
                 cells.append("[grey50].[/]")
+            elif g["status"] == "shared":
+                cells.append("[cyan]%[/]")
             else:
                 cells.append("[red]x[/]")
         status = "lost" if d["lost"] else "drained" if d["drained"] else "ok"
-        jobs = sorted({g["job_id"] for g in d["gpus"] if g["job_id"]})
+        jobs = sorted({g["job_id"] for g in d["gpus"] if g["job_id"]} | {j for g in d["gpus"] for j in g.get("shares", {})})
         table.add_row(d["node"], d["rack"], status, f"{d['free']}/{d['total']}", "".join(cells), " ".join(jobs))
     _console().print(table)
 
@@ -258,7 +265,8 @@ JOB_FIELDS = [
 
 
 def _gpu_cells(d: dict[str, Any]) -> str:
-    return "".join((g["team"] or "?")[0] if g["status"] == "held" else "." if g["status"] == "free" else "x"
+    return "".join((g["team"] or "?")[0] if g["status"] == "held" else "." if g["status"] == "free"
+                   else "%" if g["status"] == "shared" else "x"
                    for g in d["gpus"])
 
 
@@ -326,7 +334,8 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
     lim = "none" if tq["limit"] is None else tq["limit"]
     w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
              + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
-             + ("  (under its guarantee: may reclaim from over-share teams)" if tq["under_guarantee"] else ""))
+             + ("  (under its guarantee: may reclaim from over-share teams)"
+                if tq["under_guarantee"] and why.get("reclaimable_gpus") else ""))
     topo = why["topology"]
     w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
              f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"
@@ -350,6 +359,21 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
     eta = why["eta_s"]
     w.append(f"estimated start: {'unknown' if eta is None else 'in ' + eta_text(eta, why.get('eta_range'))}")
     return w
+
+
+def _wants(d: dict[str, Any]) -> str:
+    """What a job asks for, as `show` heads it: GPUs, or a share of one (docs/gpu-sharing.md)."""
+    if d.get("gpu_fraction") is not None:
+        return f"{d['gpu_fraction']:g} of a GPU"
+    if d.get("gpu_memory_mb") is not None:
+        return f"{d['gpu_memory_mb']} MiB of a GPU"
+    return f"{d['gpus_requested']} GPU(s)"
+
+
+def _holds(d: dict[str, Any]) -> str:
+    if d.get("gpu_share") is not None:
+        return f"holds {d['gpu_share']:g} of GPU {compress_gpus(d['gpus'])} (shared with other fractional jobs, via {d['placer']})"
+    return f"holds {len(d['gpus'])} GPU(s): {compress_gpus(d['gpus'])} ({d['level']}, via {d['placer']})"
 
 
 def _where_lines(d: dict[str, Any]) -> list[str]:
@@ -380,14 +404,14 @@ def print_show(data: dict[str, Any]) -> None:
     now = data["now"]
     head = (f"[bold]{d['job_id']}[/] {d['name']}  team [bold]{d['team']}[/]"
             + (f" user [bold]{d['user']}[/]" if d.get("user") else "") + f"  {d['priority']}  "
-            f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {d['gpus_requested']} GPU(s)"
+            f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {_wants(d)}"
             + (f" (min {d['min_gpus']})" if d["min_gpus"] != d["gpus_requested"] else "")
             + _per_node(d.get("cpus"), d.get("memory_mb"))
             + ("  preemptible" if d["preemptible"] else "")
             + (f"  topology <= {d['required']}" if d["required"] != "cluster" else ""))
     lines = [head]
     if d["gpus"]:
-        lines.append(f"holds {len(d['gpus'])} GPU(s): {compress_gpus(d['gpus'])} ({d['level']}, via {d['placer']})")
+        lines.append(_holds(d))
     if d["checkpoint"]:
         c = d["checkpoint"]
         lines.append(f"last checkpoint: step {c['step']} at {c['path']} ({dur(now - c['at'])} ago)")

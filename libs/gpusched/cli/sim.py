@@ -16,6 +16,7 @@ examples:
   gpusched sim --compare fifo,gang,topo,preempt,fairshare,full --runtime-model ideal
   gpusched sim --trace ../shared/traces/tiresias-sample/60_job.csv --cluster 1x16x4 --compare all
   gpusched sim --format alibaba --trace openb_pod_list_default.csv --cluster 1x8x8 --json
+  gpusched sim --format alibaba --trace openb_pod_list_default.csv --cluster 1x6x8 --compare full --fractions honour,round
   gpusched sim --services --policy full              # placement, preemptor, fallback on an in-memory log
   gpusched sim --interactive-burst team=6c71a0,at=86400,count=200,gpus=1,duration=600 --out out/burst
 
@@ -43,6 +44,9 @@ def register(sub) -> None:
     p.add_argument("--nvlink", default="all", choices=("all", "pairs", "quads", "none"), help="NVLink layout in a node")
     p.add_argument("--policy", default="full", help="policy preset (default full)")
     p.add_argument("--compare", help="comma-separated presets to run side by side, or 'all'")
+    p.add_argument("--fractions", default="honour", metavar="MODE[,MODE]",
+                   help="jobs asking a share of one GPU (Alibaba's gpu_milli): honour (fractional GPUs, the "
+                        "default) or round (a whole GPU each); both, comma-separated, run side by side")
     p.add_argument("--runtime-model", default="realistic", choices=("realistic", "ideal"),
                    help="realistic: cross-level slowdown and checkpoint costs; ideal: neither")
     p.add_argument("--topology", default="pack", choices=("pack", "any"),
@@ -94,11 +98,14 @@ def run(args) -> int:
             from ..telemetry import configure_logging
 
             configure_logging(level="WARNING")  # the writers log every round at debug
-        names = _presets(args.compare) if args.compare else [args.policy]
+        presets = _presets(args.compare) if args.compare else [args.policy]
+        modes = _fractions(args.fractions)
+        names = [f"{p}@{m}" if len(modes) > 1 else p for p in presets for m in modes]
         results, sims = {}, {}
         for name in names:
-            sim = simulate(jobs, cluster, name, model, overrides, burst, args.tick, args.topology, quotas,
-                           services=args.services, placement_down=down)
+            preset, _, mode = name.partition("@")
+            sim = simulate(jobs, cluster, preset, model, overrides, burst, args.tick, args.topology, quotas,
+                           services=args.services, placement_down=down, fractions=mode or modes[0])
             results[name], sims[name] = sim.summary(), sim
     except (TraceError, ValueError) as err:
         print(f"gpusched sim: {err}", file=sys.stderr)
@@ -130,6 +137,16 @@ def _presets(text: str) -> list[str]:
     if text.strip() == "all":
         return list(PRESETS)
     return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _fractions(text: str) -> list[str]:
+    from ..sim.engine import FRACTIONS
+
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in FRACTIONS]
+    if bad or not modes or len(set(modes)) != len(modes):
+        raise ValueError(f"--fractions {text!r}: expected one or both of {', '.join(FRACTIONS)}")
+    return modes
 
 
 def _window(text: str) -> tuple[float, float]:

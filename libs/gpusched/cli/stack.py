@@ -281,6 +281,7 @@ class Stack:
             "preemptor": policy,
             "projector": policy,  # its fold and queue order follow the running policy
             "quota_ledger": policy,  # usage decays with the running policy's half-life
+            "reader": policy,  # `show` for tenants explains under the running policy
             "reconciler": [*policy, *reconciler_timings(a)],  # idle_util_pct, idle_after_s; timings
             "fallback": [*policy, *ttl],  # its fold decays usage with the running policy's half-life
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
@@ -540,8 +541,22 @@ match the simulated node daemons': `node00` in `rack00`, ..."""
 
 
 async def register_simulated_nodes(log, nodes: int, gpus_per_node: int, nodes_per_rack: int, nvlink: str) -> None:
+    """Each registration is a compare-and-set, as every fact of the alloc tree
+    (`runtime.append_cas`), against the tree's last sequence that a lost one names."""
+    from gpusched.bus.log import Conflict
+
     for event in simulated_nodes(nodes, gpus_per_node, nodes_per_rack, nvlink):
-        await log.append(event, msg_id=f"register-{event.node}")
+        expected = 0
+        for _ in range(100):
+            try:
+                await log.append(event, msg_id=f"register-{event.node}", expect_alloc_seq=expected)
+                break
+            except Conflict as conflict:
+                if conflict.actual is None:  # another writer's check in flight: it names no sequence
+                    await asyncio.sleep(0.01)
+                expected = conflict.actual if conflict.actual is not None else expected
+        else:
+            raise RuntimeError(f"registering {event.node}: the alloc tree kept changing")
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -53,14 +53,18 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     """Admission accepted a job. `request_id` makes resubmission idempotent past JetStream's
     duplicate window."""
 
-    VERSION: ClassVar[int] = 2
-    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)"}
-    v: int = 2
+    VERSION: ClassVar[int] = 4
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)",
+                                         3: "spec.gpu_fraction, spec.gpu_memory_mb (fractional GPUs)",
+                                         4: "via (a platform's submit on behalf of a user)"}
+    v: int = 4
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
     #: Who submitted it: the user of the command subject the server allowed (never the payload).
     user: str = ""
+    #: The platform that submitted it on behalf of `user` (the subject's), or "" (the user itself).
+    via: str = ""
 
 
 class JobRejected(Event, frozen=True, kw_only=True):
@@ -280,9 +284,10 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
     `memory_mb`: what it offers jobs (0: not declared, then placement does not count them there)."""
 
     ALLOC: ClassVar[bool] = True
-    VERSION: ClassVar[int] = 2
-    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "cpus and memory_mb (CPUs and memory as resources)"}
-    v: int = 2
+    VERSION: ClassVar[int] = 3
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "cpus and memory_mb (CPUs and memory as resources)",
+                                         3: "gpus[].mig (MIG mode and profiles)"}
+    v: int = 3
     node: str
     rack: str
     gpus: list[GpuInfo]

@@ -91,6 +91,10 @@ MAX_CPUS = 4096
 MAX_MEMORY_MB = 2**24  # 16 TiB
 Cpus = Annotated[float, Meta(gt=0, le=MAX_CPUS)]
 MemoryMb = Annotated[int, Meta(ge=4, le=MAX_MEMORY_MB)]
+#: A share of one GPU (`--gpu-fraction`: strictly between none and all of it; at least 1/1000,
+#: Alibaba's `gpu_milli` grain) and a GPU memory ask (MiB, `--gpu-memory`).
+GpuFraction = Annotated[float, Meta(ge=0.001, lt=1.0)]
+GpuMemoryMb = Annotated[int, Meta(ge=1, le=MAX_MEMORY_MB)]
 Restarts = Annotated[int, Meta(ge=0, le=MAX_RESTARTS)]
 Arg = Annotated[str, Meta(max_length=MAX_ARG_CHARS, pattern=NO_NUL_PATTERN)]
 Command = Annotated[list[Arg], Meta(max_length=MAX_ARGS)]
@@ -184,6 +188,17 @@ def spec_problem(spec) -> str | None:
         problem = path_problem("spec.checkpoint_dir", spec.checkpoint_dir)
         if problem:
             return problem
+    return share_problem(spec)
+
+
+def share_problem(spec) -> str | None:
+    """A fractional job asks for a share of ONE GPU, by fraction or by memory, not both."""
+    if spec.gpu_fraction is None and spec.gpu_memory_mb is None:
+        return None
+    if spec.gpu_fraction is not None and spec.gpu_memory_mb is not None:
+        return "spec.gpu_fraction and spec.gpu_memory_mb are exclusive: ask for a share by one of them"
+    if spec.gpus != 1 or spec.min_gpus not in (None, 1):
+        return f"a fractional job takes a share of one GPU: spec.gpus must be 1, not {spec.gpus}"
     return None
 
 

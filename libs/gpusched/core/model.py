@@ -12,6 +12,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from . import limits as L
+from .mig import MigInfo
 
 SCHEMA_VERSION = 1
 #: How fast past GPU usage is forgotten in fair share, unless configured: its one default.
@@ -124,6 +125,28 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     memory_mb: L.MemoryMb | None = None
     #: Where it would rather run, when several sets fit (None: no preference).
     prefer: Preferences | None = None
+    #: A share of ONE GPU (0 < F < 1, `--gpu-fraction`), co-located with other shares on it,
+    #: never beside a whole-GPU job (docs/gpu-sharing.md); needs `gpus == 1`.
+    gpu_fraction: L.GpuFraction | None = None
+    #: The GPU memory (MiB) it needs of ONE GPU (`--gpu-memory`): placement converts it to the
+    #: share of the GPU it lands on (its memory / the GPU's). Exclusive with `gpu_fraction`.
+    gpu_memory_mb: L.GpuMemoryMb | None = None
+
+    @property
+    def shared(self) -> bool:
+        """A fractional job: a share of one GPU, not whole GPUs."""
+        return self.gpu_fraction is not None or self.gpu_memory_mb is not None
+
+    def share_on(self, gpu_memory_mb: int) -> float | None:
+        """The share of a GPU of `gpu_memory_mb` this job takes (1.0: a whole-GPU job), or None
+        when it does not fit there (a memory ask beyond the GPU's, or of unknown memory)."""
+        if self.gpu_fraction is not None:
+            return self.gpu_fraction
+        if self.gpu_memory_mb is None:
+            return 1.0
+        if gpu_memory_mb <= 0 or self.gpu_memory_mb > gpu_memory_mb:
+            return None
+        return min(1.0, round(self.gpu_memory_mb / gpu_memory_mb, 6))
     #: Run the command in this OCI image (podman with runc on the node; None: the node's own system).
     image: L.ImageRef | None = None
 
@@ -145,6 +168,8 @@ class GpuInfo(Struct, frozen=True, forbid_unknown_fields=True):
     model: str = "unknown"
     memory_mb: Annotated[int, Meta(ge=0)] = 0
     nvlink_domain: Annotated[int, Meta(ge=0)] = 0
+    #: Its MIG mode and GPU-instance profiles, where MIG is (or will be, after a reset) enabled.
+    mig: MigInfo | None = None
 
 
 class TeamQuota(Struct, frozen=True, forbid_unknown_fields=True):

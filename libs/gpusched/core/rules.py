@@ -29,8 +29,38 @@ def gpu_placeable(state: ClusterState, g: GpuId) -> bool:
     """A GPU may be granted: healthy and held by nobody (the fold keeps each node's `free`
     set equal to its placeable GPUs)."""
     rec = state.gpus.get(g)
-    return (rec is not None and rec.holder is None and gpu_healthy(state, g)
+    return (rec is not None and rec.holder is None and not rec.shares and gpu_healthy(state, g)
             and not state.nodes[rec.node].partitioned)
+
+
+#: Shares of one GPU sum to at most 1; this much slack absorbs float rounding of the sum.
+SHARE_SLACK = 1e-9
+
+
+def share_problem(state: ClusterState, g: GpuId, share: float | None, load: float | None = None) -> str | None:
+    """Why a fractional job may not take `share` of GPU `g` (None: it may): the GPU must be
+    healthy, not held whole, and keep its shares' sum at most 1 (`load`: its shares' sum as the
+    caller sees it; default the fold's). A free GPU takes its first share; a share never lands
+    beside a whole-GPU job ("never mixed")."""
+    rec = state.gpus.get(g)
+    if rec is None:
+        return "unknown GPU"
+    if share is None:
+        return f"its memory ({rec.memory_mb} MiB) cannot hold the job's ask"
+    if rec.holder is not None:
+        return f"held whole by {rec.holder}"
+    if not gpu_healthy(state, g) or state.nodes[rec.node].partitioned:
+        return "not placeable"
+    used = rec.shared_load if load is None else load
+    if used + share > 1.0 + SHARE_SLACK:
+        return f"over its capacity: {used:g} shared, {share:g} more asked"
+    return None
+
+
+def _unshared_placeable(state: ClusterState, g: GpuId) -> bool:
+    """Placeable but for its shares (a batch released them all)."""
+    rec = state.gpus[g]
+    return rec.holder is None and gpu_healthy(state, g) and not state.nodes[rec.node].partitioned
 
 
 def gang_floor(spec: JobSpec, elastic: bool) -> int:
@@ -43,20 +73,20 @@ def gang_size_ok(spec: JobSpec, n: int) -> bool:
     return spec.gang_min <= n <= spec.gpus
 
 
-def limit_room(quota: TeamQuota | None, held: int) -> int | None:
+def limit_room(quota: TeamQuota | None, held: float) -> float | None:
     """GPUs a team holding `held` may still take before its hard limit (None: no limit)."""
     if quota is None or quota.limit is None:
         return None
     return quota.limit - held
 
 
-def over_limit(quota: TeamQuota | None, held: int) -> bool:
+def over_limit(quota: TeamQuota | None, held: float) -> bool:
     room = limit_room(quota, held)
-    return room is not None and room < 0
+    return room is not None and room < -SHARE_SLACK
 
 
-def fair_preemption(victim_team: str, victim_quota: TeamQuota | None, victim_held: int,
-                    for_team: str, for_quota: TeamQuota | None, for_held: int) -> bool:
+def fair_preemption(victim_team: str, victim_quota: TeamQuota | None, victim_held: float,
+                    for_team: str, for_quota: TeamQuota | None, for_held: float) -> bool:
     """A team at or under its guaranteed share is never preempted for a team at or over its own
     (holdings at the moment the request is applied)."""
     if victim_team == for_team:
@@ -73,7 +103,7 @@ def work_since_checkpoint(job: Job, at: float) -> float:
     ck = job.checkpoint
     if ck is not None and ck.attempt == job.attempt:
         since = max(since, ck.at)
-    return len(job.gpus) * max(0.0, at - since)
+    return job.weight * max(0.0, at - since)
 
 
 class BatchCheck:
@@ -86,20 +116,39 @@ class BatchCheck:
         self.state = state
         self.holder: dict[GpuId, str | None] = {}  # GPU -> holder after this batch
         self.job_gpus: dict[str, list[GpuId]] = {}  # job -> its GPUs after this batch
-        self.team_delta: dict[str, int] = {}
+        self.team_delta: dict[str, float] = {}
+        self.load: dict[GpuId, float] = {}  # GPU -> the sum of its shares after this batch
         self.granted: set[str] = set()
         self.released: set[str] = set()
         self.node_res: dict[str, tuple[float, int]] = {}  # node -> (CPUs, MiB) this batch reserved there
 
     def placeable(self, g: GpuId) -> bool:
+        if self.load.get(g, 0.0) > SHARE_SLACK:
+            return False
         if g not in self.holder:
-            return gpu_placeable(self.state, g)
+            return gpu_placeable(self.state, g) or (g in self.load and _unshared_placeable(self.state, g))
         return self.holder[g] is None and gpu_healthy(self.state, g)
+
+    def _share_problem(self, job: Job, gpus: list[GpuId]) -> str | None:
+        """A fractional grant: one GPU, not held whole after this batch, with room for its share."""
+        if len(gpus) != 1:
+            return f"a fractional job takes a share of one GPU, not {len(gpus)}"
+        g = gpus[0]
+        rec = self.state.gpus.get(g)
+        if rec is None:
+            return "grant of GPUs that are not free"
+        if self.holder.get(g, rec.holder) is not None:
+            return "grant of a share of a GPU held whole"
+        share = job.spec.share_on(rec.memory_mb)
+        problem = share_problem(self.state, g, share, self.load.get(g, rec.shared_load))
+        if problem is None and share is not None and self._over_limit(job.team, share):
+            return f"grant beyond team {job.team}'s limit"
+        return None if problem is None else f"grant of a share of {g}: {problem}"
 
     def gpus_of(self, job_id: str) -> list[GpuId]:
         return self.job_gpus[job_id] if job_id in self.job_gpus else list(self.state.jobs[job_id].gpus)
 
-    def _over_limit(self, team: str, add: int) -> bool:
+    def _over_limit(self, team: str, add: float) -> bool:
         t = self.state.teams.get(team)
         return add > 0 and t is not None and over_limit(t.quota, t.held + self.team_delta.get(team, 0) + add)
 
@@ -113,6 +162,16 @@ class BatchCheck:
             return f"grant to a job that is not pending ({job.state if job else 'unknown'})"
         if job.hold is not None:
             return f"grant to a held job ({job.hold})"
+        if job.spec.shared:
+            problem = self._share_problem(job, list(e.gpus))
+            if problem is None:
+                g = e.gpus[0]
+                share = job.spec.share_on(self.state.gpus[g].memory_mb) or 0.0
+                self.load[g] = self.load.get(g, self.state.gpus[g].shared_load) + share
+                self.team_delta[job.team] = self.team_delta.get(job.team, 0) + share
+                self.job_gpus[e.job_id] = [g]
+                self.granted.add(e.job_id)
+            return problem
         if len(set(e.gpus)) != len(e.gpus) or not all(self.placeable(g) for g in e.gpus):
             return "grant of GPUs that are not free"
         if not gang_size_ok(job.spec, len(e.gpus)):
@@ -150,6 +209,13 @@ class BatchCheck:
         job = self.state.jobs.get(e.job_id)
         if job is None or not job.holding:
             return "release of a job that holds nothing"
+        if job.spec.shared:
+            for g in job.gpus:
+                self.load[g] = self.load.get(g, self.state.gpus[g].shared_load) - job.share
+            self.team_delta[job.team] = self.team_delta.get(job.team, 0) - job.weight
+            self.job_gpus[e.job_id] = []
+            self.released.add(e.job_id)
+            return None
         self._hold(job.team, e.job_id, self.gpus_of(e.job_id), [])
         self.released.add(e.job_id)
         return None
@@ -228,5 +294,5 @@ def freed_by(state: ClusterState, events: Iterable[ev.Event]) -> set[GpuId]:
     return out
 
 
-__all__ = ["BatchCheck", "fair_preemption", "freed_by", "gang_floor", "gang_size_ok", "gpu_healthy", "gpu_placeable",
-           "limit_room", "over_limit", "work_since_checkpoint"]
+__all__ = ["SHARE_SLACK", "BatchCheck", "fair_preemption", "freed_by", "gang_floor", "gang_size_ok", "gpu_healthy", "gpu_placeable",
+           "limit_room", "over_limit", "share_problem", "work_since_checkpoint"]

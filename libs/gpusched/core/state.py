@@ -136,6 +136,7 @@ class Job(Struct):
     hold: str | None = None  # held (`gpusched hold`): who held it and why; None: not held
     updates: int = 0  # `JobUpdated` applied (the queue index re-sorts a job whose count moved)
     array_job: str = ""  # a task of a job array: the array's id (the task's id is `<array>_<index>`)
+    share: float = 1.0  # the share of each of its GPUs it holds: below 1 for a fractional job (its grant)
 
     @property
     def team(self) -> str:
@@ -145,11 +146,16 @@ class Job(Struct):
     def holding(self) -> bool:
         return self.state in HOLDING
 
+    @property
+    def weight(self) -> float:
+        """The GPUs it is charged for: its GPUs, or its share of its one GPU (fractional)."""
+        return len(self.gpus) * self.share
+
     def attained_gpu_s(self, now: float) -> float:
-        return self.service_gpu_s + len(self.gpus) * max(0.0, now - self.held_since)
+        return self.service_gpu_s + self.weight * max(0.0, now - self.held_since)
 
     def idle_gpu_s_at(self, now: float) -> float:
-        ongoing = len(self.gpus) * max(0.0, now - self.idle_at) if self.idle is not None else 0.0
+        ongoing = self.weight * max(0.0, now - self.idle_at) if self.idle is not None else 0.0
         return self.idle_gpu_s + ongoing
 
     def gpu_seconds(self, now: float) -> tuple[float, float]:
@@ -172,13 +178,20 @@ class Tombstone(Struct, array_like=True):
 
 class TeamUsage(Struct):
     quota: TeamQuota = TeamQuota()
-    held: int = 0
+    held: int | float = 0  # GPUs held: whole GPUs, plus the shares of fractional jobs (`gpu_count`)
     usage_gpu_s: float = 0.0  # decayed GPU-seconds as of `usage_at`
     usage_at: float = 0.0
     held_gpu_s: float = 0.0  # GPU-seconds held, undecayed (accounting), as of `usage_at`
-    idle_gpus: int = 0  # GPUs of the team's jobs the reconciler reports idle
+    idle_gpus: int | float = 0  # GPUs of the team's jobs the reconciler reports idle
     idle_gpu_s: float = 0.0  # GPU-seconds held while idle, as of `idle_at`
     idle_at: float = 0.0
+
+
+def gpu_count(value: float) -> int | float:
+    """A count of GPUs that shares may make fractional: a whole count stays an int (as shown
+    and stored before shares), a fractional one is rounded so that sums of shares do not drift."""
+    r = round(float(value), 9)
+    return int(r) if r.is_integer() else r
 
 
 class Position(Struct, frozen=True, array_like=True):
@@ -239,6 +252,7 @@ class ClusterState(Struct):
     retiring_head: int = 0  # `retiring[:retiring_head]` were retired already (compacted lazily)
     retired: RetiredIds = msgspec.field(default_factory=RetiredIds)
     handover: dict[str, None] = {}  # jobs GPUs were freed for since the last grant (_nominate)
+    shared: dict[GpuId, None] = {}  # GPUs with fractional holders, in the order they got the first
     chains: dict[str, int] = {}  # writer chain (`Position.chain`) -> the highest fact number applied
 
     # --- the fold ------------------------------------------------------------------------
@@ -351,7 +365,8 @@ class ClusterState(Struct):
         self.nodes[e.node] = Node(e.node, e.rack, e.block, ids, e.address, e.nvlink, e.at, free={},
                                   labels=dict(e.labels))
         for gid, info in zip(ids, e.gpus):
-            self.gpus[gid] = Gpu(gid, e.node, info.index, info.uuid, info.model, info.memory_mb, info.nvlink_domain)
+            self.gpus[gid] = Gpu(gid, e.node, info.index, info.uuid, info.model, info.memory_mb, info.nvlink_domain,
+                                 mig=info.mig)
             self._refresh(gid)
 
     def _on_node_lost(self, e: ev.NodeLost) -> None:
@@ -363,8 +378,7 @@ class ClusterState(Struct):
             self._end_live(self.jobs[job_id], lambda x: x.node == e.node)
         victims: dict[str, None] = {}
         for g in node.gpus:
-            holder = self.gpus[g].holder
-            if holder is not None:
+            for holder in self.gpus[g].holders:
                 victims[holder] = None
             self._refresh(g)
         for job_id in victims:
@@ -434,8 +448,8 @@ class ClusterState(Struct):
             if rec is None:
                 self._violate("unknown_gpu", f"grant of unknown GPU {g}", [job_id], [g])
                 continue
-            if rec.holder is not None and rec.holder != job_id:
-                self._violate("double_booking", f"GPU {g} granted to {job_id} while held by {rec.holder}", [job_id, rec.holder], [g])
+            if rec.shares or (rec.holder is not None and rec.holder != job_id):
+                self._violate("double_booking", f"GPU {g} granted to {job_id} while {self.gpu_blocker(g)}", [job_id, *rec.holders], [g])
                 continue
             if g not in self.nodes[rec.node].free:
                 self._violate("unplaceable_gpu", f"GPU {g} granted to {job_id} while {self.gpu_blocker(g)}", [job_id], [g])
@@ -466,18 +480,13 @@ class ClusterState(Struct):
                 if not jobs:
                     self.node_live.pop(x.node, None)
 
-    def _give_back(self, gpus: list[GpuId]) -> None:
-        for g in gpus:
-            self.gpus[g].holder = None
-            self._refresh(g)
-
     def _release_all(self, job: Job, at: float) -> None:
         self._account(job, at)
         if job.idle is not None:
             _end_idle(self, job, at)
         self.idle_jobs.pop(job.job_id, None)
         _give_back_all(self, job)
-        self._team_held(job.team, -len(job.gpus), at)
+        self._team_held(job.team, -job.weight, at)
         job.gpus = []
 
     def _requeue(self, job: Job, at: float, reason: str) -> None:
@@ -490,16 +499,17 @@ class ClusterState(Struct):
         job.pending_why = None
 
     def _account(self, job: Job, at: float) -> None:
-        job.service_gpu_s += len(job.gpus) * max(0.0, at - job.held_since)
+        job.service_gpu_s += job.weight * max(0.0, at - job.held_since)
         job.held_since = at
         if job.idle is not None:
-            job.idle_gpu_s += len(job.gpus) * max(0.0, at - job.idle_at)
+            job.idle_gpu_s += job.weight * max(0.0, at - job.idle_at)
             job.idle_at = max(job.idle_at, at)
 
     def _refresh(self, g: GpuId) -> None:
         """Keep the node's free set and the free count in step with one GPU's record."""
         rec = self.gpus[g]
         node = self.nodes[rec.node]
+        _index_shared(self, g)
         placeable = rules.gpu_placeable(self, g)
         if placeable and g not in node.free:
             node.free[g] = None
@@ -508,12 +518,12 @@ class ClusterState(Struct):
             del node.free[g]
             self.free_count -= 1
 
-    def _team_held(self, name: str, delta: int, at: float) -> None:
+    def _team_held(self, name: str, delta: float, at: float) -> None:
         t = self.team(name)
         t.held_gpu_s += t.held * max(0.0, at - t.usage_at)
         t.usage_gpu_s = self._decayed_usage(t, at)
         t.usage_at = max(t.usage_at, at)
-        t.held += delta
+        t.held = gpu_count(t.held + delta)
 
     def _decayed_usage(self, t: TeamUsage, at: float) -> float:
         dt = max(0.0, at - t.usage_at)
@@ -557,7 +567,7 @@ class ClusterState(Struct):
 
     @property
     def held_gpus(self) -> int:
-        return sum(1 for g in self.gpus.values() if g.holder is not None)
+        return sum(1 for g in self.gpus.values() if g.occupied)
 
     def job_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(JOB_STATES, 0)
@@ -600,8 +610,8 @@ def _gpu_blocker(st: ClusterState, g: GpuId) -> str:
     """Why a GPU is not free (or "free"), outside the class for its size."""
     rec = st.gpus[g]
     node = st.nodes[rec.node]
-    if rec.holder is not None:
-        return f"held by {rec.holder}"
+    if rec.occupied:
+        return f"held by {rec.holder}" if rec.holder is not None else f"shared by {', '.join(sorted(rec.shares))}"
     if node.lost:
         return f"node {node.name} lost"
     if node.drained:
@@ -623,9 +633,9 @@ def _on_idle(st: ClusterState, e: ev.JobIdle) -> None:
     if job.idle is None:
         # the GPUs were idle since `since` (the evidence window): that time was not busy
         since = min(e.at, max(e.since, job.started_at if job.started_at is not None else e.since))
-        back = len(job.gpus) * max(0.0, e.at - since)
+        back = job.weight * max(0.0, e.at - since)
         job.idle_gpu_s += back
-        _team_idle(st, job.team, len(job.gpus), e.at, back)
+        _team_idle(st, job.team, job.weight, e.at, back)
         job.idle_at = e.at
     job.idle = status
     st.idle_jobs[job.job_id] = None
@@ -642,15 +652,15 @@ def _on_busy(st: ClusterState, e: ev.JobBusy) -> None:
 
 def _end_idle(st: ClusterState, job: Job, at: float) -> None:
     st._account(job, at)
-    _team_idle(st, job.team, -len(job.gpus), at)
+    _team_idle(st, job.team, -job.weight, at)
     job.idle = None
 
 
-def _team_idle(st: ClusterState, name: str, delta: int, at: float, back: float = 0.0) -> None:
+def _team_idle(st: ClusterState, name: str, delta: float, at: float, back: float = 0.0) -> None:
     t = st.team(name)
     t.idle_gpu_s += t.idle_gpus * max(0.0, at - t.idle_at) + back
     t.idle_at = max(t.idle_at, at)
-    t.idle_gpus += delta
+    t.idle_gpus = gpu_count(t.idle_gpus + delta)
 
 
 def _forget_old(st: ClusterState) -> None:
@@ -818,7 +828,7 @@ def _on_registered(st: ClusterState, e: ev.NodeRegistered) -> None:
 
 def _give_back_all(st: ClusterState, job: Job) -> None:
     """A job's GPUs return; its CPUs and memory stop counting on their nodes."""
-    st._give_back(job.gpus)
+    _give_back(st, job.gpus, job.job_id)
     _reserve(st, job.spec, job.gpus, -1)
 
 
@@ -853,6 +863,49 @@ def _nominate(st: ClusterState, victim: Job) -> None:
         st.handover[p.for_job] = None
 
 
+def _take_share(self: ClusterState, job: Job, gpus: list[GpuId]) -> list[GpuId]:
+    """Give a fractional job its share of its one GPU (`rules.share_problem`). Applied as far as
+    is safe: a share the GPU has room for is taken even where it was not placeable (quarantined,
+    drained: recorded), never one beyond its room, beside a whole holder, or of unknown size."""
+    taken: list[GpuId] = []
+    for g in gpus:
+        rec = self.gpus.get(g)
+        share = None if rec is None else job.spec.share_on(rec.memory_mb)
+        problem = rules.share_problem(self, g, share)
+        if problem is not None:
+            self._violate("unplaceable_share", f"a share of GPU {g} granted to {job.job_id}: {problem}",
+                          [job.job_id], [g])
+        if rec is None or share is None or rec.holder is not None or rec.shared_load + share > 1 + rules.SHARE_SLACK:
+            continue
+        rec.shares = {**rec.shares, job.job_id: share}
+        job.share = share
+        self._refresh(g)
+        taken.append(g)
+    return taken
+
+
+def _give_back(st: ClusterState, gpus: list[GpuId], job_id: str | None = None) -> None:
+    for g in gpus:
+        _drop_holder(st.gpus[g], job_id)
+        st._refresh(g)
+
+
+def _drop_holder(rec: Gpu, job_id: str | None) -> None:
+    """`job_id` no longer holds `rec`: its share of it, or the whole of it."""
+    if job_id is not None and job_id in rec.shares:
+        rec.shares = {k: v for k, v in rec.shares.items() if k != job_id}
+    else:
+        rec.holder = None
+
+
+def _index_shared(st: ClusterState, g: GpuId) -> None:
+    """Keep `st.shared` (GPUs with fractional holders) in step with one GPU's record."""
+    if st.gpus[g].shares:
+        st.shared[g] = None
+    elif g in st.shared:
+        del st.shared[g]
+
+
 def _fold_granted(self, e: ev.GpusGranted) -> None:
     job = self.jobs.get(e.job_id)
     if job is None or job.state != "pending":
@@ -867,7 +920,8 @@ def _fold_granted(self, e: ev.GpusGranted) -> None:
             [e.job_id],
             e.gpus,
         )
-    granted = self._take(e.job_id, e.gpus, e.at)
+    job.share = 1.0
+    granted = _take_share(self, job, e.gpus) if spec.shared else self._take(e.job_id, e.gpus, e.at)
     _reserve(self, spec, granted, 1)
     if self.handover:
         self.handover.clear()  # the grants after a release are decided: the hand-over had its turn
@@ -884,7 +938,7 @@ def _fold_granted(self, e: ev.GpusGranted) -> None:
     job.pending_reason, job.pending_blockers, job.pending_eta_s = "", [], None
     job.pending_eta_range = None
     job.pending_why = None
-    self._team_held(spec.team, len(granted), e.at)
+    self._team_held(spec.team, job.weight, e.at)
     self._check_limit(spec.team, e.job_id, granted)
 
 
@@ -899,7 +953,7 @@ def _fold_resized(self, e: ev.JobResized) -> None:
     if not_held:
         self._violate("release_not_held", f"job {e.job_id} releases GPUs it does not hold", [e.job_id], not_held)
     removed = [g for g in e.removed if g in job.gpus]
-    self._give_back(removed)
+    _give_back(self, removed)
     added = self._take(e.job_id, e.added, e.at)
     before = job.gpus
     job.gpus = [g for g in job.gpus if g not in removed] + added

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from msgspec import Struct
 
+from .mig import MigInfo
 from .model import LEVEL_RANK, LEVELS, GpuId, Level
 
 #: Relative communication distance of each level (NVLink = 1). Placement ranks sets by it.
@@ -28,6 +29,25 @@ class Gpu(Struct):
     holder: str | None = None
     quarantined: str | None = None  # reason, while the GPU is unhealthy
     zombie_pids: list[int] | None = None  # while a stray process holds it
+    #: Fractional holders (job -> share of this GPU, summing to at most 1) while it is shared;
+    #: a shared GPU has no whole `holder` and is never placeable for a whole-GPU job.
+    shares: dict[str, float] = {}
+    mig: MigInfo | None = None  # as its node registered it (MIG enabled, or pending)
+
+    @property
+    def occupied(self) -> bool:
+        """Some job holds it, whole or a share of it."""
+        return self.holder is not None or bool(self.shares)
+
+    @property
+    def holders(self) -> list[str]:
+        """Who holds it: its whole holder, or its fractional holders."""
+        return [self.holder] if self.holder is not None else list(self.shares)
+
+    @property
+    def shared_load(self) -> float:
+        """The share of it its fractional holders hold together (0 when not shared)."""
+        return sum(self.shares.values())
 
 
 class Node(Struct):

@@ -33,3 +33,7 @@ SDK_PREFIX = "sdk-"
 #: The device nodes of the job's GPUs on this node (comma-separated): the only GPU devices its
 #: cgroup lets it open (`/dev/nvidiaN` on NVML nodes; nodes under the work dir on simulated ones).
 GPU_DEVICES = "GPUSCHED_GPU_DEVICES"
+#: A fractional job (`--gpu-fraction`, `--gpu-memory`): its share of its one GPU, and the GPU
+#: memory (MiB) that share is (also CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; docs/gpu-sharing.md).
+GPU_SHARE = "GPUSCHED_GPU_SHARE"
+GPU_MEMORY_MB = "GPUSCHED_GPU_MEMORY_MB"

@@ -18,31 +18,31 @@ from ..core.state import ClusterState
 from .config import PolicyConfig
 
 
-def team_rank(state: ClusterState, team: str, held: int, usage: float, config: PolicyConfig) -> tuple:
+def team_rank(state: ClusterState, team: str, held: float, usage: float, config: PolicyConfig) -> tuple:
     """Lower sorts first. `held` is the team's holding as this cycle sees it. The rank holds no
     name: equal ranks are ties for the caller to break (see the module docstring)."""
     t = state.teams.get(team)
     q = t.quota if t is not None else None
     guaranteed = q.guaranteed if q is not None else 0
     weight = q.weight if q is not None else 1.0
-    if held < guaranteed:
+    if 0 < guaranteed and held < guaranteed:
         return (0, held / guaranteed, held - guaranteed)
     return (1, (usage + held * config.fairshare_horizon_s) / weight, 0)
 
 
-def over_share(state: ClusterState, team: str, held: int) -> int:
+def over_share(state: ClusterState, team: str, held: float) -> float:
     """How many GPUs a team holds beyond its guaranteed share (negative: below it)."""
     t = state.teams.get(team)
     return held - (t.quota.guaranteed if t is not None else 0)
 
 
-def limit_room(state: ClusterState, team: str, held: int) -> int | None:
+def limit_room(state: ClusterState, team: str, held: float) -> float | None:
     """GPUs a team may still take before its hard limit (None: no limit)."""
     t = state.teams.get(team)
     return rules.limit_room(t.quota if t is not None else None, held)
 
 
-def may_preempt(state: ClusterState, victim_team: str, victim_held: int, for_team: str, for_held: int) -> bool:
+def may_preempt(state: ClusterState, victim_team: str, victim_held: float, for_team: str, for_held: float) -> bool:
     """The fold's fairness rule (`rules.fair_preemption`). `*_held` are the holdings when the
     request is applied."""
     vt, ft = state.teams.get(victim_team), state.teams.get(for_team)

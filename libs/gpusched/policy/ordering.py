@@ -77,6 +77,7 @@ class QueueIndex:
         #: (ending before it is due) or preemptible (borrowing it). The walk stops early without.
         self.timed: dict[str, None] = {}
         self.preemptible: dict[str, None] = {}
+        self.shares: dict[str, None] = {}  # waiting fractional jobs (they may fit on shared GPUs)
         self.calls = 0  # updates at a new fold version (`state.events`)
         self.seen = -1
 
@@ -94,6 +95,13 @@ class QueueIndex:
             self.timed[job.job_id] = None
         if job.spec.preemptible:
             self.preemptible[job.job_id] = None
+        if job.spec.shared:
+            self.shares[job.job_id] = None
+
+    @property
+    def shared(self) -> int:
+        """How many fractional jobs wait."""
+        return len(self.shares)
 
     def _remove(self, job_id: str, left: bool = True) -> None:
         key, _ = self.entries.pop(job_id)
@@ -105,6 +113,7 @@ class QueueIndex:
             self.frozen.forget(job_id)
         self.timed.pop(job_id, None)
         self.preemptible.pop(job_id, None)
+        self.shares.pop(job_id, None)
 
     def update(self) -> None:
         st = self.state
@@ -155,7 +164,7 @@ class QueueIndex:
         out.sort(key=lambda j: (j.submitted_at, j.job_id))
         return out
 
-    def ordered(self, now: float, held: Callable[[str], int]) -> Iterator[Job]:
+    def ordered(self, now: float, held: Callable[[str], float]) -> Iterator[Job]:
         """Pending jobs in order, the starving ones (`starving`) first: first of all without
         fair share, first of their team's queue with it (fair share still decides which team
         goes next: the starvation bound never overrides another team's entitlement)."""
@@ -181,7 +190,7 @@ class QueueIndex:
             out[t] = keys + [k for k in self.queues.get(t, ()) if k[-1] not in ids]
         return out
 
-    def _ordered(self, now: float, held: Callable[[str], int], first: list[Job] | None = None) -> Iterator[Job]:
+    def _ordered(self, now: float, held: Callable[[str], float], first: list[Job] | None = None) -> Iterator[Job]:
         """Pending jobs in order. With fair share the order is lazy: `held(team)` is read after
         each job is yielded, so grants made meanwhile move the team down. Teams of equal rank
         go in the order of their next jobs' keys (unique: they end with the job id), never by
@@ -216,7 +225,7 @@ def queue_mode(config: PolicyConfig) -> tuple:
 
 
 def ordered(state: ClusterState, now: float, config: PolicyConfig,
-            held: Callable[[str], int] | None = None) -> Iterator[Job]:
+            held: Callable[[str], float] | None = None) -> Iterator[Job]:
     """Pending jobs in the order a cycle considers them (a fresh index: for tests and tools)."""
     idx = QueueIndex(state, config, ())
     idx.update()

@@ -13,6 +13,7 @@ placer (`placer.py`), chosen once, and the caller's indexes of the state (`memo.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -30,6 +31,7 @@ from .placement import Placement, Pool
 from .placer import Placer
 from .resources import asks, busy_reason, by_resources, hold, short_nodes
 from .running import RunningIndex
+from .sharing import SharePick
 
 #: What a cycle has done to a job so far (absent: untouched).
 Status = Literal["granted", "borrowed", "released", "preempting", "shrunk"]
@@ -68,8 +70,9 @@ class CyclePlan:
         #: The pool plus the GPUs of preemptions in flight, less claims on them (reclaim only).
         self.coming: Pool | None = None
         self.status: dict[str, Status] = {}
-        self.team_delta: dict[str, int] = {}
-        self.leaving: dict[str, int] = {}  # team -> GPUs of its jobs asked to yield
+        self.team_delta: dict[str, float] = {}
+        self.share_load: dict[GpuId, float] = {}  # shared GPU -> its shares' sum, where this cycle changed it
+        self.leaving: dict[str, float] = {}  # team -> GPUs of its jobs asked to yield
         self.incoming: dict[str, int] = {}  # team -> GPUs its blocked jobs claimed from `coming`
         self.inflight: dict[str, None] = {}  # running jobs asked to yield, in the order asked
         self.inflight_gpus = 0  # GPUs of preemptions asked in earlier cycles, not yet released
@@ -89,12 +92,17 @@ class CyclePlan:
 
     # --- what the plan says ------------------------------------------------------------------
 
-    def held(self, team: str) -> int:
+    def held(self, team: str) -> float:
         """GPUs the team holds as this cycle sees them."""
         return self.ctx.state.teams[team].held + self.team_delta.get(team, 0)
 
     def room(self, team: str) -> int | None:
-        """GPUs the team may still take under its hard limit (None: no limit)."""
+        """Whole GPUs the team may still take under its hard limit (None: no limit)."""
+        room = self.share_room(team)
+        return None if room is None else math.floor(room + rules.SHARE_SLACK)
+
+    def share_room(self, team: str) -> float | None:
+        """GPUs, shares of GPUs included, the team may still take under its limit (None: no limit)."""
         return limit_room(self.ctx.state, team, self.held(team))
 
     def job_room(self, job: Job) -> int | None:
@@ -105,7 +113,7 @@ class CyclePlan:
         if job.spec.preemptible or not (config.fairshare and config.preemption):
             return room  # without reclaim no guarantee is taken back anyway
         if self._firm is None:
-            capacity = self.pool.count + sum(self.held(t) for t in self.ctx.state.teams)  # free + held, as seen now
+            capacity = self.pool.count + math.ceil(sum(self.held(t) for t in self.ctx.state.teams))  # free + held, as seen now
             self._firm = Firm(self.ctx.state, self.started, capacity)
         firm = self._firm
         if not firm.active or firm.never_fits(job.team, self.ctx.floor(job)):
@@ -153,6 +161,27 @@ class CyclePlan:
         self.started.append((job, p.gpus))
         self.reasons.pop(job.job_id, None)
 
+    def grant_share(self, job: Job, pick: SharePick, backfill: bool) -> None:
+        """Start a fractional job on its share of one GPU (`policy/sharing.py`)."""
+        ctx, g = self.ctx, pick.gpu
+        self.events.append(ev.GpusGranted(at=ctx.now, job_id=job.job_id, attempt=job.attempt + 1, gpus=[g],
+                                          placer=ctx.placer.name, level="nvlink",  # type: ignore[arg-type]
+                                          backfill=backfill))
+        if pick.opened:
+            self.pool.take([g])
+            self.fits_now.clear()
+        hold(self.pool, job.spec, [g])  # its CPUs and memory on the GPU's node
+        for other in (self.outside, self.coming):
+            if other is not None:
+                if pick.opened:
+                    other.remove([g])
+                hold(other, job.spec, [g])
+        self.share_load[g] = self.share_load.get(g, ctx.state.gpus[g].shared_load) + pick.share
+        self._count(job.team, pick.share)
+        self.status[job.job_id] = "granted"
+        self.started.append((job, [g]))
+        self.reasons.pop(job.job_id, None)
+
     def release(self, job: Job, forced: bool, lost: float) -> None:
         """A preempted job gives its GPUs back (checkpointed, or its grace is over)."""
         why = job.preemption
@@ -198,7 +227,7 @@ class CyclePlan:
         self.preempting.setdefault(for_job, []).append(victim.job_id)
         self.inflight[victim.job_id] = None
         self.status[victim.job_id] = "preempting"
-        self.leaving[victim.team] = self.leaving.get(victim.team, 0) + len(victim.gpus)
+        self.leaving[victim.team] = self.leaving.get(victim.team, 0) + victim.weight
 
     def shrink(self, victim: Job, removed: list[GpuId], job: Job) -> None:
         """Take extra GPUs back from an elastic job so that `job` starts (one `JobResized` per
@@ -223,7 +252,10 @@ class CyclePlan:
         self._count(job.team, len(added))
 
     def _free(self, job: Job) -> None:
-        """The job's GPUs return to this cycle's pool; nothing else may touch the job."""
+        """The job's GPUs return to this cycle's pool; nothing else may touch the job. A
+        fractional job's GPU returns once its last share is gone."""
+        if job.spec.shared:
+            return self._free_share(job)
         self.pool.add(job.gpus)
         hold(self.pool, job.spec, job.gpus, -1)
         if self.coming is not None:
@@ -233,7 +265,22 @@ class CyclePlan:
         self._count(job.team, -len(job.gpus))
         self.status[job.job_id] = "released"
 
-    def _count(self, team: str, delta: int) -> None:
+    def _free_share(self, job: Job) -> None:
+        st = self.ctx.state
+        for g in job.gpus:
+            load = self.share_load[g] = self.share_load.get(g, st.gpus[g].shared_load) - job.share
+            if load <= rules.SHARE_SLACK:
+                self.pool.add([g])
+                if self.coming is not None:
+                    self.coming.add([g])
+        hold(self.pool, job.spec, job.gpus, -1)
+        if self.coming is not None:
+            hold(self.coming, job.spec, job.gpus, -1)
+        self.outside = None
+        self._count(job.team, -job.weight)
+        self.status[job.job_id] = "released"
+
+    def _count(self, team: str, delta: float) -> None:
         self.team_delta[team] = self.team_delta.get(team, 0) + delta
 
     # --- placement questions ------------------------------------------------------------------

@@ -111,9 +111,9 @@ def las_worth(v: Job, attained: float, for_attained: float, now: float, config: 
 
 
 def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
-                   candidates: list[Job], held: Callable[[str], int],
+                   candidates: list[Job], held: Callable[[str], float],
                    fits: Callable[[Pool], bool], scope: GpuGroups | None,
-                   leaving: dict[str, int] | None = None, incoming: dict[str, int] | None = None,
+                   leaving: dict[str, float] | None = None, incoming: dict[str, int] | None = None,
                    due: bool = False, left: Remaining | None = None) -> list[Job] | None:
     """The victims to preempt so that `job` fits (`fits(pool)` after their GPUs return), or None.
     `candidates` are already filtered for preemptibility and runtime; `scope`: the GPUs' groups
@@ -160,8 +160,8 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
 
 
 def choose_cpu_victims(state: ClusterState, pool: Pool, job: Job, now: float, config: PolicyConfig,
-                       candidates: list[Job], held: Callable[[str], int], fits: Callable[[Pool], bool],
-                       leaving: dict[str, int] | None = None, incoming: dict[str, int] | None = None,
+                       candidates: list[Job], held: Callable[[str], float], fits: Callable[[Pool], bool],
+                       leaving: dict[str, float] | None = None, incoming: dict[str, int] | None = None,
                        left: Remaining | None = None) -> list[Job] | None:
     """The victims for a job whose GPUs fit but whose CPUs or memory do not (`resources`): the
     candidates holding GPUs on the nodes short of them, in the candidates' order and under the
@@ -187,12 +187,12 @@ def choose_cpu_victims(state: ClusterState, pool: Pool, job: Job, now: float, co
 
 
 def _in_order(state: ClusterState, within: list[tuple[Job, dict[object, int]]], now: float, config: PolicyConfig,
-              held: Callable[[str], int], leaving: dict[str, int],
+              held: Callable[[str], float], leaving: dict[str, float],
               lost: dict[str, float]) -> list[tuple[Job, dict[object, int]]]:
     """The candidates in the order they are taken (see the module docstring): teams furthest
     over their share first, then (`las_preempt`) the latest LAS queue, then least work lost
     (recorded in `lost`), then biggest; the job id breaks ties."""
-    over: dict[str, int] = {}
+    over: dict[str, float] = {}
     keyed = []
     for v, per in within:
         team = v.spec.team

@@ -23,6 +23,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import msgspec
+
 from ..accounting import Ledger, gpu_hours_by_team
 from ..core import events as ev
 from ..core.model import DEFAULT_HALF_LIFE_S, JobSpec, TeamQuota, TopologyConstraint
@@ -35,6 +37,9 @@ from .world import Cluster, _Run, default_quotas  # noqa: F401  (re-exported: th
 
 #: How trace jobs (which carry no placement constraints) map to `JobSpec.topology`.
 TOPOLOGY_MAPPINGS = ("pack", "any")
+#: How a job asking for a share of one GPU (`TraceJob.gpu_milli`) runs: as a fractional job
+#: (`honour`), or on a whole GPU (`round`: gpusched before fractional GPUs, docs/gpu-sharing.md).
+FRACTIONS = ("honour", "round")
 _ONE_NODE = TopologyConstraint(required="node", preferred="nvlink")
 _ANYWHERE = TopologyConstraint(required="cluster", preferred="nvlink")
 
@@ -53,6 +58,19 @@ class SimViolation(RuntimeError):
         self.event, self.violations = event, violations
         detail = "; ".join(f"{v.rule}: {v.detail}" for v in violations)
         super().__init__(f"invariant broken at t={event.at:.0f}s by {event.kind} {_describe(event)}: {detail}")
+
+
+def as_asked(jobs: list[TraceJob], fractions: str) -> list[TraceJob]:
+    """The trace's jobs as `fractions` runs them (see `FRACTIONS`)."""
+    if fractions not in FRACTIONS:
+        raise ValueError(f"unknown fractions mode {fractions!r}; expected {', '.join(FRACTIONS)}")
+    if fractions == "honour":
+        return jobs
+    return [msgspec.structs.replace(j, gpu_milli=1000) if j.fraction is not None else j for j in jobs]
+
+
+def sharing_summary(jobs: list[TraceJob], fractions: str) -> dict:
+    return {"fractions": fractions, "fractional_jobs": sum(1 for j in jobs if j.fraction is not None)}
 
 
 def _same_estimate(a: tuple, b: tuple) -> bool:
@@ -82,7 +100,7 @@ class Simulation:
         tick_s: float | None = None,
         cycle_cap: int = 4,
         topology: str = "pack",
-        stall_cycles: int = 1000,
+        stall_cycles: int = 1000, fractions: str = "honour",
     ):
         if cycle is None:
             from ..policy.cycle import cycle as policy_cycle
@@ -99,7 +117,7 @@ class Simulation:
         self.topology = topology
         self.cycle_cap = cycle_cap
         self.stall_cycles = stall_cycles
-        total = cluster.total_gpus
+        total, jobs, self.fractions = cluster.total_gpus, as_asked(jobs, fractions), fractions
         self.skipped = [j for j in jobs if (j.min_gpus or j.gpus) > total]
         self.jobs = [j for j in jobs if (j.min_gpus or j.gpus) <= total]
         self.quotas = quotas if quotas is not None else default_quotas(self.jobs, total)
@@ -287,8 +305,8 @@ class Simulation:
     def _submit(self, run: _Run, t: float) -> None:
         j = run.trace
         spec = JobSpec(team=j.team, gpus=j.max_gpus or j.gpus, min_gpus=j.min_gpus, priority=j.priority,
-                       preemptible=j.preemptible, time_limit_s=j.time_limit_s, name=j.job_id,
-                       topology=self._constraint(j.max_gpus or j.gpus), cpus=j.cpus, memory_mb=j.memory_mb)
+                       preemptible=j.preemptible, time_limit_s=j.time_limit_s, name=j.job_id, cpus=j.cpus,
+                       topology=self._constraint(j.max_gpus or j.gpus), gpu_fraction=j.fraction, memory_mb=j.memory_mb)
         self._apply(ev.JobSubmitted(at=t, job_id=j.job_id, spec=spec, request_id=f"sim-{j.job_id}"))
         self._wait_from(run, t)
         self._submits_left -= 1
@@ -451,7 +469,7 @@ class Simulation:
             "policy": self.policy_name,
             "cluster": str(self.cluster),
             "gpus": self.cluster.total_gpus,
-            "runtime_model": self.runtime.name,
+            "runtime_model": self.runtime.name, **sharing_summary(self.jobs, self.fractions),
             "skipped_too_large": len(self.skipped),
             "unfinished": sum(1 for r in self.runs.values() if r.mode != "done"),
             "events": self.state.events,

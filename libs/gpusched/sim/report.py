@@ -62,11 +62,13 @@ def simulate(jobs: list[TraceJob], cluster: Cluster, policy: str, runtime: Runti
              overrides: dict[str, str] | None = None, burst: list[TraceJob] | None = None,
              tick_s: float | None = None, topology: str = "pack",
              quotas: dict[str, TeamQuota] | None = None, services: bool = False,
-             placement_down: tuple[float, float] | None = None) -> Simulation:
+             placement_down: tuple[float, float] | None = None, fractions: str = "honour") -> Simulation:
     """Run one simulation. `quotas`: the teams' terms (default: shares of the trace's GPU-hours).
     `services`: run the live services' composition on an in-memory log (`sim.composed`) instead
     of applying each whole cycle; `placement_down` (with it): when placement is gone."""
-    from .engine import default_quotas
+    from .engine import as_asked, default_quotas
+
+    jobs = as_asked(jobs, fractions)  # the quotas share out the demand as the run asks it
 
     # The policy weighs a preemption by the costs the runtime model charges (unless --set).
     costs = {"checkpoint_cost_s": str(runtime.checkpoint_s), "restore_cost_s": str(runtime.restore_s)}
@@ -82,7 +84,7 @@ def simulate(jobs: list[TraceJob], cluster: Cluster, policy: str, runtime: Runti
 
         kind, extra = ComposedSimulation, {"placement_down": placement_down}
     sim = kind(all_jobs, cluster, config, runtime, quotas=quotas, policy_name=policy, tick_s=tick_s,
-               topology=topology, **extra)
+               topology=topology, fractions=fractions, **extra)
     sim.run()
     return sim
 

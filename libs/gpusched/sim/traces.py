@@ -62,10 +62,17 @@ class TraceJob(Struct, frozen=True):
     #: CPUs and memory (MiB) per node, where the trace has them (Alibaba's cpu_milli, memory_mib)
     cpus: float | None = None
     memory_mb: int | None = None
+    #: Thousandths of ONE GPU a sharing job asks (Alibaba's `gpu_milli`; 1000: whole GPUs).
+    gpu_milli: int = 1000
+
+    @property
+    def fraction(self) -> float | None:
+        """The share of one GPU it asks for (None: whole GPUs)."""
+        return self.gpu_milli / 1000 if self.gpus == 1 and 0 < self.gpu_milli < 1000 else None
 
     @property
     def gpu_s(self) -> float:
-        return self.duration_s * self.gpus
+        return self.duration_s * (self.fraction or self.gpus)
 
 
 def default_class(job_id: str) -> tuple[str, bool]:
@@ -214,8 +221,9 @@ def load_alibaba(path: Path) -> list[TraceJob]:
     """Mapping (documented in docs/results.md): pods with `num_gpu == 0` (CPU only) and pods that
     were never scheduled (empty `scheduled_time`) are skipped; submit = `creation_time`;
     duration = `deletion_time - scheduled_time` (at least 1 s); a GPU-sharing pod
-    (`gpu_milli < 1000`) gets one whole GPU, since gpusched allocates whole GPUs (this overstates
-    the demand of the 3,078 sharing pods); priority and preemptibility come from `qos`
+    (`gpu_milli < 1000`, one GPU) keeps its share in `gpu_milli`: the simulator runs it as a
+    fractional job (`sim --fractions honour`, the default) or rounds it up to a whole GPU
+    (`--fractions round`, what gpusched did before it shared GPUs); priority and preemptibility come from `qos`
     (`ALIBABA_QOS`). The trace has no teams: the team is the qos class, so fairness is measured
     between workload classes. A pod's `cpu_milli` and `memory_mib` are its CPUs and memory
     (`--node-cpus`/`--node-mem` give the simulated nodes theirs; without them they do not count)."""
@@ -230,10 +238,12 @@ def load_alibaba(path: Path) -> list[TraceJob]:
         if qos not in ALIBABA_QOS:
             raise TraceError(f"{path}:{line}: column qos: unknown class {qos!r}")
         priority, preemptible = ALIBABA_QOS[qos]
+        milli = _num(path, line, row, "gpu_milli", int, 0)
         cpus = _num(path, line, row, "cpu_milli", float, 0.0) / 1000 if (row.get("cpu_milli") or "").strip() else 0.0
         mem = _num(path, line, row, "memory_mib", int, 0) if (row.get("memory_mib") or "").strip() else 0
         jobs.append(TraceJob(row["name"].strip(), submit, max(1.0, duration), gpus, qos, priority, preemptible,
-                             cpus=cpus or None, memory_mb=mem or None))
+                             cpus=cpus or None, memory_mb=mem or None,
+                             gpu_milli=milli if gpus == 1 and 0 < milli < 1000 else 1000))
     return _sorted(jobs)
 
 
@@ -272,7 +282,8 @@ def load_trace(path: str | Path | None = None, fmt: str | None = None, limit: in
 
 
 def _rest(j: TraceJob) -> tuple:
-    return (j.duration_s, j.gpus, j.team, j.priority, j.preemptible, j.min_gpus, j.max_gpus, j.time_limit_s, j.util_pct)
+    return (j.duration_s, j.gpus, j.team, j.priority, j.preemptible, j.min_gpus, j.max_gpus, j.time_limit_s, j.util_pct,
+            j.cpus, j.memory_mb, j.gpu_milli)
 
 
 def parse_burst(text: str) -> dict:

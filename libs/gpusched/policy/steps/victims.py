@@ -90,7 +90,7 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     for_held = plan.held(job.team) + plan.incoming.get(job.team, 0)
     under = config.fairshare and over_share(st, job.team, for_held) < 0
     found = []
-    shares: dict[str, tuple[int, int]] = {}  # team -> (GPUs it holds less those leaving, over its share)
+    shares: dict[str, tuple[float, float]] = {}  # team -> (GPUs it holds less those leaving, over its share)
     for (team, r), bucket in ctx.running.preemptible.items():
         if not bucket:
             continue  # nothing to take

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 
+from ...core import rules
 from ...core.reasons import BehindReservation, BeyondGuarantee, NoRoom, QueuedBehind, Reason, TeamLimit
 from ...core.state import Job
+from .. import sharing
 from ..backfill import Reservation
 from ..eligibility import array_full, not_eligible
 from ..ordering import QueueIndex
@@ -28,13 +30,19 @@ def run(plan: CyclePlan, ctx: Context) -> None:
     reclaimers = config.max_preemptors_per_cycle if (config.preemption or config.elastic) else 0
     limit_stop = False
     claimants = 0  # blocked jobs that reclaim may act for (those behind the reservation it skips)
+    shares_only = False  # nothing whole may start any more: only fractional jobs, while shared GPUs have room
     for job in idx.ordered(ctx.now, plan.held):
         if ctx.strict and plan.blocked or limit_stop:
             break
-        if not ctx.strict and pool.count <= 0 and len(plan.blocked) >= reclaimers + plan.inflight_gpus:
-            break  # (blocked jobs covered by GPUs in flight trigger no preemption: see reclaim)
-        if plan.head is not None and claimants >= reclaimers + plan.inflight_gpus and _all_reserved(plan, ctx, idx):
-            break
+        if shares_only or (not ctx.strict and pool.count <= 0 and len(plan.blocked) >= reclaimers + plan.inflight_gpus) \
+                or (plan.head is not None and claimants >= reclaimers + plan.inflight_gpus
+                    and _all_reserved(plan, ctx, idx)):
+            # (blocked jobs covered by GPUs in flight trigger no preemption: see reclaim)
+            if not _shares_may_fit(plan, ctx, idx):
+                break
+            shares_only = True
+            if not job.spec.shared:
+                continue  # its reason: the tail's
         if job.job_id in plan.status:
             continue  # started by the hand-over
         processed[job.job_id] = None
@@ -43,7 +51,8 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         if len(plan.blocked) > blocked and plan.reason_of(job) is not _BEHIND:
             claimants += 1
     else:
-        return _tail(plan, ctx, idx, processed, complete=True)
+        if not shares_only:
+            return _tail(plan, ctx, idx, processed, complete=True)
     _tail(plan, ctx, idx, processed, complete=False)
 
 
@@ -52,6 +61,9 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
     barred = not_eligible(ctx.state, job, ctx.now) or array_full(plan, job)
     if barred is not None:  # held, dependencies, array limit: it blocks nobody and is reserved nothing
         plan.note(job, barred)
+        return False
+    if job.spec.shared:
+        _consider_share(plan, ctx, job)
         return False
     pool = plan.pool
     room = plan.job_room(job)
@@ -83,6 +95,33 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
 
 
 _BEHIND = BehindReservation()
+
+
+def _consider_share(plan: CyclePlan, ctx: Context, job: Job) -> None:
+    """Start a fractional job on a share of one GPU (`policy/sharing.py`), or record why it
+    waits. A free GPU it opens is one the blocked head's reservation does not hold; it never
+    blocks the queue, never gets a reservation and never preempts (its share frees no GPU)."""
+    spec = job.spec
+    room = plan.share_room(job.team)  # a team's limit counts shares (no guarantee is reclaimed for them)
+    pick = sharing.on_shared(plan.pool, spec, plan.share_load, ctx.now)
+    if pick is None:
+        pool = plan.pool
+        if plan.head is not None and (res := head_reservation(plan, ctx)) is not None:
+            if plan.outside is None:
+                plan.outside = plan.pool.without(res.gpus)
+            pool = plan.outside
+        pick = sharing.on_free(pool, spec, ctx.placer)
+    if pick is None:
+        plan.note(job, _no_room(1, spec.topology.required))
+    elif room is not None and room < pick.share - rules.SHARE_SLACK:
+        plan.note(job, _limit(ctx, job, 1))
+    else:
+        plan.grant_share(job, pick, backfill=plan.head is not None)
+
+
+def _shares_may_fit(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
+    """A fractional job waits and some shared GPU has room: the walk goes on for it."""
+    return idx.shared > 0 and sharing.spare(ctx.state, plan.share_load)
 
 
 def _all_reserved(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
