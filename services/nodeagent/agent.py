@@ -53,7 +53,7 @@ from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
-from . import container, fencing, launcher
+from . import container, fencing, keeper, launcher
 from .acks import AckCoalescer, AckLimits
 from .backends import GpuBackend, SimBackend, gpus_with_mig, process_alive
 from .cgroups import CgroupError, JobCgroup, remove_parent
@@ -541,6 +541,8 @@ class NodeAgent(CheckpointHandshake):
             self.runs_dir.mkdir(parents=True, mode=0o700)  # the daemon's alone: jobs never read them
             os.chmod(self.runs_dir.parent, 0o700)
         _write_json(self._record_path(run.key), rec)
+        if not run.proc.virtual:
+            keeper.guard(self)  # a process that outlives this daemon: its fence keeper runs
 
     def _drain(self, run: RunningJob, job: Job) -> None:
         """Resize: ask this rank for the collective checkpoint; `poll` stops it once the
@@ -637,6 +639,8 @@ class NodeAgent(CheckpointHandshake):
             self._collect_acks(run, state)  # an ack written just before the exit still counts
         run.proc.kill_stragglers()
         run.exit_code = rc
+        if run.state != "stopping" and keeper.fenced(self._record_path(run.key)):
+            run.state = "stopping"  # the fence keeper stopped it (this daemon was silent too long)
         if run.state in ("stopping",):
             self._forget(run)  # stopped by us: never reported
             return
@@ -680,11 +684,12 @@ class NodeAgent(CheckpointHandshake):
             for rest in ("control_dir",):
                 shutil.rmtree(rec["launch"][rest], ignore_errors=True)
             _remove_cgroup(launcher.Launch.from_json(rec["launch"]))  # whatever the dead leader left, then the cgroup
-        log.warning("job_ended_while_down", job=key[0], attempt=key[1], node=self.node, exit_code=rc)
-        self._report_ended(key, rc, "ended while the daemon was down")
+        fenced = str(rec.get("fenced") or "")  # stopped by the fence keeper: like the daemon's own fence
+        log.warning("job_ended_while_down", job=key[0], attempt=key[1], node=self.node, exit_code=rc, fenced=fenced)
+        self._report_ended(key, rc, fenced or "ended while the daemon was down")
         if current:
             self.launched[key[0]] = key[1:]
-            if not (rc == 0 and int(rec.get("node_rank", 0)) != 0):
+            if not fenced and not (rc == 0 and int(rec.get("node_rank", 0)) != 0):
                 self._report_exit(key[0], key[1], rc)
 
     # --- heartbeats and control -------------------------------------------------------------
@@ -849,6 +854,7 @@ class NodeHost:
     async def start(self) -> None:
         asked = time.monotonic()
         self._history = await self.log.last_seq()
+        keeper.start(self)  # the fence keeper's side, before adoption (its lease renewed once running: keeper.tasks)
         self.folded.listeners.append(self._on_record)
         await self.folded.start()
         self.view_confirmed_at = asked  # folded at least up to the head as it was then
@@ -888,6 +894,7 @@ class NodeHost:
             asyncio.create_task(self._heartbeats(), name="nodeagent-heartbeats"),
             asyncio.create_task(self._confirm_view(), name="nodeagent-view"),
             *fencing.tasks(self),  # the log out of reach for long: stop the jobs (fencing.py)
+            *keeper.tasks(self),  # this daemon dead for long: its keeper stops them (keeper.py)
         ]
         log.info("nodeagent_ready", nodes=len(self.agents), seq=self.folded.seen_seq)
         notify_ready()
@@ -1065,6 +1072,7 @@ class NodeHost:
             except Exception:
                 log.warning("nodeagent_flush_incomplete", queued=self._queue.qsize())
         await cancel_tasks(self._tasks)
+        keeper.stop(self)
         for agent in self.agents.values():
             for sub in agent._subs:
                 try:
