@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind
 
 from gpusched import metrics, telemetry
 from gpusched.bus import subjects
+from gpusched.bus.log import Conflict
 from gpusched.core import events as ev
 from gpusched.core import limits as L
 from gpusched.core.commands import (
@@ -40,6 +41,7 @@ from gpusched.core.commands import (
     HoldJob,
     LabelNode,
     RestoreGpu,
+    SetFoldSettings,
     SetTeamQuota,
     SubmitJob,
     UpdateJob,
@@ -48,9 +50,9 @@ from gpusched.core.model import LEVEL_RANK, ModelQuota, TeamQuota
 from gpusched.core.pools import canonical_model, model_guaranteed
 from gpusched.core.reasons import NoMatchingNode
 from gpusched.core.state import TERMINAL, ClusterState, Job, array_tasks
-from gpusched.policy.eligibility import constrained, matching, not_eligible
+from gpusched.policy.eligibility import constrained, matching, not_eligible, wants
 from gpusched.policy.resources import never_fits
-from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.services.runtime import FoldedLog, catch_up_after, notify_ready
 from gpusched.services.shell import common_arguments
 
 log = structlog.get_logger()
@@ -60,6 +62,7 @@ SUBJECT_COMMANDS: dict[str, type[Command]] = {
     subjects.CMD_SUBMIT: SubmitJob,
     subjects.CMD_CANCEL: CancelJob,
     subjects.CMD_QUOTA: SetTeamQuota,
+    subjects.CMD_FOLD: SetFoldSettings,
     subjects.CMD_DRAIN: DrainNode,
     subjects.CMD_RESTORE: RestoreGpu,
     subjects.CMD_HOLD: HoldJob,
@@ -72,6 +75,8 @@ _encode_reply = msgspec.json.Encoder().encode
 #: How long admission keeps retrying an append the log cannot take right now (a JetStream leader
 #: election, a frozen or reconnecting server) before it answers that the log is unavailable.
 APPEND_PATIENCE_S = 10.0
+#: How many times one command is decided again after its compare-and-set lost to another writer.
+MAX_REDECIDES = 20
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,9 @@ class Caller:
 
     user: str = "admin"
     team: str | None = None
+    #: A platform submitting on behalf of `user` (`gpusched.cmd.submit.<team>.<platform>.<user>`,
+    #: which the server allows a platform for its own teams only), or None.
+    via: str | None = None
 
 
 ADMIN = Caller()
@@ -99,6 +107,10 @@ def split_subject(subject: str) -> tuple[str, Caller] | str:
         return base, Caller(user=parts[3])
     if len(parts) == 5:
         return base, Caller(user=parts[4], team=parts[3])
+    if len(parts) == 6 and base == subjects.CMD_SUBMIT:  # a platform for one of its teams' users
+        return base, Caller(user=parts[5], team=parts[3], via=parts[4])
+    if len(parts) == 6:
+        return f"only a submit may be sent on behalf of a user, not {subject!r}"
     return f"unknown command subject {subject!r}"
 
 
@@ -114,7 +126,7 @@ def caller_problem(state: ClusterState, cmd: Command, caller: Caller) -> str | N
         job = state.jobs.get(cmd.job_id)
         if job is not None and job.spec.team != caller.team:
             return f"job {cmd.job_id} belongs to team {job.spec.team!r}; these credentials act for {caller.team!r}"
-    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu, LabelNode)):
+    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu, LabelNode, SetFoldSettings)):
         return f"{type(cmd).__name__} needs the admin role"
     return None
 
@@ -155,7 +167,8 @@ def request_scope(cmd: Command, caller: Caller) -> str:
     its spec's (a tenant's subject already holds it to that team); other commands use the
     subject's ('' for admin). `/` is in no team or user name, so scopes never run together."""
     team = cmd.spec.team if isinstance(cmd, SubmitJob) else (caller.team or "")
-    return f"{team}/{caller.user}/{cmd.request_id}"
+    user = caller.user if caller.via is None else f"{caller.user}@{caller.via}"  # each platform's own ids
+    return f"{team}/{user}/{cmd.request_id}"
 
 
 def job_id_for(scope: str, state: ClusterState, taken: Mapping[str, str] = MappingProxyType({})) -> str:
@@ -215,30 +228,53 @@ class Capacity:
     def __init__(self) -> None:
         self._key: tuple[int, int] | None = None
         self._largest: dict[str, int] = {}
+        self._matching: dict[tuple, dict[str, int]] = {}
 
     def largest(self, state: ClusterState) -> dict[str, int]:
         key = (len(state.nodes), len(state.gpus))
         if key != self._key:
-            nvlink: dict[tuple[str, int], int] = {}
-            node: dict[str, int] = {}
-            rack: dict[str, int] = {}
-            block: dict[str, int] = {}
-            for g in state.gpus.values():
-                n = state.nodes[g.node]
-                nvlink[(g.node, g.nvlink_domain)] = nvlink.get((g.node, g.nvlink_domain), 0) + 1
-                node[g.node] = node.get(g.node, 0) + 1
-                rack[n.rack] = rack.get(n.rack, 0) + 1
-                if n.block is not None:
-                    block[n.block] = block.get(n.block, 0) + 1
-            self._largest = {
-                "nvlink": max(nvlink.values(), default=0),
-                "node": max(node.values(), default=0),
-                "rack": max(rack.values(), default=0),
-                "block": max(block.values(), default=max(rack.values(), default=0)),
-                "cluster": len(state.gpus),
-            }
+            self._largest = self._count(state, state.gpus.values())
             self._key = key
         return self._largest
+
+    def largest_matching(self, state: ClusterState, spec) -> dict[str, int]:
+        """The same over the GPUs a constrained job may hold (`--gpu-type`: GPUs of that model,
+        `--constraint`: on nodes with those labels), cached per constraint and cluster shape."""
+        key = (len(state.nodes), len(state.gpus), state.label_changes, spec.gpu_type,
+               tuple(sorted(spec.constraints.items())))
+        if key not in self._matching:
+            if len(self._matching) >= 256:
+                self._matching.clear()
+            want = (spec.gpu_type or "").lower()
+            nodes = set(matching(state, spec))
+            self._matching[key] = self._count(state, (g for g in state.gpus.values()
+                                                      if g.node in nodes and want in g.model.lower()))
+        return self._matching[key]
+
+    @staticmethod
+    def _count(state: ClusterState, gpus) -> dict[str, int]:
+        """The largest GPU count at each topology level among `gpus` (drained nodes count: a
+        drain ends, the cluster as configured stays)."""
+        nvlink: dict[tuple[str, int], int] = {}
+        node: dict[str, int] = {}
+        rack: dict[str, int] = {}
+        block: dict[str, int] = {}
+        total = 0
+        for g in gpus:
+            total += 1
+            n = state.nodes[g.node]
+            nvlink[(g.node, g.nvlink_domain)] = nvlink.get((g.node, g.nvlink_domain), 0) + 1
+            node[g.node] = node.get(g.node, 0) + 1
+            rack[n.rack] = rack.get(n.rack, 0) + 1
+            if n.block is not None:
+                block[n.block] = block.get(n.block, 0) + 1
+        return {
+            "nvlink": max(nvlink.values(), default=0),
+            "node": max(node.values(), default=0),
+            "rack": max(rack.values(), default=0),
+            "block": max(block.values(), default=max(rack.values(), default=0)),
+            "cluster": total,
+        }
 
 
 _LEVEL_NAMES = {"nvlink": "NVLink domain", "node": "node", "rack": "rack", "block": "block", "cluster": "cluster"}
@@ -279,13 +315,33 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
     need = spec.gang_min
     if team is not None and team.quota.limit is not None and need > team.quota.limit:
         return f"team {spec.team!r} has a limit of {team.quota.limit} GPUs; the job needs {need}"
-    if state.gpus:  # before any node registered, jobs may queue
-        largest = capacity.largest(state)
-        if need > largest["cluster"]:
-            return f"the cluster has {largest['cluster']} GPUs; the job needs {need}"
-        if topo.required != "cluster" and need > largest[topo.required]:
-            return (f"spec.topology.required is {topo.required}, but the largest {_LEVEL_NAMES[topo.required]} "
-                    f"has {largest[topo.required]} GPUs; the job needs {need}")
+    return size_problem(state, spec, capacity) if state.gpus else None  # no node yet: jobs may queue
+
+
+def size_problem(state: ClusterState, spec, capacity: Capacity) -> str | None:
+    """A gang bigger than the cluster as configured (drains aside) holds, at its required level,
+    or among the GPUs it may hold (`--gpu-type`, `--constraint`)."""
+    need, level = spec.gang_min, spec.topology.required
+    largest = capacity.largest(state)
+    if need > largest["cluster"]:
+        return f"the cluster has {largest['cluster']} GPUs; the job needs {need}"
+    if level != "cluster" and need > largest[level]:
+        return (f"spec.topology.required is {level}, but the largest {_LEVEL_NAMES[level]} "
+                f"has {largest[level]} GPUs; the job needs {need}")
+    if constrained(spec):  # it can never fit among the GPUs it may hold
+        return _never_fits_matching(capacity.largest_matching(state, spec), spec, need)
+    return None
+
+
+def _never_fits_matching(largest: dict[str, int], spec, need: int) -> str | None:
+    """Why a constrained job can never fit the GPUs matching it (drains aside), or None."""
+    level = spec.topology.required
+    if need > largest["cluster"]:
+        return (f"the cluster has {largest['cluster']} GPUs matching {wants(spec)} (drains aside); the job needs "
+                f"{need} (nodes register their GPU model; labels: `gpusched node label`)")
+    if level != "cluster" and need > largest[level]:
+        return (f"spec.topology.required is {level}, but the largest {_LEVEL_NAMES[level]} has {largest[level]} "
+                f"GPUs matching {wants(spec)}; the job needs {need}")
     return None
 
 
@@ -490,7 +546,7 @@ def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionCo
         return Decision(CommandReply(ok=False, error=problem), event, f"reject-{scope}")
     job_id = job_id_for(scope, state, taken)
     event = ev.JobSubmitted(at=now, job_id=job_id, spec=with_defaults(state, cmd.spec), request_id=rid,
-                            user=caller.user)
+                            user=caller.user, via=caller.via or "")
     return Decision(CommandReply(ok=True, job_id=job_id), event, f"submit-{scope}")
 
 
@@ -577,6 +633,9 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
         return _label(state, cmd, now)
     if isinstance(cmd, SetTeamQuota):
         return _set_quota(state, cmd, now)
+    if isinstance(cmd, SetFoldSettings):  # the log's one record of them: every fold reads it
+        return Decision(CommandReply(ok=True), ev.FoldSettingsSet(at=now, settings=cmd.settings, reason=cmd.reason),
+                        f"fold-{cmd.request_id}")
     if isinstance(cmd, DrainNode):
         return _drain(state, cmd, now)
     if isinstance(cmd, RestoreGpu):
@@ -635,16 +694,18 @@ def transient(err: BaseException) -> bool:
                             ConnectionReconnectingError, StaleConnectionError))
 
 
-async def append_patiently(event_log, event: ev.Event, msg_id: str | None, patience_s: float = APPEND_PATIENCE_S) -> int:
+async def append_patiently(event_log, event: ev.Event, msg_id: str | None, patience_s: float = APPEND_PATIENCE_S,
+                           expect_alloc_seq: int | None = None) -> int:
     """Append, retrying transient failures with backoff for up to `patience_s`. The message id
     stays the same, so JetStream's duplicate window stores the fact once however many attempts
-    reached it (a repeat answers the first one's sequence)."""
+    reached it (a repeat answers the first one's sequence, before any compare-and-set is
+    checked). A `Conflict` is no transient failure: it is raised, for the caller to decide again."""
     start = time.monotonic()
     delay, attempts = 0.05, 0
     while True:
         attempts += 1
         try:
-            return await event_log.append(event, msg_id=msg_id)
+            return await event_log.append(event, msg_id=msg_id, expect_alloc_seq=expect_alloc_seq)
         except Exception as err:
             waited = time.monotonic() - start
             if not transient(err):
@@ -722,11 +783,24 @@ class Admission:
             del self._in_flight[key]
 
     async def _decide_and_append(self, cmd: Command, caller: Caller = ADMIN) -> CommandReply:
+        """Decide, append, and on a lost compare-and-set (a cancel, a drain: facts of the alloc
+        tree) fold what was missed and decide again."""
+        for _ in range(MAX_REDECIDES):
+            try:
+                return await self._decide_once(cmd, caller)
+            except Conflict as conflict:
+                await catch_up_after(self.folded, conflict)
+        return CommandReply(ok=False, error=f"GPU ownership changed under {MAX_REDECIDES} decisions in a row; "
+                                            "retry with the same request id")
+
+    async def _decide_once(self, cmd: Command, caller: Caller) -> CommandReply:
         state = self.folded.state
+        view = self.folded.alloc_seq  # what the decision sees of the alloc tree (no await until `admit`)
         decision = admit(state, cmd, time.time(), self.config, self.capacity, self._taken, caller)
         if decision.event is None and not decision.reply.ok and await self._caught_up():
             # A refusal must not come from a lagging fold: the node the caller just registered,
             # the job it just submitted, may be in the log and not folded yet. Decide again.
+            view = self.folded.alloc_seq
             decision = admit(state, cmd, time.time(), self.config, self.capacity, self._taken, caller)
         if decision.event is None:
             return decision.reply
@@ -734,9 +808,7 @@ class Admission:
         if job_id:
             self._taken[job_id] = request_scope(cmd, caller)
         try:
-            seq = await append_patiently(self.folded.log, decision.event, decision.msg_id, self.append_patience_s)
-            for event, msg_id in decision.more:
-                seq = await append_patiently(self.folded.log, event, msg_id, self.append_patience_s)
+            seq = await self._append(decision, view)
         except LogUnavailable as err:
             self._taken.pop(job_id or "", None)  # a retry of this request must name the same job
             log.warning("command_unavailable", kind=decision.event.kind, request_id=cmd.request_id, error=str(err))
@@ -746,6 +818,19 @@ class Admission:
         (log.debug if decision.reply.ok else log.info)("command_decided", kind=decision.event.kind, ok=decision.reply.ok, seq=seq,
                  request_id=cmd.request_id, job_id=decision.reply.job_id, error=decision.reply.error or None)
         return msgspec.structs.replace(decision.reply, seq=seq)
+
+    async def _append(self, decision: Decision, view: int) -> int:
+        """The decision's facts in order; those of the alloc tree as compare-and-sets, the first
+        against the view it was decided at, each next one against the one before (see
+        `runtime.append_cas`: on a NATS cluster a plain append could slip under a grant's check).
+        Raises `Conflict` when the tree moved: nothing more is appended."""
+        expected, seq = view, 0
+        for event, msg_id in ((decision.event, decision.msg_id), *decision.more):
+            assert event is not None
+            seq = await append_patiently(self.folded.log, event, msg_id, self.append_patience_s,
+                                         expect_alloc_seq=expected if event.ALLOC else None)
+            expected = seq if event.ALLOC else expected
+        return seq
 
     async def _caught_up(self) -> bool:
         """Read barrier before a refusal: fold the log up to its head as of now. True when the

@@ -12,6 +12,8 @@ subject, as the dashboard may: it is trusted to act only for the caller it authe
 
     POST   /v1/jobs                  {"spec": JobSpec, "request_id"?, "on_behalf_of"?} -> 201 {"job_id"}
     DELETE /v1/jobs/{job_id}[?team=] cancel -> 200
+    GET    /v1/jobs/{job_id}[?team=] the job, as `gpusched show --json` (through the reader)
+    GET    /v1/jobs[?team=]          the caller's jobs, as `gpusched jobs --json` (through the reader)
 
 A refusal is precise: 400 for a body that does not decode (msgspec's path to the bad field),
 401 without a valid credential, 403 naming the subject the identity may not use, 422 with
@@ -99,8 +101,29 @@ class Api:
         if team is None:
             raise web.HTTPBadRequest(text=f"{p.name} acts for several teams: name one (?team=)")
         if on_behalf_of:
-            return f"{subjects.command_subject(kind, team, p.name)}.{subjects.token(on_behalf_of)}"
+            return subjects.on_behalf_subject(team, p.name, on_behalf_of)
         return subjects.command_subject(kind, team, p.name)
+
+    def read_subject(self, caller: Caller, kind: str, team: str | None) -> str:
+        """The reader's subject the caller asks on over NATS: its team's for a tenant or a
+        platform (`services/reader.py` scopes the answer by it), the unscoped one otherwise."""
+        p = caller.principal
+        if p.role not in ("tenant", "platform"):
+            return subjects.read_subject(kind)
+        team = team or (p.teams[0] if len(p.teams) == 1 else None)
+        if team is None:
+            raise web.HTTPBadRequest(text=f"{p.name} acts for several teams: name one (?team=)")
+        return subjects.read_subject(kind, team, p.name)
+
+    async def read(self, caller: Caller, kind: str, team: str | None, request: dict) -> dict | web.Response:
+        """The reader's `data`, or the refusal as a response."""
+        out = await self.send(caller, self.read_subject(caller, kind, team), msgspec.json.encode(request))
+        if isinstance(out, web.Response):
+            return out
+        answer = msgspec.json.decode(out)
+        if not answer.get("ok"):
+            return _error(422, answer.get("error") or "the reader refused")
+        return answer["data"]
 
     async def send(self, caller: Caller, subject: str, payload: bytes) -> bytes | web.Response:
         if not self.permitted(caller, subject):
@@ -170,6 +193,25 @@ async def cancel(request: web.Request, api: Api, caller: Caller, body: bytes) ->
     return web.Response(body=out, status=200 if reply.ok else 422, content_type="application/json")
 
 
+@_authenticated
+async def show(request: web.Request, api: Api, caller: Caller, body: bytes) -> web.Response:
+    job_id = request.match_info["job_id"]
+    data = await api.read(caller, "show", request.query.get("team"), {"job_id": job_id})
+    if isinstance(data, web.Response):
+        return data
+    if "error" in data:  # another team's job answers exactly like one that does not exist
+        return _error(404, data["error"])
+    return web.json_response(data)
+
+
+@_authenticated
+async def jobs(request: web.Request, api: Api, caller: Caller, body: bytes) -> web.Response:
+    data = await api.read(caller, "jobs", request.query.get("team"), {})
+    if isinstance(data, web.Response):
+        return data
+    return web.json_response(data["docs"])
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
@@ -190,6 +232,8 @@ def make_app(api: Api) -> web.Application:
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/jobs", submit)
     app.router.add_delete("/v1/jobs/{job_id}", cancel)
+    app.router.add_get("/v1/jobs/{job_id}", show)
+    app.router.add_get("/v1/jobs", jobs)
     return app
 
 

@@ -30,7 +30,7 @@ from gpusched.core import events as ev
 from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
 
 from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, Watch, lease_key, open_bucket, owner_id
-from .shell import common_arguments, policy_arguments, policy_of, wait_wake
+from .shell import common_arguments, policy_arguments, wait_wake
 from .writer import Tracker, decide_and_append
 
 log = structlog.get_logger()
@@ -144,7 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    folded = await FoldedLog.open(args.nats, name="gpusched-fallback", half_life_s=policy_of(args).half_life_s)
+    folded = await FoldedLog.open(args.nats, name="gpusched-fallback")
     bucket = await open_bucket(folded.log.nc)
     own = Lease(bucket, args.lease_key, owner_id("fallback"), args.lease_ttl_ms)
     grace_s = (args.grace_ms if args.grace_ms is not None else args.lease_ttl_ms) / 1000.0

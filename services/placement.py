@@ -156,10 +156,10 @@ def settle_heap() -> None:
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    config = policy_config(args.policy, args.policy_set)
+    policy_config(args.policy, args.policy_set)  # a bad --policy-set stops the start
     decide = topo_decider(args.policy, args.policy_set, args.max_reasons)
     # snapshot (JetStream's, verified) + tail: a restarted (or standby) placement is ready in the time of the tail
-    folded = await FoldedLog.open(args.nats, name="gpusched-placement", half_life_s=config.half_life_s)
+    folded = await FoldedLog.open(args.nats, name="gpusched-placement")
     lease = Lease(await open_bucket(folded.log.nc), args.lease_key, owner_id("placement"), args.lease_ttl_ms)
     placement = Placement(folded, lease, decide, debounce_s=args.debounce_ms / 1000.0, tick_s=args.tick_ms / 1000.0,
                           max_reasons=args.max_reasons)

@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = policy_of(args)
-    folded = await FoldedLog.open(args.nats, name="gpusched-preemptor", half_life_s=config.half_life_s)
+    folded = await FoldedLog.open(args.nats, name="gpusched-preemptor")
     preemptor = Preemptor(folded, config, tick_s=args.tick_ms / 1000.0)
     log.info("preemptor_ready", seq=folded.seen_seq, policy=args.policy)
     notify_ready()

@@ -19,7 +19,7 @@ Keys (all under `gpusched:v:`):
     health          hash   placement_degraded, counts, lease holders
     tail            list   the latest event lines, oldest first
     shares          list   samples {at, seq, teams: {team: held}}, oldest first
-and `gpusched:snapshot` (hash: seq, half_life_s, data = msgpack of the ClusterState).
+and `gpusched:snapshot` (hash: seq, half_life_s, forget_after_s, data = msgpack of the ClusterState).
 """
 
 from __future__ import annotations
@@ -331,7 +331,7 @@ async def run(nats_url: str | None = None, redis_url: str | None = None, stop: a
     event_log = await EventLog.open(nats_url, name="projector")
     r = redis_client(redis_url)
     projector = Projector(r, snapshot_every=snapshot_every, config=config, seal_log=event_log)
-    folded = FoldedLog(event_log, half_life_s=config.half_life_s)
+    folded = FoldedLog(event_log)
     folded.listeners.append(projector.listener)
     metrics.export_cluster()  # the one process that serves the cluster-wide metrics
     metrics.attach(folded)

@@ -21,7 +21,7 @@ from gpusched.core.state import ClusterState
 from gpusched.redis_client import connect_redis
 from gpusched.services.runtime import FoldedLog, notify_ready
 
-from .shell import common_arguments, policy_arguments, policy_of, wait_wake
+from .shell import common_arguments, policy_arguments, wait_wake
 
 log = structlog.get_logger()
 
@@ -141,14 +141,14 @@ class QuotaLedger:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser)
-    policy_arguments(parser)  # the usage half-life (`--policy-set half_life_s=...`) of the running policy
+    policy_arguments(parser)  # the running policy (its standings order teams as placement does)
     parser.add_argument("--interval-ms", type=float, default=1000.0,
                         help="republish at least this often (usage decays with time)")
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     redis = connect_redis(args.redis)
-    folded = await FoldedLog.open(args.nats, name="gpusched-quota-ledger", half_life_s=policy_of(args).half_life_s)
+    folded = await FoldedLog.open(args.nats, name="gpusched-quota-ledger")
     ledger = QuotaLedger(folded, redis, args.interval_ms / 1000.0)
     sub = await folded.log.nc.subscribe(subjects.Q_SHARES, queue="quota_ledger", cb=ledger.on_request)
     await folded.log.nc.flush()

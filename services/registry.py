@@ -34,6 +34,7 @@ SERVICES: dict[str, Service] = {s.name: s for s in (
     Service("dashboard", "gpusched.services.dashboard", "web dashboard"),
     Service("api", "gpusched.services.api", "the HTTP API (OpenAPI): the bus's commands and reads as each caller",
             in_stack=False),
+    Service("reader", "gpusched.services.reader", "answers tenants' and platforms' reads, scoped to their teams"),
 )}
 
 

@@ -18,7 +18,6 @@ from gpusched import health, metrics, store, telemetry
 from gpusched.bus import subjects
 from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
 from gpusched.core.events import Event
-from gpusched.core.model import DEFAULT_HALF_LIFE_S
 from gpusched.core.state import ClusterState
 
 log = structlog.get_logger()
@@ -69,9 +68,9 @@ class FailedRounds:
 class FoldedLog:
     """A live fold of the log. `changed` is set after every applied event."""
 
-    def __init__(self, event_log: EventLog, half_life_s: float | None = DEFAULT_HALF_LIFE_S):
+    def __init__(self, event_log: EventLog):
         self.log = event_log
-        self.state = store.new_fold(half_life_s)
+        self.state = store.new_fold()
         self.changed = asyncio.Event()
         self.listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
@@ -84,12 +83,11 @@ class FoldedLog:
         self.heads = SharedRead(event_log.last_seq)
 
     @classmethod
-    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None,
-                   half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> FoldedLog:
+    async def open(cls, url: str | None, name: str, snapshot: ClusterState | None = None) -> FoldedLog:
         """Connect, replay what exists (from `snapshot` on, when one is given) and keep
-        following: what every service starts with. `half_life_s`: the usage half-life of the
-        fold (a policy's `PolicyConfig.half_life_s`, the same as the simulator folds with)."""
-        folded = cls(await EventLog.open(url, name=name), half_life_s)
+        following: what every service starts with. The fold's settings (usage half-life,
+        horizon) are the log's own (`FoldSettingsSet`), not the process's."""
+        folded = cls(await EventLog.open(url, name=name))
         await folded.start(snapshot)
         return folded
 
@@ -106,13 +104,11 @@ class FoldedLog:
         info = (await self.log.js.stream_info(subjects.STREAM)).state
         target, first = info.last_seq, info.first_seq
         if snapshot is not None and self.seen_seq == 0 and 0 < snapshot.last_seq <= target:
-            same = (snapshot.half_life_s, snapshot.forget_after_s) == (self.state.half_life_s,
-                                                                       self.state.forget_after_s)
-            if same:
-                await self._adopt(snapshot)
+            if snapshot.keep_whole != self.state.keep_whole:
+                log.warning("snapshot_rejected", seq=snapshot.last_seq, reason=store.other_fold(snapshot.keep_whole),
+                            hint="replaying the log from the start")
             else:
-                log.warning("snapshot_rejected", seq=snapshot.last_seq, reason="folded with another half-life or "
-                            "horizon (GPUSCHED_FORGET_AFTER_S)", hint="replaying the log from the start")
+                await self._adopt(snapshot)
         if self.seen_seq == 0 and snapshot is None:
             await self._adopt_stored(first, target)
         if first > self.seen_seq + 1 and target > 0:
@@ -140,8 +136,7 @@ class FoldedLog:
     async def _adopt_stored(self, first: int, last: int) -> None:
         """Start from the newest snapshot in JetStream that passes verification (refused ones
         are logged with why, and an older one is tried); none: replay from the start."""
-        state, refused = await store.SnapshotStore(self.log).latest(self.state.half_life_s, first, last,
-                                                                       self.state.forget_after_s)
+        state, refused = await store.SnapshotStore(self.log).latest(first, last, self.state.keep_whole)
         if state is None:
             if refused:
                 log.warning("snapshot_none_adopted", refused=len(refused), hint="replaying the log from the start")
@@ -271,6 +266,18 @@ async def cancel_tasks(tasks: list[asyncio.Task], timeout: float = 5.0) -> None:
             task.exception()  # retrieved: no "exception was never retrieved" noise
 
 
+async def catch_up_after(folded: FoldedLog, conflict: Conflict) -> None:
+    """A compare-and-set append lost: fold what the writer missed before it decides again."""
+    metrics.CONFLICTS.labels(telemetry.current_service()).inc()
+    if conflict.actual is None:
+        await folded.catch_up()
+    else:  # the server named the change we missed: wait for it, no stream-info round trip
+        await folded.wait_seq(conflict.actual)
+        # self-heal: the server knows the alloc tree's last sequence even when this fold
+        # could not attribute it (e.g. a snapshot that predates a dead-lettered message)
+        folded.alloc_seq = max(folded.alloc_seq, conflict.actual)
+
+
 async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callable[[Event], str | None] = lambda e: None,
                      headers: dict[str, str] | None = None, view: int | None = None) -> tuple[int, bool]:
     """Append one cycle's decisions as atomic batches, compare-and-set over the alloc tree
@@ -278,7 +285,13 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
     MAX_BATCH events). Returns (appended count, conflicted). On conflict the fold is caught up
     and the caller decides again from the fresher state. `view` is the alloc sequence the
     decisions were made at (default: the fold's, right now — decide and append with no await
-    in between, or pass it)."""
+    in between, or pass it).
+
+    Every writer of the alloc tree appends through a compare-and-set, not only those that grant
+    (docs/scale.md, "Every alloc fact is a compare-and-set"): a clustered stream's leader checks
+    the expected sequence against what it has applied, and a plain append to the tree that is
+    proposed but not yet applied is invisible to the check, so a grant would be stored after a
+    change it never saw."""
     expected = folded.alloc_seq if view is None else view
     appended = last = 0
     for start in range(0, len(events), MAX_BATCH):
@@ -288,14 +301,7 @@ async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callabl
             seqs = await folded.log.append_batch(chunk, msg_ids=[msg_id(e) for e in chunk],
                                                  expect_alloc_seq=cas, headers=headers)
         except Conflict as conflict:
-            metrics.CONFLICTS.labels(telemetry.current_service()).inc()
-            if conflict.actual is None:
-                await folded.catch_up()
-            else:  # the server named the change we missed: wait for it, no stream-info round trip
-                await folded.wait_seq(conflict.actual)
-                # self-heal: the server knows the alloc tree's last sequence even when this fold
-                # could not attribute it (e.g. a snapshot that predates a dead-lettered message)
-                folded.alloc_seq = max(folded.alloc_seq, conflict.actual)
+            await catch_up_after(folded, conflict)
             return appended, True
         appended += len(chunk)
         last = seqs[-1]

@@ -77,8 +77,21 @@ def policy_of(args: argparse.Namespace):
         raise SystemExit(f"--policy-set: {err}") from None
 
 
+#: Policy knobs that change what the fold computes: a live cluster's are a fact of the log
+#: (`FoldSettingsSet`), read by every fold; the simulator's come from its policy.
+FOLD_KNOBS = ("half_life_s",)
+
+
+def refuse_fold_knobs(args: argparse.Namespace) -> None:
+    for item in getattr(args, "policy_set", None) or []:
+        if item.split("=", 1)[0].strip() in FOLD_KNOBS:
+            raise SystemExit(f"--policy-set {item}: the usage half-life is a fold setting, recorded in the log so that "
+                             "every fold and every replay use the same: `gpusched fold-settings --half-life DURATION`")
+
+
 def run(serve: Serve, args: argparse.Namespace, service: str) -> int:
     """Run one service until SIGINT/SIGTERM; exit non-zero when it can no longer work."""
+    refuse_fold_knobs(args)
     os.environ.setdefault("GPUSCHED_LOG_LEVEL", getattr(args, "log_level", "info"))
     telemetry.setup(service)
 

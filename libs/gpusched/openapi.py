@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -41,15 +40,20 @@ def _json(ref: str) -> dict:
 
 def _answers(ok: tuple[str, str, str], *errors: tuple[str, str]) -> dict:
     status, what, ref = ok
-    out: dict[str, Any] = {status: {"description": what, **_json(ref)}}
-    for code, why in (("401", "no valid credential"), *errors):
-        out[code] = {"description": why, **_json("Error")}
-    return out
+    return {status: {"description": what, **_json(ref)}, **_refusals(*errors)}
+
+
+def _refusals(*errors: tuple[str, str]) -> dict:
+    return {code: {"description": why, **_json("Error")} for code, why in (("401", "no valid credential"), *errors)}
 
 
 def document() -> dict:
     _, components = msgspec.json.schema_components([SubmitRequest, CommandReply, Error],
                                                         ref_template="#/components/schemas/{name}")
+    job_doc = {"type": "object", "description": "a job's document, as `gpusched jobs --json` prints each "
+                                                "(state, attempt, GPUs, team, user, times)"}
+    show_doc = {"type": "object", "description": "as `gpusched show JOB --json`: `job` (its document), `history` "
+                                                 "(its facts), `why_pending` / `preemptions` (the scheduler's reasons)"}
     team = {"name": "team", "in": "query", "required": False, "schema": {"type": "string"},
             "description": "the team, for an identity of several (a platform)"}
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -62,8 +66,17 @@ def document() -> dict:
                      "responses": _answers(("201", "accepted: the job's id", "CommandReply"),
                                            ("400", "the body does not decode as a SubmitRequest"), refused,
                                            ("422", "admission refused it (its reason)"), down)},
+            "get": {"summary": "the caller's jobs: its teams' (a tenant's, a platform's), every team's (admin, "
+                               "auditors), through the reader service", "operationId": "listJobs", "parameters": [team],
+                    "responses": {"200": {"description": "job documents", "content": {"application/json": {
+                        "schema": {"type": "array", "items": job_doc}}}},
+                        **_refusals(refused, ("422", "the reader refused the request"), down)}},
         },
         "/v1/jobs/{job_id}": {
+            "get": {"summary": "one job, as `gpusched show` (another team's job answers 404, as one that does not "
+                               "exist)", "operationId": "showJob", "parameters": [job_id, team],
+                    "responses": {"200": {"description": "the job", "content": {"application/json": {"schema": show_doc}}},
+                                  **_refusals(refused, ("404", "no such job among the caller's teams' jobs"), down)}},
             "delete": {"summary": "cancel a job", "operationId": "cancelJob",
                        "parameters": [job_id, team, {"name": "reason", "in": "query", "required": False,
                                                      "schema": {"type": "string"}}],

@@ -199,7 +199,7 @@ def health_doc(state: ClusterState) -> dict[str, Any]:
 
 #: One human line per event kind (the event tail).
 _LINES: dict[str, Any] = {
-    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}{'/' + e.user if e.user else ''}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
+    "JobSubmitted": lambda e: f"{e.job_id} submitted by {e.spec.team}{'/' + e.user if e.user else ''}{' via ' + e.via if e.via else ''}: {e.spec.gpus} GPU(s), {e.spec.priority}" + (" preemptible" if e.spec.preemptible else ""),
     "GpusGranted": lambda e: (f"{e.job_id} granted {len(e.gpus)} GPU(s) ({e.level}, {e.placer}"
                               f"{', backfill' if e.backfill else ''}"
                               f"{', handed over: GPUs a preemption freed for it' if e.handover else ''})"),
@@ -225,6 +225,8 @@ _LINES: dict[str, Any] = {
                               else f"node {e.node} {'drained' if e.drain else 'undrained'} {e.reason}").rstrip(),
     "ZombieDetected": lambda e: f"zombie on {e.gpu}: pids {e.pids}",
     "ZombieReclaimed": lambda e: f"zombie on {e.gpu} reclaimed",
+    "FoldSettingsSet": lambda e: (f"fold settings: usage half-life {_span(e.settings.half_life_s)}, finished jobs "
+                                  f"kept whole {_span(e.settings.forget_after_s)}" + (f" ({e.reason})" if e.reason else "")),
     "TeamQuotaSet": lambda e: (f"team {e.team} quota: guaranteed {e.quota.guaranteed}, weight {e.quota.weight}, "
                                 f"limit {e.quota.limit}" + "".join(f", {p}: guaranteed {m.guaranteed} limit {m.limit}"
                                                                      for p, m in e.quota.models.items())),
@@ -234,6 +236,15 @@ _LINES: dict[str, Any] = {
     "GpuRestored": lambda e: f"GPU {e.gpu} restored: {e.reason}",
     "SnapshotTaken": lambda e: f"snapshot of the state at seq {e.seq} sealed",
 }
+
+
+def _span(seconds: float | None) -> str:
+    if seconds is None:
+        return "for ever"
+    for unit, size in (("d", 86_400), ("h", 3600)):
+        if seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 def attempt_text(attempt: int, generation: int = 0) -> str:

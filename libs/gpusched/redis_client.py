@@ -22,11 +22,22 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
-import redis.asyncio as aioredis
-from redis.asyncio.sentinel import Sentinel
+if "redis" not in sys.modules and "opentelemetry.sdk.metrics" not in sys.modules:
+    # redis-py imports the OpenTelemetry metrics SDK when it is installed (for its own metrics,
+    # which gpusched never turns on): two thirds of importing redis. Hidden while redis loads, it
+    # stays importable for whoever asks for it later.
+    sys.modules["opentelemetry.sdk.metrics"] = None  # type: ignore[assignment]
+    try:
+        import redis.asyncio as aioredis
+    finally:
+        del sys.modules["opentelemetry.sdk.metrics"]
+else:
+    import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel  # noqa: E402 - after the guarded import above
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 SENTINEL_SCHEME = "redis+sentinel://"

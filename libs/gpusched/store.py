@@ -20,20 +20,23 @@ import io
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
-import redis.asyncio as aioredis
-import structlog
 from nats.js.errors import NotFoundError
 
 from gpusched.bus import subjects
+from gpusched.bus.connection import LazyLogger
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
 from gpusched.core.model import DEFAULT_HALF_LIFE_S
 from gpusched.core.state import FORGET_AFTER_S, ClusterState
 from gpusched.security import snapshots
 
-log = structlog.get_logger()
+log = LazyLogger()
+
+if TYPE_CHECKING:  # redis is imported where a snapshot is read from or written to it
+    import redis.asyncio as aioredis
 
 SNAPSHOT_KEY = "gpusched:snapshot"
 #: Snapshots kept in the object store: the newest and older ones to fall back to when the newest
@@ -42,28 +45,37 @@ KEEP = 3
 HORIZON_ENV = "GPUSCHED_FORGET_AFTER_S"
 
 
-def fold_horizon() -> float | None:
-    """This process's forgetting horizon (`ClusterState.forget_after_s`): `$GPUSCHED_FORGET_AFTER_S`
-    seconds of log time, `none` to keep every job whole, default 90 days. Every process of a
-    cluster must use the same (a snapshot folded with another horizon is refused, like one with
-    another usage half-life)."""
+def keeps_whole() -> bool:
+    """Whether this process's folds keep every job whole (`GPUSCHED_FORGET_AFTER_S=none`: a
+    reader who wants a forgotten job's whole history). The horizon itself is no process's
+    option: it is a fact of the log (`FoldSettingsSet`, `gpusched fold-settings`), which every
+    fold reads, so a replay can never forget other jobs than the cluster did."""
     text = os.environ.get(HORIZON_ENV, "").strip().lower()
     if not text:
-        return FORGET_AFTER_S
+        return False
     if text in ("none", "never", "off"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise SystemExit(f"{HORIZON_ENV}={text!r}: not a number of seconds or 'none'") from None
-    if not value > 0:
-        raise SystemExit(f"{HORIZON_ENV}={text!r}: must be > 0 seconds (or 'none')")
-    return value
+        return True
+    raise SystemExit(f"{HORIZON_ENV}={text!r}: only 'none' (keep every job whole in this reader's fold); the "
+                     "cluster's horizon is a fact of the log: `gpusched fold-settings --forget-after DURATION`")
 
 
-def new_fold(half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> ClusterState:
-    """An empty fold as this process's services keep it (usage half-life, forgetting horizon)."""
-    return ClusterState(half_life_s=half_life_s, forget_after_s=fold_horizon())
+def fold_horizon() -> float | None:
+    """The horizon a fold starts with, before any `FoldSettingsSet`: the default, or None for
+    a reader that keeps every job whole."""
+    return None if keeps_whole() else FORGET_AFTER_S
+
+
+def other_fold(snapshot_whole: bool) -> str:
+    if snapshot_whole:
+        return f"it was folded keeping every job whole ({HORIZON_ENV}=none); this fold forgets as the log says"
+    return f"it forgot jobs as the log says; this fold keeps every job whole ({HORIZON_ENV}=none)"
+
+
+def new_fold() -> ClusterState:
+    """An empty fold as the services keep it: the default settings until the log says others."""
+    whole = keeps_whole()
+    return ClusterState(half_life_s=DEFAULT_HALF_LIFE_S, forget_after_s=None if whole else FORGET_AFTER_S,
+                        keep_whole=whole)
 
 
 @dataclass(frozen=True)
@@ -175,12 +187,13 @@ class SnapshotStore:
         if sealed.seq != meta.seq or sealed.digest != meta.digest:
             raise Refused(f"the log's seal at seq {meta.seal_seq} is for seq {sealed.seq} with another digest")
 
-    async def latest(self, half_life_s: float | None, first_seq: int, last_seq: int,
-                     forget_after_s: float | None | str = "process") -> tuple[ClusterState | None, list[str]]:
-        """The newest snapshot that passes verification for a fold with `half_life_s` and the
-        forgetting horizon `forget_after_s` (default: `fold_horizon()`), and the reasons each
-        newer one was refused (each is also logged)."""
-        horizon = fold_horizon() if forget_after_s == "process" else forget_after_s
+    async def latest(self, first_seq: int, last_seq: int,
+                     keep_whole: bool | None = None) -> tuple[ClusterState | None, list[str]]:
+        """The newest snapshot that passes verification, and the reasons each newer one was
+        refused (each is also logged). Its fold settings are the log's as of its seq, as any
+        fold's; only a fold that keeps every job whole (`keep_whole`, default: this process's)
+        refuses one that forgot."""
+        whole = keeps_whole() if keep_whole is None else keep_whole
         refused: list[str] = []
         try:
             metas = await self.metas()
@@ -189,12 +202,10 @@ class SnapshotStore:
             refused.append(f"the snapshot store could not be listed ({type(err).__name__}: {err})")
         for meta in metas:
             try:
-                if meta.half_life_s != str(half_life_s):
-                    raise Refused(f"it folds with half-life {meta.half_life_s}, this process with {half_life_s}")
-                if meta.forget_after_s != str(horizon):
-                    raise Refused(f"it forgets finished jobs after {meta.forget_after_s} s, this process after "
-                                  f"{horizon} s ({HORIZON_ENV})")
-                return await self.load(meta, first_seq, last_seq), refused
+                state = await self.load(meta, first_seq, last_seq)
+                if state.keep_whole != whole:
+                    raise Refused(other_fold(state.keep_whole))
+                return state, refused
             except Refused as why:
                 refused.append(f"{meta.name} (seq {meta.seq}): {why}")
                 log.warning("snapshot_rejected", name=meta.name, seq=meta.seq, reason=str(why))
@@ -217,39 +228,37 @@ async def untrusted(event_log: EventLog, state: ClusterState) -> str | None:
     return await snapshots.untrusted(event_log, state)
 
 
-async def load_snapshot(r: aioredis.Redis, half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> ClusterState | None:
-    """The latest snapshot if its half-life matches (a fold with other parameters is another fold)."""
+async def load_snapshot(r: aioredis.Redis) -> ClusterState | None:
+    """The latest snapshot (None for a fold that keeps every job whole, if it forgot some)."""
+    from redis.exceptions import RedisError
+
     try:
         raw = await r.hgetall(SNAPSHOT_KEY)
-    except (aioredis.RedisError, OSError):
+    except (RedisError, OSError):
         return None
     if not raw or b"data" not in raw:
         return None
-    if raw.get(b"half_life_s", b"").decode() != str(half_life_s):
-        return None
-    if raw.get(b"forget_after_s", b"None").decode() != str(fold_horizon()):
-        return None  # another fold: it forgets other jobs
     state = ClusterState.restore(raw[b"data"])
+    if state.keep_whole != keeps_whole():
+        return None  # another fold: it forgets other jobs
     state.last_seq = int(raw[b"seq"])
     return state
 
 
-async def load_snapshot_from(redis_url: str | None,
-                             half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> ClusterState | None:
+async def load_snapshot_from(redis_url: str | None) -> ClusterState | None:
     """The latest snapshot from the Redis at `redis_url`, or None (no Redis, no snapshot)."""
     from gpusched.redis_client import connect_redis
 
     r = connect_redis(redis_url)
     try:
-        return await load_snapshot(r, half_life_s)
+        return await load_snapshot(r)
     finally:
         await r.aclose()
 
 
-async def fold_log(event_log: EventLog, state: ClusterState | None = None, until: int | None = None,
-                   half_life_s: float | None = DEFAULT_HALF_LIFE_S) -> ClusterState:
+async def fold_log(event_log: EventLog, state: ClusterState | None = None, until: int | None = None) -> ClusterState:
     """Fold the log (from a snapshot's sequence when given one) up to `until` (default: now)."""
-    state = state or new_fold(half_life_s)
+    state = state or new_fold()
     info = (await event_log.js.stream_info(subjects.STREAM)).state
     last = info.last_seq if until is None else until
     if info.first_seq > state.last_seq + 1 and last > state.last_seq:
@@ -261,4 +270,4 @@ async def fold_log(event_log: EventLog, state: ClusterState | None = None, until
     return state
 
 
-__all__ = ["HORIZON_ENV", "KEEP", "fold_horizon", "new_fold", "Refused", "SnapshotMeta", "SnapshotStore", "SNAPSHOT_KEY", "fold_log", "load_snapshot", "load_snapshot_from", "save_snapshot", "untrusted"]
+__all__ = ["HORIZON_ENV", "KEEP", "fold_horizon", "keeps_whole", "new_fold", "Refused", "SnapshotMeta", "SnapshotStore", "SNAPSHOT_KEY", "fold_log", "load_snapshot", "load_snapshot_from", "save_snapshot", "untrusted"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
+
+from gpusched.redis_client import aioredis  # first: it imports redis without the OTel metrics SDK
 
 PREFIX = "gpusched:v:"
 #: The used-versus-held read model: job id -> mean utilization and memory over the last window.

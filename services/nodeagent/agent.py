@@ -53,7 +53,7 @@ from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job, job_node_order, stale_live
 from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
 
-from . import container, fencing, launcher
+from . import container, fencing, keeper, launcher
 from .acks import AckCoalescer, AckLimits
 from .backends import GpuBackend, SimBackend, gpus_with_mig, process_alive
 from .cgroups import CgroupError, JobCgroup, remove_parent
@@ -326,7 +326,7 @@ def _register_node(self: NodeAgent) -> bool:
             return None
         return event
 
-    self.host.submit(build, cas=False)
+    self.host.submit(build)
     return True
 
 
@@ -501,7 +501,7 @@ class NodeAgent(CheckpointHandshake):
         started = ev.JobStarted(at=time.time(), job_id=job.job_id, attempt=job.attempt, node=self.node,
                                 pids=[proc.pid], rank=spec.node_rank, generation=job.generation,
                                 log="" if proc.virtual else str(spec.log_path))
-        self.host.submit(started, msg_id=f"started:{job.job_id}:{job.attempt}.{job.generation}:{self.node}", cas=False)
+        self.host.submit(started, msg_id=f"started:{job.job_id}:{job.attempt}.{job.generation}:{self.node}")
         if job.preemption is not None:  # asked while the run was waiting for its fence
             self._request_checkpoint(run, f"pre-{job.attempt}", job.preemption.reason, job.preemption.deadline,
                                      job.preemption.for_job)
@@ -541,6 +541,8 @@ class NodeAgent(CheckpointHandshake):
             self.runs_dir.mkdir(parents=True, mode=0o700)  # the daemon's alone: jobs never read them
             os.chmod(self.runs_dir.parent, 0o700)
         _write_json(self._record_path(run.key), rec)
+        if not run.proc.virtual:
+            keeper.guard(self)  # a process that outlives this daemon: its fence keeper runs
 
     def _drain(self, run: RunningJob, job: Job) -> None:
         """Resize: ask this rank for the collective checkpoint; `poll` stops it once the
@@ -585,7 +587,7 @@ class NodeAgent(CheckpointHandshake):
         self.ended_sent[key] = None
         e = ev.ProcessesEnded(at=time.time(), job_id=key[0], attempt=key[1], generation=key[2], node=self.node,
                               exit_code=exit_code, reason=reason)
-        self.host.submit(e, msg_id=f"ended:{key[0]}:{key[1]}.{key[2]}:{self.node}", cas=False)
+        self.host.submit(e, msg_id=f"ended:{key[0]}:{key[1]}.{key[2]}:{self.node}")
 
     # --- processes --------------------------------------------------------------------------
 
@@ -637,6 +639,8 @@ class NodeAgent(CheckpointHandshake):
             self._collect_acks(run, state)  # an ack written just before the exit still counts
         run.proc.kill_stragglers()
         run.exit_code = rc
+        if run.state != "stopping" and keeper.fenced(self._record_path(run.key)):
+            run.state = "stopping"  # the fence keeper stopped it (this daemon was silent too long)
         if run.state in ("stopping",):
             self._forget(run)  # stopped by us: never reported
             return
@@ -680,11 +684,12 @@ class NodeAgent(CheckpointHandshake):
             for rest in ("control_dir",):
                 shutil.rmtree(rec["launch"][rest], ignore_errors=True)
             _remove_cgroup(launcher.Launch.from_json(rec["launch"]))  # whatever the dead leader left, then the cgroup
-        log.warning("job_ended_while_down", job=key[0], attempt=key[1], node=self.node, exit_code=rc)
-        self._report_ended(key, rc, "ended while the daemon was down")
+        fenced = str(rec.get("fenced") or "")  # stopped by the fence keeper: like the daemon's own fence
+        log.warning("job_ended_while_down", job=key[0], attempt=key[1], node=self.node, exit_code=rc, fenced=fenced)
+        self._report_ended(key, rc, fenced or "ended while the daemon was down")
         if current:
             self.launched[key[0]] = key[1:]
-            if not (rc == 0 and int(rec.get("node_rank", 0)) != 0):
+            if not fenced and not (rc == 0 and int(rec.get("node_rank", 0)) != 0):
                 self._report_exit(key[0], key[1], rc)
 
     # --- heartbeats and control -------------------------------------------------------------
@@ -809,7 +814,7 @@ class NodeHost:
         self.poll_s = poll_s
         self.own_log = own_log
         self._history = 0
-        self._queue: asyncio.Queue[tuple[Build | ev.Event, str | None, bool]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Build | ev.Event, str | None]] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._job_nodes: dict[str, set[str]] = {}
         self.appended = 0
@@ -843,12 +848,13 @@ class NodeHost:
             if not nodes:
                 del self._job_nodes[job_id]
 
-    def submit(self, item: Build | ev.Event, msg_id: str | None = None, cas: bool = True) -> None:
-        self._queue.put_nowait((item, msg_id, cas))
+    def submit(self, item: Build | ev.Event, msg_id: str | None = None) -> None:
+        self._queue.put_nowait((item, msg_id))
 
     async def start(self) -> None:
         asked = time.monotonic()
         self._history = await self.log.last_seq()
+        keeper.start(self)  # the fence keeper's side, before adoption (its lease renewed once running: keeper.tasks)
         self.folded.listeners.append(self._on_record)
         await self.folded.start()
         self.view_confirmed_at = asked  # folded at least up to the head as it was then
@@ -881,27 +887,32 @@ class NodeHost:
                 await self.nc.subscribe(subjects.node_logs_subject(agent.node), cb=self._logs_cb(agent)),
             ]
         await self.nc.flush()  # control subjects are heard before the node is announced as usable
-        await self._register_all(state)
+        await self._register_all()
         self._tasks = [
             asyncio.create_task(self._writer(), name="nodeagent-writer"),
             asyncio.create_task(self._monitor(), name="nodeagent-monitor"),
             asyncio.create_task(self._heartbeats(), name="nodeagent-heartbeats"),
             asyncio.create_task(self._confirm_view(), name="nodeagent-view"),
             *fencing.tasks(self),  # the log out of reach for long: stop the jobs (fencing.py)
+            *keeper.tasks(self),  # this daemon dead for long: its keeper stops them (keeper.py)
         ]
         log.info("nodeagent_ready", nodes=len(self.agents), seq=self.folded.seen_seq)
         notify_ready()
 
-    async def _register_all(self, state: ClusterState) -> None:
+    async def _register_all(self) -> None:
         """Register the nodes the log does not know or holds lost, except those whose adopted
-        leftovers are still being stopped: they register from `heartbeat` once those are dead."""
-        todo = []
-        for a in self.agents.values():
-            if a.needs_registration(state) and not _defer_registration(a):
-                todo.append(a.registration())
-        for i in range(0, len(todo), 64):  # registration needs no compare-and-set: pipeline it
-            await asyncio.gather(*(self.log.append(e) for e in todo[i:i + 64]))
-        self.appended += len(todo)
+        leftovers are still being stopped: they register from `heartbeat` once those are dead.
+        A registration changes what may be granted, so it is a compare-and-set like every fact
+        of the alloc tree (`runtime.append_cas`), in atomic batches; after a conflict the nodes
+        still to register are decided again on the fresher fold."""
+        for _ in range(50):
+            todo = [a.registration() for a in self.agents.values()
+                    if a.needs_registration(self.folded.state) and not _defer_registration(a)]
+            appended, conflicted = await append_cas(self.folded, todo)
+            self.appended += appended
+            if not conflicted:
+                return
+        fatal("registering the nodes lost 50 compare-and-sets in a row")
 
     def _on_record(self, rec, state: ClusterState) -> None:
         if rec.seq <= self._history:
@@ -941,13 +952,13 @@ class NodeHost:
 
     async def _writer(self) -> None:
         while True:
-            item, msg_id, cas = await self._queue.get()
+            item, msg_id = await self._queue.get()
             for _ in range(50):
                 try:
                     event = item(self.folded.state) if callable(item) else item
                     if event is None:
                         break
-                    if cas and event.ALLOC:
+                    if event.ALLOC:  # every fact of the alloc tree (see `runtime.append_cas`)
                         _, conflicted = await append_cas(self.folded, [event], msg_id=lambda e: msg_id)
                         if conflicted:
                             continue
@@ -1061,6 +1072,7 @@ class NodeHost:
             except Exception:
                 log.warning("nodeagent_flush_incomplete", queued=self._queue.qsize())
         await cancel_tasks(self._tasks)
+        keeper.stop(self)
         for agent in self.agents.values():
             for sub in agent._subs:
                 try:

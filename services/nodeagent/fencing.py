@@ -19,6 +19,22 @@ of Nomad's `stop_after_client_disconnect` (we stop before the server gives the w
 rather than Nomad's `max_client_disconnect`, which keeps the job running "unknown" and risks two
 copies); Kubernetes' node leases are the same clock seen from the control plane.
 
+A dead agent fences nothing, and its jobs outlive it on purpose (a restarted agent adopts
+them). So a fence keeper (`keeper.py`), a small process of its own session per work dir that
+outlives the agent, watches a lease the agent renews with its last good probe's time; when the
+lease is `keeper_after_s` old it stops every job the work dir's run records prove alive (SIGTERM,
+SIGKILL after the kill grace; no checkpoint: no agent could record it) and marks them fenced.
+It waits as long as the agent's own fence may take before it stops a job, so a live, cut-off
+agent fences first (with its checkpoint grace) and the bound is the one above plus the keeper's
+tick (0.2 s, within `slack_s`):
+
+    keeper_after_s = fence_after_s + probe_s + probe_timeout_s + checkpoint_grace_s
+
+(13 s with the defaults). An agent back within it renews the lease and adopts
+every job. What no process on the node can do: a host frozen or powered off (its processes
+freeze with it: the reconciler's `NodeLost` is the fence there), and an operator's kill -9 of both
+the agent and its keeper (then nothing stops the jobs: kill the jobs too, or start the agent).
+
 Environment (the node daemon's): `GPUSCHED_NODE_TIMEOUT_S` (must equal the reconciler's
 `--node-timeout-s`; default 30), `GPUSCHED_FENCE_AFTER_S` (explicit), `GPUSCHED_FENCE=0` (off).
 """
@@ -54,6 +70,13 @@ class FenceConfig:
         rest = (heartbeat_s + self.probe_s + self.probe_timeout_s + self.checkpoint_grace_s + kill_grace_s
                 + self.slack_s)
         return max(self.probe_s, self.node_timeout_s - rest)
+
+    def keeper_after_s(self, kill_grace_s: float, heartbeat_s: float) -> float:
+        """How long the fence keeper (`keeper.py`) waits on a lease the agent stopped renewing:
+        as long as the agent's own fence may take to stop a job (its last probe timing out, its
+        checkpoint grace), so that a live, cut-off agent fences first and with checkpoints; the
+        bound is then the agent's own plus the keeper's tick, which the slack covers."""
+        return self.after_s(kill_grace_s, heartbeat_s) + self.probe_s + self.probe_timeout_s + self.checkpoint_grace_s
 
     @classmethod
     def from_env(cls) -> FenceConfig | None:
@@ -114,9 +137,14 @@ class Fence:
             agent.stop_all(why)
 
 
+def config(host: Any) -> FenceConfig | None:
+    """A host's fencing settings: set on it (tests), else from the environment; None: off."""
+    return getattr(host, "fence_config", None) or FenceConfig.from_env()
+
+
 def tasks(host: Any) -> list[asyncio.Task]:
     """The fence's task for a started `NodeHost` (none when fencing is off)."""
-    cfg = getattr(host, "fence_config", None) or FenceConfig.from_env()
+    cfg = config(host)
     if cfg is None:
         return []
     host.fence = Fence(host, cfg)

@@ -117,7 +117,7 @@ class CheckpointHandshake:
         event = ev.CheckpointSaved(at=time.time(), job_id=run.job_id, attempt=run.attempt, path=ack.path,
                                    step=ack.step, rank=run.node_rank, generation=run.generation,
                                    node=self.node, sha256=ack.sha256)
-        self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack.step}", cas=False)
+        self.host.submit(event, msg_id=f"ckpt:{run.job_id}:{run.attempt}:{self.node}:{ack.step}")
 
 
 def _write_json(path: Path, obj: object) -> None:

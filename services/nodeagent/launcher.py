@@ -598,9 +598,7 @@ def adopt(record: dict) -> JobProcess | AdoptedProcess | VirtualProcess | None:
     if record.get("virtual"):
         started = time.monotonic() - max(0.0, time.time() - float(record["started_wall"]))
         return VirtualProcess(launch, now=started)
-    group = JobGroup(int(record["pid"]), int(record["pgid"]), int(record["start_ticks"]), str(record["boot"]),
-                     launch.job_id, launch.attempt,
-                     JobCgroup.from_json(launch.cgroup) if launch.cgroup is not None else None)
+    group = JobGroup.from_record(record)
     return AdoptedProcess(launch, group) if group.leader_alive() else None
 
 

@@ -91,6 +91,15 @@ class JobGroup:
             return None
         return cls(pid, s.pgid, s.start_ticks, boot_id(), job_id, attempt, cgroup)
 
+    @classmethod
+    def from_record(cls, record: dict) -> JobGroup:
+        """The group a run's state file records (`launcher.record`): what adoption and the fence
+        keeper prove a process by."""
+        launch = record["launch"]
+        cgroup = JobCgroup.from_json(launch["cgroup"]) if launch.get("cgroup") is not None else None
+        return cls(int(record["pid"]), int(record["pgid"]), int(record["start_ticks"]), str(record["boot"]),
+                   str(launch["job_id"]), int(launch["attempt"]), cgroup)
+
     def leader_alive(self) -> bool:
         """The recorded leader still runs: same boot, pid, group and start time."""
         if self.boot and self.boot != boot_id():

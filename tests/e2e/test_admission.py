@@ -9,6 +9,7 @@ import json
 import msgspec
 
 from gpusched.bus import subjects
+from gpusched.core import events as ev
 from gpusched.core.model import JobSpec, TeamQuota
 
 from .harness import harness  # noqa: F401
@@ -111,3 +112,20 @@ async def test_strict_teams_refuse_teams_without_quota(harness):
             break
         await asyncio.sleep(0.05)
     assert reply.ok, reply.error
+
+
+async def test_fold_settings_are_a_fact_every_fold_reads(harness):  # noqa: F811
+    """Admin's `gpusched fold-settings` becomes one `FoldSettingsSet` in the log; the harness's
+    own fold (as every service's) applies it, and a fresh replay reads the same."""
+    from gpusched.core.model import FoldSettings
+    from gpusched.store import fold_log
+
+    harness.start("admission")
+    await harness.ready("admission")
+    reply = await harness.client.set_fold_settings(FoldSettings(half_life_s=2 * 86400.0, forget_after_s=None),
+                                                   reason="e2e")
+    assert reply.ok and reply.seq is not None, reply
+    await harness.wait_for("the settings folded", lambda s: s.half_life_s == 2 * 86400.0 and s.forget_after_s is None)
+    replayed = await fold_log(harness.log)
+    assert (replayed.half_life_s, replayed.forget_after_s) == (2 * 86400.0, None)
+    assert [e.reason for e in harness.events(ev.FoldSettingsSet)] == ["e2e"]

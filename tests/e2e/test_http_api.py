@@ -22,8 +22,9 @@ from .harness import harness  # noqa: F401
 async def api(harness, trust):  # noqa: F811
     port = free_port()
     harness.start("admission")
+    harness.start("reader")
     harness.start("api", "--port", str(port), "--keys", str(trust.keys_file))
-    await harness.ready("admission", "api")
+    await harness.ready("admission", "reader", "api")
     tokens = Tokens(trust.dir)
     names = {}
     for name, role, teams in (("http-alice", "tenant", ["ml"]), ("http-ci", "platform", ["ml", "cv"]),
@@ -53,6 +54,28 @@ async def test_a_tenant_submits_to_its_team_only_and_cancels(api):
     assert (submitted.spec.team, submitted.user, state.jobs[job_id].spec.name) == ("ml", "http-alice", "over-http")
     async with http.post("/v1/jobs", json={"spec": {"team": "cv", "gpus": 1}}, headers=bearer(api, "http-alice")) as r:
         assert r.status == 403 and "gpusched.cmd.submit.cv.http-alice" in (await r.json())["error"]
+    # a platform submits for one of its team's users: recorded as both
+    async with http.post("/v1/jobs", json={"spec": {"team": "cv", "gpus": 1}, "on_behalf_of": "carol"},
+                         headers=bearer(api, "http-ci")) as r:
+        assert r.status == 201, await r.text()
+        theirs = (await r.json())["job_id"]
+    await h.wait_for("the platform's job", lambda s: theirs in s.jobs)
+    on_behalf = next(e for e in h.events(ev.JobSubmitted) if e.job_id == theirs)
+    assert (on_behalf.user, on_behalf.via) == ("carol", "http-ci")
+
+    # reads go through the reader, scoped like the caller's NATS reads
+    async with http.get(f"/v1/jobs/{job_id}", headers=bearer(api, "http-alice")) as r:
+        assert r.status == 200, await r.text()
+        assert (await r.json())["job"]["state"] == "pending"
+    async with http.get(f"/v1/jobs/{theirs}", headers=bearer(api, "http-alice")) as r:
+        assert r.status == 404  # another team's job reads as no job at all
+    async with http.get("/v1/jobs", headers=bearer(api, "http-alice")) as r:
+        assert r.status == 200
+        listed = {d["job_id"]: d["team"] for d in await r.json()}
+    assert job_id in listed and theirs not in listed and set(listed.values()) == {"ml"}
+    async with http.get("/v1/jobs", headers=bearer(api, "http-audit")) as r:  # an auditor reads every team
+        assert {job_id, theirs} <= {d["job_id"] for d in await r.json()}
+
     async with http.delete(f"/v1/jobs/{job_id}", headers=bearer(api, "http-alice")) as r:
         assert r.status == 200, await r.text()
     await h.wait_for("cancelled", lambda s: s.jobs[job_id].state == "cancelled")

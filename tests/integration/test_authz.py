@@ -77,8 +77,8 @@ def publish_cases(who: str) -> dict[str, bool]:
         subjects.node_control_subject(NODE): admin,  # SimulateCrash, InjectStray, KillProcesses...
         subjects.node_kill_subject(NODE): admin or role == "reconciler",
         subjects.node_reset_subject(NODE): admin or role == "reconciler",  # --reset-leaked
-        subjects.node_logs_subject(NODE): admin or role == "dashboard",  # job logs: not tenants, not nodes
-        subjects.node_logs_subject(OTHER): admin or role == "dashboard",
+        subjects.node_logs_subject(NODE): admin or role in ("dashboard", "reader"),  # not tenants, not nodes
+        subjects.node_logs_subject(OTHER): admin or role in ("dashboard", "reader"),
         "gpusched.cmd.submit.nlp.alice": admin or who == "alice",
         "gpusched.cmd.cancel.nlp.alice": admin or who == "alice",
         "gpusched.cmd.hold.nlp.alice": admin or who == "alice",  # hold/release/update: own team's jobs
@@ -93,11 +93,23 @@ def publish_cases(who: str) -> dict[str, bool]:
         "gpusched.cmd.submit.nlp.plat": admin or who == "plat",
         "gpusched.cmd.submit.research.plat": admin or who == "plat",
         "gpusched.cmd.submit.vision.plat": admin,  # not one of the platform's teams
+        "gpusched.cmd.submit.nlp.plat.alice": admin or who == "plat",  # on behalf of a user of its team
+        "gpusched.cmd.submit.vision.plat.bob": admin,  # ... of a team not its own
+        "gpusched.cmd.cancel.nlp.plat.alice": admin,  # only a submit is sent on behalf
+        "gpusched.cmd.submit.nlp.alice.bob": admin,  # a tenant may not act for another user
         subjects.CMD_SUBMIT: admin or role == "dashboard",  # admin's form: any team
         subjects.CMD_QUOTA + ".someone": admin or role == "dashboard",
         subjects.CMD_DRAIN: admin or role == "dashboard",
+        subjects.CMD_FOLD: admin or role == "dashboard",  # the fold's settings: admin's alone
         "gpusched.ctl.placement": admin or role == "dashboard",
-        subjects.Q_SHARES: admin or role in ("dashboard", "tenant", "platform"),
+        subjects.Q_SHARES: admin or role == "dashboard",  # every team's standing: not a tenant's to read
+        # reads through the reader service: a tenant's or platform's own team(s) and name only
+        subjects.read_subject("show", "nlp", "alice"): admin or who == "alice",
+        subjects.read_subject("jobs", "vision", "alice"): admin,  # alice asking as another team
+        subjects.read_subject("jobs", "nlp", "bob"): admin,  # bob asking as a user of nlp
+        subjects.read_subject("logs", "research", "plat"): admin or who == "plat",
+        subjects.read_subject("logs", "vision", "plat"): admin,
+        subjects.read_subject("jobs"): admin or role == "auditor",  # unscoped: every team's
         "gpusched.dead.x": admin or role in SERVICE_ROLES,  # a node may not: it could flood the dead letters
         f"$JS.API.STREAM.INFO.{subjects.STREAM}": admin or reads_log,
         f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}": admin or reads_log,
@@ -113,7 +125,7 @@ def publish_cases(who: str) -> dict[str, bool]:
         f"$JS.API.CONSUMER.CREATE.{subjects.SNAPSHOT_STREAM}": admin or reads_log,
         "$JS.API.STREAM.NAMES": admin or reads_log,
     })
-    for subject in [c for c in cases if c.startswith("gpusched.cmd.")]:
+    for subject in [c for c in cases if c.startswith(("gpusched.cmd.", "gpusched.read."))]:
         cases[subject] = cases[subject] or role == "api"  # the HTTP API sends as the caller it authenticated
     cases.update(lease_cases(role))
     for api in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "SNAPSHOT", "RESTORE"):
@@ -162,6 +174,8 @@ def subscribe_cases(who: str) -> dict[tuple[str, str | None], bool]:
         (subjects.node_logs_subject(NODE), None): admin or who in ("gpu01", "nodeagent"),  # serving logs
         (subjects.node_logs_subject(OTHER), None): admin,
         (subjects.Q_SHARES, "quota_ledger"): admin or role == "quota_ledger",
+        (subjects.READ_ANY, "reader"): admin or role == "reader",  # a rogue answering reads
+        (subjects.READ_ANY, None): admin,  # sniffing others' read requests
         (subjects.EVENTS, None): admin,  # the log is read through JetStream consumers
         ("_INBOX.>", None): admin,  # everybody's replies
         ("gpusched.ctl.placement", None): admin,

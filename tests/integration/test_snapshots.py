@@ -160,21 +160,25 @@ def test_a_restored_fold_re_encodes_to_its_digest():
 
 async def test_a_snapshot_folded_with_another_horizon_is_refused_and_one_with_ours_is_adopted(event_log, nats_url,
                                                                                               monkeypatch):
-    """A fold that forgets other jobs is another fold: a process adopts only a snapshot folded
-    with its own `GPUSCHED_FORGET_AFTER_S`, and a started process forgets what a replay forgets."""
+    """A fold that forgets other jobs is another fold: the horizon is the log's fact, so a
+    service refuses a snapshot a keep-everything reader folded (`GPUSCHED_FORGET_AFTER_S=none`),
+    and a started process forgets what a replay forgets."""
+    from gpusched.core.model import FoldSettings
+
     base = time.time() - 5 * 86400.0  # the horizon is measured on the server's clock: jobs that ended in the past
+    await event_log.append(ev.FoldSettingsSet(at=base - 60, settings=FoldSettings(forget_after_s=2 * 86400.0)))
     for i in range(6):  # jobs ending a day apart: 2 days before the last one, the first four ended
         at = base + i * 86400.0
         await event_log.append(ev.JobSubmitted(at=at, job_id=f"j-{i}", spec=JobSpec(team="t", gpus=1)))
         await event_log.append(ev.JobCancelled(at=at, job_id=f"j-{i}"))
     monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "none")
     keep_all = await SnapshotStore(event_log).save(await fold_log(event_log))
-    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", str(2 * 86400.0))
+    monkeypatch.delenv("GPUSCHED_FORGET_AFTER_S")
     with structlog.testing.capture_logs() as logs:
         folded = await started(nats_url)
     try:
         assert not any(e["event"] == "snapshot_adopted" for e in logs)
-        assert any(e["event"] == "snapshot_rejected" and "forgets finished jobs after None" in e["reason"] for e in logs)
+        assert any(e["event"] == "snapshot_rejected" and "keeping every job whole" in e["reason"] for e in logs)
         assert sorted(folded.state.forgotten) == ["j-0", "j-1", "j-2", "j-3"] and len(folded.state.jobs) == 2
     finally:
         await folded.close()

@@ -233,18 +233,22 @@ def test_policy_overrides():
         policy_config("nope")
 
 
-def test_every_service_that_folds_usage_takes_the_running_half_life():
-    """`--policy-set half_life_s=...` means the same to every live fold that decays usage."""
+def test_no_service_takes_the_usage_half_life_as_an_option():
+    """The half-life changes what every fold computes: a fact of the log (`gpusched
+    fold-settings`), never one process's `--policy-set half_life_s=...`, which would make its
+    fold another cluster's. Every service refuses it at start, naming the command to use."""
     import argparse
 
-    from gpusched.services import fallback, placement, preemptor, projector, quota_ledger
-    from gpusched.services.shell import policy_of
+    from gpusched.services import fallback, placement, preemptor, projector, quota_ledger, reader
+    from gpusched.services.shell import refuse_fold_knobs
 
-    for service in (placement, preemptor, projector, quota_ledger, fallback):
+    for service in (placement, preemptor, projector, quota_ledger, fallback, reader):
         parser = argparse.ArgumentParser()
         service.add_arguments(parser)
         args = parser.parse_args(["--policy-set", "half_life_s=3600"])
-        assert policy_of(args).half_life_s == 3600.0, service.__name__
+        with pytest.raises(SystemExit, match="gpusched fold-settings"):
+            refuse_fold_knobs(args)
+        refuse_fold_knobs(parser.parse_args(["--policy-set", "min_runtime_s=0"]))  # other knobs stay options
 
 
 def test_a_node_daemon_has_its_kill_grace_on_top_of_the_stop_grace():

@@ -234,19 +234,23 @@ def test_show_of_a_forgotten_job_says_so_and_where_its_history_is():
     assert "GPUSCHED_FORGET_AFTER_S=none gpusched show old" in doc["history"] and "--from-file" in doc["history"]
 
 
-def test_the_services_horizon_comes_from_the_environment(monkeypatch):
+def test_the_horizon_is_a_fact_of_the_log_and_a_reader_may_only_keep_everything(monkeypatch):
     import pytest
 
+    from gpusched.core.model import FoldSettings
     from gpusched.core.state import FORGET_AFTER_S
     from gpusched.store import fold_horizon, new_fold
 
     monkeypatch.delenv("GPUSCHED_FORGET_AFTER_S", raising=False)
-    assert fold_horizon() == FORGET_AFTER_S == new_fold().forget_after_s
-    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "none")
-    assert fold_horizon() is None
-    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "3600")
-    assert new_fold().forget_after_s == 3600.0
-    for bad in ("soon", "-5", "0"):
+    assert fold_horizon() == FORGET_AFTER_S == new_fold().forget_after_s  # before any fact: the one default
+    fold = new_fold()
+    fold.apply(ev.FoldSettingsSet(at=1.0, settings=FoldSettings(forget_after_s=3600.0)))
+    assert fold.forget_after_s == 3600.0
+    monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", "none")  # a reader wanting every job's whole history
+    whole = new_fold()
+    whole.apply(ev.FoldSettingsSet(at=1.0, settings=FoldSettings(forget_after_s=3600.0)))
+    assert fold_horizon() is None and whole.forget_after_s is None and whole.keep_whole
+    for bad in ("3600", "soon", "-5"):  # a number would make this process's fold another cluster's
         monkeypatch.setenv("GPUSCHED_FORGET_AFTER_S", bad)
-        with pytest.raises(SystemExit, match="GPUSCHED_FORGET_AFTER_S"):
+        with pytest.raises(SystemExit, match="gpusched fold-settings"):
             fold_horizon()

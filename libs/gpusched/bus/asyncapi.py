@@ -163,6 +163,7 @@ def _bus_channels(channels: dict[str, Any], operations: dict[str, Any], messages
                   "messages": [{"$ref": "#/channels/node_control_reply/messages/NodeReply"}]}}
     channels["node_control_reply"] = {"address": None, "messages": {"NodeReply": {"$ref": "#/components/messages/NodeReply"}}}
     channels["shares"] = _channel(subjects.Q_SHARES, "Shares", "request (empty body) the quota ledger's standings")
+    _reads(messages, channels, operations)
     operations["readHeartbeat"] = {"action": "receive", "channel": {"$ref": "#/channels/heartbeat"},
                                    "messages": [{"$ref": "#/channels/heartbeat/messages/Heartbeat"}]}
     operations["sendNodeRequest"] = {
@@ -172,6 +173,20 @@ def _bus_channels(channels: dict[str, Any], operations: dict[str, Any], messages
                   "messages": [{"$ref": "#/channels/node_control_reply/messages/NodeReply"}]}}
     operations["requestShares"] = {"action": "send", "channel": {"$ref": "#/channels/shares"},
                                    "messages": [{"$ref": "#/channels/shares/messages/Shares"}]}
+
+
+def _reads(messages: dict, channels: dict, operations: dict) -> None:
+    """The reader service's request/reply reads, one channel per kind (`services/reader.py`)."""
+    messages["Read"] = {"name": "Read", "contentType": "application/json",
+                        "summary": "a read request ({job_id, at, rank, offset, ...} as the kind takes); the "
+                                   "reply is {ok, data} or {ok: false, error}", "payload": {"type": "object"}}
+    for kind in subjects.READ_KINDS:
+        address = _parametrize(subjects.read_subject(kind, _PLACEHOLDER["team"], _PLACEHOLDER["user"]))
+        channels[f"read_{kind}"] = _channel(address, "Read", f"`{kind}` of the team's jobs only (a tenant's or "
+                                                             "platform's read; admin and auditors: gpusched.read."
+                                                             f"{kind}, every team)")
+        operations[f"read{kind.title()}"] = {"action": "send", "channel": {"$ref": f"#/channels/read_{kind}"},
+                                              "messages": [{"$ref": f"#/channels/read_{kind}/messages/Read"}]}
 
 
 def render() -> str:

@@ -24,11 +24,12 @@ from gpusched.core.commands import (
     HoldJob,
     LabelNode,
     RestoreGpu,
+    SetFoldSettings,
     SetTeamQuota,
     SubmitJob,
     UpdateJob,
 )
-from gpusched.core.model import JobSpec, TeamQuota
+from gpusched.core.model import FoldSettings, JobSpec, TeamQuota
 
 from . import connection, subjects
 from .log import connect, identity_of
@@ -38,6 +39,7 @@ COMMAND_SUBJECTS: dict[type[Command], str] = {
     SubmitJob: subjects.CMD_SUBMIT,
     CancelJob: subjects.CMD_CANCEL,
     SetTeamQuota: subjects.CMD_QUOTA,
+    SetFoldSettings: subjects.CMD_FOLD,
     DrainNode: subjects.CMD_DRAIN,
     RestoreGpu: subjects.CMD_RESTORE,
     HoldJob: subjects.CMD_HOLD,
@@ -77,9 +79,12 @@ class Client:
                       creds: str | None = None, team: str | None = None) -> Client:
         return cls(await connect(url, name=name, creds=creds), timeout, owns_connection=True, team=team)
 
-    def subject(self, command: Command) -> str:
+    def subject(self, command: Command, on_behalf_of: str | None = None) -> str:
         """Where this connection's identity may send the command: admin's form for admin (and
-        the dashboard), else the tenant form naming the team and user the server allows."""
+        the dashboard), else the tenant form naming the team and user the server allows;
+        `on_behalf_of` (a platform's submit): the form naming the platform and that user."""
+        if on_behalf_of is not None:
+            return self._on_behalf(command, on_behalf_of)
         base = COMMAND_SUBJECTS[type(command)]
         ident = identity_of(self.nc)
         if ident is None or ident.role not in ("tenant", "platform"):
@@ -92,6 +97,17 @@ class Client:
         if team not in ident.teams:
             raise NotPermitted(f"{ident.name} acts for team(s) {', '.join(ident.teams)}, not {team!r}")
         return subjects.command_subject(kind, team, ident.name)
+
+    def _on_behalf(self, command: Command, user: str) -> str:
+        from gpusched.security.identity import check_name
+
+        ident = identity_of(self.nc)
+        if not isinstance(command, SubmitJob) or ident is None or ident.role != "platform":
+            who = "this connection" if ident is None else f"{ident.name} is a {ident.role}"
+            raise NotPermitted(f"only a platform submits on behalf of a user ({who})")
+        if command.spec.team not in ident.teams:
+            raise NotPermitted(f"{ident.name} acts for team(s) {', '.join(ident.teams)}, not {command.spec.team!r}")
+        return subjects.on_behalf_subject(command.spec.team, ident.name, check_name("user", user))
 
     async def close(self) -> None:
         if self._owns:
@@ -114,13 +130,18 @@ class Client:
             raise ControlPlaneUnavailable(f"no reply on {subject} within {timeout or self.timeout}s") from err
         return msg.data
 
-    async def send(self, command: Command, timeout: float | None = None) -> CommandReply:
+    async def send(self, command: Command, timeout: float | None = None,
+                   on_behalf_of: str | None = None) -> CommandReply:
         """Send any command to its subject and return admission's reply."""
-        data = await self.request_raw(self.subject(command), msgspec.json.encode(command), timeout)
+        data = await self.request_raw(self.subject(command, on_behalf_of), msgspec.json.encode(command), timeout)
         return _reply_decoder.decode(data)
 
-    async def submit(self, spec: JobSpec, request_id: str | None = None) -> CommandReply:
-        return await self.send(SubmitJob(request_id=request_id or new_request_id(), spec=spec))
+    async def submit(self, spec: JobSpec, request_id: str | None = None,
+                     on_behalf_of: str | None = None) -> CommandReply:
+        """`on_behalf_of`: a platform's submit for one of `spec.team`'s users (recorded as that
+        user's job, `via` the platform)."""
+        return await self.send(SubmitJob(request_id=request_id or new_request_id(), spec=spec),
+                               on_behalf_of=on_behalf_of)
 
     async def hold(self, job_id: str, hold: bool = True, reason: str = "",
                    request_id: str | None = None) -> CommandReply:
@@ -148,6 +169,12 @@ class Client:
         """Set a team's quota; with `only`, change just those fields (the rest stay as they are)."""
         return await self.send(SetTeamQuota(request_id=request_id or new_request_id(), team=team, quota=quota,
                                             only=only or []))  # type: ignore[arg-type]
+
+    async def set_fold_settings(self, settings: FoldSettings, reason: str = "",
+                                request_id: str | None = None) -> CommandReply:
+        """Admin: the fold's settings from now on (a `FoldSettingsSet` fact)."""
+        return await self.send(SetFoldSettings(request_id=request_id or new_request_id(), settings=settings,
+                                               reason=reason))
 
     async def drain(self, node: str, drain: bool = True, reason: str = "", request_id: str | None = None,
                     at: float | None = None, until: float | None = None) -> CommandReply:

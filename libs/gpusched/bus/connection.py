@@ -8,13 +8,24 @@ gone for good (so that it exits and its supervisor restarts it, instead of stayi
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable
 
-import structlog
 
-log = structlog.get_logger()
+class LazyLogger:
+    """structlog's logger, imported on the first line logged (structlog brings rich with it: a
+    CLI call that logs nothing should not pay for it)."""
+
+    def __getattr__(self, name: str):
+        import structlog
+
+        return getattr(structlog.get_logger(), name)
+
+
+log = LazyLogger()
 
 #: Called with (connection name, why) when a connection closes unexpectedly; None: only logged.
 on_closed: Callable[[str, str], None] | None = None
@@ -50,6 +61,8 @@ _quiet = _Quiet()
 def _say(level: str, event: str, **fields: object) -> None:
     """A service's structured log; in a CLI process (structlog not configured, whose default
     prints to stdout and would corrupt `--json` output) one plain line on stderr."""
+    import structlog
+
     if structlog.is_configured():
         getattr(log, level)(event, **fields)
     else:
@@ -98,3 +111,85 @@ def callbacks(name: str) -> tuple[dict[str, Callable], dict[str, object]]:
 
     return {"error_cb": error_cb, "disconnected_cb": disconnected_cb, "reconnected_cb": reconnected_cb,
             "closed_cb": closed_cb}, holder
+
+
+#: How often a connection to a NATS cluster asks whether its server still has JetStream, and how
+#: long it may go without an answer before the client moves to another server (issue 25).
+PROBE_S = float(os.environ.get("GPUSCHED_QUORUM_PROBE_S", "2"))
+QUORUM_LOST_S = float(os.environ.get("GPUSCHED_QUORUM_LOST_S", "10"))
+
+
+class QuorumWatch:
+    """A client on a server that a partition cut off from its cluster's majority keeps a healthy
+    TCP connection, so nats-py never leaves it, while every JetStream call goes unanswered. Every
+    `probe_s` this asks for the account's JetStream info (`$JS.API.INFO`, answered by the meta
+    leader: never by a server in a minority); after `lost_s` without an answer it reconnects,
+    trying the other servers of the list first (`choose`, nats-py's reconnect_to_server_handler)."""
+
+    def __init__(self, name: str, probe_s: float = PROBE_S, lost_s: float = QUORUM_LOST_S):
+        self.name, self.probe_s, self.lost_s = name, probe_s, lost_s
+        self.left: str | None = None  # host:port of the server left for silence
+        self.moves = 0
+        self._tried = 0
+        self._task: asyncio.Task | None = None
+
+    @classmethod
+    def for_servers(cls, servers: list[str], name: str, options: dict) -> QuorumWatch:
+        """The watch of a connection to `servers` (off for a single server: nowhere to move to);
+        sets its server choice in nats-py's connect `options`."""
+        watch = cls(name, lost_s=QUORUM_LOST_S if len(servers) > 1 else 0)
+        if watch.lost_s > 0:
+            options.setdefault("reconnect_to_server_handler", watch.choose)
+        return watch
+
+    def choose(self, servers: list, info: dict) -> tuple[object | None, float]:
+        """The next server to try: the others before the one left, in turn; a pause after a
+        whole round of them failed (as nats-py's own `reconnect_time_wait`)."""
+        order = [s for s in servers if s.uri.netloc != self.left] + [s for s in servers if s.uri.netloc == self.left]
+        if not order:
+            return None, 0.5
+        pick = order[self._tried % len(order)]
+        self._tried += 1
+        return pick, (0.5 if self._tried > len(order) else 0.0)
+
+    def start(self, nc) -> None:
+        nc.gpusched_quorum_watch = self
+        if self.probe_s > 0 and self.lost_s > 0:
+            self._task = asyncio.get_running_loop().create_task(self._run(nc), name=f"quorum-watch-{self.name}")
+
+    async def _answers(self, nc) -> bool | None:
+        """True: JetStream answered; False: no answer or "cluster not available"; None: the
+        connection itself is down (nats-py's reconnect handles that)."""
+        import json
+
+        from nats.errors import ConnectionClosedError, ConnectionReconnectingError, NoRespondersError
+
+        try:
+            reply = await nc.request("$JS.API.INFO", b"", timeout=self.probe_s)
+        except (asyncio.TimeoutError, NoRespondersError):
+            return False
+        except (ConnectionClosedError, ConnectionReconnectingError):
+            return None
+        try:
+            return "error" not in json.loads(reply.data)
+        except ValueError:
+            return False
+
+    async def _run(self, nc) -> None:
+        silent_since: float | None = None
+        while not nc.is_closed:
+            await asyncio.sleep(self.probe_s)
+            answered = await self._answers(nc) if nc.is_connected else None
+            if answered or answered is None:
+                silent_since = None
+                if answered:
+                    self._tried = 0
+                continue
+            now = time.monotonic()
+            silent_since = silent_since or now
+            if now - silent_since >= self.lost_s:
+                server = getattr(nc.connected_url, "netloc", None)
+                _say("warning", "nats_quorum_lost", connection=self.name, server=server, silent_s=round(now - silent_since, 1),
+                     action="reconnecting to another server")
+                self.left, self.moves, self._tried, silent_since = server, self.moves + 1, 0, None
+                await nc.force_reconnect()

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -29,46 +30,49 @@ from datetime import datetime, timezone
 
 import msgspec
 import nats
-import structlog
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
-    DiscardPolicy,
-    RetentionPolicy,
-    StorageType,
     StreamConfig,
 )
 from nats.js.errors import APIError, NotFoundError
 
-from gpusched import telemetry
 from gpusched.core import limits
 from gpusched.core.events import Event, decode_event, encode_fact
 from gpusched.security import clientconfig, signing
 from gpusched.security.identity import Identity
 from gpusched.security.identity import load as load_identity
 
-from . import connection, fastpath, subjects
+from . import connection, fastpath, streams, subjects
+from .streams import (  # noqa: F401 (their names here, where callers import them)
+    DEAD_MAX_MSG_BYTES,
+    REPLICA_ERRORS,
+    ReplicasUnavailable,
+    cluster_size,
+    create_lease_bucket,
+)
 
-_log = structlog.get_logger()
+_log = connection.LazyLogger()
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
+#: A clustered stream's leader refuses an expected-sequence check while another one over the same
+#: subject (here: the alloc tree) is proposed and not yet applied; it names no sequence. Stored
+#: nothing, like 10071: a conflict, and the writer catches up and decides again.
+CHECK_IN_FLIGHT = 10164
+CAS_REFUSALS = (WRONG_LAST_SEQUENCE, CHECK_IN_FLIGHT)
 BATCH_DUPLICATE_MSG_ID = 10201  # an atomic batch repeats a stored Nats-Msg-Id
 MAX_BATCH = 1000  # JetStream's limit on one atomic batch
 DEAD_ALREADY_STORED = 10077  # "maximum messages per subject exceeded" (discard new per subject)
 DEAD_STREAM_FULL = 10027  # "maximum messages exceeded"
-DEAD_MAX_MSGS = 100_000
 #: Dead letters one reader files per writer (subjects.writer_of) in a window: a writer that
 #: floods the log with undecodable facts gets its first ones filed and the rest only counted,
 #: so the bounded dead-letter stream keeps room for everyone else's.
 DEAD_PER_WRITER = 50
 DEAD_WINDOW_S = 60.0
-DEAD_MAX_BYTES = 256 * 1024 * 1024
-DEAD_MAX_AGE_S = 30 * 86_400.0
-DEAD_MAX_MSG_BYTES = 64 * 1024  # a dead letter keeps at most this much of the bad message
 
 
 def nats_url(url: str | None = None) -> str:
@@ -97,6 +101,22 @@ NATS_HINT = "is `gpusched up` running? (or set --nats / GPUSCHED_NATS_URL)"
 #: outlive blips); a command-line client calls `fail_fast()` so an unreachable server is one
 #: clear error within seconds instead of a retry loop.
 _client_options: dict = {}
+
+
+def _telemetry():
+    """gpusched.telemetry (OpenTelemetry), imported when first needed: a CLI that only reads
+    never loads it."""
+    from gpusched import telemetry
+
+    return telemetry
+
+
+def _observe(record: Record) -> None:
+    """Remember a record's job trace context, in a process that traces (one that imported
+    telemetry: every service does at start); a reading CLI has no trace to continue."""
+    telemetry = sys.modules.get("gpusched.telemetry")
+    if telemetry is not None:
+        telemetry.observe(record)
 
 
 def fail_fast(connect_timeout: float = 1.5) -> None:
@@ -157,6 +177,7 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
     kwargs.setdefault("max_reconnect_attempts", -1)
     kwargs.setdefault("reconnect_time_wait", 0.5)
     quiet, holder = connection.callbacks(name)  # one line per outage period; exit when closed for good
+    watch = connection.QuorumWatch.for_servers(servers, name, kwargs)  # off a server without a quorum
     for key, value in quiet.items():
         if key != "error_cb":
             kwargs.setdefault(key, value)
@@ -197,47 +218,13 @@ async def connect(url: str | None = None, name: str = "gpusched", creds: str | o
         raise Unreachable("NATS", url, cause, NATS_HINT) from err
     holder["nc"] = nc
     nc.gpusched_identity = ident  # type: ignore[attr-defined]
+    watch.start(nc)
     fastpath.install(nc)  # header parse and encoding of every message: the same bytes, cheaper
     problem = limits.server_problem(nc._server_info)  # nats-py keeps the server's INFO here
     if problem:
         await nc.close()
         raise ServerUnsuitable(problem)
     return nc
-
-
-async def create_lease_bucket(js: JetStreamContext, replicas: int) -> None:
-    """The key-value bucket of the placement and fallback leases (`services/lease.py`), created
-    with the streams: one revision per key, small values, direct gets (a lease is read often)."""
-    from nats.js.api import KeyValueConfig
-
-    try:
-        await js.create_key_value(KeyValueConfig(
-            bucket=subjects.LEASE_BUCKET, description="gpusched: liveness leases of placement and the fallback",
-            history=1, max_value_size=1024, max_bytes=1 << 20, storage=StorageType.FILE, replicas=replicas,
-            direct=True))
-    except APIError as err:
-        if err.err_code != 10058:  # exists (with other settings): keep it
-            raise
-
-
-def cluster_size(nc: NATS) -> int:
-    """How many servers the connected cluster has, as its INFO says (1: a single server)."""
-    info = getattr(nc, "_server_info", None) or {}
-    return max(1, len(info.get("connect_urls") or ()))
-
-
-#: JetStream's answers to a replica count the cluster cannot hold (too few servers; not clustered).
-REPLICA_ERRORS = (10023, 10074)
-
-
-class ReplicasUnavailable(RuntimeError):
-    """The log was asked for more replicas than the NATS cluster has servers."""
-
-    def __init__(self, replicas: int, size: int, detail: str = ""):
-        super().__init__(f"the log at R{replicas} needs at least {replicas} NATS servers, but the cluster has "
-                         f"{size}{f' ({detail})' if detail else ''}; start more servers (`gpusched up "
-                         f"--nats-cluster {replicas}`) or lower --replicas")
-        self.replicas, self.size = replicas, size
 
 
 class EventTooLarge(ValueError):
@@ -368,99 +355,18 @@ class EventLog:
     def identity(self) -> Identity | None:
         return identity_of(self.nc)
 
-    def stream_configs(self) -> list[StreamConfig]:
-        """The streams: the log denies deleting and purging (nobody rewrites history through
-        the API, admin included); its limits and subjects change only by admin."""
-        return [
-            StreamConfig(
-                name=subjects.STREAM, subjects=[subjects.EVENTS], storage=StorageType.FILE,
-                retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD, num_replicas=self.replicas,
-                duplicate_window=120.0, allow_atomic=True, description="gpusched: every fact, the source of truth",
-                deny_delete=True, deny_purge=True,
-                max_msg_size=limits.MAX_EVENT_BYTES,
-            ),
-            # Dead letters: one per stream sequence (subject `gpusched.dead.<seq>.<subject>`, one
-            # message per subject, a second publish refused by the server), bounded and aged out.
-            StreamConfig(
-                name=subjects.DEAD_STREAM, subjects=[subjects.DEAD], storage=StorageType.FILE,
-                num_replicas=self.replicas, description="gpusched: messages that did not decode, with why",
-                deny_delete=True, deny_purge=True,
-                discard=DiscardPolicy.NEW, discard_new_per_subject=True, max_msgs_per_subject=1,
-                max_msgs=DEAD_MAX_MSGS, max_bytes=DEAD_MAX_BYTES, max_age=DEAD_MAX_AGE_S,
-                max_msg_size=DEAD_MAX_MSG_BYTES,
-            ),
-        ]
-
     async def ensure(self) -> None:
-        """Admin: create or update the streams (idempotent; `gpusched up` and the test fixtures
-        do it). Every other role only checks that they exist."""
-        ident = self.identity
-        if ident is not None and ident.role != "admin":
-            for config in self.stream_configs():
-                try:
-                    await self.js.stream_info(config.name)
-                except NotFoundError:
-                    raise RuntimeError(f"stream {config.name} does not exist: an admin creates it "
-                                       "(`gpusched up`, or `gpusched stream create` with admin credentials)") from None
-            return
-        await self.create_streams()
+        """Admin creates or updates the streams; every other role only checks they exist."""
+        await streams.ensure(self)
 
     async def create_streams(self) -> None:
-        size = cluster_size(self.nc)
-        if self.replicas_given and self.replicas > size:
-            raise ReplicasUnavailable(self.replicas, size)
-        for config in self.stream_configs():
-            try:
-                await self.js.add_stream(config)
-            except APIError as err:
-                if err.err_code in REPLICA_ERRORS:
-                    raise ReplicasUnavailable(self.replicas, size, err.description or "") from err
-                if err.err_code != 10058:  # stream name already in use with a different config
-                    raise
-                if config.name == subjects.STREAM:  # an operator's retention limits stay as set
-                    await self._keep_limits(config)
-                if not self.replicas_given:
-                    config.num_replicas = (await self.js.stream_info(config.name)).config.num_replicas
-                try:
-                    await self.js.update_stream(config)
-                except APIError as err2:
-                    if err2.err_code in REPLICA_ERRORS:
-                        raise ReplicasUnavailable(self.replicas, size, err2.description or "") from err2
-                    raise
-        await self.create_snapshot_store()
-        await create_lease_bucket(self.js, self.replicas)
-
-    async def _keep_limits(self, config: StreamConfig) -> None:
-        current = (await self.js.stream_info(config.name)).config
-        config.max_age, config.max_msgs, config.max_bytes = current.max_age, current.max_msgs, current.max_bytes
-
-    async def create_snapshot_store(self) -> None:
-        """The object store of sealed fold snapshots (`gpusched.store.SnapshotStore`); bounded by
-        its rotating names, so no limits of its own."""
-        from nats.js.api import ObjectStoreConfig
-
-        try:
-            await self.js.create_object_store(subjects.SNAPSHOT_BUCKET, config=ObjectStoreConfig(
-                description="gpusched: sealed snapshots of the fold", storage=StorageType.FILE,
-                replicas=self.replicas))
-        except APIError as err:
-            if err.err_code != 10058:  # exists (with other settings): keep it
-                raise
+        """Admin: create or update the streams, the snapshot store and the lease bucket (`streams.py`)."""
+        await streams.create(self)
 
     async def set_retention(self, max_age_s: float | None = None, max_msgs: int | None = None,
                             max_bytes: int | None = None) -> StreamConfig:
-        """Admin: bound the log by age, count or size (None: leave as is; 0: unbounded). The
-        server drops the oldest facts past a limit; purge and delete stay denied. A process
-        starts from a snapshot, so the limits must leave every fact after the newest verified
-        snapshot in the stream (see docs/operating.md, "Retention")."""
-        config = (await self.js.stream_info(subjects.STREAM)).config
-        if max_age_s is not None:
-            config.max_age = max_age_s or None
-        if max_msgs is not None:
-            config.max_msgs = max_msgs or -1
-        if max_bytes is not None:
-            config.max_bytes = max_bytes or -1
-        return (await self.js.update_stream(config)).config
+        """Admin: bound the log by age, count or size (`streams.set_retention`)."""
+        return await streams.set_retention(self.js, max_age_s, max_msgs, max_bytes)
 
     async def first_seq(self) -> int:
         """The oldest sequence still in the stream (> 1 once its head has aged out)."""
@@ -481,7 +387,7 @@ class EventLog:
         payload = encode_fact(event)
         subject = subjects.event_subject(event)
         hdrs = dict(headers or {})
-        telemetry.append_headers(event, hdrs)  # traceparent: the job's trace crosses services here
+        _telemetry().append_headers(event, hdrs)  # traceparent: the job's trace crosses services here
         hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
         if expect_alloc_seq is not None:
             hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expect_alloc_seq)
@@ -508,7 +414,7 @@ class EventLog:
         try:
             ack = await self.js.publish(subject, payload, headers=hdrs)
         except APIError as err:
-            if err.err_code == WRONG_LAST_SEQUENCE and expect_alloc_seq is not None:
+            if err.err_code in CAS_REFUSALS and expect_alloc_seq is not None:
                 raise Conflict(expect_alloc_seq, err.description or "") from err
             raise
         return ack if raw else ack.seq
@@ -561,7 +467,7 @@ class EventLog:
         reply = None
         for i, (event, (subject, payload)) in enumerate(zip(events, facts)):
             hdrs = dict(headers or {})
-            telemetry.append_headers(event, hdrs)  # each fact continues its own job's trace
+            _telemetry().append_headers(event, hdrs)  # each fact continues its own job's trace
             hdrs["Nats-Batch-Id"], hdrs["Nats-Batch-Sequence"] = batch_id, str(i + 1)
             msg_id = msg_ids[i] if msg_ids else None
             hdrs["Nats-Msg-Id"] = msg_id or hashlib.blake2b(payload, digest_size=16).hexdigest()
@@ -579,7 +485,7 @@ class EventLog:
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error:
-            if error.get("err_code") in (WRONG_LAST_SEQUENCE, BATCH_DUPLICATE_MSG_ID) and expect_alloc_seq is not None:
+            if error.get("err_code") in (*CAS_REFUSALS, BATCH_DUPLICATE_MSG_ID) and expect_alloc_seq is not None:
                 raise Conflict(expect_alloc_seq or 0, error.get("description", ""))
             raise APIError(**error)
         if chain is not None:
@@ -632,7 +538,7 @@ class EventLog:
                         on_dead(seq, msg.subject)
                 else:
                     record = Record(seq, event, msg.subject, msg.headers, fastpath.stored_at(msg))
-                    telemetry.observe(record)  # remember the job's trace context
+                    _observe(record)  # remember the job's trace context
                     yield record
 
     async def raw(self, start: int = 1, until: int | None = None) -> AsyncIterator[RawMessage]:

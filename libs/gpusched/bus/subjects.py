@@ -50,6 +50,7 @@ CMD_RESTORE = "gpusched.cmd.restore"
 CMD_HOLD = "gpusched.cmd.hold"
 CMD_UPDATE = "gpusched.cmd.update"
 CMD_LABEL = "gpusched.cmd.label"
+CMD_FOLD = "gpusched.cmd.fold"
 CMD_ANY = "gpusched.cmd.>"
 #: Command kinds as the subject names them, and those a tenant or platform may send.
 COMMAND_KINDS = ("submit", "cancel", "quota", "drain", "restore", "hold", "update", "label")
@@ -57,6 +58,13 @@ TENANT_COMMANDS = ("submit", "cancel", "hold", "update")
 
 #: Request/reply subject of the quota ledger's team standings (read models, not facts).
 Q_SHARES = "gpusched.q.shares"
+
+#: Request/reply reads the reader service answers (`services/reader.py`):
+#: `gpusched.read.<kind>.<team>.<user>` from tenants and platforms (the server allows a user
+#: only its own team(s) and name, so the reader scopes the answer by the subject, never by the
+#: payload), `gpusched.read.<kind>` from admin and auditors (every team).
+READ_ANY = "gpusched.read.>"
+READ_KINDS = ("jobs", "teams", "show", "history", "logs", "events")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
@@ -137,6 +145,19 @@ def command_subject(kind: str, team: str | None = None, user: str | None = None)
     if team is not None:
         return f"gpusched.cmd.{kind}.{token(team)}.{token(user or '_')}"
     return f"gpusched.cmd.{kind}" + (f".{token(user)}" if user else "")
+
+
+def on_behalf_subject(team: str, platform: str, user: str) -> str:
+    """A platform's submit for one of `team`'s users: the job is `user`'s, sent `via` the platform."""
+    return f"{command_subject('submit', team, platform)}.{token(user)}"
+
+
+def read_subject(kind: str, team: str | None = None, user: str | None = None) -> str:
+    """A read request's subject: with a team, the scoped form (team and user); without, the
+    unscoped form of admin and auditors."""
+    if team is not None:
+        return f"gpusched.read.{kind}.{token(team)}.{token(user or '_')}"
+    return f"gpusched.read.{kind}"
 
 
 def writer_of(subject: str) -> str:

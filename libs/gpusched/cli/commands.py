@@ -245,9 +245,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     arr = spec.array
     tasks = f" (tasks {{0}}_{arr.first}..{{0}}_{arr.last})" if arr is not None else ""
+    def send(c):
+        return c.submit(spec, request_id=args.request_id, on_behalf_of=args.on_behalf_of)
+
     if args.parsable:  # `JOB=$(gpusched submit --parsable ...)`: the id alone (an array's own id)
-        return _run(args, lambda c: c.submit(spec, request_id=args.request_id), lambda r: r.job_id)
-    return _run(args, lambda c: c.submit(spec, request_id=args.request_id),
+        return _run(args, send, lambda r: r.job_id)
+    return _run(args, send,
                 lambda r: r.job_id + tasks.format(r.job_id) + (" (already submitted)" if r.duplicate else ""))
 
 
@@ -380,6 +383,39 @@ def _quota_model(args: argparse.Namespace) -> int:
     return _run(args, lambda c: c.set_quota(args.team, quota, only=["models"]), done)
 
 
+def span_arg(text: str) -> float | None:
+    """A fold setting: a duration (`7d`, `PT12H`), or `none`."""
+    return None if text.strip().lower() in ("none", "never", "off") else duration_arg(text)
+
+
+def cmd_fold_settings(args: argparse.Namespace) -> int:
+    """Admin: both settings at once, so the fact says the whole of what every fold uses."""
+    from gpusched.core.model import FoldSettings
+
+    try:
+        settings = msgspec.convert({"half_life_s": args.half_life, "forget_after_s": args.forget_after}, FoldSettings)
+    except msgspec.ValidationError as err:
+        raise SystemExit(f"gpusched fold-settings: {err} (each from 1h to 10 years, or none)") from None
+
+    def shown(v: float | None) -> str:
+        return "none" if v is None else f"{v:g} s"
+
+    return _run(args, lambda c: c.set_fold_settings(settings, args.reason),
+                lambda reply: f"fold settings from seq {reply.seq}: usage half-life {shown(settings.half_life_s)}, "
+                              f"finished jobs kept whole {shown(settings.forget_after_s)}")
+
+
+def _register_fold_settings(sub, common) -> None:
+    p = sub.add_parser("fold-settings", parents=common,
+                       help="admin: what every fold computes with from now on (a fact of the log): usage half-life, horizon")
+    p.add_argument("--half-life", type=span_arg, required=True, metavar="DURATION|none",
+                   help="fair share's usage half-life (default of a new cluster: 7d; none: usage never decays)")
+    p.add_argument("--forget-after", type=span_arg, required=True, metavar="DURATION|none",
+                   help="how long a finished job is kept whole, then only its tombstone (default 90d; none: for ever)")
+    p.add_argument("--reason", default="", help="why (kept with the fact)")
+    p.set_defaults(func=cmd_fold_settings)
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     from gpusched.cli.output import parse_future
 
@@ -422,6 +458,9 @@ def _job_feature_options(p: argparse.ArgumentParser) -> None:
                         "tried in order, the whole job on one (H100,A100: H100, else A100; docs/gpu-pools.md)")
     p.add_argument("--constraint", action="append", metavar="KEY=VALUE",
                    help="only on nodes labelled KEY=VALUE (repeatable; see `gpusched node label`)")
+    p.add_argument("--on-behalf-of", default=None, metavar="USER",
+                   help="a platform's submit for USER of the job's team: the job is USER's, the log "
+                        "records the platform too (platform credentials only)")
     p.add_argument("--parsable", action="store_true",
                    help="print only the job id (an array's id), for JOB=$(gpusched submit --parsable ...)")
     p.add_argument("--array", default=None, metavar="FIRST-LAST[%MAX]",
@@ -495,10 +534,7 @@ def _register_cancel(sub, common: list) -> None:
     p.set_defaults(func=cmd_cancel)
 
 
-def register(sub) -> None:
-    from .output import CONNECTION
-
-    common = [CONNECTION, _client_parent()]
+def _register_submit(sub, common) -> None:
     p = sub.add_parser("submit", parents=common, help="submit a job: gpusched submit --team T --gpus N -- COMMAND...")
     p.add_argument("--team", required=True, help="the team the job runs for (its quota and share)")
     p.add_argument("--gpus", type=int, required=True, help="gang size (the most an elastic job uses)")
@@ -542,7 +578,15 @@ def register(sub) -> None:
 
     _register_cancel(sub, common)
 
+
+
+def register(sub) -> None:
+    from .output import CONNECTION
+
+    common = [CONNECTION, _client_parent()]
+    _register_submit(sub, common)
     _register_quota(sub, common)
+    _register_fold_settings(sub, common)
 
     _register_job_edits(sub, common)
 

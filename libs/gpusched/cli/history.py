@@ -71,8 +71,14 @@ async def history_data(nats: str | None, at: str | None = None) -> tuple[Any, An
 def cmd_history(args: argparse.Namespace) -> int:
     from gpusched.accounting import job_records, period_report
 
+    from . import scoped
+
     fields = PERIOD_FIELDS if args.by else JOB_FIELDS
     columns(fields, args)  # a bad --format is refused before any connection
+    if (ident := scoped.reader_identity()) is not None:  # a tenant's or platform's: its teams' jobs
+        docs, now = asyncio.run(scoped.history(args.nats, ident, args))
+        emit(docs, fields, args, now)
+        return 0
     state, ledger = asyncio.run(history_data(args.nats, args.at))
     docs = filter_docs(job_records(state, ledger), args)
     if args.by:

@@ -56,9 +56,12 @@ async def _wait_for_start(folded, args: argparse.Namespace) -> tuple[str, int, i
 
 
 async def run_logs(args: argparse.Namespace, out=sys.stdout) -> int:
+    from gpusched.cli import scoped
     from gpusched.cli.reads import open_log
     from gpusched.services.runtime import FoldedLog
 
+    if (ident := scoped.reader_identity()) is not None:  # a tenant's or platform's: through the reader
+        return await scoped.logs(args, ident, out)
     event_log = await open_log(args.nats)
     folded = FoldedLog(event_log)
     try:

@@ -31,13 +31,22 @@ COMMAND_MODULES = (
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    """The installed distribution's version, read from its dist-info (importlib.metadata costs
+    tens of milliseconds to import: every call would pay them)."""
+    from gpusched.cli.ownership import our_version
 
-    try:
-        return dist_version("gpusched-cluster")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    return our_version() or "unknown (not installed)"
+
+
+class _Version(argparse.Action):
+    """`--version`: the version is looked up only when asked for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"gpusched {version()}")
+        parser.exit()
 
 
 #: Each command: the module that registers it and its line in `--help`, so that `--version`,
@@ -50,6 +59,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("gpusched.cli.commands", "cancel a pending or running job, or every task of a job array by its id "
                                       "(a tenant: its own team's only)"),
     "quota": ("gpusched.cli.commands", "change a team's guaranteed share, weight or hard limit (only those given)"),
+    "fold-settings": ("gpusched.cli.commands",
+                      "admin: what every fold computes with from now on (a fact of the log): usage half-life, horizon"),
     "hold": ("gpusched.cli.commands", "hold a pending job: it is never placed until released (a tenant: its own team's)"),
     "release": ("gpusched.cli.commands", "release a held job: it may be placed again"),
     "update": ("gpusched.cli.commands", "change a pending job's priority class or time limit"),
@@ -90,8 +101,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser (`command` None), or one that imports only the module of `command`
     ("": none), the other commands standing in by their help line."""
     parser = argparse.ArgumentParser(prog="gpusched", description="Event-sourced GPU cluster scheduler")
-    parser.add_argument("--version", action="version", version=f"gpusched {version()}",
-                        help="print the installed version and exit")
+    parser.add_argument("--version", action=_Version, help="print the installed version and exit")
     parser.add_argument("--debug", action="store_true", default=False,
                         help="show the traceback of an error (default: one line; also GPUSCHED_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -220,6 +230,10 @@ def _report(command: str, err: Exception) -> int:
     if line is not None:
         print(f"gpusched {command}: {line}", file=sys.stderr)
         return 2
+    code = getattr(err, "exit_code", None)
+    if code is not None:  # a refusal of its own kind (cli.scoped: a read outside one's teams)
+        print(f"gpusched {command}: {err}", file=sys.stderr)
+        return int(code)
     if isinstance(err, (UsageError, PermissionError)):  # a refusal is one line, not a traceback
         print(f"gpusched {command}: {err}", file=sys.stderr)
         return 2

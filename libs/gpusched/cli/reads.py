@@ -30,23 +30,22 @@ async def open_log(nats: str | None):
 
 
 async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: bool = True,
-                     half_life_s: float | None = 7 * 24 * 3600.0, at: str | None = None) -> ClusterState:
+                     at: str | None = None) -> ClusterState:
     """The cluster state now, or `at` a log sequence or time: a Redis snapshot (when it is not
-    past the cut) plus the log up to the cut, or the log from its start (folded with the running
-    policy's usage half-life)."""
+    past the cut) plus the log up to the cut, or the log from its start (with the log's own
+    fold settings)."""
     from gpusched.store import fold_log
 
     log = await open_log(nats)
     try:
         until = await cut_seq(log, at)
-        state = await verified_snapshot(log, redis, half_life_s, until) if use_snapshot else None
-        return await fold_log(log, state, until, half_life_s=half_life_s)
+        state = await verified_snapshot(log, redis, until) if use_snapshot else None
+        return await fold_log(log, state, until)
     finally:
         await log.close()
 
 
-async def verified_snapshot(log, redis: str | None, half_life_s: float | None,
-                            until: int | None = None) -> ClusterState | None:
+async def verified_snapshot(log, redis: str | None, until: int | None = None) -> ClusterState | None:
     """A snapshot to fold on from, never past `until`: Redis's cached one if the log's latest
     seal vouches for it (anyone who can write Redis could otherwise show held GPUs as free),
     else (for the state now) the newest verified one in JetStream; None: fold from the start. Only a shortcut, so
@@ -58,7 +57,7 @@ async def verified_snapshot(log, redis: str | None, half_life_s: float | None,
     if _redis_configured(redis):
         r = _redis_client(redis)
         try:
-            state = await asyncio.wait_for(load_snapshot(r, half_life_s), 3)
+            state = await asyncio.wait_for(load_snapshot(r), 3)
             if state is not None and await untrusted(log, state) is not None:
                 state = None
         except Exception:  # noqa: BLE001 - a snapshot is only a shortcut
@@ -68,7 +67,7 @@ async def verified_snapshot(log, redis: str | None, half_life_s: float | None,
     if state is None and until is None:
         try:
             info = (await log.js.stream_info(subjects.STREAM)).state
-            state, _ = await SnapshotStore(log).latest(half_life_s, info.first_seq, info.last_seq)
+            state, _ = await SnapshotStore(log).latest(info.first_seq, info.last_seq)
         except Exception:  # noqa: BLE001
             state = None
     return None if state is None or (until is not None and state.last_seq > until) else state
@@ -135,6 +134,13 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Documents of one kind (`jobs`, `nodes`, `teams`, `queue`) and where they came from. With
     `--policy`, the queue is folded from the log and ordered by that policy; without, the
     projector's order (the stack's running policy) or, folding, the default preset's."""
+    from . import scoped
+
+    if what in scoped.SCOPED_LISTINGS and (ident := scoped.reader_identity()) is not None:
+        return await scoped.listing(args, ident, what)
+    quick = what in scoped.SCOPED_LISTINGS and not getattr(args, "fold", False) and _policy(args) is None
+    if quick and (answer := await scoped.unscoped_listing(args, what)) is not None:
+        return answer
     config = _policy(args)
     at = getattr(args, "at", None)
     if at is not None:  # the past: always a fold of the log up to the cut
@@ -149,8 +155,7 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"]}
         finally:
             await views.close()
-    kw = {} if config is None else {"half_life_s": config.half_life_s}
-    state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False), **kw)
+    state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False))
     return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now}
 
 
@@ -185,15 +190,18 @@ def with_accounting(what: str, docs: list[dict[str, Any]], now: float,
     return out
 
 
-def docs_from_state(state: ClusterState, what: str, config=None) -> list[dict[str, Any]]:
+def docs_from_state(state: ClusterState, what: str, config=None, team: str | None = None) -> list[dict[str, Any]]:
+    """The documents of one kind; `team`: only that team's jobs (or its own row of `teams`)."""
     if what == "jobs":
-        jobs = sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id))
+        jobs = sorted((j for j in state.jobs.values() if team is None or j.spec.team == team),
+                      key=lambda j: (j.submitted_at, j.job_id))
         return [{**readmodel.job_doc(state, j), "seq": state.last_seq} for j in jobs]
     if what == "nodes":
         return [{**readmodel.node_doc(state, n), "seq": state.last_seq}
                 for n in sorted(state.nodes, key=readmodel.natural_key)]
     if what == "teams":
-        return [{**readmodel.team_doc(state, t), "seq": state.last_seq} for t in sorted(state.teams)]
+        return [{**readmodel.team_doc(state, t), "seq": state.last_seq} for t in sorted(state.teams)
+                if team is None or t == team]
     if what == "queue":
         return [{**q, "seq": state.last_seq} for q in readmodel.queue_docs(state, config)]
     raise ValueError(what)
@@ -252,26 +260,39 @@ async def job_history(event_log, job_id: str) -> list[Any]:
 
 async def show_data(nats: str | None, redis: str | None, job_id: str, config=None) -> dict[str, Any]:
     """A job's document, history and preemptions; for a pending job, why it waits under the
-    running policy `config` (default: the default preset)."""
+    running policy `config` (default: the default preset). A tenant's or platform's credentials
+    ask the reader service instead (`cli.scoped`): it answers for their own team's jobs only."""
     from gpusched.policy.config import DEFAULT
-    from gpusched.policy.explain import explain_pending, explain_preemptions
     from gpusched.store import fold_log
 
+    from . import scoped
+
+    if (ident := scoped.reader_identity()) is not None:
+        return await scoped.show(nats, ident, job_id)
     config = config or DEFAULT
     event_log = await open_log(nats)
     try:
-        state = await verified_snapshot(event_log, redis, config.half_life_s)
-        state = await fold_log(event_log, state, half_life_s=config.half_life_s)
-        if job_id in state.forgotten:
-            return forgotten_doc(state, job_id)
-        if job_id not in state.jobs:
-            return {"job_id": job_id, "error": _not_a_job(state, job_id)}
-        history = await job_history(event_log, job_id)
+        state = await verified_snapshot(event_log, redis)
+        state = await fold_log(event_log, state)
+        job = state.jobs.get(job_id)
+        used = await usage(redis) if job is not None and job.holding else {}
+        return await show_from(event_log, state, job_id, config, used)
     finally:
         await event_log.close()
+
+
+async def show_from(event_log, state: ClusterState, job_id: str, config, used: dict | None = None) -> dict[str, Any]:
+    """`show_data` over a fold at hand (the CLI's own, or the reader service's live one): the
+    job's history comes from the log, filtered by subject."""
+    from gpusched.policy.explain import explain_pending, explain_preemptions
+
+    if job_id in state.forgotten:
+        return forgotten_doc(state, job_id)
+    if job_id not in state.jobs:
+        return {"job_id": job_id, "error": _not_a_job(state, job_id)}
+    history = await job_history(event_log, job_id)
     job = state.jobs[job_id]
     own = [(r.seq, r.event) for r in history if getattr(r.event, "job_id", None) == job_id]
-    used = await usage(redis) if job.holding else {}
     data: dict[str, Any] = {
         "job": with_accounting("jobs", [readmodel.job_doc(state, job)], display_now({"at": state.now}), used)[0],
         "seq": state.last_seq,
@@ -325,4 +346,4 @@ def forgotten_doc(state: ClusterState, job_id: str) -> dict[str, Any]:
 
 
 __all__ = ["open_log", "fold_state", "verified_snapshot", "cut_seq", "load", "usage", "with_accounting",
-           "docs_from_state", "read_subject", "job_history", "show_data", "retired_note", "forgotten_doc"]
+           "docs_from_state", "read_subject", "job_history", "show_data", "show_from", "retired_note", "forgotten_doc"]

@@ -97,7 +97,12 @@ def _panel(text: str, **kw):
 
 
 def _caption(meta: dict[str, Any]) -> str:
-    return f"from {meta['source']} at log seq {meta['seq']}"
+    text = f"from {meta['source']} at log seq {meta['seq']}"
+    c = meta.get("cluster")  # a tenant's `teams`: the cluster's totals beside its own team
+    if c:
+        text += (f"; cluster: {c['total_gpus']} GPUs on {c['nodes']} nodes, {c['held_gpus']} held, "
+                 f"{c['running_jobs']} running and {c['pending_jobs']} pending jobs in {c['teams']} teams")
+    return text
 
 
 STATE_STYLE = {"pending": "yellow", "starting": "cyan", "running": "green", "completed": "dim",
@@ -336,7 +341,8 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
     lim = "none" if tq["limit"] is None else tq["limit"]
     w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
              + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
-             + ("  (under its guarantee: may reclaim from over-share teams)" if tq["under_guarantee"] else ""))
+             + ("  (under its guarantee: may reclaim from over-share teams)"
+                if tq["under_guarantee"] and why.get("reclaimable_gpus") else ""))
     if why.get("pools"):
         gp = why["pools"]
         w.append("GPU pools: " + "  ".join(f"{p} {r['free']}/{r['gpus']} free" for p, r in gp["rows"].items())

@@ -280,9 +280,10 @@ class Stack:
             "placement": [*policy, *ttl],
             "preemptor": policy,
             "projector": policy,  # its fold and queue order follow the running policy
-            "quota_ledger": policy,  # usage decays with the running policy's half-life
+            "quota_ledger": policy,  # its standings order teams as the running policy does
+            "reader": policy,  # `show` for tenants explains under the running policy
             "reconciler": [*policy, *reconciler_timings(a)],  # idle_util_pct, idle_after_s; timings
-            "fallback": [*policy, *ttl],  # its fold decays usage with the running policy's half-life
+            "fallback": [*policy, *ttl],  # it orders the queue as the running policy does
             "nodeagent": ["--backend", "sim", "--count", str(a.nodes), "--gpus", str(a.gpus_per_node),
                           *(["--gpu-types", a.gpu_types] if a.gpu_types else []),
                           "--nodes-per-rack", str(a.nodes_per_rack), "--nvlink", a.nvlink,
@@ -547,8 +548,22 @@ match the simulated node daemons': `node00` in `rack00`, ...; `gpu_types` (`2:H1
 
 async def register_simulated_nodes(log, nodes: int, gpus_per_node: int, nodes_per_rack: int, nvlink: str,
                                    gpu_types: str | None = None) -> None:
+    """Each registration is a compare-and-set, as every fact of the alloc tree
+    (`runtime.append_cas`), against the tree's last sequence that a lost one names."""
+    from gpusched.bus.log import Conflict
+
     for event in simulated_nodes(nodes, gpus_per_node, nodes_per_rack, nvlink, gpu_types=gpu_types):
-        await log.append(event, msg_id=f"register-{event.node}")
+        expected = 0
+        for _ in range(100):
+            try:
+                await log.append(event, msg_id=f"register-{event.node}", expect_alloc_seq=expected)
+                break
+            except Conflict as conflict:
+                if conflict.actual is None:  # another writer's check in flight: it names no sequence
+                    await asyncio.sleep(0.01)
+                expected = conflict.actual if conflict.actual is not None else expected
+        else:
+            raise RuntimeError(f"registering {event.node}: the alloc tree kept changing")
 
 
 def cmd_up(args: argparse.Namespace) -> int:

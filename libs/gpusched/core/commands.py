@@ -9,7 +9,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from . import limits as L
-from .model import SCHEMA_VERSION, JobId, JobSpec, Priority, Team, TeamQuota
+from .model import SCHEMA_VERSION, FoldSettings, JobId, JobSpec, Priority, Team, TeamQuota
 
 RequestId = Annotated[str, Meta(min_length=1, max_length=L.MAX_REQUEST_ID_CHARS, pattern=L.NO_NUL_PATTERN)]
 JobRef = Annotated[str, Meta(min_length=1, max_length=L.NAME_MAX + 2, pattern=L.NO_NUL_PATTERN)]
@@ -88,7 +88,15 @@ class LabelNode(Command, frozen=True, kw_only=True):
     remove: Annotated[list[L.LabelKey], Meta(max_length=32)] = []
 
 
-AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode, RestoreGpu, HoldJob, UpdateJob, LabelNode]
+class SetFoldSettings(Command, frozen=True, kw_only=True):
+    """Admin: the fold's settings from now on (`gpusched fold-settings`): one fact every fold reads."""
+
+    settings: FoldSettings
+    reason: L.Reason = ""
+
+
+AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode, RestoreGpu, HoldJob, UpdateJob, LabelNode,
+                   SetFoldSettings]
 COMMAND_TYPES: dict[str, type[Command]] = {c.__name__: c for c in AnyCommand.__args__}  # type: ignore[attr-defined]
 
 

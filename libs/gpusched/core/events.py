@@ -28,7 +28,18 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from .model import SCHEMA_VERSION, GpuId, GpuInfo, JobId, JobSpec, Level, NvlinkLayout, Priority, TeamQuota
+from .model import (
+    SCHEMA_VERSION,
+    FoldSettings,
+    GpuId,
+    GpuInfo,
+    JobId,
+    JobSpec,
+    Level,
+    NvlinkLayout,
+    Priority,
+    TeamQuota,
+)
 from .reasons import Reason
 
 
@@ -53,16 +64,19 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     """Admission accepted a job. `request_id` makes resubmission idempotent past JetStream's
     duplicate window."""
 
-    VERSION: ClassVar[int] = 4
+    VERSION: ClassVar[int] = 5
     HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)",
                                          3: "spec.gpu_fraction, spec.gpu_memory_mb (fractional GPUs)",
-                                         4: "spec.gpu_type_fallback (ordered GPU types)"}
-    v: int = 4
+                                         4: "via (a platform's submit on behalf of a user)",
+                                         5: "spec.gpu_type_fallback (ordered GPU types)"}
+    v: int = 5
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
     #: Who submitted it: the user of the command subject the server allowed (never the payload).
     user: str = ""
+    #: The platform that submitted it on behalf of `user` (the subject's), or "" (the user itself).
+    via: str = ""
 
 
 class JobRejected(Event, frozen=True, kw_only=True):
@@ -391,6 +405,15 @@ class TeamQuotaSet(Event, frozen=True, kw_only=True):
     quota: TeamQuota
 
 
+class FoldSettingsSet(Event, frozen=True, kw_only=True):
+    """From this fact on, every fold (services, `replay`, the audit) decays usage and forgets
+    finished jobs with these settings: admin's decision, through admission (`gpusched
+    fold-settings`). Usage up to it decays with the settings before it."""
+
+    settings: FoldSettings
+    reason: str = ""
+
+
 class PlacementDegraded(Event, frozen=True, kw_only=True):
     """The placement lease lapsed: naive first-free placement has taken over."""
 
@@ -441,6 +464,7 @@ AnyEvent = Union[
     ZombieDetected,
     ZombieReclaimed,
     TeamQuotaSet,
+    FoldSettingsSet,
     PlacementDegraded,
     PlacementRecovered,
     SnapshotTaken,

@@ -105,6 +105,8 @@ AbsPath = Annotated[str, Meta(min_length=1, max_length=MAX_PATH_CHARS, pattern=A
 SecretEnv = Annotated[dict[EnvKey, AbsPath], Meta(max_length=MAX_SECRET_ENV)]
 JobName = Annotated[str, Meta(max_length=MAX_JOB_NAME_CHARS, pattern=NO_NUL_PATTERN)]
 Reason = Annotated[str, Meta(max_length=MAX_REASON_CHARS, pattern=NO_NUL_PATTERN)]
+#: A fold setting's span of log time (usage half-life, forgetting horizon): an hour to ten years.
+FoldSpan = Annotated[float, Meta(ge=3600.0, le=10 * 365 * 86_400.0)]
 #: Node labels and job constraints: `key=value` pairs, small and printable.
 LabelKey = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-/]*$")]
 LabelValue = Annotated[str, Meta(max_length=63, pattern=r"^[A-Za-z0-9_.\-/]*$")]

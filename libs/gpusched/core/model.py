@@ -15,8 +15,12 @@ from . import limits as L
 from .mig import MigInfo
 
 SCHEMA_VERSION = 1
-#: How fast past GPU usage is forgotten in fair share, unless configured: its one default.
+#: How fast past GPU usage is forgotten in fair share, until a `FoldSettingsSet` says otherwise:
+#: its one default.
 DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0
+#: How long a finished job is kept whole (log time) by the services' folds, until a
+#: `FoldSettingsSet` says otherwise; then only its tombstone (docs/operating.md, "Retention").
+FORGET_AFTER_S = 90 * 24 * 3600.0
 
 Priority = Literal["interactive", "high", "normal", "low"]
 #: Higher rank wins; the order of the classes is part of the public contract.
@@ -173,6 +177,15 @@ class GpuInfo(Struct, frozen=True, forbid_unknown_fields=True):
     nvlink_domain: Annotated[int, Meta(ge=0)] = 0
     #: Its MIG mode and GPU-instance profiles, where MIG is (or will be, after a reset) enabled.
     mig: MigInfo | None = None
+
+
+class FoldSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    """What changes what every fold computes, so it is a fact of the log (`FoldSettingsSet`),
+    never a process's option: `half_life_s`, the usage half-life of fair share (None: usage
+    never decays); `forget_after_s`, how long a finished job is kept whole (None: for ever)."""
+
+    half_life_s: L.FoldSpan | None = DEFAULT_HALF_LIFE_S
+    forget_after_s: L.FoldSpan | None = FORGET_AFTER_S
 
 
 class ModelQuota(Struct, frozen=True, forbid_unknown_fields=True):

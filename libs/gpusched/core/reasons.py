@@ -47,7 +47,8 @@ class TeamLimit(_Reason, frozen=True, tag="team_limit"):
 
     @property
     def text(self) -> str:
-        return f"team {self.team} at its limit {self.limit} (needs {self.need} more GPUs)"
+        # what the team holds now is in the fold, not in the reason: `need` is the job's whole gang
+        return f"team {self.team} at its limit {self.limit} with this job's {self.need} GPU(s)"
 
     @property
     def blockers(self) -> list[str]:

@@ -15,7 +15,7 @@ from msgspec import Struct
 
 from . import events as ev
 from . import rules
-from .model import GpuId, JobSpec, TeamQuota, gpu_id
+from .model import DEFAULT_HALF_LIFE_S, FORGET_AFTER_S, GpuId, JobSpec, TeamQuota, gpu_id  # noqa: F401
 from .pools import canonical_model
 from .reasons import Reason
 from .retired import RetiredIds
@@ -27,9 +27,6 @@ TERMINAL = ("completed", "failed", "cancelled", "timeout")
 JOB_STATES: tuple[str, ...] = ("pending", "starting", "running", "completed", "failed", "cancelled", "timeout")
 #: Partial checkpoints kept per job (steps some but not all ranks saved), newest last.
 PARTIAL_CHECKPOINTS = 8
-#: The services' default horizon (`ClusterState.forget_after_s`, log time): a finished job is kept
-#: whole for 90 days after it ended, then only as a `Tombstone` (docs/operating.md, "Retention").
-FORGET_AFTER_S = 90 * 24 * 3600.0
 #: A tombstone lives this many horizons after the job ended (a year at the default 90 days); then
 #: only the job's id is kept (`RetiredIds`, 4 bytes), so that no id is ever handed out twice:
 #: request-id dedupe, `afterok` on the job and `show` end there (docs/operating.md, "Retention").
@@ -222,7 +219,7 @@ def _set_checkpoint(job: Job, ck: Checkpoint) -> None:
 class ClusterState(Struct):
     """Nodes and topology, who holds each GPU, jobs and their lifecycle, team usage."""
 
-    half_life_s: float | None = 7 * 24 * 3600.0
+    half_life_s: float | None = DEFAULT_HALF_LIFE_S  # the log's `FoldSettingsSet` changes it
     nodes: dict[str, Node] = {}
     gpus: dict[GpuId, Gpu] = {}
     jobs: dict[str, Job] = {}
@@ -244,6 +241,7 @@ class ClusterState(Struct):
     # Forgetting (None: keep every job whole, the simulator's and the tests' fold). Measured in
     # log time (the events' `at`), so every replica and every audit forgets the same jobs.
     forget_after_s: float | None = None
+    keep_whole: bool = False  # a reader's fold that forgets no job, whatever the log's settings say
     finished: list[str] = []  # finished jobs not yet forgotten, in the order they ended
     finished_head: int = 0  # `finished[:finished_head]` were looked at already (compacted lazily)
     forgotten: dict[str, Tombstone] = {}
@@ -427,6 +425,15 @@ class ClusterState(Struct):
     def _on_quota(self, e: ev.TeamQuotaSet) -> None:
         # Lowering a limit below current use is legal: running jobs finish, no new ones start.
         self.team(e.team).quota = e.quota
+
+    def _on_fold_settings(self, e: ev.FoldSettingsSet) -> None:
+        """Usage up to this fact decays with the old half-life (each team settled at it), after
+        it with the new; a `keep_whole` fold (a reader's) forgets nothing whatever it says."""
+        for name in self.teams:
+            self._team_held(name, 0, self.now)
+        self.half_life_s = e.settings.half_life_s
+        if not self.keep_whole:
+            self.forget_after_s = e.settings.forget_after_s
 
     def _on_degraded(self, e: ev.PlacementDegraded) -> None:
         self.placement_degraded = True
@@ -1213,6 +1220,7 @@ _HANDLERS: dict[type, Any] = {
     ev.ZombieDetected: ClusterState._on_zombie,
     ev.ZombieReclaimed: ClusterState._on_zombie_reclaimed,
     ev.TeamQuotaSet: ClusterState._on_quota,
+    ev.FoldSettingsSet: ClusterState._on_fold_settings,
     ev.PlacementDegraded: ClusterState._on_degraded,
     ev.PlacementRecovered: ClusterState._on_recovered,
 }

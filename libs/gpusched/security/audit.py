@@ -40,7 +40,6 @@ import msgspec
 
 from gpusched.bus import subjects
 from gpusched.core import events as ev
-from gpusched.core.model import DEFAULT_HALF_LIFE_S
 from gpusched.core.state import NODE_REPORTS, ClusterState, node_report_problem
 
 from . import roles, signing
@@ -109,13 +108,13 @@ class Audit:
     them (legacy logs written before signing)."""
 
     def __init__(self, keyring: KeyRing | None, allow_unsigned: bool = False, trust: bool = True,
-                 until_time: float | None = None, half_life_s: float | None = DEFAULT_HALF_LIFE_S,
+                 until_time: float | None = None,
                  forget_after_s: float | None = None):
         self.keyring = keyring or KeyRing()
         self.allow_unsigned = allow_unsigned
         self.trust = trust  # False: fold only (a plain replay of an export)
         self.until_time = until_time
-        self.state = ClusterState(half_life_s=half_life_s, forget_after_s=forget_after_s)
+        self.state = ClusterState(forget_after_s=forget_after_s)  # the log's FoldSettingsSet facts change both
         self.findings: list[Finding] = []
         self.verifier = signing.Verifier()
         self.last_seq = 0

@@ -92,10 +92,38 @@ def _service(role: str) -> tuple[list[str], list[str]]:
         pub += ["gpusched.node.*.ctl.KillProcesses", "gpusched.node.*.ctl.ResetGpu"]
     elif role == "api":  # acts for the caller it authenticated, on the subjects that caller may use
         pub += ["gpusched.cmd.>", "gpusched.read.>"]
+    elif role == "reader":
+        more_pub, more_sub = _reader()
+        sub += more_sub
+        pub += more_pub
     elif role == "dashboard":  # acts for a logged-in admin (the dashboard checks the login)
         pub += ["gpusched.cmd.*", "gpusched.cmd.*.*", "gpusched.ctl.*", subjects.Q_SHARES,
                 "gpusched.node.*.logs"]  # job logs, for the admin it acts for (tenants may not ask)
     return pub, sub
+
+
+def read_requests(p: Principal) -> list[str]:
+    """The read subjects a person may ask the reader service on (`subjects.read_subject`): a
+    tenant or platform only its own team(s) and name (the reader scopes every answer by the
+    subject); an auditor the unscoped form (every team). Admin may publish anything."""
+    if p.role in ("tenant", "platform"):
+        return [subjects.read_subject("*", team, p.name) for team in p.teams]
+    if p.role == "auditor":
+        return [subjects.read_subject("*")]
+    return []
+
+
+def on_behalf(p: Principal) -> list[str]:
+    """A platform may submit for any user of its own teams (`subjects.on_behalf_subject`)."""
+    if p.role != "platform":
+        return []
+    return [subjects.command_subject("submit", team, p.name) + ".*" for team in p.teams]
+
+
+def _reader() -> tuple[list[str], list[str]]:
+    """The reader service: it answers read requests in its queue group, and asks the node that
+    ran a job for its logs (only after checking the job is the requester's team's)."""
+    return ["gpusched.node.*.logs"], [f"{subjects.READ_ANY} reader"]
 
 
 def _node(p: Principal) -> tuple[list[str], list[str]]:
@@ -119,10 +147,12 @@ def permissions(public_key: str, p: Principal) -> dict:
     elif p.role == "node":
         pub, more = _node(p)
     elif p.role == "auditor":
-        pub, more = read_log() + read_snapshots(), []
+        pub, more = read_log() + read_snapshots() + read_requests(p), []
     elif p.role in ("tenant", "platform"):
         pub = [subjects.command_subject(kind, team, p.name) for team in p.teams for kind in subjects.TENANT_COMMANDS]
-        pub.append(subjects.Q_SHARES)
+        # not gpusched.q.shares: the ledger's whole table is every team's standing; a tenant's
+        # `teams` asks the reader, which answers with its own team's and the cluster's totals
+        pub += read_requests(p) + on_behalf(p)
         more = []
     else:
         pub, more = [], []

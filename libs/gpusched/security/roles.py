@@ -9,7 +9,7 @@ from __future__ import annotations
 
 #: Services of the control plane, one identity each.
 SERVICE_ROLES = ("admission", "placement", "fallback", "preemptor", "quota_ledger", "reconciler",
-                 "projector", "dashboard", "api")
+                 "projector", "dashboard", "api", "reader")
 #: People and other systems.
 PERSON_ROLES = ("admin", "tenant", "platform", "auditor")
 #: One identity per GPU host.
@@ -24,6 +24,7 @@ EVENT_WRITERS: dict[str, frozenset[str]] = {
     "JobHeld": frozenset({"admission"}),
     "JobUpdated": frozenset({"admission"}),
     "TeamQuotaSet": frozenset({"admission"}),
+    "FoldSettingsSet": frozenset({"admission"}),
     "NodeDrained": frozenset({"admission"}),
     "NodeLabeled": frozenset({"admission"}),
     "JobPending": frozenset({"placement", "fallback"}),
