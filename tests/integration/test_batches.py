@@ -56,7 +56,7 @@ async def test_a_fold_restarts_from_a_snapshot_and_replays_only_the_tail(event_l
     await event_log.append(ev.GpusGranted(at=2, job_id="j0", attempt=1, gpus=["n0/0", "n0/1"]))
     snapshot = new_fold()  # folded as the services fold (their horizon)
     async for rec in event_log.records():  # with the server's store times, the services' clock
-        snapshot.apply(rec.event, rec.seq, rec.time)
+        snapshot.apply(rec.event, rec.seq, rec.time, rec.position)  # as every fold of the log (writer chains)
     await snapshots.append_seal(event_log, snapshot)  # as the projector does after writing one
     await event_log.append(ev.GpusGranted(at=3, job_id="j1", attempt=1, gpus=["n0/2", "n0/3"]))
     await event_log.append(ev.JobCompleted(at=4, job_id="j0", attempt=1))
