@@ -242,7 +242,11 @@ def test_one_way_cut_and_flapping_then_healed(stack):
     stack.lab.cut("nats-1", "nats-2", one_way=True)  # nats-1 cannot reach nats-2; nats-2 reaches nats-1
     time.sleep(2)
     stack.lab.heal()
-    for victim in ("nats-0", host, "svc-0"):  # flapping: cut and heal every second
+    # flapping: cut and heal every second. The node host flapped is not the job's: a 1 s cut of
+    # the job's own host may outlast its fence (1.5 s at this node timeout, what the node-cut
+    # drills check) and requeue it, by design; here the verdict is that flapping loses nothing.
+    other = next(n for n in stack.nodes if n != host)
+    for victim in ("nats-0", other, "svc-0"):
         stack.lab.isolate(victim)
         time.sleep(1)
         stack.lab.heal()

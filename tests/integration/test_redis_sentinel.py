@@ -57,6 +57,17 @@ async def test_a_client_follows_the_failover(sentinel_set):
             break
     else:
         pytest.fail("the replica never acknowledged the write")
+    # a sentinel learns of replicas from the master's INFO, polled every 10 s: a failover before
+    # it knows one has nothing to promote
+    import redis.asyncio as aioredis
+
+    url = parse_sentinel_url(sentinel_set["url"])
+    sentinel = aioredis.Redis(host=url.sentinels[0][0], port=url.sentinels[0][1], password=url.password)
+    deadline = time.monotonic() + 30
+    while not await sentinel.execute_command("SENTINEL", "REPLICAS", url.master):
+        assert time.monotonic() < deadline, "the sentinel never learned of the replica"
+        await asyncio.sleep(0.25)
+    await sentinel.aclose()
     os.kill(sentinel_set["master"].proc.pid, signal.SIGKILL)
     deadline, value = time.monotonic() + 30, None
     while time.monotonic() < deadline:
