@@ -20,9 +20,9 @@ import pytest
 from gpusched.lab import netns
 from gpusched.lab.stack import LabStack
 
-# In the default suite (~50 s here): the stack (~8-15 s), the two-host rendezvous (~4 s), the two
-# node-host cuts (~14 s each) and the audit of the log (~2 s). Slow (`-m slow`, ~55 s more): the service-host cut, the stream leader in a
-# minority and the one-way cut with flapping. The audit covers whatever ran before it.
+# In the default suite (~105 s here): the stack (~8-15 s), the two-host rendezvous (~4 s), one drill of
+# each kind (the two node-host cuts ~14 s each, the service-host cut, the stream leader in a minority,
+# the one-way cut with flapping) and the audit of the log (~2 s), which covers whatever ran before it.
 pytestmark = pytest.mark.skipif(bool(netns.available()), reason=netns.available() or "lab available")
 TIMEOUT_S = 8.0
 
@@ -172,7 +172,6 @@ def test_node_host_cut_from_the_control_plane_only(stack):
     print(f"\nnode host cut from the control plane, not its peers: {json.dumps(r)}")
 
 
-@pytest.mark.slow
 def test_service_host_cut_off_and_healed(stack):
     job_id = submit(stack, 200)
     host = running_on(stack, job_id)
@@ -190,7 +189,6 @@ def test_service_host_cut_off_and_healed(stack):
         stack.gpusched("cancel", j)
 
 
-@pytest.mark.slow
 def test_stream_leader_cut_off_from_its_peers_while_clients_reach_it(stack):
     """A minority of one: it stops being ready (its probe, run in its host, says so), the other
     two elect a leader and stay ready; after the heal a submit is acknowledged and placed.
@@ -235,18 +233,13 @@ def test_stream_leader_cut_off_from_its_peers_while_clients_reach_it(stack):
           f"{len(acked)} of {len(tried)}, jobs from them after the heal: {len(late)}")
 
 
-@pytest.mark.slow
 def test_one_way_cut_and_flapping_then_healed(stack):
     job_id = submit(stack, 203)
     host = running_on(stack, job_id)
     stack.lab.cut("nats-1", "nats-2", one_way=True)  # nats-1 cannot reach nats-2; nats-2 reaches nats-1
     time.sleep(2)
     stack.lab.heal()
-    # flapping: cut and heal every second. The node host flapped is not the job's: a 1 s cut of
-    # the job's own host may outlast its fence (1.5 s at this node timeout, what the node-cut
-    # drills check) and requeue it, by design; here the verdict is that flapping loses nothing.
-    other = next(n for n in stack.nodes if n != host)
-    for victim in ("nats-0", other, "svc-0"):
+    for victim in ("nats-0", host, "svc-0"):  # flapping: cut and heal every second
         stack.lab.isolate(victim)
         time.sleep(1)
         stack.lab.heal()
@@ -255,7 +248,12 @@ def test_one_way_cut_and_flapping_then_healed(stack):
     c = stack.nats
     c.wait(lambda: all(c.ready(n) for n in c.names), 40)
     wait(lambda: all(not d["lost"] for d in stack.node_docs()), 40, "nodes back")
-    assert job(stack, job_id)["attempt"] == 1 and stack.job_pids(host, "sleep 203")  # shorter than any timeout
+    # A flap that cuts the job's agent off its server for longer than the lab's fence (1.5 s at
+    # this node timeout: reconnecting adds to the 1 s cut) stops the job, and it is requeued: by
+    # design. The verdict: it runs again, and on one host only.
+    doc = wait(lambda: (j := job(stack, job_id)) and j["state"] == "running" and j, 40, f"{job_id} running")
+    on = wait(lambda: [n for n in stack.nodes if stack.job_pids(n, "sleep 203")], 20, "its process")
+    assert len(on) == 1 and doc["attempt"] >= 1
     stack.gpusched("cancel", job_id)
 
 
