@@ -9,6 +9,7 @@ from pathlib import Path
 
 import msgspec
 
+from .core import schemas
 from .core.commands import CommandReply
 from .core.model import SCHEMA_VERSION, JobSpec
 from .core.schemas import _clean
@@ -110,12 +111,8 @@ def render() -> str:
 
 
 def write(directory: Path) -> Path:
-    path = directory / FILE
-    directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(render())
-    return path
+    return schemas.write_file(directory, FILE, render())
 
 
 def drift(directory: Path) -> list[str]:
-    path = directory / FILE
-    return [] if path.exists() and path.read_text() == render() else [FILE]
+    return [FILE] if schemas.drifted(directory, FILE, render()) else []

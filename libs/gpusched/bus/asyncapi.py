@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpusched.core import schemas
 from gpusched.core.events import EVENT_TYPES
 from gpusched.core.model import SCHEMA_VERSION
 from gpusched.security.roles import EVENT_WRITERS
@@ -194,15 +195,11 @@ def render() -> str:
 
 
 def write(directory: Path) -> Path:
-    path = directory / FILE
-    directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(render())
-    return path
+    return schemas.write_file(directory, FILE, render())
 
 
 def drift(directory: Path) -> list[str]:
-    path = directory / FILE
-    return [] if path.exists() and path.read_text() == render() else [FILE]
+    return [FILE] if schemas.drifted(directory, FILE, render()) else []
 
 
 __all__ = ["document", "render", "write", "drift", "FILE"]

@@ -53,17 +53,24 @@ def all_files() -> dict[str, str]:
     return {**{name: render(schema) for name, schema in all_schemas().items()}, LIMITS_DOC: limits.document()}
 
 
-def write(directory: Path) -> list[Path]:
+def write_file(directory: Path, name: str, text: str) -> Path:
+    """One generated file of `schemas/` (the bus's AsyncAPI and the HTTP API's OpenAPI use it too)."""
     directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in all_files().items():
-        path = directory / name
-        path.write_text(text)
-        written.append(path)
-    return written
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+def drifted(directory: Path, name: str, text: str) -> bool:
+    """Whether `schemas/NAME` is missing or differs from what the code generates."""
+    path = directory / name
+    return not path.exists() or path.read_text() != text
+
+
+def write(directory: Path) -> list[Path]:
+    return [write_file(directory, name, text) for name, text in all_files().items()]
 
 
 def drift(directory: Path) -> list[str]:
     """Names of schema files that differ from what the code generates (or are missing)."""
-    return [name for name, text in all_files().items()
-            if not (directory / name).exists() or (directory / name).read_text() != text]
+    return [name for name, text in all_files().items() if drifted(directory, name, text)]
