@@ -32,7 +32,7 @@ import structlog
 from aiohttp import web
 
 from gpusched.bus import subjects
-from gpusched.bus.client import ControlPlaneUnavailable
+from gpusched.bus.client import ControlPlaneUnavailable, new_request_id
 from gpusched.bus.log import connect
 from gpusched.bus.memory import subject_matches
 from gpusched.core.commands import CancelJob, CommandReply, SubmitJob
@@ -57,21 +57,15 @@ def _error(status: int, message: str) -> web.Response:
 
 class Api:
     def __init__(self, nc, keys_path: str, tokens: httpauth.Tokens, timeout: float = 5.0):
-        self.nc, self.keys_path, self.tokens, self.timeout = nc, keys_path, tokens, timeout
+        self.nc, self.tokens, self.timeout = nc, tokens, timeout
+        self.keys = keyring.Followed(keys_path)  # an identity added or revoked counts at once
         self.verifier = signing.Verifier()
-        self._keys: keyring.KeyRing | None = None
-        self._mtime = -1.0
-
-    def keys(self) -> keyring.KeyRing:
-        """The keyring, followed as it changes (an identity added or revoked counts at once)."""
-        mtime = os.stat(self.keys_path).st_mtime
-        if self._keys is None or mtime != self._mtime:
-            self._keys, self._mtime = keyring.load(self.keys_path), mtime
-        return self._keys
 
     def caller(self, request: web.Request, body: bytes) -> Caller | None:
         auth = request.headers.get("Authorization", "")
-        ring = self.keys()
+        ring = self.keys.current()
+        if ring is None:  # no keyring (yet): nobody is known
+            return None
         if auth.startswith("Bearer "):
             name = self.tokens.name_of(auth[7:].strip())
             found = ring.by_name(name) if name else None
@@ -80,10 +74,9 @@ class Api:
             return Caller(found[0], found[1])
         if auth.startswith("Nkey "):
             digest = httpauth.request_digest(request.method, request.path_qs, body)
-            who = httpauth.nkey_principal(auth[5:].strip(), request.host, ring, self.verifier, REALM, digest)
-            if who is None:
-                return None
-            return Caller(next(k for k, p in ring.keys.items() if p == who), who)
+            proof = auth[5:].strip()
+            who = httpauth.nkey_principal(proof, request.host, ring, self.verifier, REALM, digest)
+            return None if who is None else Caller(proof.split(".", 1)[0], who)
         return None
 
     def permitted(self, caller: Caller, subject: str) -> bool:
@@ -91,29 +84,39 @@ class Api:
         allow = authz.permissions(caller.public_key, caller.principal)["publish"]["allow"]
         return any(subject_matches(pattern, subject) for pattern in allow)
 
-    def command_subject(self, caller: Caller, kind: str, team: str | None, on_behalf_of: str | None = None) -> str:
-        """The subject the caller uses over NATS (`bus.client.Client.subject`): admin's form for
-        admin, else the team form naming the caller (and, on behalf, the user)."""
+    @staticmethod
+    def team_of(caller: Caller, team: str | None) -> str | None:
+        """The team a tenant's or a platform's call names (its only one, unless it has several);
+        None for admin and auditors, whose subjects name no team."""
         p = caller.principal
         if p.role not in ("tenant", "platform"):
-            return subjects.command_subject(kind)
+            return None
         team = team or (p.teams[0] if len(p.teams) == 1 else None)
         if team is None:
             raise web.HTTPBadRequest(text=f"{p.name} acts for several teams: name one (?team=)")
-        if on_behalf_of:
-            return subjects.on_behalf_subject(team, p.name, on_behalf_of)
-        return subjects.command_subject(kind, team, p.name)
+        return team
+
+    def command_subject(self, caller: Caller, kind: str, team: str | None, on_behalf_of: str | None = None) -> str:
+        """The subject the caller uses over NATS (`bus.client.Client.subject`): admin's form for
+        admin, else the team form naming the caller (and, on behalf, the user)."""
+        team = self.team_of(caller, team)
+        if team is not None and on_behalf_of:
+            return subjects.on_behalf_subject(team, caller.principal.name, on_behalf_of)
+        return subjects.command_subject(kind, team, caller.principal.name if team else None)
 
     def read_subject(self, caller: Caller, kind: str, team: str | None) -> str:
         """The reader's subject the caller asks on over NATS: its team's for a tenant or a
         platform (`services/reader.py` scopes the answer by it), the unscoped one otherwise."""
-        p = caller.principal
-        if p.role not in ("tenant", "platform"):
-            return subjects.read_subject(kind)
-        team = team or (p.teams[0] if len(p.teams) == 1 else None)
-        if team is None:
-            raise web.HTTPBadRequest(text=f"{p.name} acts for several teams: name one (?team=)")
-        return subjects.read_subject(kind, team, p.name)
+        team = self.team_of(caller, team)
+        return subjects.read_subject(kind, team, caller.principal.name if team else None)
+
+    async def command(self, caller: Caller, subject: str, cmd, ok_status: int) -> web.Response:
+        """Admission's reply as the answer: `ok_status`, or 422 with its reason."""
+        out = await self.send(caller, subject, msgspec.json.encode(cmd))
+        if isinstance(out, web.Response):
+            return out
+        return web.Response(body=out, status=ok_status if _reply.decode(out).ok else 422,
+                            content_type="application/json")
 
     async def read(self, caller: Caller, kind: str, team: str | None, request: dict) -> dict | web.Response:
         """The reader's `data`, or the refusal as a response."""
@@ -136,9 +139,8 @@ class Api:
 
 
 async def _body(request: web.Request) -> bytes:
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)
-    return await request.content.read(MAX_BODY + 1)
+    """The whole body, bounded by the app's `client_max_size` (413 past it, chunked or not)."""
+    return await request.read()
 
 
 def _authenticated(handler):
@@ -167,30 +169,17 @@ async def submit(request: web.Request, api: Api, caller: Caller, body: bytes) ->
         return _error(400, f"invalid job: {err}")
     except msgspec.DecodeError as err:
         return _error(400, f"not JSON: {err}")
-    from gpusched.bus.client import new_request_id
-
     subject = api.command_subject(caller, "submit", req.spec.team, req.on_behalf_of)
-    cmd = SubmitJob(request_id=req.request_id or new_request_id(), spec=req.spec)
-    out = await api.send(caller, subject, msgspec.json.encode(cmd))
-    if isinstance(out, web.Response):
-        return out
-    reply = _reply.decode(out)
-    return web.Response(body=out, status=201 if reply.ok else 422, content_type="application/json")
+    return await api.command(caller, subject, SubmitJob(request_id=req.request_id or new_request_id(), spec=req.spec),
+                             201)
 
 
 @_authenticated
 async def cancel(request: web.Request, api: Api, caller: Caller, body: bytes) -> web.Response:
-    from gpusched.bus.client import new_request_id
-
-    job_id = request.match_info["job_id"]
     subject = api.command_subject(caller, "cancel", request.query.get("team"))
-    cmd = CancelJob(request_id=new_request_id(), job_id=job_id,
+    cmd = CancelJob(request_id=new_request_id(), job_id=request.match_info["job_id"],
                     reason=request.query.get("reason", f"cancelled through the HTTP API by {caller.principal.name}"))
-    out = await api.send(caller, subject, msgspec.json.encode(cmd))
-    if isinstance(out, web.Response):
-        return out
-    reply = _reply.decode(out)
-    return web.Response(body=out, status=200 if reply.ok else 422, content_type="application/json")
+    return await api.command(caller, subject, cmd, 200)
 
 
 @_authenticated

@@ -68,8 +68,7 @@ class Guard:
     def __init__(self, admin_token: str, port: int, view_token: str | None = None,
                  allow_hosts: Iterable[str] = (), keys: keyring.KeyRing | None = None):
         self.keys = keys  # for admin nkey credentials (None: tokens only)
-        self.keys_path: str | None = None  # or read them from this file, when it changes
-        self._keys_mtime = 0.0
+        self.keys_file: keyring.Followed | None = None  # or read them from this file, as it changes
         self.verifier = signing.Verifier()
         self.tokens = {admin_token: "admin"}
         if view_token:
@@ -86,19 +85,14 @@ class Guard:
         guard = cls(os.environ.get("GPUSCHED_DASHBOARD_TOKEN") or new_token(), port,
                     os.environ.get("GPUSCHED_DASHBOARD_VIEW_TOKEN") or None,
                     [*allow_hosts, *os.environ.get("GPUSCHED_DASHBOARD_HOSTS", "").split(",")])
-        guard.keys_path = os.environ.get("GPUSCHED_KEYS") or None
+        path = os.environ.get("GPUSCHED_KEYS")
+        guard.keys_file = keyring.Followed(path) if path else None
         return guard
 
     def _reload_keys(self) -> None:
         """Follow the keyring file: a key added or revoked counts without a restart."""
-        if not self.keys_path:
-            return
-        try:
-            mtime = os.stat(self.keys_path).st_mtime
-            if mtime != self._keys_mtime:
-                self.keys, self._keys_mtime = keyring.load(self.keys_path), mtime
-        except (OSError, ValueError):
-            self.keys = None
+        if self.keys_file is not None:
+            self.keys = self.keys_file.current()
 
     @property
     def admin_token(self) -> str:

@@ -76,6 +76,10 @@ async def test_a_tenant_submits_to_its_team_only_and_cancels(api):
     async with http.get("/v1/jobs", headers=bearer(api, "http-audit")) as r:  # an auditor reads every team
         assert {job_id, theirs} <= {d["job_id"] for d in await r.json()}
 
+    async with http.delete(f"/v1/jobs/{theirs}", headers=bearer(api, "http-alice")) as r:
+        assert r.status == 422  # not her team's: admission refuses, as over NATS
+    await asyncio.sleep(0.2)
+    assert h.state.jobs[theirs].state == "pending"
     async with http.delete(f"/v1/jobs/{job_id}", headers=bearer(api, "http-alice")) as r:
         assert r.status == 200, await r.text()
     await h.wait_for("cancelled", lambda s: s.jobs[job_id].state == "cancelled")
@@ -98,6 +102,17 @@ async def test_bad_bodies_and_roles_are_refused_precisely(api):
         assert r.status == 422 and "unknown job" in (await r.json())["error"]  # admission's own reason
     async with http.post("/v1/jobs", json={"spec": {"team": "ml", "gpus": 1}},
                          headers={"Authorization": "Bearer gsk_forged"}) as r:
+        assert r.status == 401
+    async with http.post("/v1/jobs", data=b"x" * (300 * 1024), headers=bearer(api, "http-alice")) as r:
+        assert r.status == 413  # bounded before it is read whole
+
+    async def chunks():
+        for _ in range(40):  # a chunked body names no length
+            yield b"y" * 8192
+
+    async with http.post("/v1/jobs", data=chunks(), headers=bearer(api, "http-alice")) as r:
+        assert r.status == 413
+    async with http.get("/v1/jobs") as r:  # reads need a credential too
         assert r.status == 401
 
 

@@ -61,6 +61,31 @@ def load(path: str | os.PathLike) -> KeyRing:
     return msgspec.json.decode(Path(path).read_bytes(), type=KeyRing)
 
 
+class Followed:
+    """A keyring file read again whenever it changes, so that an identity added or revoked
+    counts at once in a long-running reader (the dashboard, the HTTP API); None while the file
+    is absent or does not decode (nobody is known then)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._mtime: float | None = None
+        self._ring: KeyRing | None = None
+
+    def current(self) -> KeyRing | None:
+        try:
+            mtime = os.stat(self.path).st_mtime
+        except OSError:
+            self._mtime = self._ring = None
+            return None
+        if mtime != self._mtime:
+            try:
+                self._ring = load(self.path)
+            except (OSError, ValueError):
+                self._ring = None
+            self._mtime = mtime
+        return self._ring
+
+
 def save(ring: KeyRing, path: str | os.PathLike) -> None:
     """Write atomically (rename), so a reader never sees half a keyring."""
     path = Path(path)
