@@ -181,8 +181,7 @@ def cmd_k8s_secrets(args: argparse.Namespace) -> int:
     if not pw_file.exists():
         pw_file.write_bytes(ks.new_password())
         pw_file.chmod(0o600)
-    known = sorted(p.name for p in store.ring().active().values() if p.role == "node" and p.node)
-    for name, data in ks.secrets_of(store, known, out / "tls" if hosts is not None else None,
+    for name, data in ks.secrets_of(store, out / "tls" if hosts is not None else None,
                                     pw_file.read_bytes().strip()).items():
         target = out / f"{name}.yaml"
         target.write_text(json.dumps(ks.manifest(name, args.namespace, data), indent=2) + "\n")

@@ -66,7 +66,12 @@ def restore(files: dict[str, bytes], store_dir: Path, tls_dir: Path) -> None:
             f.write(data)
 
 
-def secrets_of(store: TrustStore, nodes: list[str], tls_dir: Path | None, redis_password: bytes) -> dict[str, dict[str, bytes]]:
+def node_identities(store: TrustStore) -> list[str]:
+    """The live identities of single GPU nodes: each node daemon's seed in gpusched-node-creds."""
+    return sorted(p.name for p in store.ring().active().values() if p.role == "node" and p.node)
+
+
+def secrets_of(store: TrustStore, tls_dir: Path | None, redis_password: bytes) -> dict[str, dict[str, bytes]]:
     """Every Secret the pods mount (deploy/k8s README's table), by name."""
     ids = store.ids
 
@@ -76,7 +81,7 @@ def secrets_of(store: TrustStore, nodes: list[str], tls_dir: Path | None, redis_
     made = {
         "nats-auth": {"auth.conf": authz.auth_include(store.ring()).encode()},
         "gpusched-creds": pairs(SERVICE_ROLES),
-        "gpusched-node-creds": pairs(nodes),
+        "gpusched-node-creds": pairs(node_identities(store)),
         "gpusched-redis": {"password": redis_password},
         "gpusched-admin": {"admin.nk": (ids / "admin.nk").read_bytes()},
     }
@@ -142,12 +147,11 @@ async def apply(kube, namespace: str, *, nodes: list[str], selectors: list[str],
     wanted = sorted(set(nodes) | set(await pool_nodes(kube, selectors)))
     store = TrustStore(store_dir)
     init_store(store, wanted)
-    known = sorted(p.name for p in store.ring().active().values() if p.role == "node" and p.node)
     if tls_hosts is not None:
         make_tls(tls_dir, tls_hosts)
     done = {TRUST_SECRET: await put_secret(kube, namespace, TRUST_SECRET, trust_files(store, tls_dir))}
     password = (decoded(await kube.call("GET", f"{path}/gpusched-redis")) or {}).get("password") or new_password()
-    made = secrets_of(store, known, tls_dir if tls_hosts is not None else None, password)
+    made = secrets_of(store, tls_dir if tls_hosts is not None else None, password)
     for name, data in made.items():
         done[name] = await put_secret(kube, namespace, name, data)
     return done
