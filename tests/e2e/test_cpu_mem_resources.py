@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from .test_up import UNCONFINED_USERS, _alive, _cli, _fold
+from .test_up import UNCONFINED_USERS, _cli, _fold, kill_stack
 
 
 async def test_a_node_with_few_cpus_runs_what_fits_and_says_why_the_rest_waits(tmp_path):
@@ -76,12 +76,4 @@ async def test_a_node_with_few_cpus_runs_what_fits_and_says_why_the_rest_waits(t
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=20) == 0
     finally:
-        if up.poll() is None:
-            try:
-                for pid in json.loads((data / "stack.json").read_text())["services"].values():
-                    if _alive(pid):
-                        os.kill(pid, signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
-            up.kill()
-            up.wait()
+        kill_stack(up, data)

@@ -122,15 +122,22 @@ async def test_gpusched_up_runs_real_jobs_and_stops_cleanly(tmp_path):
         for pid in stack["services"].values():
             assert not _alive(pid), f"service pid {pid} survived"
     finally:
-        if up.poll() is None:
-            try:  # the services run in their own sessions: kill them by pid, then `up`
-                for pid in json.loads((data / "stack.json").read_text())["services"].values():
-                    if _alive(pid):
-                        os.kill(pid, signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
-            up.kill()
-            up.wait()
+        kill_stack(up, data)
+
+
+def kill_stack(up: subprocess.Popen, data: Path) -> None:
+    """A test's `up` still running at its end: the services run in their own sessions, so kill
+    them by the pids `stack.json` names, then `up`."""
+    if up.poll() is not None:
+        return
+    try:
+        for pid in json.loads((data / "stack.json").read_text())["services"].values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+    up.kill()
+    up.wait()
 
 
 def free_port_block(n: int) -> int:
