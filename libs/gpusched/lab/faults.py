@@ -45,11 +45,7 @@ class Census:
             markers = dict(self.markers)
             seen: dict[str, set[str]] = {}
             for host in self.stack.nodes:
-                for pid in self.stack.job_pids(host, MARK):
-                    try:
-                        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-                    except OSError:
-                        continue
+                for cmd in self.stack.job_commands(host, MARK).values():
                     for job, marker in markers.items():
                         if marker in cmd:
                             seen.setdefault(job, set()).add(host)

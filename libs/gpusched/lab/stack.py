@@ -107,17 +107,21 @@ class LabStack:
             time.sleep(1)
         raise TimeoutError(f"{n} nodes not registered within {timeout:g}s; logs in {self.work}")
 
-    def job_pids(self, host: str, marker: str) -> list[int]:
-        """The OS's census on one host: processes in its namespace whose command line has `marker`."""
-        out = []
+    def job_commands(self, host: str, marker: str) -> dict[int, str]:
+        """The OS's census on one host: pid -> command line of the processes in its namespace
+        whose command line has `marker` (the daemons' own excepted)."""
+        out = {}
         for pid in self.lab.pids(host):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
             if marker in cmd and "gpusched" not in cmd:
-                out.append(pid)
+                out[pid] = cmd
         return out
+
+    def job_pids(self, host: str, marker: str) -> list[int]:
+        return list(self.job_commands(host, marker))
 
     def down(self) -> None:
         for p in self.procs.values():
