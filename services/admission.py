@@ -42,11 +42,13 @@ from gpusched.core.commands import (
     LabelNode,
     RestoreGpu,
     SetFoldSettings,
+    SetMigGeometry,
     SetTeamQuota,
     SubmitJob,
     UpdateJob,
 )
-from gpusched.core.model import LEVEL_RANK, ModelQuota, TeamQuota
+from gpusched.core.mig import geometry_problem
+from gpusched.core.model import LEVEL_RANK, ModelQuota, TeamQuota, gpu_id
 from gpusched.core.pools import canonical_model, model_guaranteed
 from gpusched.core.reasons import NoMatchingNode
 from gpusched.core.state import TERMINAL, ClusterState, Job, array_tasks
@@ -68,6 +70,7 @@ SUBJECT_COMMANDS: dict[str, type[Command]] = {
     subjects.CMD_HOLD: HoldJob,
     subjects.CMD_UPDATE: UpdateJob,
     subjects.CMD_LABEL: LabelNode,
+    subjects.CMD_MIG: SetMigGeometry,
 }
 _DECODERS = {subject: msgspec.json.Decoder(cls) for subject, cls in SUBJECT_COMMANDS.items()}
 _encode_reply = msgspec.json.Encoder().encode
@@ -126,7 +129,7 @@ def caller_problem(state: ClusterState, cmd: Command, caller: Caller) -> str | N
         job = state.jobs.get(cmd.job_id)
         if job is not None and job.spec.team != caller.team:
             return f"job {cmd.job_id} belongs to team {job.spec.team!r}; these credentials act for {caller.team!r}"
-    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu, LabelNode, SetFoldSettings)):
+    if isinstance(cmd, (SetTeamQuota, DrainNode, RestoreGpu, LabelNode, SetFoldSettings, SetMigGeometry)):
         return f"{type(cmd).__name__} needs the admin role"
     return None
 
@@ -346,12 +349,19 @@ def _never_fits_matching(largest: dict[str, int], spec, need: int) -> str | None
 
 
 def share_spec_problem(state: ClusterState, spec) -> str | None:
-    """A memory ask (`--gpu-memory`) some registered GPU can hold (the spec's own bounds:
-    `limits.share_problem`)."""
+    """A memory ask (`--gpu-memory`) some registered GPU can hold, a MIG ask (`--mig`) some MIG
+    GPU offers (the spec's own bounds: `limits.share_problem`, `limits.mig_problem`)."""
     if spec.gpu_memory_mb is not None and state.gpus and all(
             spec.share_on(g.memory_mb) is None for g in state.gpus.values()):
         most = max(g.memory_mb for g in state.gpus.values())
         return f"no GPU has {spec.gpu_memory_mb} MiB of memory (the largest has {most} MiB)"
+    if spec.mig is not None and state.gpus:
+        most = max((p.instances for g in state.gpus.values() if g.mig is not None
+                    for p in g.mig.profiles if p.name == spec.mig), default=0)
+        if most < spec.mig_count:
+            offered = sorted({p.name for g in state.gpus.values() if g.mig is not None for p in g.mig.profiles})
+            return (f"no MIG GPU offers {spec.mig_count} x {spec.mig} slices (MIG profiles offered: "
+                    f"{', '.join(offered) or 'none: no GPU is in MIG mode'})")
     return None
 
 
@@ -586,6 +596,31 @@ def _label(state: ClusterState, cmd: LabelNode, now: float) -> Decision:
                                                           remove=list(cmd.remove)), f"label-{cmd.request_id}")
 
 
+def mig_geometry_problem(state: ClusterState, cmd: SetMigGeometry) -> str | None:
+    """Why the GPU's MIG geometry may not change now, or None: a known MIG GPU nobody holds (whole,
+    a share or a slice), and profiles it offers that fit it (`core/mig.geometry_problem`)."""
+    gid = gpu_id(cmd.node, cmd.gpu)
+    rec = state.gpus.get(gid)
+    if rec is None:
+        return f"unknown GPU {gid}" + ("" if cmd.node in state.nodes else f" (no node {cmd.node!r})")
+    if rec.occupied:
+        return (f"GPU {gid} is in use by {', '.join(rec.holders)}: its MIG geometry changes only while it is idle "
+                "(drain the node or wait for its jobs to end)")
+    if list(rec.geometry) == list(cmd.profiles):
+        return f"GPU {gid} already has this geometry ({', '.join(rec.geometry) or 'whole'})"
+    problem = geometry_problem(rec.mig, rec.memory_mb, list(cmd.profiles))
+    return None if problem is None else f"GPU {gid}: {problem}"
+
+
+def _set_mig(state: ClusterState, cmd: SetMigGeometry, now: float, caller: Caller) -> Decision:
+    problem = mig_geometry_problem(state, cmd)
+    if problem is not None:
+        return Decision(CommandReply(ok=False, error=problem))
+    event = ev.MigGeometrySet(at=now, gpu=gpu_id(cmd.node, cmd.gpu), profiles=list(cmd.profiles),
+                              reason=cmd.reason, user=caller.user)
+    return Decision(CommandReply(ok=True), event, f"mig-{request_scope(cmd, caller)}")
+
+
 def _cancel_array(state: ClusterState, cmd: CancelJob, now: float, caller: Caller) -> Decision:
     """Cancelling a job array's id cancels every task of it not yet ended (as `scancel` does).
     One fact per task, each with its own message id: a retried request cancels what is left
@@ -638,6 +673,8 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
                         f"fold-{cmd.request_id}")
     if isinstance(cmd, DrainNode):
         return _drain(state, cmd, now)
+    if isinstance(cmd, SetMigGeometry):
+        return _set_mig(state, cmd, now, caller)
     if isinstance(cmd, RestoreGpu):
         g = state.gpus.get(cmd.gpu)
         if g is None:

@@ -15,6 +15,16 @@ OLD_SHAPES = {
         b'{"type":"GpusGranted","at":5,"v":1,"job_id":"j","attempt":1,"gpus":["n0/0"],"placer":"topo",'
         b'"level":"nvlink","backfill":false}',
         ev.GpusGranted(at=5, v=1, job_id="j", attempt=1, gpus=["n0/0"], level="nvlink")),
+    "GpusGranted v2, before slices (a whole-GPU or fractional grant)": (
+        b'{"type":"GpusGranted","at":5,"v":2,"job_id":"j","attempt":1,"gpus":["n0/0"],"placer":"topo",'
+        b'"level":"nvlink","backfill":false,"handover":true}',
+        ev.GpusGranted(at=5, v=2, job_id="j", attempt=1, gpus=["n0/0"], level="nvlink", handover=True, slices=[])),
+    "JobSubmitted v5, before mig and mig_count (no MIG ask)": (
+        b'{"type":"JobSubmitted","at":1,"v":5,"job_id":"j","spec":{"team":"a","gpus":1,"gpu_fraction":0.5,'
+        b'"gpu_type":"H100","gpu_type_fallback":["A100"]},"request_id":"r1","user":"u","via":""}',
+        ev.JobSubmitted(at=1, v=5, job_id="j", request_id="r1", user="u",
+                        spec=JobSpec(team="a", gpus=1, gpu_fraction=0.5, gpu_type="H100", gpu_type_fallback=["A100"],
+                                     mig=None, mig_count=1))),
     "GpusGranted v1, before backfill and level": (
         b'{"type":"GpusGranted","at":5,"v":1,"job_id":"j","attempt":1,"gpus":["n0/0","n0/1"]}',
         ev.GpusGranted(at=5, v=1, job_id="j", attempt=1, gpus=["n0/0", "n0/1"])),

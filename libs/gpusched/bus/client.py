@@ -25,6 +25,7 @@ from gpusched.core.commands import (
     LabelNode,
     RestoreGpu,
     SetFoldSettings,
+    SetMigGeometry,
     SetTeamQuota,
     SubmitJob,
     UpdateJob,
@@ -45,6 +46,7 @@ COMMAND_SUBJECTS: dict[type[Command], str] = {
     HoldJob: subjects.CMD_HOLD,
     UpdateJob: subjects.CMD_UPDATE,
     LabelNode: subjects.CMD_LABEL,
+    SetMigGeometry: subjects.CMD_MIG,
 }
 #: Roles that send commands in admin's form (any team): the dashboard acts for a logged-in admin.
 ADMIN_FORM = ("admin", "dashboard")
@@ -175,6 +177,12 @@ class Client:
         """Admin: the fold's settings from now on (a `FoldSettingsSet` fact)."""
         return await self.send(SetFoldSettings(request_id=request_id or new_request_id(), settings=settings,
                                                reason=reason))
+
+    async def set_mig_geometry(self, node: str, gpu: int, profiles: list[str], reason: str = "",
+                               request_id: str | None = None) -> CommandReply:
+        """Admin: GPU `gpu` of `node` in these MIG slices ([]: whole again), only while it is idle."""
+        return await self.send(SetMigGeometry(request_id=request_id or new_request_id(), node=node, gpu=gpu,
+                                              profiles=profiles, reason=reason))
 
     async def drain(self, node: str, drain: bool = True, reason: str = "", request_id: str | None = None,
                     at: float | None = None, until: float | None = None) -> CommandReply:

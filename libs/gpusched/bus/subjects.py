@@ -51,6 +51,7 @@ CMD_HOLD = "gpusched.cmd.hold"
 CMD_UPDATE = "gpusched.cmd.update"
 CMD_LABEL = "gpusched.cmd.label"
 CMD_FOLD = "gpusched.cmd.fold"
+CMD_MIG = "gpusched.cmd.mig"
 CMD_ANY = "gpusched.cmd.>"
 #: Command kinds as the subject names them, and those a tenant or platform may send.
 COMMAND_KINDS = ("submit", "cancel", "quota", "drain", "restore", "hold", "update", "label")

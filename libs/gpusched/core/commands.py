@@ -95,8 +95,18 @@ class SetFoldSettings(Command, frozen=True, kw_only=True):
     reason: L.Reason = ""
 
 
+class SetMigGeometry(Command, frozen=True, kw_only=True):
+    """Admin: lay out a MIG GPU's slices (`gpusched mig set NODE GPU PROFILES`), one profile per
+    slice; [] makes it whole again. Refused while anybody holds the GPU."""
+
+    node: L.NodeName
+    gpu: Annotated[int, Meta(ge=0, le=1023)]
+    profiles: L.MigGeometry = []
+    reason: L.Reason = ""
+
+
 AnyCommand = Union[SubmitJob, CancelJob, SetTeamQuota, DrainNode, RestoreGpu, HoldJob, UpdateJob, LabelNode,
-                   SetFoldSettings]
+                   SetFoldSettings, SetMigGeometry]
 COMMAND_TYPES: dict[str, type[Command]] = {c.__name__: c for c in AnyCommand.__args__}  # type: ignore[attr-defined]
 
 

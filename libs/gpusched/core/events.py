@@ -28,6 +28,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from . import limits as L
 from .model import (
     SCHEMA_VERSION,
     FoldSettings,
@@ -64,12 +65,13 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
     """Admission accepted a job. `request_id` makes resubmission idempotent past JetStream's
     duplicate window."""
 
-    VERSION: ClassVar[int] = 5
+    VERSION: ClassVar[int] = 6
     HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "spec.prefer (soft placement preferences)",
                                          3: "spec.gpu_fraction, spec.gpu_memory_mb (fractional GPUs)",
                                          4: "via (a platform's submit on behalf of a user)",
-                                         5: "spec.gpu_type_fallback (ordered GPU types)"}
-    v: int = 5
+                                         5: "spec.gpu_type_fallback (ordered GPU types)",
+                                         6: "spec.mig, spec.mig_count (MIG slices)"}
+    v: int = 6
     job_id: JobId
     spec: JobSpec
     request_id: str = ""
@@ -123,12 +125,13 @@ class JobUpdated(Event, frozen=True, kw_only=True):
 class GpusGranted(Event, frozen=True, kw_only=True):
     """A gang starts: every GPU of the job in one append, or none. `level` is the widest
     topology level the set spans; `placer` tells topology-aware placement from the fallback;
-    `handover`: it starts ahead of its team's queue on GPUs a preemption freed for it."""
+    `handover`: it starts ahead of its team's queue on GPUs a preemption freed for it; `slices`:
+    a MIG job's slices of its one GPU (indices into that GPU's `MigGeometrySet` geometry)."""
 
     ALLOC: ClassVar[bool] = True
-    VERSION: ClassVar[int] = 2
-    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "handover"}
-    v: int = 2
+    VERSION: ClassVar[int] = 3
+    HISTORY: ClassVar[dict[int, str]] = {1: "first shape", 2: "handover", 3: "slices (MIG slices)"}
+    v: int = 3
     job_id: JobId
     attempt: int
     gpus: list[GpuId]
@@ -136,6 +139,7 @@ class GpusGranted(Event, frozen=True, kw_only=True):
     level: Level = "cluster"
     backfill: bool = False
     handover: bool = False
+    slices: Annotated[list[Annotated[int, Meta(ge=0, lt=L.MAX_MIG_SLICES)]], Meta(max_length=L.MAX_MIG_SLICES)] = []
 
 
 class JobResized(Event, frozen=True, kw_only=True):
@@ -371,6 +375,18 @@ class GpuQuarantined(Event, frozen=True, kw_only=True):
     reason: str
 
 
+class MigGeometrySet(Event, frozen=True, kw_only=True):
+    """The admin lays out a MIG GPU's slices, one profile each (`gpusched mig set`; [] makes it
+    whole again). Admission appends it only while nobody holds the GPU, as a compare-and-set on
+    the alloc tree, so no grant can slip in between; the node creates the GPU instances."""
+
+    ALLOC: ClassVar[bool] = True
+    gpu: GpuId
+    profiles: L.MigGeometry = []
+    reason: str = ""
+    user: str = ""
+
+
 class GpuRestored(Event, frozen=True, kw_only=True):
     ALLOC: ClassVar[bool] = True
     gpu: GpuId
@@ -461,6 +477,7 @@ AnyEvent = Union[
     NodeDrained,
     GpuQuarantined,
     GpuRestored,
+    MigGeometrySet,
     ZombieDetected,
     ZombieReclaimed,
     TeamQuotaSet,

@@ -95,6 +95,13 @@ MemoryMb = Annotated[int, Meta(ge=4, le=MAX_MEMORY_MB)]
 #: Alibaba's `gpu_milli` grain) and a GPU memory ask (MiB, `--gpu-memory`).
 GpuFraction = Annotated[float, Meta(ge=0.001, lt=1.0)]
 GpuMemoryMb = Annotated[int, Meta(ge=1, le=MAX_MEMORY_MB)]
+#: A MIG GPU-instance profile (`--mig 1g.10gb`, `core/mig.py`), and how many slices of it a job takes.
+MIG_PROFILE_PATTERN = r"^[1-7]g\.[1-9][0-9]{0,3}gb$"
+MAX_MIG_SLICES = 7
+MigProfileName = Annotated[str, Meta(pattern=MIG_PROFILE_PATTERN)]
+MigCount = Annotated[int, Meta(ge=1, le=MAX_MIG_SLICES)]
+#: A GPU's MIG geometry: one profile per slice (`gpusched mig set`).
+MigGeometry = Annotated[list[MigProfileName], Meta(max_length=MAX_MIG_SLICES)]
 Restarts = Annotated[int, Meta(ge=0, le=MAX_RESTARTS)]
 Arg = Annotated[str, Meta(max_length=MAX_ARG_CHARS, pattern=NO_NUL_PATTERN)]
 Command = Annotated[list[Arg], Meta(max_length=MAX_ARGS)]
@@ -192,7 +199,18 @@ def spec_problem(spec) -> str | None:
             return problem
     if spec.gpu_type_fallback and spec.gpu_type is None:
         return "spec.gpu_type_fallback needs spec.gpu_type (the first GPU type the job accepts)"
-    return share_problem(spec)
+    return share_problem(spec) or mig_problem(spec)
+
+
+def mig_problem(spec) -> str | None:
+    """A MIG job asks for slices of ONE GPU (`mig_count` of profile `mig`), whole or shared never."""
+    if spec.mig is None:
+        return None if spec.mig_count == 1 else "spec.mig_count needs spec.mig (the profile of the slices)"
+    if spec.gpu_fraction is not None or spec.gpu_memory_mb is not None:
+        return "spec.mig is exclusive with spec.gpu_fraction and spec.gpu_memory_mb: a slice is a hard partition"
+    if spec.gpus != 1 or spec.min_gpus not in (None, 1):
+        return f"a MIG job takes slices of one GPU: spec.gpus must be 1, not {spec.gpus} (ask for more slices instead)"
+    return None
 
 
 def share_problem(spec) -> str | None:
@@ -251,6 +269,7 @@ def document() -> str:
                             f"{MAX_SECRET_BYTES} bytes"),
         ("spec.checkpoint_dir", f"absolute, at most {MAX_PATH_CHARS} chars, no `..`, not under "
                                 f"{', '.join(FORBIDDEN_PATH_ROOTS)}"),
+        ("spec.mig, spec.mig_count", f"a MIG profile `<1-7>g.<GB>gb`; 1 - {MAX_MIG_SLICES} slices of it, on one GPU"),
         ("spec.name", f"at most {MAX_JOB_NAME_CHARS} chars, no NUL"),
         ("spec.image", f"an OCI image reference, 1-{MAX_IMAGE_CHARS} chars of letters, digits and `._/:@+-`, "
                        "starting with a letter or digit (never `-`)"),
@@ -278,6 +297,7 @@ PATTERN_MEANING = {
     ENV_KEY_PATTERN: "an environment variable name ([A-Za-z_][A-Za-z0-9_]*, no '=')",
     NO_NUL_PATTERN: "text without NUL bytes",
     ABS_PATH_PATTERN: "an absolute path without NUL bytes",
+    MIG_PROFILE_PATTERN: "a MIG profile such as 1g.10gb (<compute slices 1-7>g.<memory>gb)",
     IMAGE_PATTERN: "an image reference ([registry/]name[:tag][@digest]: letters, digits and ._/:@+- , starting "
                    "with a letter or digit)",
 }

@@ -52,6 +52,52 @@ PUBLISHED: dict[str, list[MigProfile]] = {
 }
 
 
+#: Compute slices of a whole MIG-capable GPU (A100, H100): a slice's charge is its share of them.
+COMPUTE_SLICES = 7
+
+
+def profile_slices(name: str) -> int:
+    """The compute slices of a profile by its name (`3g.40gb` -> 3)."""
+    return int(name.split("g.", 1)[0])
+
+
+def slice_share(profile: str, count: int = 1) -> float:
+    """What `count` slices of `profile` are charged, as a share of one GPU: their compute slices
+    of its 7 (fair share and accounting count a `1g.10gb` as 1/7 of a GPU)."""
+    return round(min(1.0, count * profile_slices(profile) / COMPUTE_SLICES), 6)
+
+
+def slice_uuid(gpu_uuid: str, index: int) -> str:
+    """The MIG device UUID a job on slice `index` of a GPU is given (`CUDA_VISIBLE_DEVICES`). The
+    driver names each GPU instance `MIG-<uuid>`; a simulated one is derived from its GPU's."""
+    return f"MIG-{gpu_uuid.removeprefix('GPU-')}-{index}"
+
+
+def geometry_problem(info: MigInfo | None, memory_mb: int, profiles: list[str]) -> str | None:
+    """Why `profiles` (one per slice) cannot be a GPU's MIG geometry, or None: the GPU must be
+    in MIG mode (or switching to it) and offer each profile, no profile beyond its most
+    instances, and the slices must fit its 7 compute slices and its memory. (The driver also
+    places instances at fixed offsets; a geometry it refuses stays unapplied on the node.)"""
+    if not profiles:
+        return None  # no geometry: the GPU is whole again
+    if info is None or "enabled" not in (info.mode, info.pending):
+        return "the GPU is not in MIG mode (enable it on the node: nvidia-smi -mig 1)"
+    offered = {p.name: p for p in info.profiles}
+    for name in dict.fromkeys(profiles):
+        p = offered.get(name)
+        if p is None:
+            return f"profile {name} is not offered by this GPU (offered: {', '.join(offered) or 'none'})"
+        if profiles.count(name) > p.instances:
+            return f"profile {name} fits at most {p.instances} times on this GPU, not {profiles.count(name)}"
+    used = sum(offered[n].slices for n in profiles)
+    if used > COMPUTE_SLICES:
+        return f"the profiles take {used} compute slices; a GPU has {COMPUTE_SLICES}"
+    mem = sum(offered[n].memory_mb for n in profiles)
+    if memory_mb and mem > memory_mb + 1024:
+        return f"the profiles take {mem} MiB; the GPU has {memory_mb}"
+    return None
+
+
 def published_profiles(model: str, memory_mb: int) -> list[MigProfile]:
     """The published profiles of a GPU by its model name and memory ([] for a GPU without MIG
     or one whose table is not modelled)."""
@@ -63,4 +109,5 @@ def published_profiles(model: str, memory_mb: int) -> list[MigProfile]:
     return []
 
 
-__all__ = ["PUBLISHED", "MigInfo", "MigMode", "MigProfile", "profile_name", "published_profiles"]
+__all__ = ["COMPUTE_SLICES", "PUBLISHED", "MigInfo", "MigMode", "MigProfile", "geometry_problem",
+           "profile_name", "profile_slices", "published_profiles", "slice_share", "slice_uuid"]

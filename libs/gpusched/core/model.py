@@ -138,6 +138,20 @@ class JobSpec(Struct, frozen=True, forbid_unknown_fields=True):
     #: The GPU memory (MiB) it needs of ONE GPU (`--gpu-memory`): placement converts it to the
     #: share of the GPU it lands on (its memory / the GPU's). Exclusive with `gpu_fraction`.
     gpu_memory_mb: L.GpuMemoryMb | None = None
+    #: MIG slices of ONE GPU in MIG mode (`--mig 1g.10gb[xN]`): `mig_count` GPU instances of this
+    #: profile, each isolated by its own device (docs/gpu-sharing.md#mig-slices); needs `gpus == 1`.
+    mig: L.MigProfileName | None = None
+    mig_count: L.MigCount = 1
+
+    @property
+    def sliced(self) -> bool:
+        """A MIG job: slices of one partitioned GPU, not whole GPUs nor a share."""
+        return self.mig is not None
+
+    @property
+    def partial(self) -> bool:
+        """On part of one GPU (a share or MIG slices): it frees no whole GPU and is charged its part."""
+        return self.shared or self.sliced
 
     @property
     def shared(self) -> bool:

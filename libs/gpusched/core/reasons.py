@@ -40,6 +40,19 @@ class NoRoom(_Reason, frozen=True, tag="no_room"):
         return f"waiting for {self.need} free GPUs{scope}"
 
 
+class NoFreeSlices(_Reason, frozen=True, tag="no_free_slices"):
+    """A MIG job: no partitioned GPU has `count` free slices of its profile (an admin lays out
+    slices with `gpusched mig set`; placement never changes a geometry)."""
+
+    profile: str
+    count: int = 1
+
+    @property
+    def text(self) -> str:
+        n = f"{self.count} free" if self.count > 1 else "a free"
+        return f"waiting for {n} MIG {self.profile} slice{'s' if self.count > 1 else ''} on one GPU"
+
+
 class TeamLimit(_Reason, frozen=True, tag="team_limit"):
     team: str
     limit: int
@@ -286,8 +299,8 @@ class NoRoomOnPools(_Reason, frozen=True, tag="no_room_on_pools"):
         return out
 
 
-Reason = Union[QueuedBehind, NoRoom, NoRoomOnPools, TeamLimit, BeyondGuarantee, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
+Reason = Union[QueuedBehind, NoRoom, NoRoomOnPools, NoFreeSlices, TeamLimit, BeyondGuarantee, BehindReservation, Topology, WaitingForCheckpoint, ComingFree,
                Held, DependencyWait, DependencyNever, NoMatchingNode, MaintenanceWindow, ArrayLimit, NoFreeCpuMem, NoNodeCpuMem]
 
-__all__ = ["ArrayLimit", "BehindReservation", "BeyondGuarantee", "ComingFree", "DependencyNever", "DependencyWait", "Held", "MaintenanceWindow", "NoFreeCpuMem", "NoMatchingNode", "NoNodeCpuMem", "NoRoom", "NoRoomOnPools",
+__all__ = ["ArrayLimit", "BehindReservation", "BeyondGuarantee", "ComingFree", "DependencyNever", "DependencyWait", "Held", "MaintenanceWindow", "NoFreeCpuMem", "NoFreeSlices", "NoMatchingNode", "NoNodeCpuMem", "NoRoom", "NoRoomOnPools",
            "QueuedBehind", "Reason", "TeamLimit", "Topology", "WaitingForCheckpoint"]

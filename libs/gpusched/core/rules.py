@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from . import events as ev
+from .mig import slice_share
 from .model import GpuId, JobSpec, TeamQuota
 
 if TYPE_CHECKING:
@@ -29,8 +30,29 @@ def gpu_placeable(state: ClusterState, g: GpuId) -> bool:
     """A GPU may be granted: healthy and held by nobody (the fold keeps each node's `free`
     set equal to its placeable GPUs)."""
     rec = state.gpus.get(g)
-    return (rec is not None and rec.holder is None and not rec.shares and gpu_healthy(state, g)
+    return (rec is not None and rec.holder is None and not rec.shares and not rec.geometry and gpu_healthy(state, g)
             and not state.nodes[rec.node].partitioned)
+
+
+def slice_problem(state: ClusterState, g: GpuId, profile: str, slices: list[int],
+                  taken: Iterable[int] = ()) -> str | None:
+    """Why a MIG job may not take `slices` (indices of GPU `g`'s geometry, all of `profile`), or
+    None: the GPU healthy and partitioned, each slice of that profile and held by nobody (nor in
+    `taken`, the caller's own batch)."""
+    rec = state.gpus.get(g)
+    if rec is None:
+        return "unknown GPU"
+    if not rec.geometry:
+        return "not partitioned into MIG slices"
+    if not gpu_healthy(state, g) or state.nodes[rec.node].partitioned:
+        return "not placeable"
+    if not slices or len(set(slices)) != len(slices):
+        return f"slices {slices} are not distinct"
+    free = set(rec.free_slices(profile, taken))
+    bad = [i for i in slices if i not in free]
+    if bad:
+        return f"slices {bad} are not free {profile} slices of its geometry {rec.geometry}"
+    return None
 
 
 #: Shares of one GPU sum to at most 1; this much slack absorbs float rounding of the sum.
@@ -49,6 +71,8 @@ def share_problem(state: ClusterState, g: GpuId, share: float | None, load: floa
         return f"its memory ({rec.memory_mb} MiB) cannot hold the job's ask"
     if rec.holder is not None:
         return f"held whole by {rec.holder}"
+    if rec.geometry:
+        return "partitioned into MIG slices"
     if not gpu_healthy(state, g) or state.nodes[rec.node].partitioned:
         return "not placeable"
     used = rec.shared_load if load is None else load
@@ -60,7 +84,7 @@ def share_problem(state: ClusterState, g: GpuId, share: float | None, load: floa
 def _unshared_placeable(state: ClusterState, g: GpuId) -> bool:
     """Placeable but for its shares (a batch released them all)."""
     rec = state.gpus[g]
-    return rec.holder is None and gpu_healthy(state, g) and not state.nodes[rec.node].partitioned
+    return rec.holder is None and not rec.geometry and gpu_healthy(state, g) and not state.nodes[rec.node].partitioned
 
 
 def gang_floor(spec: JobSpec, elastic: bool) -> int:
@@ -118,6 +142,7 @@ class BatchCheck:
         self.job_gpus: dict[str, list[GpuId]] = {}  # job -> its GPUs after this batch
         self.team_delta: dict[str, float] = {}
         self.load: dict[GpuId, float] = {}  # GPU -> the sum of its shares after this batch
+        self.sliced: dict[GpuId, list[int]] = {}  # GPU -> MIG slices this batch granted
         self.granted: set[str] = set()
         self.released: set[str] = set()
         self.node_res: dict[str, tuple[float, int]] = {}  # node -> (CPUs, MiB) this batch reserved there
@@ -145,6 +170,29 @@ class BatchCheck:
             return f"grant beyond team {job.team}'s limit"
         return None if problem is None else f"grant of a share of {g}: {problem}"
 
+    def _slice_grant(self, job: Job, e: ev.GpusGranted) -> str | None:
+        """A MIG grant: slices of one partitioned GPU, free after this batch, `mig_count` of the
+        job's profile, within its team's limit (`slice_problem`)."""
+        spec = job.spec
+        assert spec.mig is not None
+        if len(e.gpus) != 1 or len(e.slices) != spec.mig_count:
+            return f"a MIG job takes {spec.mig_count} slices of one GPU, not {len(e.slices)} of {len(e.gpus)}"
+        g = e.gpus[0]
+        problem = slice_problem(self.state, g, spec.mig, list(e.slices), self.sliced.get(g, ()))
+        if problem is not None:
+            return f"grant of MIG slices of {g}: {problem}"
+        share = slice_share(spec.mig, spec.mig_count)
+        if self._over_limit(job.team, share):
+            return f"grant beyond team {job.team}'s limit"
+        short = self._short(spec, _nodes(e.gpus))
+        if short:
+            return f"grant {short}"
+        self.sliced[g] = [*self.sliced.get(g, []), *e.slices]
+        self.team_delta[job.team] = self.team_delta.get(job.team, 0) + share
+        self.job_gpus[e.job_id] = [g]
+        self.granted.add(e.job_id)
+        return None
+
     def gpus_of(self, job_id: str) -> list[GpuId]:
         return self.job_gpus[job_id] if job_id in self.job_gpus else list(self.state.jobs[job_id].gpus)
 
@@ -162,6 +210,8 @@ class BatchCheck:
             return f"grant to a job that is not pending ({job.state if job else 'unknown'})"
         if job.hold is not None:
             return f"grant to a held job ({job.hold})"
+        if job.spec.sliced:
+            return self._slice_grant(job, e)
         if job.spec.shared:
             problem = self._share_problem(job, list(e.gpus))
             if problem is None:
@@ -209,8 +259,8 @@ class BatchCheck:
         job = self.state.jobs.get(e.job_id)
         if job is None or not job.holding:
             return "release of a job that holds nothing"
-        if job.spec.shared:
-            for g in job.gpus:
+        if job.spec.partial:
+            for g in job.gpus if job.spec.shared else ():
                 self.load[g] = self.load.get(g, self.state.gpus[g].shared_load) - job.share
             self.team_delta[job.team] = self.team_delta.get(job.team, 0) - job.weight
             self.job_gpus[e.job_id] = []
@@ -295,4 +345,4 @@ def freed_by(state: ClusterState, events: Iterable[ev.Event]) -> set[GpuId]:
 
 
 __all__ = ["SHARE_SLACK", "BatchCheck", "fair_preemption", "freed_by", "gang_floor", "gang_size_ok", "gpu_healthy", "gpu_placeable",
-           "limit_room", "over_limit", "share_problem", "work_since_checkpoint"]
+           "limit_room", "over_limit", "share_problem", "slice_problem", "work_since_checkpoint"]

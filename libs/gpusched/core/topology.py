@@ -33,16 +33,27 @@ class Gpu(Struct):
     #: a shared GPU has no whole `holder` and is never placeable for a whole-GPU job.
     shares: dict[str, float] = {}
     mig: MigInfo | None = None  # as its node registered it (MIG enabled, or pending)
+    #: Its MIG geometry, one profile per slice (the admin's `MigGeometrySet`); while it has one it
+    #: is partitioned: never placeable whole nor shared, only slice by slice.
+    geometry: list[str] = []
+    slices: dict[int, str] = {}  # slice index -> the MIG job holding it
 
     @property
     def occupied(self) -> bool:
-        """Some job holds it, whole or a share of it."""
-        return self.holder is not None or bool(self.shares)
+        """Some job holds it, whole, a share or a slice of it."""
+        return self.holder is not None or bool(self.shares) or bool(self.slices)
 
     @property
     def holders(self) -> list[str]:
-        """Who holds it: its whole holder, or its fractional holders."""
-        return [self.holder] if self.holder is not None else list(self.shares)
+        """Who holds it: its whole holder, or its fractional holders, or its slices' holders."""
+        if self.holder is not None:
+            return [self.holder]
+        return list(self.shares) + list(dict.fromkeys(self.slices.values()))
+
+    def free_slices(self, profile: str, taken: Iterable[int] = ()) -> list[int]:
+        """Its slices of `profile` nobody holds (nor `taken`, a cycle's own grants), in order."""
+        busy = set(taken)
+        return [i for i, p in enumerate(self.geometry) if p == profile and i not in self.slices and i not in busy]
 
     @property
     def shared_load(self) -> float:

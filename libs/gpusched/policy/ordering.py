@@ -77,7 +77,7 @@ class QueueIndex:
         #: (ending before it is due) or preemptible (borrowing it). The walk stops early without.
         self.timed: dict[str, None] = {}
         self.preemptible: dict[str, None] = {}
-        self.shares: dict[str, None] = {}  # waiting fractional jobs (they may fit on shared GPUs)
+        self.shares: dict[str, None] = {}  # waiting fractional and MIG jobs (they may fit on shared or MIG GPUs)
         self.calls = 0  # updates at a new fold version (`state.events`)
         self.seen = -1
 
@@ -95,12 +95,12 @@ class QueueIndex:
             self.timed[job.job_id] = None
         if job.spec.preemptible:
             self.preemptible[job.job_id] = None
-        if job.spec.shared:
+        if job.spec.partial:
             self.shares[job.job_id] = None
 
     @property
     def shared(self) -> int:
-        """How many fractional jobs wait."""
+        """How many fractional and MIG jobs wait."""
         return len(self.shares)
 
     def _remove(self, job_id: str, left: bool = True) -> None:

@@ -27,6 +27,7 @@ from .config import PolicyConfig
 from .fairshare import limit_room
 from .guarantee import Firm
 from .memo import Indexes
+from .mig import SlicePick, partitioned
 from .placement import Placement, Pool
 from .placer import Placer
 from .pools import PoolFirm, choices, pool_of_gpus, restrict_to, room_on
@@ -74,6 +75,8 @@ class CyclePlan:
         self.team_delta: dict[str, float] = {}
         self.pool_delta: dict[tuple[str, str], float] = {}  # (team, GPU pool) -> change this cycle
         self.share_load: dict[GpuId, float] = {}  # shared GPU -> its shares' sum, where this cycle changed it
+        self.slices_taken: dict[GpuId, list[int]] = {}  # partitioned GPU -> MIG slices granted this cycle
+        self._partitioned: list[GpuId] | None = None
         self.leaving: dict[str, float] = {}  # team -> GPUs of its jobs asked to yield
         self.incoming: dict[str, int] = {}  # team -> GPUs its blocked jobs claimed from `coming`
         self.inflight: dict[str, None] = {}  # running jobs asked to yield, in the order asked
@@ -193,6 +196,28 @@ class CyclePlan:
         self.started.append((job, [g]))
         self.reasons.pop(job.job_id, None)
 
+    def partitioned(self) -> list[GpuId]:
+        """The GPUs with a MIG geometry (looked up once a cycle, when a MIG job asks)."""
+        if self._partitioned is None:
+            self._partitioned = partitioned(self.ctx.state)
+        return self._partitioned
+
+    def grant_slices(self, job: Job, pick: SlicePick, backfill: bool) -> None:
+        """Start a MIG job on its slices of one partitioned GPU (`policy/mig.py`)."""
+        ctx, g = self.ctx, pick.gpu
+        self.events.append(ev.GpusGranted(at=ctx.now, job_id=job.job_id, attempt=job.attempt + 1, gpus=[g],
+                                          placer=ctx.placer.name, level="nvlink",  # type: ignore[arg-type]
+                                          backfill=backfill, slices=list(pick.slices)))
+        for pool in (self.pool, self.outside, self.coming):
+            if pool is not None:
+                hold(pool, job.spec, [g])  # its CPUs and memory on the GPU's node
+        self.slices_taken[g] = [*self.slices_taken.get(g, []), *pick.slices]
+        self._count(job.team, pick.share)
+        self._pool_count(job.team, [g], pick.share)
+        self.status[job.job_id] = "granted"
+        self.started.append((job, [g]))
+        self.reasons.pop(job.job_id, None)
+
     def release(self, job: Job, forced: bool, lost: float) -> None:
         """A preempted job gives its GPUs back (checkpointed, or its grace is over)."""
         why = job.preemption
@@ -265,7 +290,7 @@ class CyclePlan:
     def _free(self, job: Job) -> None:
         """The job's GPUs return to this cycle's pool; nothing else may touch the job. A
         fractional job's GPU returns once its last share is gone."""
-        if job.spec.shared:
+        if job.spec.partial:
             return self._free_share(job)
         self.pool.add(job.gpus)
         hold(self.pool, job.spec, job.gpus, -1)
@@ -277,8 +302,10 @@ class CyclePlan:
         self.status[job.job_id] = "released"
 
     def _free_share(self, job: Job) -> None:
+        """A share, or MIG slices (their GPU stays partitioned: out of the pool; the slices return
+        to later cycles)."""
         st = self.ctx.state
-        for g in job.gpus:
+        for g in job.gpus if job.spec.shared else ():
             load = self.share_load[g] = self.share_load.get(g, st.gpus[g].shared_load) - job.share
             if load <= rules.SHARE_SLACK:
                 self.pool.add([g])

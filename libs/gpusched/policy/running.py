@@ -24,19 +24,19 @@ class RunningIndex:
     def _insert(self, job: Job) -> None:
         jid, spec = job.job_id, job.spec
         self.entries[jid] = job.attempt
-        if spec.preemptible and not spec.shared:  # a share frees no whole GPU: never a victim for room
+        if spec.preemptible and not spec.partial:  # a share or slice frees no whole GPU: never a victim for room
             self.preemptible.setdefault((spec.team, PRIORITY_RANK[spec.priority]), {})[jid] = None
         if spec.elastic:
             self.elastic[jid] = None
         if spec.time_limit_s is not None:
             self.timed[jid] = None
-        if job.backfill and spec.preemptible and not spec.shared:
+        if job.backfill and spec.preemptible and not spec.partial:
             self.borrowers[jid] = None
 
     def _remove(self, jid: str) -> None:
         del self.entries[jid]
         spec = self.state.jobs[jid].spec
-        if spec.preemptible and not spec.shared:
+        if spec.preemptible and not spec.partial:
             key = (spec.team, PRIORITY_RANK[spec.priority])
             bucket = self.preemptible[key]
             del bucket[jid]

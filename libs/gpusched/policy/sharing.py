@@ -26,7 +26,7 @@ class SharePick(NamedTuple):
     opened: bool  # a free GPU it is the first share of (it leaves the pool of whole GPUs)
 
 
-def _node_ok(state: ClusterState, spec: JobSpec, now: float | None) -> set[str] | None:
+def allowed_nodes(state: ClusterState, spec: JobSpec, now: float | None) -> set[str] | None:
     """The nodes the job's constraints and maintenance windows leave (None: every node)."""
     if spec.gpu_type is None and not spec.constraints and not (now is not None and state.windows):
         return None
@@ -39,7 +39,7 @@ def on_shared(pool: Pool, spec: JobSpec, load: dict[GpuId, float], now: float | 
     free (`resources.room_on`). `load`: the cycle's view of the shares' sums of the GPUs it
     changed (the fold's for the rest)."""
     state = pool.state
-    ok = _node_ok(state, spec, now)
+    ok = allowed_nodes(state, spec, now)
     best: tuple[float, GpuId] | None = None
     for g in dict.fromkeys([*state.shared, *load]):
         rec = state.gpus[g]
@@ -84,4 +84,4 @@ def spare(state: ClusterState, load: dict[GpuId, float]) -> bool:
                for g in dict.fromkeys([*state.shared, *load]))
 
 
-__all__ = ["SharePick", "on_free", "on_shared", "spare"]
+__all__ = ["SharePick", "allowed_nodes", "on_free", "on_shared", "spare"]

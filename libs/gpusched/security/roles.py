@@ -49,6 +49,7 @@ EVENT_WRITERS: dict[str, frozenset[str]] = {
     "PartitionEnded": frozenset({"reconciler"}),
     "GpuQuarantined": frozenset({"reconciler"}),
     "GpuRestored": frozenset({"reconciler", "admission"}),
+    "MigGeometrySet": frozenset({"admission"}),
     "ZombieDetected": frozenset({"reconciler"}),
     "ZombieReclaimed": frozenset({"reconciler"}),
     "SnapshotTaken": frozenset({"projector"}),

@@ -12,9 +12,18 @@ import functools
 
 from ...core import rules
 from ...core.pools import accepted
-from ...core.reasons import BehindReservation, BeyondGuarantee, NoRoom, NoRoomOnPools, QueuedBehind, Reason, TeamLimit
+from ...core.reasons import (
+    BehindReservation,
+    BeyondGuarantee,
+    NoFreeSlices,
+    NoRoom,
+    NoRoomOnPools,
+    QueuedBehind,
+    Reason,
+    TeamLimit,
+)
 from ...core.state import Job
-from .. import sharing
+from .. import mig, sharing
 from ..backfill import Reservation
 from ..eligibility import array_full, not_eligible
 from ..ordering import QueueIndex
@@ -43,7 +52,7 @@ def run(plan: CyclePlan, ctx: Context) -> None:
             if not _shares_may_fit(plan, ctx, idx):
                 break
             shares_only = True
-            if not job.spec.shared:
+            if not job.spec.partial:
                 continue  # its reason: the tail's
         if job.job_id in plan.status:
             continue  # started by the hand-over
@@ -66,6 +75,9 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
         return False
     if job.spec.shared:
         _consider_share(plan, ctx, job)
+        return False
+    if job.spec.sliced:
+        _consider_slices(plan, ctx, job)
         return False
     pool = plan.pool
     room = plan.job_room(job)
@@ -124,9 +136,25 @@ def _consider_share(plan: CyclePlan, ctx: Context, job: Job) -> None:
         plan.grant_share(job, pick, backfill=plan.head is not None)
 
 
+def _consider_slices(plan: CyclePlan, ctx: Context, job: Job) -> None:
+    """Start a MIG job on free slices of a partitioned GPU (`policy/mig.py`), or record why it
+    waits. Like a share it never blocks the queue, gets no reservation and never preempts: the
+    slices are outside the pool of whole GPUs, and a geometry changes only by the admin."""
+    spec = job.spec
+    room = plan.share_room(job.team)
+    pick = mig.pick(plan.pool, spec, plan.slices_taken, ctx.now, plan.partitioned())
+    if pick is None:
+        plan.note(job, NoFreeSlices(profile=spec.mig or "", count=spec.mig_count))
+    elif room is not None and room < pick.share - rules.SHARE_SLACK:
+        plan.note(job, _limit(ctx, job, 1))
+    else:
+        plan.grant_slices(job, pick, backfill=plan.head is not None)
+
+
 def _shares_may_fit(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
-    """A fractional job waits and some shared GPU has room: the walk goes on for it."""
-    return idx.shared > 0 and sharing.spare(ctx.state, plan.share_load)
+    """A fractional or MIG job waits and some shared GPU or MIG slice has room: the walk goes on for it."""
+    return idx.shared > 0 and (sharing.spare(ctx.state, plan.share_load)
+                               or mig.spare(ctx.state, plan.slices_taken, plan.partitioned()))
 
 
 def _all_reserved(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
