@@ -130,8 +130,10 @@ def job_record(job: Job, run_s: float, gpu_s: float, now: float, by_pool: dict[s
     }
     if by_pool:
         rec["gpu_hours_by_pool"] = {p: round(v / 3600.0, 4) for p, v in sorted(by_pool.items())}
-    if spec.shared:
-        rec["gpu_share"] = job.share  # billed by its share of its one GPU
+    if spec.partial:
+        rec["gpu_share"] = job.share  # billed by its share of its one GPU (MIG: its compute slices / 7)
+    if spec.mig is not None:
+        rec["mig"] = f"{spec.mig_count}x{spec.mig}"
     seconds = getattr(job, "gpu_seconds", None)  # held vs busy GPU-seconds, where the fold keeps them
     if callable(seconds):
         held, busy = seconds(now)

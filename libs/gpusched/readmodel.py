@@ -44,7 +44,9 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "required": spec.topology.required,
         "gpus": [gpu_ref(g) for g in job.gpus],
         "gpu_fraction": spec.gpu_fraction, "gpu_memory_mb": spec.gpu_memory_mb,  # a share of one GPU (asked)
-        "gpu_share": job.share if spec.shared and job.gpus else None,  # ... and held
+        "gpu_share": job.share if spec.partial and job.gpus else None,  # ... and held (a share, or slices' charge)
+        "mig": spec.mig, "mig_count": spec.mig_count if spec.mig else None,  # MIG slices (asked)
+        "mig_slices": list(job.slices) if spec.mig and job.gpus else None,  # ... and held (indices)
         "placer": job.placer,
         "level": job.level,
         "backfill": job.backfill,
@@ -110,6 +112,10 @@ def gpu_status(state: ClusterState, g: str) -> str:
         return "held"
     if rec.shares:
         return "shared"  # by fractional jobs (docs/gpu-sharing.md)
+    if rec.slices:
+        return "sliced"  # MIG slices held (docs/gpu-sharing.md#mig-slices)
+    if rec.geometry and not (node.lost or node.partitioned or node.drained or rec.quarantined or rec.zombie_pids):
+        return "mig"  # partitioned into MIG slices, all free: not placeable whole
     if node.lost:
         return "lost"
     if node.partitioned:
@@ -138,7 +144,9 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
             "idle": holder is not None and holder.idle is not None,
             "shares": dict(rec.shares),
             **({"mig": {"mode": rec.mig.mode, "pending": rec.mig.pending,
-                        "profiles": [p.name for p in rec.mig.profiles]}} if rec.mig is not None else {}),
+                        "profiles": [p.name for p in rec.mig.profiles], "geometry": list(rec.geometry),
+                        "slices": {str(i): j for i, j in sorted(rec.slices.items())}}}
+               if rec.mig is not None or rec.geometry else {}),
         })
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,
@@ -146,7 +154,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
         "cpus": node.cpus, "cpus_used": node.cpus_used, "memory_mb": node.memory_mb,  # 0: not declared
         "memory_used_mb": node.memory_used_mb,
         "lost": node.lost, "drained": node.drained, "partitioned": node.partitioned, "total": len(node.gpus), "free": len(node.free),
-        "held": sum(1 for x in gpus if x["status"] in ("held", "shared")), "gpus": gpus,
+        "held": sum(1 for x in gpus if x["status"] in ("held", "shared", "sliced")), "gpus": gpus,
     }
 
 

@@ -111,6 +111,19 @@ def add_share_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="the GPU memory the job needs of one GPU (8G, 4096M; with --gpus 1): its share of the GPU "
                         "it lands on is that memory over the GPU's")
+    p.add_argument("--mig", default=None, metavar="PROFILE[xN]",
+                   help="N (default 1) MIG slices of this profile (1g.10gb, 3g.40gb) of one GPU an admin partitioned "
+                        "(`gpusched mig set`): hard isolation, each slice its own device; charged its compute slices / 7")
+
+
+def mig_from_arg(text: str | None) -> dict:
+    """`--mig 1g.10gb` or `--mig 1g.10gbx2`: the spec's profile and slice count."""
+    if text is None:
+        return {}
+    profile, sep, count = text.strip().lower().rpartition("x") if "gbx" in text.lower() else (text.strip().lower(), "", "")
+    if sep and not count.isdigit():
+        raise SystemExit(f"gpusched submit: --mig {text!r} is not PROFILE[xN] (1g.10gb, 1g.10gbx2)")
+    return {"mig": profile, "mig_count": int(count) if sep else 1}
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
@@ -125,7 +138,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         env[key] = value
     level, prefer = preferences_from_args(args.prefer)
     raw = {
-        "team": args.team, "gpus": args.gpus, "min_gpus": args.min_gpus, "priority": args.priority,
+        "team": args.team, "gpus": _gpus_of(args), "min_gpus": args.min_gpus, "priority": args.priority,
         "preemptible": args.preemptible, "time_limit_s": args.time_limit, "command": command, "env": env,
         "checkpoint_dir": args.checkpoint_dir, "name": args.name or "",
         "cpus": getattr(args, "cpus", None), "memory_mb": memory_mb(getattr(args, "mem", None)),
@@ -142,6 +155,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "prefer": prefer,
         "gpu_fraction": getattr(args, "gpu_fraction", None),
         "gpu_memory_mb": memory_mb(getattr(args, "gpu_memory", None), "--gpu-memory"),
+        **mig_from_arg(getattr(args, "mig", None)),
     }
     try:
         spec = msgspec.convert(raw, JobSpec)  # the same validation admission applies, earlier
@@ -151,6 +165,15 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if problem:
         raise SystemExit(f"gpusched submit: invalid job: {problem}")
     return spec
+
+
+def _gpus_of(args: argparse.Namespace) -> int:
+    """`--gpus`, which a MIG job may leave out (its slices are of one GPU)."""
+    if args.gpus is not None:
+        return args.gpus
+    if getattr(args, "mig", None):
+        return 1
+    raise SystemExit("gpusched submit: --gpus is required (the gang size), but with --mig")
 
 
 def workdir_from_args(args: argparse.Namespace) -> str | None:
@@ -441,6 +464,27 @@ def cmd_restore(args: argparse.Namespace) -> int:
                 lambda r: f"GPU {args.gpu} back in service")
 
 
+def cmd_mig(args: argparse.Namespace) -> int:
+    """Admin: a GPU's MIG slices (`MigGeometrySet`), only while nobody holds the GPU."""
+    profiles = [] if args.profiles in (["none"], ["whole"]) else [p for x in args.profiles for p in x.split(",") if p]
+    shown = ", ".join(profiles) or "whole (no slices)"
+    return _run(args, lambda c: c.set_mig_geometry(args.node, args.gpu, profiles, reason=args.reason),
+                lambda r: f"GPU {args.node}/{args.gpu}: MIG geometry {shown} (seq {r.seq})")
+
+
+def _register_mig(sub, common: list) -> None:
+    p = sub.add_parser("mig", parents=common, help="admin: lay out a GPU's MIG slices (only while it is idle)")
+    verbs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    s = verbs.add_parser("set", parents=common, help="GPU INDEX of NODE in these slices, one profile each "
+                                                     "(`none`: whole again); refused while any job holds it")
+    s.add_argument("node", help="the node name")
+    s.add_argument("gpu", type=int, help="the GPU's index on the node")
+    s.add_argument("profiles", nargs="+", metavar="PROFILE",
+                   help="one profile per slice, spaces or commas between (3g.40gb 2g.20gb 1g.10gb 1g.10gb), or none")
+    s.add_argument("--reason", default="", help="why (kept with the fact)")
+    s.set_defaults(func=cmd_mig)
+
+
 def _client_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for admission's reply")
@@ -537,7 +581,8 @@ def _register_cancel(sub, common: list) -> None:
 def _register_submit(sub, common) -> None:
     p = sub.add_parser("submit", parents=common, help="submit a job: gpusched submit --team T --gpus N -- COMMAND...")
     p.add_argument("--team", required=True, help="the team the job runs for (its quota and share)")
-    p.add_argument("--gpus", type=int, required=True, help="gang size (the most an elastic job uses)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="gang size (the most an elastic job uses); required but with --mig (its one GPU)")
     p.add_argument("--min-gpus", type=int, default=None, help="elastic: may run with this many")
     p.add_argument("--priority", choices=["interactive", "high", "normal", "low"], default="normal",
                    help="orders work within what the team is entitled to (default: normal)")
@@ -587,6 +632,7 @@ def register(sub) -> None:
     _register_submit(sub, common)
     _register_quota(sub, common)
     _register_fold_settings(sub, common)
+    _register_mig(sub, common)
 
     _register_job_edits(sub, common)
 

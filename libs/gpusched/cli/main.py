@@ -61,6 +61,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quota": ("gpusched.cli.commands", "change a team's guaranteed share, weight or hard limit (only those given)"),
     "fold-settings": ("gpusched.cli.commands",
                       "admin: what every fold computes with from now on (a fact of the log): usage half-life, horizon"),
+    "mig": ("gpusched.cli.commands", "admin: lay out a GPU's MIG slices (only while it is idle)"),
     "hold": ("gpusched.cli.commands", "hold a pending job: it is never placed until released (a tenant: its own team's)"),
     "release": ("gpusched.cli.commands", "release a held job: it may be placed again"),
     "update": ("gpusched.cli.commands", "change a pending job's priority class or time limit"),

@@ -154,11 +154,15 @@ def _use(d: dict[str, Any]) -> str:
     return " ".join(parts) or "-"
 
 
+#: A MIG GPU's cell: some slices held, or partitioned with every slice free.
+_MIG_CELLS = {"sliced": "#", "mig": ":"}
+
+
 def print_nodes(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     from rich.table import Table
 
     teams = sorted({g["team"] for d in docs for g in d["gpus"] if g["team"]})
-    table = Table(caption=_caption(meta) + ("; GPUs: team initial (reversed: idle), % shared, . free, x down" if docs else ""),
+    table = Table(caption=_caption(meta) + ("; GPUs: team initial (reversed: idle), % shared, # MIG slices held, : MIG free, . free, x down" if docs else ""),
                   header_style="bold")
     for col in ("NODE", "RACK", "STATUS", "FREE", "GPUS", "JOBS"):
         table.add_column(col, no_wrap=True)
@@ -173,10 +177,13 @@ def print_nodes(docs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
                 cells.append("[grey50].[/]")
             elif g["status"] == "shared":
                 cells.append("[cyan]%[/]")
+            elif g["status"] in _MIG_CELLS:
+                cells.append(f"[magenta]{_MIG_CELLS[g['status']]}[/]")
             else:
                 cells.append("[red]x[/]")
         status = "lost" if d["lost"] else "drained" if d["drained"] else "ok"
-        jobs = sorted({g["job_id"] for g in d["gpus"] if g["job_id"]} | {j for g in d["gpus"] for j in g.get("shares", {})})
+        jobs = sorted({g["job_id"] for g in d["gpus"] if g["job_id"]} | {j for g in d["gpus"] for j in g.get("shares", {})}
+                      | {j for g in d["gpus"] for j in g.get("mig", {}).get("slices", {}).values()})
         table.add_row(d["node"], d["rack"], status, f"{d['free']}/{d['total']}", "".join(cells), " ".join(jobs))
     _console().print(table)
 
@@ -272,7 +279,7 @@ JOB_FIELDS = [
 
 def _gpu_cells(d: dict[str, Any]) -> str:
     return "".join((g["team"] or "?")[0] if g["status"] == "held" else "." if g["status"] == "free"
-                   else "%" if g["status"] == "shared" else "x"
+                   else "%" if g["status"] == "shared" else _MIG_CELLS.get(g["status"], "x")
                    for g in d["gpus"])
 
 
@@ -376,6 +383,8 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
 
 def _wants(d: dict[str, Any]) -> str:
     """What a job asks for, as `show` heads it: GPUs, or a share of one (docs/gpu-sharing.md)."""
+    if d.get("mig") is not None:
+        return f"{d['mig_count']} MIG {d['mig']} slice(s) of one GPU"
     if d.get("gpu_fraction") is not None:
         return f"{d['gpu_fraction']:g} of a GPU"
     if d.get("gpu_memory_mb") is not None:
@@ -384,6 +393,9 @@ def _wants(d: dict[str, Any]) -> str:
 
 
 def _holds(d: dict[str, Any]) -> str:
+    if d.get("mig_slices") is not None:
+        return (f"holds MIG slice(s) {', '.join(map(str, d['mig_slices']))} of GPU {compress_gpus(d['gpus'])} "
+                f"(charged {d['gpu_share']:g} of a GPU, via {d['placer']})")
     if d.get("gpu_share") is not None:
         return f"holds {d['gpu_share']:g} of GPU {compress_gpus(d['gpus'])} (shared with other fractional jobs, via {d['placer']})"
     return f"holds {len(d['gpus'])} GPU(s): {compress_gpus(d['gpus'])} ({d['level']}, via {d['placer']})"

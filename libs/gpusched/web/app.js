@@ -9,7 +9,8 @@ const HUES = [205, 330, 140, 38, 265, 8, 175, 88, 300, 55];
 const KEYED = {nodes: "node", running: "job_id", finished: "job_id", queue: "job_id"};
 const SERIES = {tail: ["seq", 120], shares: ["at", 1200]};
 const STATE_COLORS = {held: "#4f7fd6", free: "#222a33", idle: "#d4a72c", quarantined: "#c0443e", zombie: "#c0443e",
-  lost: "#101317", drained: "#5b6470", partitioned: "#7a4fd6", shared: "#3fa7a0"};
+  lost: "#101317", drained: "#5b6470", partitioned: "#7a4fd6", shared: "#3fa7a0",
+  sliced: "#b05fc4", mig: "#4a3a55"};
 const $ = (id) => document.getElementById(id);
 let model = null;
 let teamIndex = {};
