@@ -166,10 +166,8 @@ def _no_process_outcome(job: Job, node: str, now: float) -> ev.Event:
 
 def _tell_holder(state: ClusterState, gid: str, reason: str, now: float, out: Decision) -> None:
     """A running job on a quarantined GPU gets the fact (once: the fold remembers it)."""
-    rec = state.gpus[gid]
-    for sharer in rec.shares:  # every fractional job on it
-        _tell_job(state.jobs.get(sharer), gid, reason, now, out)
-    _tell_job(state.jobs.get(rec.holder) if rec.holder is not None else None, gid, reason, now, out)
+    for holder in state.gpus[gid].holders:  # its whole holder, or every fractional or MIG job on it
+        _tell_job(state.jobs.get(holder), gid, reason, now, out)
 
 
 def _tell_job(job: Job | None, gid: str, reason: str, now: float, out: Decision) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import structlog
 
@@ -28,11 +29,13 @@ def cgroups_wanted(setting: bool | None) -> bool:
 
 
 def limits_for(job: Job, launch: Launch, devices: dict[int, GpuDevice], control: tuple[str, ...],
-               pids_max: int | None) -> cgroups.Limits:
+               pids_max: int | None, slices: Mapping[tuple[int, int], GpuDevice] = MappingProxyType({})) -> cgroups.Limits:
     spec = job.spec
     allow = None
     if devices:  # only the granted GPUs' nodes, and the control devices every GPU job needs
         allow = (*(devices[i].allow for i in launch.gpus if i in devices), *control)
+        # a MIG job: its own slices' capability devices, never another slice's of the same GPU
+        allow += tuple(slices[(i, s)].allow for i in launch.gpus for s in launch.mig_slices if (i, s) in slices)
         if spec.image:  # runc's own rules for every container: its cgroup is a child of this one
             allow += container.RUNC_DEVICES
     return cgroups.Limits(cpus=spec.cpus, memory_bytes=spec.memory_mb * 2**20 if spec.memory_mb else None,
@@ -41,7 +44,7 @@ def limits_for(job: Job, launch: Launch, devices: dict[int, GpuDevice], control:
 
 def confine(launch: Launch, job: Job, users: UserMap, taken: Callable[[int], str | None], *, cgroup_parent: str | None,
             cgroup_name: str, devices: dict[int, GpuDevice], control: tuple[str, ...],
-            pids_max: int | None) -> Launch:
+            pids_max: int | None, slices: Mapping[tuple[int, int], GpuDevice] = MappingProxyType({})) -> Launch:
     """`launch` with the job's credentials and (when `cgroup_parent`) its new cgroup.
     users.NoJobUser or cgroups.CgroupError when the run cannot be confined as configured."""
     user = users.resolve(job.user, job.spec.team, job.job_id, taken)
@@ -49,7 +52,7 @@ def confine(launch: Launch, job: Job, users: UserMap, taken: Callable[[int], str
     if user.how != "daemon":
         fields.update(user=user.name, uid=user.uid, gid=user.gid, home=user.home)
     if cgroup_parent is not None and launch.command:
-        cg = cgroups.create(cgroup_parent, cgroup_name, limits_for(job, launch, devices, control, pids_max))
+        cg = cgroups.create(cgroup_parent, cgroup_name, limits_for(job, launch, devices, control, pids_max, slices))
         fields["cgroup"] = cg.to_json()
     return dataclasses.replace(launch, **fields) if fields else launch
 

@@ -35,8 +35,10 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from gpusched.core.mig import slice_uuid
 from gpusched.job import env as E
 
 from .devices import GpuDevice
@@ -98,9 +100,10 @@ def image_env(launch: Launch, env: Mapping[str, str]) -> dict[str, str]:
     """The job's environment as seen inside its container: CUDA numbers the GPUs it finds there
     from 0 (only the granted ones are there), and their device nodes are where CDI put them."""
     out = dict(env)
-    out["CUDA_VISIBLE_DEVICES"] = ",".join(str(k) for k in range(len(launch.gpus)))
+    out["CUDA_VISIBLE_DEVICES"] = ",".join(launch.mig_uuids or [str(k) for k in range(len(launch.gpus))])
     if launch.devices:
-        out[E.GPU_DEVICES] = ",".join(f"/dev/nvidia{i}" for i in launch.gpus)
+        out[E.GPU_DEVICES] = ",".join([f"/dev/nvidia{i}" for i in launch.gpus]
+                                      + [_cap_path(i, s) for i in launch.gpus for s in launch.mig_slices])
     return out
 
 
@@ -138,7 +141,7 @@ def run_argv(launch: Launch, ids: tuple[int, int] | None, groups: set[int], env_
     argv += [x for g in sorted(groups - {gid}) for x in ("--group-add", str(g))]
     if launch.cgroup is not None:
         argv += ["--cgroups", "no-conmon", "--cgroup-parent", name_of(launch)]
-    argv += [x for u in launch.gpu_uuids if u for x in ("--device", f"{CDI_KIND}={u}")]
+    argv += [x for u in (launch.mig_uuids or launch.gpu_uuids) if u for x in ("--device", f"{CDI_KIND}={u}")]
     for path in (launch.checkpoint_dir, launch.control_dir):
         argv += ["--volume", f"{path}:{path}"]
     if launch.cwd:
@@ -202,13 +205,26 @@ def remove_run_cgroups(launch: Launch, root: Path = Path("/sys/fs/cgroup")) -> N
                 pass
 
 
-def cdi_spec(devices: Mapping[int, GpuDevice], uuids: Mapping[int, str]) -> dict:
+def _cap_path(gpu: int, s: int) -> str:
+    """Where a MIG slice's capability device is inside a container."""
+    return f"/dev/nvidia-caps/nvidia-cap{gpu}-{s}"
+
+
+def _node(path: str, d: GpuDevice) -> dict:
+    return {"path": path, "hostPath": d.path, "type": "c", "major": d.major, "minor": d.minor}
+
+
+def cdi_spec(devices: Mapping[int, GpuDevice], uuids: Mapping[int, str],
+             slices: Mapping[tuple[int, int], GpuDevice] = MappingProxyType({})) -> dict:
     """A CDI spec naming each GPU by its UUID, its device node at /dev/nvidia<index> inside the
-    container (where NVIDIA's runtime puts it), whatever its path on the host."""
-    return {"cdiVersion": "0.5.0", "kind": CDI_KIND, "containerEdits": {}, "devices": [
-        {"name": uuids[i], "containerEdits": {"deviceNodes": [
-            {"path": f"/dev/nvidia{i}", "hostPath": d.path, "type": "c", "major": d.major, "minor": d.minor}]}}
-        for i, d in sorted(devices.items()) if uuids.get(i)]}
+    container (where NVIDIA's runtime puts it), whatever its path on the host; and each MIG
+    slice by its MIG UUID: its parent GPU's node and its own capability device only."""
+    whole = [{"name": uuids[i], "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia{i}", d)]}}
+             for i, d in sorted(devices.items()) if uuids.get(i)]
+    mig = [{"name": slice_uuid(uuids[i], s), "containerEdits": {"deviceNodes": [
+        _node(f"/dev/nvidia{i}", devices[i]), _node(_cap_path(i, s), d)]}}
+        for (i, s), d in sorted(slices.items()) if uuids.get(i) and i in devices]
+    return {"cdiVersion": "0.5.0", "kind": CDI_KIND, "containerEdits": {}, "devices": whole + mig}
 
 
 def cdi_path(key: str, cdi_dir: Path = CDI_DIR) -> Path:
@@ -217,7 +233,7 @@ def cdi_path(key: str, cdi_dir: Path = CDI_DIR) -> Path:
 
 
 def write_cdi_spec(key: str, devices: Mapping[int, GpuDevice], uuids: Mapping[int, str],
-                   cdi_dir: Path = CDI_DIR) -> Path:
+                   cdi_dir: Path = CDI_DIR, slices: Mapping[tuple[int, int], GpuDevice] = MappingProxyType({})) -> Path:
     """Write this daemon's CDI spec (`key`: its work dir and node); drop other gpusched specs
     whose device nodes are all gone (daemons that ended without removing theirs)."""
     cdi_dir.mkdir(parents=True, exist_ok=True)
@@ -231,7 +247,7 @@ def write_cdi_spec(key: str, devices: Mapping[int, GpuDevice], uuids: Mapping[in
             old.unlink(missing_ok=True)
     path = cdi_path(key, cdi_dir)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cdi_spec(devices, uuids), indent=1))
+    tmp.write_text(json.dumps(cdi_spec(devices, uuids, slices), indent=1))
     tmp.replace(path)
     return path
 

@@ -6,6 +6,12 @@ gets the control devices NVIDIA's container runtime allows (`nvidiactl`, `nvidia
 work dir (`dev/<node>/nvidia<i>`, major 242 of the range Linux keeps for local use, a minor per
 node and GPU): no driver answers it (opening it fails with ENXIO), but the cgroup decides
 first, so a job that opens a GPU it was not granted gets EPERM, as on a real node.
+
+A MIG slice is a device of its own: NVIDIA gives each GPU instance a capability device
+(`/dev/nvidia-caps/nvidia-cap<N>`), and a process opens its slice through it beside its parent
+GPU's node. A simulated GPU gets one such device per possible slice (`dev/<node>/nvidia-caps/
+nvidia-cap<gpu>-<slice>`, major 243), so a job on slice A that opens slice B's device is denied
+by its cgroup as on a real MIG node.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from pathlib import Path
 NVIDIA_MAJOR = 195
 NVIDIA_CONTROL_MINORS = (255, 254)  # nvidiactl, nvidia-modeset
 SIM_MAJOR = 242
+SIM_MIG_MAJOR = 243
+MIG_SLOTS = 8  # slice devices per GPU (a GPU has at most 7 slices); minors of a node: 512 per node
 
 
 @dataclass(frozen=True)
@@ -57,28 +65,54 @@ def nvidia_control_allow() -> tuple[str, ...]:
     return tuple(out)
 
 
+def _mknod(dev: GpuDevice) -> None:
+    """The character device `dev` at its path (replacing anything else there), mode 0666 like
+    /dev/nvidia*: only the cgroup keeps other jobs out."""
+    path = Path(dev.path)
+    try:
+        st = path.lstat()
+        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(dev.major, dev.minor):
+            path.unlink()
+            raise FileNotFoundError
+    except FileNotFoundError:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(dev.major, dev.minor))
+    os.chmod(path, 0o666)
+
+
+def _mkdir(d: Path) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o755)
+
+
 def sim_devices(dev_dir: Path, node: str, count: int) -> dict[int, GpuDevice]:
     """Create (or find) one character device per simulated GPU; {} where mknod is refused."""
     base = (zlib.crc32(f"{dev_dir.resolve()}/{node}".encode()) % 16000) * 64
     out = {}
     try:
-        dev_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(dev_dir, 0o755)
+        _mkdir(dev_dir)
         for i in range(count):
-            dev = GpuDevice(str(dev_dir / f"nvidia{i}"), SIM_MAJOR, base + i)
-            path = Path(dev.path)
-            try:
-                st = path.lstat()
-                if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(dev.major, dev.minor):
-                    path.unlink()
-                    raise FileNotFoundError
-            except FileNotFoundError:
-                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(dev.major, dev.minor))
-            os.chmod(path, 0o666)  # like /dev/nvidia*: only the cgroup keeps other jobs out
-            out[i] = dev
+            out[i] = GpuDevice(str(dev_dir / f"nvidia{i}"), SIM_MAJOR, base + i)
+            _mknod(out[i])
     except OSError:
         return {}
     return out
 
 
-__all__ = ["GpuDevice", "nvidia_control_allow", "nvidia_devices", "sim_devices"]
+def sim_slice_devices(dev_dir: Path, node: str, gpus: list[int]) -> dict[tuple[int, int], GpuDevice]:
+    """(GPU index, slice) -> the capability device of each possible MIG slice of these simulated
+    GPUs (at most 64 GPUs a node); {} where mknod is refused."""
+    base = (zlib.crc32(f"{dev_dir.resolve()}/{node}/mig".encode()) % 2000) * 64 * MIG_SLOTS
+    caps = dev_dir / "nvidia-caps"
+    out = {}
+    try:
+        _mkdir(caps)
+        for i in gpus:
+            for s in range(MIG_SLOTS - 1):
+                out[(i, s)] = GpuDevice(str(caps / f"nvidia-cap{i}-{s}"), SIM_MIG_MAJOR, base + (i % 64) * MIG_SLOTS + s)
+                _mknod(out[(i, s)])
+    except OSError:
+        return {}
+    return out
+
+
+__all__ = ["MIG_SLOTS", "GpuDevice", "nvidia_control_allow", "nvidia_devices", "sim_devices", "sim_slice_devices"]

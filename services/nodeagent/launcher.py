@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from gpusched.core.mig import slice_uuid
 from gpusched.job import env as E
 from gpusched.readmodel import attempt_text
 
@@ -111,6 +112,10 @@ class Launch:
     #: A fractional job's share of its one GPU and that GPU's memory (MiB): the MPS limits.
     gpu_share: float | None = None
     gpu_memory_mb: int = 0
+    #: A MIG job's slices of its one GPU (indices into its geometry) and their MIG device UUIDs:
+    #: CUDA sees only them (`CUDA_VISIBLE_DEVICES=MIG-...`), its cgroup opens only their devices.
+    mig_slices: tuple[int, ...] = ()
+    mig_uuids: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -136,6 +141,14 @@ def share_of(job, gpu_memory_mb: list[int]) -> dict:
     if not job.spec.shared or not job.gpus:
         return {}
     return {"gpu_share": job.share, "gpu_memory_mb": gpu_memory_mb[0] if gpu_memory_mb else 0}
+
+
+def slices_of(job, state) -> dict:
+    """The Launch fields of a MIG job: its slices and their MIG UUIDs (none for other jobs)."""
+    if not job.spec.sliced or not job.gpus or job.gpus[0] not in state.gpus:
+        return {}
+    uuid = state.gpus[job.gpus[0]].uuid
+    return {"mig_slices": tuple(job.slices), "mig_uuids": tuple(slice_uuid(uuid, s) for s in job.slices)}
 
 
 def share_env(launch: Launch) -> dict[str, str]:
@@ -173,7 +186,7 @@ def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
         out["USER"] = out["LOGNAME"] = launch.user
     out.update(launch.env)
     out.update({
-        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in launch.gpus),
+        "CUDA_VISIBLE_DEVICES": ",".join(launch.mig_uuids or [str(i) for i in launch.gpus]),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "MASTER_ADDR": launch.master_addr,
         "MASTER_PORT": str(master_port(launch.job_id, launch.attempt)),
@@ -195,6 +208,8 @@ def job_env(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
         E.GPU_DEVICES: ",".join(launch.devices),
     })
     out.update(share_env(launch))
+    if launch.mig_slices:
+        out[E.MIG_SLICES] = ",".join(map(str, launch.mig_slices))
     if launch.resume_from:
         out[E.RESUME_FROM] = launch.resume_from
         if launch.resume_step is not None:

@@ -57,13 +57,13 @@ async def run_nodeagent(
     log_dir: str | os.PathLike | None = None, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
     stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, job_user: str | None = None,
     team_users: dict[str, str] | None = None, keep_jobs: bool = False, labels: dict[str, str] | None = None,
-    confinement: dict | None = None, resources: dict | None = None,
+    confinement: dict | None = None, resources: dict | None = None, mig: bool = False,
 ) -> None:
     """One node daemon until `stop` is set. `backend="nvml"` reads this host's GPUs (`gpus` and
     `nvlink` only shape a `backend="sim"` node; "auto": NVML if a driver answers, else sim)."""
     node = node or socket.gethostname()
     backend = resolve_backend(backend)
-    gpu_backend = NvmlBackend() if backend == "nvml" else SimBackend(node, gpus, nvlink)
+    gpu_backend = NvmlBackend() if backend == "nvml" else SimBackend(node, gpus, nvlink, mig=mig)
     host = await NodeHost.open(nats_url, heartbeat_s=heartbeat_s)
     host.add(AgentConfig(node=node, rack=rack, block=block or None, address=address or host_address(),
                          nvlink=nvlink if backend == "sim" else "custom",
@@ -82,6 +82,7 @@ async def start_simulated_nodes(
     heartbeat_s: float = 2.0, kill_grace_s: float = 5.0, poll_s: float = 0.2, address: str = "127.0.0.1",
     job_user: str | None = None, team_users: dict[str, str] | None = None, labels: dict[str, str] | None = None,
     confinement: dict | None = None, resources: dict | None = None, models: list[str] | None = None,
+    mig: bool = False,
 ) -> NodeHost:
     """Start `count` simulated nodes sharing one connection and one fold; returns the started
     host (call `await host.stop()`). Nodes are `<prefix>00..`, racks `rack00..` of
@@ -97,7 +98,7 @@ async def start_simulated_nodes(
                              address=address, nvlink=nvlink, work_dir=root, kill_grace_s=kill_grace_s,
                              checkpoint_root=checkpoint_root, labels=dict(labels or {}),
                              **job_users(job_user, team_users), **(confinement or {}), **(resources or {})),
-                 SimBackend(name, gpus_per_node, nvlink, **_sim_model(models, i)))
+                 SimBackend(name, gpus_per_node, nvlink, mig=mig, **_sim_model(models, i)))
     await host.start()
     return host
 
@@ -132,6 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-types", default=None, metavar="COUNT:MODEL,...",
                         help="sim: each node's GPU model, e.g. 2:H100,2:A100 (sets --count; docs/gpu-pools.md)")
     parser.add_argument("--nvlink", choices=("all", "pairs", "quads", "none"), default="all", help="sim: NVLink layout")
+    parser.add_argument("--mig", action="store_true", default=False,
+                        help="sim: A100/H100 GPUs in MIG mode, offering their published profiles (docs/gpu-sharing.md#mig-slices)")
     parser.add_argument("--nodes-per-rack", type=int, default=4, help="sim: nodes per rack")
     parser.add_argument("--work-dir", default=None, help="logs, control dirs, default checkpoints "
                         "(default: $GPUSCHED_WORK_DIR or ~/.local/state/gpusched)")
@@ -286,7 +289,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         args.rack, args.block = topo.rack, topo.block or args.block
         log.info("topology_learned", source=source, rack=topo.rack, block=args.block)
     users = {"job_user": args.job_user, "team_users": parse_team_users(args.team_user),
-             "labels": parse_labels(args.label), "confinement": confinement_from_args(args)}
+             "labels": parse_labels(args.label), "confinement": confinement_from_args(args),
+             "mig": bool(getattr(args, "mig", False))}
     models = parse_gpu_types(args.gpu_types) if getattr(args, "gpu_types", None) else None
     if models:
         args.count = len(models)

@@ -53,7 +53,8 @@ class Cluster:
         return self.watch.state
 
     async def start_nodes(self, names: list[str], gpus: int = 4, nvlink: str = "pairs", heartbeat_s: float = 0.2,
-                          kill_grace_s: float = 1.0, racks: list[str] | None = None, **config) -> NodeHost:
+                          kill_grace_s: float = 1.0, racks: list[str] | None = None, mig: bool = False,
+                          **config) -> NodeHost:
         host = await NodeHost.open(self.nats_url, heartbeat_s=heartbeat_s, poll_s=0.05)
         # the test's directory plays the site's shared checkpoint file system
         config = {"retry_backoff_s": 0.05, "resize_grace_s": 3.0, "checkpoint_roots": (str(self.tmp),),
@@ -61,7 +62,7 @@ class Cluster:
         for i, name in enumerate(names):
             host.add(AgentConfig(node=name, rack=(racks[i] if racks else "r0"), address="127.0.0.1", nvlink=nvlink,
                                  work_dir=self.tmp / "work", kill_grace_s=kill_grace_s, **config),
-                     SimBackend(name, gpus, nvlink))
+                     SimBackend(name, gpus, nvlink, mig=mig))
         await host.start()
         self.hosts.append(host)
         await self.wait(lambda s: all(n in s.nodes and not s.nodes[n].lost for n in names), "nodes registered")
@@ -87,9 +88,10 @@ class Cluster:
     async def submit(self, job_id: str, spec: JobSpec) -> None:
         await self.append(ev.JobSubmitted(at=time.time(), job_id=job_id, spec=spec))
 
-    async def grant(self, job_id: str, gpus: list[str]) -> int:
+    async def grant(self, job_id: str, gpus: list[str], slices: list[int] | None = None) -> int:
         attempt = self.state.jobs[job_id].attempt + 1
-        await self.append(ev.GpusGranted(at=time.time(), job_id=job_id, attempt=attempt, gpus=gpus, placer="sim"))
+        await self.append(ev.GpusGranted(at=time.time(), job_id=job_id, attempt=attempt, gpus=gpus, placer="sim",
+                                         slices=slices or []))
         return attempt
 
     def events(self, kind: type | None = None, job_id: str | None = None) -> list[ev.Event]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.core import events as ev
+from gpusched.core.mig import slice_uuid
 from gpusched.core.model import JobSpec
 from gpusched.services.admission import AdmissionConfig, Capacity, submit_problem
 from gpusched.services.nodeagent import cgroups
@@ -186,6 +187,28 @@ async def test_a_job_cannot_open_a_gpu_it_was_not_granted(nats_url, site):
         assert "Operation not permitted" in lines[0], lines  # GPU 0: the cgroup refuses it
         assert "No such device or address" in lines[1], lines  # GPU 1: its own (no driver behind it)
         assert lines[2] == devices[1].path
+
+
+async def test_a_mig_job_cannot_open_another_slices_device(nats_url, site):
+    """Two 1g.10gb slices of one H100 (the admin's geometry): the job on slice 1 opens its own
+    slice's device (ENXIO: no driver behind it) but not slice 0's (EPERM: its cgroup's)."""
+    async with Cluster(nats_url, site) as c:
+        host = await _start(c, site, ["r0"], 1, mig=True)
+        agent = host.agents["r0"]
+        caps = agent.slice_devices
+        await c.append(ev.MigGeometrySet(at=time.time(), gpu="r0/0", profiles=["1g.10gb", "1g.10gb"]))
+        script = f"cat {caps[(0, 0)].path} > {OUT} 2>&1; cat {caps[(0, 1)].path} >> {OUT} 2>&1; " \
+                 f"echo $CUDA_VISIBLE_DEVICES $GPUSCHED_MIG_SLICES $GPUSCHED_GPU_DEVICES >> {OUT}; true"
+        await c.submit("m", sh(script, mig="1g.10gb"))
+        await c.grant("m", ["r0/0"], slices=[1])
+        job = await c.wait(lambda s: s.jobs["m"].state in ("completed", "failed") and s.jobs["m"], "m")
+        assert job.state == "completed", job.end_reason
+        lines = out(site, "m").splitlines()
+        assert "Operation not permitted" in lines[0], lines  # slice 0: the cgroup refuses it
+        assert "No such device or address" in lines[1], lines  # slice 1: its own
+        mig_uuid = slice_uuid(agent.uuids[0], 1)
+        assert lines[2] == f"{mig_uuid} 1 {agent.devices[0].path},{caps[(0, 1)].path}"
+        assert (await c.refold()).violations() == []
 
 
 async def test_exceeding_mem_kills_only_the_job(nats_url, site):

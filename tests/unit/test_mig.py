@@ -86,4 +86,5 @@ def test_a_node_registers_the_mig_mode_and_profiles_of_its_mig_gpus_and_the_fold
     assert st.gpus["n0/1"].mig == gpus[1].mig
     doc = readmodel.node_doc(st, "n0")["gpus"][0]["mig"]
     assert doc == {"mode": "enabled", "pending": "enabled",
-                   "profiles": ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]}
+                   "profiles": ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+                   "geometry": [], "slices": {}}  # not partitioned yet (`gpusched mig set`)

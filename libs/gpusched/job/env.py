@@ -33,6 +33,9 @@ SDK_PREFIX = "sdk-"
 #: The device nodes of the job's GPUs on this node (comma-separated): the only GPU devices its
 #: cgroup lets it open (`/dev/nvidiaN` on NVML nodes; nodes under the work dir on simulated ones).
 GPU_DEVICES = "GPUSCHED_GPU_DEVICES"
+#: A MIG job: its slices of its one GPU (indices of the GPU's geometry, comma-separated); its
+#: slices' devices are in GPUSCHED_GPU_DEVICES after the GPU's, CUDA_VISIBLE_DEVICES their MIG UUIDs.
+MIG_SLICES = "GPUSCHED_MIG_SLICES"
 #: A fractional job (`--gpu-fraction`, `--gpu-memory`): its share of its one GPU, and the GPU
 #: memory (MiB) that share is (also CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; docs/gpu-sharing.md).
 GPU_SHARE = "GPUSCHED_GPU_SHARE"
