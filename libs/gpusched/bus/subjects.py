@@ -54,7 +54,7 @@ CMD_FOLD = "gpusched.cmd.fold"
 CMD_MIG = "gpusched.cmd.mig"
 CMD_ANY = "gpusched.cmd.>"
 #: Command kinds as the subject names them, and those a tenant or platform may send.
-COMMAND_KINDS = ("submit", "cancel", "quota", "drain", "restore", "hold", "update", "label")
+COMMAND_KINDS = ("submit", "cancel", "quota", "drain", "restore", "hold", "update", "label", "mig")
 TENANT_COMMANDS = ("submit", "cancel", "hold", "update")
 
 #: Request/reply subject of the quota ledger's team standings (read models, not facts).
