@@ -101,6 +101,8 @@ def publish_cases(who: str) -> dict[str, bool]:
         subjects.CMD_QUOTA + ".someone": admin or role == "dashboard",
         subjects.CMD_DRAIN: admin or role == "dashboard",
         subjects.CMD_FOLD: admin or role == "dashboard",  # the fold's settings: admin's alone
+        subjects.CMD_MIG: admin or role == "dashboard",  # a GPU's MIG geometry: admin's alone
+        "gpusched.cmd.mig.nlp.alice": admin,
         "gpusched.ctl.placement": admin or role == "dashboard",
         subjects.Q_SHARES: admin or role == "dashboard",  # every team's standing: not a tenant's to read
         # reads through the reader service: a tenant's or platform's own team(s) and name only
