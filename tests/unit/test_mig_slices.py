@@ -209,3 +209,12 @@ def test_submit_mig_takes_a_profile_and_a_count():
         submit_args("--mig", "big")
     with pytest.raises(SystemExit, match="exclusive"):
         submit_args("--mig", "1g.10gb", "--gpu-fraction", "0.5")
+
+
+def test_seven_one_slice_jobs_hold_exactly_one_gpu():
+    st = cluster(gpus=1)
+    partition(st, 0, ["1g.10gb"] * 7)
+    for i in range(7):
+        submit(st, f"m{i}", mig="1g.10gb")
+    run_cycle(st, 2)
+    assert len(st.running) == 7 and st.teams["a"].held == 1  # an int: no drift from sevenths

@@ -63,8 +63,9 @@ def profile_slices(name: str) -> int:
 
 def slice_share(profile: str, count: int = 1) -> float:
     """What `count` slices of `profile` are charged, as a share of one GPU: their compute slices
-    of its 7 (fair share and accounting count a `1g.10gb` as 1/7 of a GPU)."""
-    return round(min(1.0, count * profile_slices(profile) / COMPUTE_SLICES), 6)
+    of its 7 (fair share and accounting count a `1g.10gb` as 1/7 of a GPU). Not rounded here:
+    the fold's sums round (`state.gpu_count`), so seven 1/7 slices hold exactly one GPU."""
+    return min(1.0, count * profile_slices(profile) / COMPUTE_SLICES)
 
 
 def slice_uuid(gpu_uuid: str, index: int) -> str:
