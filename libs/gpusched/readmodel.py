@@ -14,7 +14,7 @@ import msgspec
 
 from .core import events as ev
 from .core.model import split_gpu_id
-from .core.state import ClusterState, Job
+from .core.state import ClusterState, Job, gpu_count
 
 _DIGITS = re.compile(r"(\d+)")
 
@@ -83,13 +83,13 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "idle": msgspec.to_builtins(job.idle) if job.idle else None,
         "idle_requeues": job.idle_requeues,
         "yielded_idle": job.yielded_idle,
-        "gpu_s": _gpu_s(*job.gpu_seconds(state.now), state.now, len(job.gpus),
-                        len(job.gpus) if job.idle is not None else 0),
+        "gpu_s": _gpu_s(*job.gpu_seconds(state.now), state.now, gpu_count(job.weight),  # a share, a slice: its part
+                        gpu_count(job.weight) if job.idle is not None else 0),
     }
     return doc
 
 
-def _gpu_s(held: float, busy: float, at: float, gpus: int, idle_gpus: int) -> dict[str, Any]:
+def _gpu_s(held: float, busy: float, at: float, gpus: int | float, idle_gpus: int | float) -> dict[str, Any]:
     """Held and busy GPU-seconds as of `at`, and what accrues after it (`accounting` extrapolates)."""
     return {"held": round(held, 3), "busy": round(busy, 3), "at": at, "gpus": gpus, "idle_gpus": idle_gpus}
 

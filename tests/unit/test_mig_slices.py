@@ -218,3 +218,21 @@ def test_seven_one_slice_jobs_hold_exactly_one_gpu():
         submit(st, f"m{i}", mig="1g.10gb")
     run_cycle(st, 2)
     assert len(st.running) == 7 and st.teams["a"].held == 1  # an int: no drift from sevenths
+
+
+def test_show_says_what_frees_a_waiting_mig_job_and_bills_a_running_one_its_sevenths():
+    from gpusched.policy.explain import explain_pending
+    from gpusched.readmodel import accounting, job_doc
+
+    st = cluster(gpus=1)
+    partition(st, 0, ["3g.40gb"])
+    submit(st, "a", mig="3g.40gb")
+    submit(st, "b", mig="3g.40gb")
+    run_cycle(st, 2)
+    why = explain_pending(st, "b", 3)
+    assert why["summary"] == "waiting for a free MIG 3g.40gb slice on one GPU"
+    assert why["unblock"] == ["1 free 3g.40gb slice(s) on one GPU: held by a, or an admin's `gpusched mig set` "
+                              "with 3g.40gb slices on an idle MIG GPU"]
+    doc = job_doc(st, st.jobs["a"])
+    assert (doc["mig"], doc["mig_slices"], doc["gpu_share"]) == ("3g.40gb", [0], pytest.approx(3 / 7))
+    assert accounting(doc, now=2 + 7 * 3600)["gpu_hours_held"] == pytest.approx(3.0)  # 7 h of 3/7 of a GPU

@@ -295,6 +295,8 @@ def _unblock(state: ClusterState, job: Job, out: dict[str, Any]) -> list[str]:
     if "impossible" in out["topology"]:
         unblock.append(f"it can never fit: {out['topology']['impossible']} (lower its size or relax "
                        f"topology.required={spec.topology.required})")
+    elif spec.sliced:
+        unblock.append(_slices_unblock(state, job))
     elif not fits_now and best is not None:
         short = best["short"]
         where = "" if level == "cluster" else f" in {level} {best['domain']}"
@@ -315,6 +317,17 @@ def _unblock(state: ClusterState, job: Job, out: dict[str, Any]) -> list[str]:
     if state.placement_degraded:
         unblock.append("placement is degraded: the naive fallback places first-free GPUs")
     return unblock
+
+
+def _slices_unblock(state: ClusterState, job: Job) -> str:
+    """What frees a MIG job's slices: a job on slices of its profile ending, or the admin laying
+    out such slices on an idle GPU (placement never changes a geometry)."""
+    spec = job.spec
+    holders = sorted({j for rec in state.gpus.values() for i, j in rec.slices.items()
+                      if i < len(rec.geometry) and rec.geometry[i] == spec.mig})
+    held = f": held by {', '.join(holders[:5])}" if holders else ""
+    return (f"{spec.mig_count} free {spec.mig} slice(s) on one GPU{held}, or an admin's `gpusched mig set` "
+            f"with {spec.mig} slices on an idle MIG GPU")
 
 
 def _over_share(state: ClusterState, team: str) -> bool:
