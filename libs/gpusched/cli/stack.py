@@ -680,9 +680,7 @@ def register(sub) -> None:
     up.add_argument("--gpu-types", default=None, metavar="COUNT:MODEL,...",
                     help="a mixed cluster: each simulated node's GPU model in order, e.g. 2:H100,2:A100 "
                          "(sets --nodes; docs/gpu-pools.md)")
-    up.add_argument("--mig", action="store_true", default=False,
-                    help="the simulated A100/H100 GPUs are in MIG mode (their published profiles): an admin lays out "
-                         "slices with `gpusched mig set`, jobs ask for them with `submit --mig` (docs/gpu-sharing.md#mig-slices)")
+    up.add_argument("--mig", action="store_true", help="simulated A100/H100 GPUs in MIG mode: `gpusched mig set`")
     up.add_argument("--nodes-per-rack", type=int, default=4, help="simulated nodes per rack (default 4)")
     up.add_argument("--nvlink", choices=["all", "pairs", "quads", "none"], default="all",
                     help="NVLink layout inside a simulated node (default: all)")
