@@ -14,7 +14,8 @@ import msgspec
 
 from .core import events as ev
 from .core.model import split_gpu_id
-from .core.state import ClusterState, Job, gpu_count
+from .core.records import gpu_count
+from .core.state import ClusterState, Job
 
 _DIGITS = re.compile(r"(\d+)")
 

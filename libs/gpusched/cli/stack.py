@@ -296,6 +296,8 @@ class Stack:
                           "--checkpoint-root", str(self.data_dir / "work" / "checkpoints")],
         }
         env: dict[str, dict[str, str]] = {}
+        if a.node_timeout_s is not None:  # the agents' fences must fire before the reconciler's timeout
+            env["nodeagent"] = {"GPUSCHED_NODE_TIMEOUT_S": f"{a.node_timeout_s:g}"}
         if "dashboard" in wanted and registry.available("dashboard"):
             from gpusched.services.dashboard.guard import new_token
 
@@ -673,17 +675,24 @@ def cmd_service_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    up = sub.add_parser("up", help="start NATS, Redis, every service and simulated nodes on this machine")
+def _cluster_arguments(up: argparse.ArgumentParser) -> None:
+    """`up`'s simulated cluster: its nodes, their GPUs and how they are laid out."""
     up.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
     up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
     up.add_argument("--gpu-types", default=None, metavar="COUNT:MODEL,...",
                     help="a mixed cluster: each simulated node's GPU model in order, e.g. 2:H100,2:A100 "
                          "(sets --nodes; docs/gpu-pools.md)")
-    up.add_argument("--mig", action="store_true", help="simulated A100/H100 GPUs in MIG mode: `gpusched mig set`")
+    up.add_argument("--mig", action="store_true",
+                    help="the simulated A100/H100 GPUs are in MIG mode, offering their published profiles: an admin "
+                         "lays out slices with `gpusched mig set` (docs/gpu-sharing.md#mig-slices)")
     up.add_argument("--nodes-per-rack", type=int, default=4, help="simulated nodes per rack (default 4)")
     up.add_argument("--nvlink", choices=["all", "pairs", "quads", "none"], default="all",
                     help="NVLink layout inside a simulated node (default: all)")
+
+
+def register(sub) -> None:
+    up = sub.add_parser("up", help="start NATS, Redis, every service and simulated nodes on this machine")
+    _cluster_arguments(up)
     up.add_argument("--nats", default=None,
                     help="use this NATS server (or cluster: a comma-separated seed list) instead of starting one")
     up.add_argument("--nats-cluster", type=int, default=1, metavar="N",
@@ -729,7 +738,8 @@ def register(sub) -> None:
     up.add_argument("--node-mem", default=None, metavar="SIZE",
                     help="memory each simulated node offers jobs, like 64G (default: not declared)")
     up.add_argument("--node-timeout-s", type=float, default=None, metavar="S",
-                    help="reconciler: a node silent this long is lost and its jobs requeued (default 30)")
+                    help="a node silent this long is lost and its jobs requeued (reconciler); the node agents "
+                         "fence their jobs before it (default 30)")
     up.add_argument("--no-process-grace-s", type=float, default=None, metavar="S",
                     help="reconciler: a running job its node's heartbeats show without a process this long is "
                          "requeued or failed (default 60)")

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import events as ev
-from . import rules
-from .mig import slice_share
-from .model import GpuId
+from .. import events as ev
+from .. import rules
+from ..mig import slice_share
+from ..model import GpuId
+from ..records import Job
+from .checks import violate
+from .holdings import refresh
 
 if TYPE_CHECKING:
-    from .state import ClusterState, Job
+    from ..state import ClusterState
 
 
 def on_geometry(st: ClusterState, e: ev.MigGeometrySet) -> None:
@@ -21,14 +24,14 @@ def on_geometry(st: ClusterState, e: ev.MigGeometrySet) -> None:
     held anyway (an operator's own append) is recorded as broken and left as it was."""
     rec = st.gpus.get(e.gpu)
     if rec is None:
-        st._violate("unknown_gpu", f"MIG geometry of unknown GPU {e.gpu}", [], [e.gpu])
+        violate(st, "unknown_gpu", f"MIG geometry of unknown GPU {e.gpu}", [], [e.gpu])
         return
     if rec.occupied:
-        st._violate("geometry_of_busy_gpu", f"MIG geometry of GPU {e.gpu} while {st.gpu_blocker(e.gpu)}",
+        violate(st, "geometry_of_busy_gpu", f"MIG geometry of GPU {e.gpu} while {st.gpu_blocker(e.gpu)}",
                     rec.holders, [e.gpu])
         return
     rec.geometry, rec.slices = list(e.profiles), {}
-    st._refresh(e.gpu)
+    refresh(st, e.gpu)
 
 
 def take_slices(st: ClusterState, job: Job, e: ev.GpusGranted) -> list[GpuId]:
@@ -37,21 +40,21 @@ def take_slices(st: ClusterState, job: Job, e: ev.GpusGranted) -> list[GpuId]:
     spec = job.spec
     assert spec.mig is not None
     if len(e.gpus) != 1 or len(e.slices) != spec.mig_count:
-        st._violate("slice_count", f"job {job.job_id} granted {len(e.slices)} slices of {len(e.gpus)} GPUs, "
+        violate(st, "slice_count", f"job {job.job_id} granted {len(e.slices)} slices of {len(e.gpus)} GPUs, "
                     f"asked {spec.mig_count} of one", [job.job_id], e.gpus)
         return []
     g = e.gpus[0]
     problem = rules.slice_problem(st, g, spec.mig, list(e.slices))
     rec = st.gpus.get(g)
     if problem is not None:
-        st._violate("unplaceable_slice", f"MIG slices {list(e.slices)} of GPU {g} granted to {job.job_id}: {problem}",
+        violate(st, "unplaceable_slice", f"MIG slices {list(e.slices)} of GPU {g} granted to {job.job_id}: {problem}",
                     [job.job_id], [g])
         if rec is None or not rec.geometry or any(i in rec.slices or i >= len(rec.geometry) for i in e.slices):
             return []
     assert rec is not None
     rec.slices = {**rec.slices, **{i: job.job_id for i in e.slices}}
     job.slices, job.share = list(e.slices), slice_share(spec.mig, spec.mig_count)
-    st._refresh(g)
+    refresh(st, g)
     return [g]
 
 
