@@ -36,6 +36,7 @@ bench: install
 	$(PY) bench/bench_cycle.py
 	$(PY) bench/bench_churn.py --nodes 1000 --rounds 10
 	$(PY) bench/bench_sim.py
+	$(PY) bench/bench_mig_placement.py
 	$(PY) bench/bench_e2e.py --quick
 	$(PY) bench/bench_sign.py --quick
 	$(PY) bench/bench_rss.py --quick

@@ -7,10 +7,14 @@ one GPU. Among the GPUs with enough free slices it packs: a GPU some job already
 untouched one (so the fewest GPUs are partly used and whole partitioned GPUs stay free for a
 later reconfiguration), then the one left with the fewest free slices (best fit), then the
 GPUs' order. A partitioned GPU is never in the pool of whole GPUs nor shared by fractions.
+
+`SliceIndex` keeps that order per profile for one cycle, so a job's pick is the first GPU of
+its profile's list that fits it, not a scan of every partitioned GPU.
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from typing import NamedTuple
 
 from ..core import rules
@@ -21,6 +25,9 @@ from .placement import Pool
 from .resources import room_on
 from .sharing import allowed_nodes
 
+#: A GPU's place in a profile's packing order: (untouched, free slices of the profile, order, GPU).
+Key = tuple[int, int, int, GpuId]
+
 
 class SlicePick(NamedTuple):
     gpu: GpuId
@@ -28,46 +35,68 @@ class SlicePick(NamedTuple):
     share: float  # what the slices are charged: their compute slices of the GPU's 7
 
 
-def partitioned(state: ClusterState) -> list[GpuId]:
-    """The GPUs with a MIG geometry, in the fold's order (a scan: only MIG jobs ask)."""
-    return [g for g, rec in state.gpus.items() if rec.geometry]
+class SliceIndex:
+    """One cycle's view of the partitioned GPUs: the slices it granted, the free slices left,
+    and per profile the placeable GPUs with free slices of it in packing order (built when a
+    job first asks for that profile, kept in step by `take`)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.gpus = [g for g, rec in state.gpus.items() if rec.geometry and rules.gpu_healthy(state, g)
+                     and not state.nodes[rec.node].partitioned]
+        self.order = {g: i for i, g in enumerate(self.gpus)}
+        self.taken: dict[GpuId, list[int]] = {}
+        self.free = sum(len(state.gpus[g].geometry) - len(state.gpus[g].slices) for g in self.gpus)
+        self._lists: dict[str, list[Key]] = {}
+        self._keys: dict[tuple[str, GpuId], Key] = {}
+
+    def _key(self, profile: str, g: GpuId) -> Key:
+        rec = self.state.gpus[g]
+        taken = self.taken.get(g, ())
+        return (0 if rec.slices or taken else 1, len(rec.free_slices(profile, taken)), self.order[g], g)
+
+    def ordered(self, profile: str) -> list[Key]:
+        """The GPUs with free slices of `profile`, in packing order."""
+        keys = self._lists.get(profile)
+        if keys is None:
+            keys = self._lists[profile] = []
+            for g in self.gpus:
+                k = self._key(profile, g)
+                if k[1]:
+                    keys.append(k)
+                    self._keys[(profile, g)] = k
+            keys.sort()
+        return keys
+
+    def take(self, g: GpuId, slices: list[int]) -> None:
+        """A grant of `slices` of `g`: every profile's order moves `g` to its new place."""
+        self.taken[g] = [*self.taken.get(g, []), *slices]
+        self.free -= len(slices)
+        for profile, keys in self._lists.items():
+            old = self._keys.pop((profile, g), None)
+            if old is not None:
+                keys.remove(old)
+            new = self._key(profile, g)
+            if new[1]:
+                insort(keys, new)
+                self._keys[(profile, g)] = new
 
 
-def pick(pool: Pool, spec: JobSpec, taken: dict[GpuId, list[int]], now: float | None,
-         gpus: list[GpuId] | None = None) -> SlicePick | None:
-    """The slices the job gets (None: no partitioned GPU has them free). `taken`: slices this
-    cycle granted already; `gpus`: the partitioned GPUs (`partitioned`)."""
+def pick(pool: Pool, spec: JobSpec, index: SliceIndex, now: float | None) -> SlicePick | None:
+    """The slices the job gets (None: no partitioned GPU has them free): the first GPU in its
+    profile's packing order with enough free slices, on a node its constraints, windows and
+    CPUs and memory allow."""
     assert spec.mig is not None
     state = pool.state
     ok = allowed_nodes(state, spec, now)
-    best: tuple[tuple[int, int, int], GpuId, list[int]] | None = None
-    for order, g in enumerate(partitioned(state) if gpus is None else gpus):
+    for _, free, _, g in index.ordered(spec.mig):
         rec = state.gpus[g]
-        if (ok is not None and rec.node not in ok) or not room_on(pool, rec.node, spec):
+        if free < spec.mig_count or (ok is not None and rec.node not in ok) or not room_on(pool, rec.node, spec):
             continue
-        free = rec.free_slices(spec.mig, taken.get(g, ()))
-        if len(free) < spec.mig_count:
-            continue
-        chosen = free[:spec.mig_count]
-        if rules.slice_problem(state, g, spec.mig, chosen, taken.get(g, ())) is not None:
-            continue
-        used = len(rec.slices) + len(taken.get(g, ()))
-        key = (0 if used else 1, len(free) - spec.mig_count, order)
-        if best is None or key < best[0]:
-            best = (key, g, chosen)
-    if best is None:
-        return None
-    return SlicePick(best[1], best[2], slice_share(spec.mig, spec.mig_count))
+        chosen = rec.free_slices(spec.mig, index.taken.get(g, ()))[:spec.mig_count]
+        if rules.slice_problem(state, g, spec.mig, chosen, index.taken.get(g, ())) is None:
+            return SlicePick(g, chosen, slice_share(spec.mig, spec.mig_count))
+    return None
 
 
-def spare(state: ClusterState, taken: dict[GpuId, list[int]], gpus: list[GpuId] | None = None) -> bool:
-    """Some partitioned GPU has a free slice (so a full pool of whole GPUs does not end the
-    queue's walk while MIG jobs might fit)."""
-    for g in partitioned(state) if gpus is None else gpus:
-        rec = state.gpus[g]
-        if len(rec.slices) + len(taken.get(g, ())) < len(rec.geometry):
-            return True
-    return False
-
-
-__all__ = ["SlicePick", "partitioned", "pick", "spare"]
+__all__ = ["SliceIndex", "SlicePick", "pick"]

@@ -27,7 +27,7 @@ from .config import PolicyConfig
 from .fairshare import limit_room
 from .guarantee import Firm
 from .memo import Indexes
-from .mig import SlicePick, partitioned
+from .mig import SliceIndex, SlicePick
 from .placement import Placement, Pool
 from .placer import Placer
 from .pools import PoolFirm, choices, pool_of_gpus, restrict_to, room_on
@@ -75,8 +75,7 @@ class CyclePlan:
         self.team_delta: dict[str, float] = {}
         self.pool_delta: dict[tuple[str, str], float] = {}  # (team, GPU pool) -> change this cycle
         self.share_load: dict[GpuId, float] = {}  # shared GPU -> its shares' sum, where this cycle changed it
-        self.slices_taken: dict[GpuId, list[int]] = {}  # partitioned GPU -> MIG slices granted this cycle
-        self._partitioned: list[GpuId] | None = None
+        self._slices: SliceIndex | None = None  # the partitioned GPUs' slices (when a MIG job asks)
         self.leaving: dict[str, float] = {}  # team -> GPUs of its jobs asked to yield
         self.incoming: dict[str, int] = {}  # team -> GPUs its blocked jobs claimed from `coming`
         self.inflight: dict[str, None] = {}  # running jobs asked to yield, in the order asked
@@ -196,11 +195,12 @@ class CyclePlan:
         self.started.append((job, [g]))
         self.reasons.pop(job.job_id, None)
 
-    def partitioned(self) -> list[GpuId]:
-        """The GPUs with a MIG geometry (looked up once a cycle, when a MIG job asks)."""
-        if self._partitioned is None:
-            self._partitioned = partitioned(self.ctx.state)
-        return self._partitioned
+    @property
+    def slices(self) -> SliceIndex:
+        """The partitioned GPUs' MIG slices as this cycle sees them (built once, when asked)."""
+        if self._slices is None:
+            self._slices = SliceIndex(self.ctx.state)
+        return self._slices
 
     def grant_slices(self, job: Job, pick: SlicePick, backfill: bool) -> None:
         """Start a MIG job on its slices of one partitioned GPU (`policy/mig.py`)."""
@@ -211,7 +211,7 @@ class CyclePlan:
         for pool in (self.pool, self.outside, self.coming):
             if pool is not None:
                 hold(pool, job.spec, [g])  # its CPUs and memory on the GPU's node
-        self.slices_taken[g] = [*self.slices_taken.get(g, []), *pick.slices]
+        self.slices.take(g, pick.slices)
         self._count(job.team, pick.share)
         self._pool_count(job.team, [g], pick.share)
         self.status[job.job_id] = "granted"

@@ -142,7 +142,7 @@ def _consider_slices(plan: CyclePlan, ctx: Context, job: Job) -> None:
     slices are outside the pool of whole GPUs, and a geometry changes only by the admin."""
     spec = job.spec
     room = plan.share_room(job.team)
-    pick = mig.pick(plan.pool, spec, plan.slices_taken, ctx.now, plan.partitioned())
+    pick = mig.pick(plan.pool, spec, plan.slices, ctx.now)
     if pick is None:
         plan.note(job, NoFreeSlices(profile=spec.mig or "", count=spec.mig_count))
     elif room is not None and room < pick.share - rules.SHARE_SLACK:
@@ -153,8 +153,7 @@ def _consider_slices(plan: CyclePlan, ctx: Context, job: Job) -> None:
 
 def _shares_may_fit(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
     """A fractional or MIG job waits and some shared GPU or MIG slice has room: the walk goes on for it."""
-    return idx.shared > 0 and (sharing.spare(ctx.state, plan.share_load)
-                               or mig.spare(ctx.state, plan.slices_taken, plan.partitioned()))
+    return idx.shared > 0 and (sharing.spare(ctx.state, plan.share_load) or plan.slices.free > 0)
 
 
 def _all_reserved(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
