@@ -236,3 +236,13 @@ def test_show_says_what_frees_a_waiting_mig_job_and_bills_a_running_one_its_seve
     doc = job_doc(st, st.jobs["a"])
     assert (doc["mig"], doc["mig_slices"], doc["gpu_share"]) == ("3g.40gb", [0], pytest.approx(3 / 7))
     assert accounting(doc, now=2 + 7 * 3600)["gpu_hours_held"] == pytest.approx(3.0)  # 7 h of 3/7 of a GPU
+
+
+def test_mig_set_reads_one_profile_per_slice_or_none():
+    from gpusched.cli.commands import geometry_from_args
+    from gpusched.cli.main import build_parser
+
+    args = build_parser().parse_args(["mig", "set", "node00", "3", "3g.40gb,2g.20gb", "1g.10gb", "1G.10GB"])
+    assert (args.node, args.gpu, geometry_from_args(args.profiles)) == (
+        "node00", 3, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"])
+    assert geometry_from_args(["none"]) == [] and geometry_from_args(["whole"]) == []

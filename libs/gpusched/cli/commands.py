@@ -464,9 +464,16 @@ def cmd_restore(args: argparse.Namespace) -> int:
                 lambda r: f"GPU {args.gpu} back in service")
 
 
+def geometry_from_args(words: list[str]) -> list[str]:
+    """`mig set`'s profiles, one per slice, by spaces or commas; `none` (or `whole`): no slices."""
+    if [w.lower() for w in words] in (["none"], ["whole"]):
+        return []
+    return [p.strip().lower() for w in words for p in w.split(",") if p.strip()]
+
+
 def cmd_mig(args: argparse.Namespace) -> int:
     """Admin: a GPU's MIG slices (`MigGeometrySet`), only while nobody holds the GPU."""
-    profiles = [] if args.profiles in (["none"], ["whole"]) else [p for x in args.profiles for p in x.split(",") if p]
+    profiles = geometry_from_args(args.profiles)
     shown = ", ".join(profiles) or "whole (no slices)"
     return _run(args, lambda c: c.set_mig_geometry(args.node, args.gpu, profiles, reason=args.reason),
                 lambda r: f"GPU {args.node}/{args.gpu}: MIG geometry {shown} (seq {r.seq})")
