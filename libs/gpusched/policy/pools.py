@@ -14,10 +14,12 @@ A job with one type (or none) of a team without per-model terms is placed as bef
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+from ..core import rules
 from ..core.model import GpuId, JobSpec
-from ..core.pools import accepted, canonical_model, has_models, model_guaranteed, model_room, type_matches
+from ..core.pools import accepted, canonical_model, has_models, model_guaranteed, type_matches
 from ..core.state import ClusterState
 from .placement import Pool
 
@@ -80,9 +82,11 @@ def _typed(state: ClusterState, want: str) -> list[str]:
 
 
 def room_on(state: ClusterState, team: str, pool: str, held: float) -> int | None:
-    """GPUs of `pool` the team may still take under its per-model limit (None: no limit)."""
+    """Whole GPUs of `pool` a team holding `held` of them (shares count their share) may still
+    take under its per-model limit (None: no limit; the rule: `rules.limit_room`)."""
     t = state.teams.get(team)
-    return model_room(t.quota if t is not None else None, pool, held)
+    room = rules.limit_room(t.quota if t is not None else None, held, pool)
+    return None if room is None else math.floor(room + rules.SHARE_SLACK)
 
 
 def restrict_to(pool: Pool, choice: Choice) -> Pool:

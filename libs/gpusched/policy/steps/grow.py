@@ -16,6 +16,6 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         job = st.jobs[jid]
         if not plan.touchable(job) or len(job.gpus) >= job.spec.gpus:
             continue
-        add = grow_gpus(st, plan.pool, job, plan.room(job.team))
+        add = plan.within_model_limits(job.team, grow_gpus(st, plan.pool, job, plan.room(job.team)))
         if add:
             plan.grow(job, add)
