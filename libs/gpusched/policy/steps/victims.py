@@ -15,6 +15,7 @@ from ..memo import GpuGroups
 from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
+from ..pools import choices, pool_of_gpus
 from ..preemption import Remaining, choose_cpu_victims, choose_victims
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
@@ -37,6 +38,7 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
     buckets = _buckets(plan, ctx, job)
     if not buckets:
         return None
+    useful = useful_pools(plan, ctx, job)
     # Candidates: teams furthest over their share first, oldest start first within a bucket
     # (the ones past `min_runtime_s`); enough of them to choose well from, not all.
     cands: list[Job] = []
@@ -48,6 +50,8 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
                 break  # start order: the rest are younger still
             if not plan.touchable(v) or (mine is not None and las_queue(v.attained_gpu_s(now), config) <= mine):
                 continue
+            if useful is not None and useful.isdisjoint(pool_of_gpus(st, v.gpus)):
+                continue  # its GPUs are on pools the job is not tried on: taking it frees nothing for it
             cands.append(v)
             gathered += len(v.gpus)
             if len(cands) >= VICTIM_POOL and gathered >= 2 * want:
@@ -117,6 +121,13 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     return [b[3] for b in found]
 
 
+def useful_pools(plan: CyclePlan, ctx: Context, job: Job) -> set[str] | None:
+    """The GPU pools a job placed on pools (`pools.choices`) is tried on: a victim holding
+    nothing there frees nothing for it (None: the job is placed as before pools)."""
+    order = choices(ctx.state, job.spec, lambda p: plan.pool_held(job.team, p))
+    return None if order is None else {p for _, p in order}
+
+
 def _pooled(st, team: str) -> bool:
     t = st.teams.get(team)
     return t is not None and has_models(t.quota)
@@ -144,7 +155,9 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
     run + checkpoint + restore). The prediction grows as the borrower runs (run times are
     heavy-tailed), so one that overstays its prediction is asked later."""
     st = ctx.state
-    cands = [v for j in ctx.running.borrowers if plan.touchable(v := st.jobs[j])]
+    useful = useful_pools(plan, ctx, job)
+    cands = [v for j in ctx.running.borrowers if plan.touchable(v := st.jobs[j])
+             and (useful is None or not useful.isdisjoint(pool_of_gpus(st, v.gpus)))]
     if not cands:
         return None
     # The head's reservation already counts GPUs in flight: so does its claim on borrowers. A
