@@ -13,6 +13,7 @@ from gpusched.core.commands import SetTeamQuota
 from gpusched.core.model import JobSpec, ModelQuota, TeamQuota
 from gpusched.core.pools import canonical_model, parse_gpu_types
 from gpusched.core.state import ClusterState
+from gpusched.policy.explain import explain_pending
 from gpusched.services.admission import AdmissionConfig, Capacity, admit
 from gpusched.services.placement import PLACEMENT_KINDS
 from gpusched.services.preemptor import PREEMPTOR_KINDS
@@ -372,3 +373,28 @@ def test_the_writers_recheck_judges_a_preemption_on_the_victims_pool():
     # on A100, b holds 2 beyond its (zero) guarantee there: fair
     on_a100 = ev.PreemptionRequested(at=1, job_id="b2", for_job="j", reason="r", deadline=9)
     assert own_decisions(s.state, [on_a100], PREEMPTOR_KINDS) == [on_a100]
+
+
+# --- what `show` says of per-model terms (policy/explain.py) -----------------------------------
+
+def test_show_names_the_per_model_limit_that_stops_a_job_and_what_would_unblock_it():
+    s = mixed(("a", H100_CAP_2))
+    s.run("h2", ["h0/0", "h0/1"])
+    s.submit("j", 1, gpu_type="H100")
+    x = explain_pending(s.state, "j")  # before any cycle: no reason recorded yet
+    assert x["pools"]["at_limit"] == ["H100"] and x["summary"] == "team a at its per-model limit on H100"
+    assert "team a holds 2 of its per-model limit 2 on H100: 1 of its H100 GPUs must free up, or that limit be " \
+           "raised to 3" in x["unblock"]
+    s.submit("any", 1)  # untyped: the A100s are open to it, so no limit stops it
+    assert explain_pending(s.state, "any")["summary"] != "team a at its per-model limit on H100"
+
+
+def test_show_counts_what_may_be_reclaimed_per_model():
+    # a is at its total guarantee but under on H100: b's H100s are reclaimable for an H100 job,
+    # b's A100s never are (the job does not accept them), whatever the totals say
+    s = mixed(("a", SPLIT), ("b", A100_ONLY))
+    s.run("mine", ["a0/0", "a0/1", "a0/2", "a0/3"], team="a", preemptible=True)
+    s.run("b1", ["h0/0", "h0/1"], team="b", preemptible=True)
+    s.submit("j", 2, team="a", gpu_type="H100")
+    x = explain_pending(s.state, "j")
+    assert x["reclaimable_gpus"] == 2 and x["pools"]["under_guarantee"] == ["H100"]
