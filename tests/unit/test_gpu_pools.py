@@ -398,3 +398,14 @@ def test_show_counts_what_may_be_reclaimed_per_model():
     s.submit("j", 2, team="a", gpu_type="H100")
     x = explain_pending(s.state, "j")
     assert x["reclaimable_gpus"] == 2 and x["pools"]["under_guarantee"] == ["H100"]
+
+
+def test_an_elastic_job_grows_and_a_share_lands_only_within_the_per_model_limit():
+    s = mixed(("a", H100_CAP_2))
+    s.run("e", ["h0/0"], size=4, min_gpus=1)  # elastic, one H100 of its limit 2
+    s.cycle("full")  # nothing waits: it grows into one more H100, not three
+    assert s.state.jobs["e"].gpus == ["h0/0", "h0/1"]
+    s.submit("f", 1, gpu_fraction=0.5)  # a third H100, even half of one, is past the limit: an A100 then
+    s.cycle("full")
+    assert canonical_model(s.state.gpus[s.state.jobs["f"].gpus[0]].model) == "A100"
+    assert s.state.violations() == []

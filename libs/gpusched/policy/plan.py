@@ -20,7 +20,6 @@ from typing import Literal
 from ..core import events as ev
 from ..core import rules
 from ..core.model import GpuId
-from ..core.pools import canonical_model
 from ..core.reasons import Reason
 from ..core.state import ClusterState, Job
 from .backfill import Reservation
@@ -139,30 +138,6 @@ class CyclePlan:
     def share_room(self, team: str) -> float | None:
         """GPUs, shares of GPUs included, the team may still take under its limit (None: no limit)."""
         return limit_room(self.ctx.state, team, self.held(team))
-
-    def model_share_room(self, team: str, pool: str) -> float | None:
-        """GPUs of `pool`, shares included, the team may still take under its per-model limit
-        there (None: no limit; the rule: `rules.limit_room`)."""
-        t = self.ctx.state.teams.get(team)
-        return rules.limit_room(t.quota if t is not None else None, self.pool_held(team, pool), pool)
-
-    def within_model_limits(self, team: str, gpus: list[GpuId]) -> list[GpuId]:
-        """`gpus` (in order) less those that would take the team past its per-model limit on
-        their pool (an elastic job's growth, `steps/grow`)."""
-        st = self.ctx.state
-        t = st.teams.get(team)
-        if t is None or not t.quota.models:
-            return gpus
-        left: dict[str, int | None] = {}
-        out = []
-        for g in gpus:
-            p = canonical_model(st.gpus[g].model)
-            r = left[p] if p in left else room_on(st, team, p, self.pool_held(team, p))
-            if r is None or r > 0:
-                out.append(g)
-                r = None if r is None else r - 1
-            left[p] = r
-        return out
 
     def job_room(self, job: Job) -> int | None:
         """GPUs `job` may still take: its team's limit room and, for a non-preemptible job where

@@ -21,7 +21,7 @@ from ..eligibility import array_full, not_eligible
 from ..ordering import QueueIndex
 from ..placement import Placement
 from ..plan import Context, CyclePlan
-from ..pools import choices, pools
+from ..pools import choices, limit_left, pools
 from ..predict import predicted_free
 from .reservation import due_soon, head_reservation
 
@@ -114,7 +114,7 @@ def _consider_share(plan: CyclePlan, ctx: Context, job: Job) -> None:
     barred: set[str] = set()
     while (pick := _share_pick(plan, ctx, spec, frozenset(barred))) is not None:
         pool = rules.pool_of(ctx.state, [pick.gpu])
-        left = plan.model_share_room(job.team, pool) if pool is not None else None
+        left = limit_left(ctx.state, job.team, pool, plan.pool_held(job.team, pool)) if pool is not None else None
         if left is None or left >= pick.share - rules.SHARE_SLACK:
             break
         barred.add(pool)  # type: ignore[arg-type]
