@@ -141,13 +141,6 @@ def fair_between(victim_team: str, victim: Standing, for_team: str, beneficiary:
     return not (victim[0] <= victim[1] and beneficiary[0] >= beneficiary[1])
 
 
-def fair_preemption(victim_team: str, victim_quota: TeamQuota | None, victim_held: float,
-                    for_team: str, for_quota: TeamQuota | None, for_held: float) -> bool:
-    """`fair_between` on the teams' totals."""
-    return fair_between(victim_team, judged_on(victim_quota, victim_held, {}, None),
-                        for_team, judged_on(for_quota, for_held, {}, None))
-
-
 def work_since_checkpoint(job: Job, at: float) -> float:
     """GPU-seconds a job loses if it stops at `at`: since its last checkpoint of this attempt,
     or its start."""
@@ -384,6 +377,6 @@ def freed_by(state: ClusterState, events: Iterable[ev.Event]) -> set[GpuId]:
     return out
 
 
-__all__ = ["SHARE_SLACK", "BatchCheck", "Standing", "broken_limit", "fair_between", "fair_preemption", "freed_by", "gang_floor",
+__all__ = ["SHARE_SLACK", "BatchCheck", "Standing", "broken_limit", "fair_between", "freed_by", "gang_floor",
            "gang_size_ok", "gpu_healthy", "gpu_placeable", "judged_on", "limit_room", "over_limit", "pool_of",
            "share_problem", "work_since_checkpoint"]
