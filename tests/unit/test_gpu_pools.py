@@ -278,8 +278,8 @@ LATER = 1000.0  # past `min_runtime_s`: the running jobs may be taken
 # name: (team a's quota, team b's quota, what runs (job, team, GPUs, preemptible), a's job's spec,
 #        the jobs asked to yield for it)
 RECLAIM_CASES = {
-    "under its H100 guarantee, a reclaims H100s from b, over its own (zero) H100 guarantee, "
-    "though a is at its total and b under its": (
+    # a is at its total (4 A100 of 2 H100 + 2 A100), b under its (4 H100 of 4 A100)
+    "under its H100 guarantee it reclaims H100s from a team over its own, whatever the totals": (
         SPLIT, A100_ONLY,
         [("mine", "a", ["a0/0", "a0/1", "a0/2", "a0/3"], True),
          ("b1", "b", ["h0/0", "h0/1"], True), ("b2", "b", ["h0/2", "h0/3"], True)],
