@@ -6,7 +6,7 @@ SIGUSR1 to SDK processes), a checkpoint the job acknowledges becomes `Checkpoint
 reports what only it can see: `JobStarted`, exits (`JobCompleted`, a requeue as
 `GpusReleased(process_failed)`, or `JobFailed`: `runs.exit_event`), and heartbeats with the GPUs'
 state on core NATS (`registration.Registration`). After a restart it adopts the runs an earlier
-daemon started (`adopt`, `adoption.py`); it answers node-control requests (`control.NodeControl`).
+daemon started (`adopt`, `adoption.py`); it answers node-control requests (`node_control.NodeControl`).
 
 Only the current attempt's exit is reported, and never the exit of a process the agent itself
 stopped. A multi-node job completes when its rank-0 process exits 0; any rank's non-zero exit
@@ -32,11 +32,11 @@ from gpusched.core.state import ClusterState, Job, stale_live
 from . import container, keeper, launcher
 from .acks import AckCoalescer, AckLimits
 from .adoption import reap, recorded_runs
+from .agent_config import AgentConfig
 from .backends import GpuBackend, gpus_with_mig
-from .config import AgentConfig
-from .control import NodeControl
 from .handshake import CheckpointHandshake
 from .launch import JobStarter, LaunchError, job_nodes, oom_detail, remove_confinement, sharers
+from .node_control import NodeControl
 from .registration import Registration
 from .runs import RunKey, RunningJob, RunRecords, exit_event
 

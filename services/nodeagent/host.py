@@ -24,9 +24,9 @@ from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal
 
 from . import fencing, keeper
 from .agent import NodeAgent
+from .agent_config import AgentConfig
 from .appends import AppendQueue, Build
 from .backends import GpuBackend
-from .config import AgentConfig
 from .launch import job_nodes
 from .readbarrier import VIEW_MAX_AGE_S, ReadBarrier
 

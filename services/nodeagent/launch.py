@@ -16,9 +16,9 @@ from gpusched.core.model import gpu_id
 from gpusched.core.state import ClusterState, Job, job_node_order
 
 from . import container, launcher
+from .agent_config import AgentConfig
 from .backends import GpuBackend, SimBackend
 from .cgroups import CgroupError, JobCgroup, remove_parent
-from .config import AgentConfig
 from .confine import cgroups_wanted, confine
 from .devices import GpuDevice, nvidia_control_allow, nvidia_devices, sim_devices
 from .users import NoJobUser

@@ -16,8 +16,8 @@ from gpusched.core.state import ClusterState
 from .runs import RunningJob
 
 if TYPE_CHECKING:
+    from .agent_config import AgentConfig
     from .backends import GpuBackend
-    from .config import AgentConfig
     from .host import NodeHost
 
 log = structlog.get_logger()

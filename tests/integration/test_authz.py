@@ -481,8 +481,8 @@ async def test_the_reconciler_resets_a_leaked_gpu_on_its_own_subject(people, nat
     """`reconciler --reset-leaked`: its ResetGpu, sent with its own identity on the reset subject,
     reaches node01's daemon and frees the leak; each reconciler subject takes only its own kind."""
     from gpusched.core.heartbeat import KillProcesses, NodeReply, ResetGpu
+    from gpusched.services.nodeagent.agent_config import AgentConfig
     from gpusched.services.nodeagent.backends import SimBackend
-    from gpusched.services.nodeagent.config import AgentConfig
     from gpusched.services.nodeagent.host import NodeHost
 
     host = NodeHost(await EventLog.open(nats_url, name="test-node", creds=people["gpu01"]), heartbeat_s=5)

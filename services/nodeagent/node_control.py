@@ -25,8 +25,8 @@ from .backends import SimBackend, process_alive
 from .logs import serve_log
 
 if TYPE_CHECKING:
+    from .agent_config import AgentConfig
     from .backends import GpuBackend
-    from .config import AgentConfig
     from .host import NodeHost
     from .runs import RunningJob
 
