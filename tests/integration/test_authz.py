@@ -19,7 +19,7 @@ import pytest
 from nats.js.errors import APIError
 
 from gpusched.bus import subjects
-from gpusched.bus.client import Client, NotPermitted
+from gpusched.bus.control_client import Client, NotPermitted
 from gpusched.bus.log import EventLog, connect
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
