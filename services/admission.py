@@ -850,11 +850,8 @@ class Admission:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser)
-    teams = parser.add_mutually_exclusive_group()
-    teams.add_argument("--auto-create-teams", action="store_true",
-                       help="a job of a team nobody created creates it with default terms (default: refused)")
-    teams.add_argument("--strict-teams", action="store_true",
-                       help="refuse jobs of teams nobody created (the default; kept for scripts)")
+    parser.add_argument("--auto-create-teams", action="store_true",
+                        help="a job of a team nobody created creates it with default terms (default: refused)")
     parser.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="refuse",
                         help="jobs without a command (simulated clusters only): refuse (default), bounded "
                              "(need a time limit or GPUSCHED_SIM_DURATION_S), any")
