@@ -145,7 +145,7 @@ def _restricted(pool: Pool, spec: JobSpec) -> Pool:
     the fold changes: a queue of jobs alike narrows once, and the copy keeps what it learned
     (`Pool.fails`)."""
     state = pool.state
-    key = (accepted(spec), tuple(sorted(spec.constraints.items())))
+    key = ("constraints", accepted(spec), tuple(sorted(spec.constraints.items())))
     at = (pool.changes, state.last_seq)
     hit = pool.narrowed.get(key)
     if hit is not None and hit[0] == at:

@@ -108,7 +108,9 @@ class Pool:
         #: node -> (CPUs, MiB) this cycle granted there less what it released (`resources.hold`)
         self.res: dict[str, tuple[float, int]] = {}
         self.changes = 0  # every change of a free count (`_bump`): what a memo of this pool checks
-        self.narrowed: dict[tuple, tuple[tuple[int, int], Pool]] = {}  # `eligibility.restrict`'s copies of it
+        #: Copies of this pool narrowed by a filter (`eligibility.restrict`, `resources.by_resources`),
+        #: by the filter's key, with the stamp of what they were narrowed on: the filter's memo.
+        self.narrowed: dict[tuple, tuple[tuple, Pool]] = {}
 
     def copy(self) -> Pool:
         p = Pool.__new__(Pool)
