@@ -176,7 +176,7 @@ async def test_an_injected_ack_gets_the_daemons_checksum_and_no_foreign_file(nat
 async def test_a_job_cannot_open_a_gpu_it_was_not_granted(nats_url, site):
     async with Cluster(nats_url, site) as c:
         host = await _start(c, site, ["r0"], 2)
-        devices = host.agents["r0"].devices
+        devices = host.agents["r0"].starter.devices
         assert set(devices) == {0, 1}
         script = f"cat {devices[0].path} > {OUT} 2>&1; cat {devices[1].path} >> {OUT} 2>&1; " \
                  f"echo $GPUSCHED_GPU_DEVICES >> {OUT}; true"

@@ -52,6 +52,7 @@ taking least from teams at or below their guarantee, then the cheapest, wins.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
@@ -122,22 +123,37 @@ def las_worth(v: Job, attained: float, for_attained: float, now: float, config: 
     return attained - for_attained > cost
 
 
-def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: float, config: PolicyConfig,
-                   candidates: list[Job], held: Callable[[str], float],
-                   fits: Callable[[Pool], bool], scope: GpuGroups | None,
-                   leaving: dict[str, float] | None = None, incoming: dict[str, int] | None = None,
-                   due: bool = False, left: Remaining | None = None, pool_view: PoolView | None = None) -> list[Job] | None:
-    """The victims to preempt so that `job` fits (`fits(pool)` after their GPUs return), or None.
-    `candidates` are already filtered for preemptibility and runtime; `scope`: the GPUs' groups
-    at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
-    team already asked to yield; `incoming`: GPUs per team already coming free for its blocked
-    jobs; `due`: the candidates yield whatever their rank (borrowed reservations), subject only
-    to the fold's rule and to the queue order (`_Rule.keeps_order`); `left`: predicted remaining
-    run times, for LAS, reclaim and borrowers (`preempt_predicted`); `pool_view`: a team's GPUs
-    on one GPU pool as the cycle sees them (`CyclePlan.pool_view`), for the teams whose
-    per-model terms judge a victim on its pool (None: totals only). `pool` may include GPUs
-    already coming free (in-flight preemptions). Within a group, free GPUs plus victims' GPUs are counted (exact at every level but a partial
-    NVLink domain); only the cheapest groups' sets are checked with a real placement."""
+@dataclass(frozen=True)
+class VictimSearch:
+    """One search for a blocked job's victims: what every candidate is weighed against."""
+
+    state: ClusterState
+    job: Job
+    now: float
+    config: PolicyConfig
+    held: Callable[[str], float]  # GPUs per team as the cycle has them
+    fits: Callable[[Pool], bool]  # whether the job fits on a pool (with the victims' GPUs back)
+    leaving: dict[str, float] = field(default_factory=dict)  # GPUs per team already asked to yield
+    incoming: dict[str, int] = field(default_factory=dict)  # GPUs per team coming free for its blocked jobs
+    #: The candidates yield whatever their rank (borrowed reservations), subject only to the
+    #: fold's rule and to the queue order (`_Rule.keeps_order`).
+    due: bool = False
+    #: Predicted remaining run times, for LAS, reclaim and borrowers (`preempt_predicted`).
+    left: Remaining | None = None
+    #: A team's GPUs on one GPU pool as the cycle sees them (`CyclePlan.pool_view`), for the
+    #: teams whose per-model terms judge a victim on its pool (None: totals only).
+    pool_view: PoolView | None = None
+
+
+def choose_victims(search: VictimSearch, pool: Pool, need: int, candidates: list[Job],
+                   scope: GpuGroups | None) -> list[Job] | None:
+    """The victims to preempt so that the job fits (`search.fits(pool)` after their GPUs
+    return), or None. `candidates` are already filtered for preemptibility and runtime; `scope`:
+    the GPUs' groups at the job's required topology level (None: the whole cluster). `pool` may
+    include GPUs already coming free (in-flight preemptions). Within a group, free GPUs plus
+    victims' GPUs are counted (exact at every level but a partial NVLink domain); only the
+    cheapest groups' sets are checked with a real placement."""
+    state, now, config = search.state, search.now, search.config
     if not candidates:
         return None
     # First, cheaply: can any group free enough at all? (Most searches end here.)
@@ -148,13 +164,12 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     # Only the candidates with GPUs in a feasible group are weighed (the same order, fewer to sort).
     within = [(v, per if per.keys() <= feasible else {key: k for key, k in per.items() if key in feasible})
               for v, per in zip(candidates, spread) if not feasible.isdisjoint(per)]
-    leaving = leaving or {}
     lost: dict[str, float] = {}  # work each loses since its last checkpoint
     groups: dict[object, list[tuple[Job, int]]] = {}  # per feasible group, its candidates in order
-    for v, per in _in_order(state, within, now, config, held, leaving, lost):
+    for v, per in _in_order(state, within, now, config, search.held, search.leaving, lost):
         for key, k in per.items():
             groups.setdefault(key, []).append((v, k))
-    rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now, left, pool_view)
+    rule = _Rule(search)
     options = []
     for key, group in groups.items():
         got = _greedy(rule, group, need - base.get(key, 0), lost)
@@ -168,20 +183,17 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
         for v in chosen:
             hyp.add(v.gpus)
             hold(hyp, v.spec, v.gpus, -1)
-        if fits(hyp):
+        if search.fits(hyp):
             return chosen
     return None
 
 
-def choose_cpu_victims(state: ClusterState, pool: Pool, job: Job, now: float, config: PolicyConfig,
-                       candidates: list[Job], held: Callable[[str], float], fits: Callable[[Pool], bool],
-                       leaving: dict[str, float] | None = None, incoming: dict[str, int] | None = None,
-                       left: Remaining | None = None, pool_view: PoolView | None = None) -> list[Job] | None:
+def choose_cpu_victims(search: VictimSearch, pool: Pool, candidates: list[Job]) -> list[Job] | None:
     """The victims for a job whose GPUs fit but whose CPUs or memory do not (`resources`): the
     candidates holding GPUs on the nodes short of them, in the candidates' order and under the
-    same rules as `choose_victims`, until `fits` holds with their GPUs, CPUs and memory back."""
-    rule = _Rule(state, job, config, held, leaving or {}, incoming or {}, False, now, left, pool_view)
-    short = set(short_nodes(pool, job.spec))
+    same rules as `choose_victims`, until `search.fits` holds with their GPUs, CPUs and memory back."""
+    rule = _Rule(search)
+    short = set(short_nodes(pool, search.job.spec))
     hyp = pool.copy()
     drop: Drop = {}
     chosen: list[Job] = []
@@ -195,7 +207,7 @@ def choose_cpu_victims(state: ClusterState, pool: Pool, job: Job, now: float, co
         rule.take(v, drop)
         hyp.add(v.gpus)
         hold(hyp, v.spec, v.gpus, -1)
-        if fits(hyp):
+        if search.fits(hyp):
             return chosen
     return None
 
@@ -248,19 +260,19 @@ def _group_counts(pool: Pool, candidates: list[Job], scope: GpuGroups | None,
 class _Rule:
     """May this victim be taken for the job, given what the set already takes from its team?"""
 
-    def __init__(self, state: ClusterState, job: Job, config: PolicyConfig, held, leaving, incoming, due,
-                 now: float = 0.0, left: Remaining | None = None, pool_view: PoolView | None = None) -> None:
-        self.state, self.job, self.held, self.leaving, self.due = state, job, held, leaving, due
-        self.pool_view = pool_view
-        self.pooled = pool_view is not None and has_models(_quota(state, job.spec.team))
-        self.config, self.now = config, now
+    def __init__(self, search: VictimSearch) -> None:
+        state, job, config, held, incoming = search.state, search.job, search.config, search.held, search.incoming
+        self.state, self.job, self.held, self.leaving, self.due = state, job, held, search.leaving, search.due
+        self.pool_view = search.pool_view
+        self.pooled = search.pool_view is not None and has_models(_quota(state, job.spec.team))
+        self.config, self.now = config, search.now
         self.rank = PRIORITY_RANK[job.spec.priority]
         self.priority = config.priority
         self.team = job.spec.team
         self.for_held = held(self.team) + incoming.get(self.team, 0)
         self._for_rank: tuple | None = None
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
-        self.left = left
+        self.left = search.left
         self._for_left: Estimate | None = None
 
     def outlasts(self, v: Job) -> bool:

@@ -60,7 +60,8 @@ def run(plan: CyclePlan, ctx: Context) -> None:
 def _may_start(plan: CyclePlan, ctx: Context, job: Job) -> bool:
     """A pending job this cycle has not started yet, eligible (not held, its dependencies met,
     its array below its limit), whose team's limit leaves room for its smallest start."""
-    if job.job_id in plan.status or not_eligible(ctx.state, job, ctx.now) is not None or array_full(plan, job):
+    if job.job_id in plan.status or not_eligible(ctx.state, job, ctx.now, plan.pool.topo) is not None \
+            or array_full(plan, job):
         return False
     room = plan.job_room(job)
     return room is None or room >= ctx.floor(job)

@@ -16,7 +16,7 @@ from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
 from ..pools import choices, pool_of_gpus
-from ..preemption import Remaining, choose_cpu_victims, choose_victims
+from ..preemption import Remaining, VictimSearch, choose_cpu_victims, choose_victims
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
 VICTIM_POOL = 48
@@ -60,11 +60,11 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
             break
     if gathered < want:
         return None
+    search = VictimSearch(st, job, now, config, plan.held, fits, plan.leaving, plan.incoming, left=remaining(ctx),
+                          pool_view=plan.pool_view)
     if isinstance(plan.reason_of(job), NoFreeCpuMem):  # its GPUs fit: victims that free CPUs or memory
-        return choose_cpu_victims(st, plan.pool, job, now, config, cands, plan.held, fits, plan.leaving,
-                                  plan.incoming, left=remaining(ctx), pool_view=plan.pool_view)
-    return choose_victims(st, plan.pool, job, need, now, config, cands, plan.held, fits, scope(ctx, job),
-                          plan.leaving, plan.incoming, left=remaining(ctx), pool_view=plan.pool_view)
+        return choose_cpu_victims(search, plan.pool, cands)
+    return choose_victims(search, plan.pool, need, cands, scope(ctx, job))
 
 
 def remaining(ctx: Context) -> Remaining | None:
@@ -164,9 +164,9 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
     # borrower predicted to end first is left to finish (`_Rule.outlasts`, asked last: only of
     # the borrowers a set would take).
     coming = plan.coming if plan.coming is not None else plan.pool
-    return choose_victims(st, coming, job, need, ctx.now, ctx.config, cands, plan.held, fits,
-                          scope(ctx, job), plan.leaving, plan.incoming, due=True, left=remaining(ctx),
-                          pool_view=plan.pool_view)
+    search = VictimSearch(st, job, ctx.now, ctx.config, plan.held, fits, plan.leaving, plan.incoming, due=True,
+                          left=remaining(ctx), pool_view=plan.pool_view)
+    return choose_victims(search, coming, need, cands, scope(ctx, job))
 
 
 def scope(ctx: Context, job: Job) -> GpuGroups | None:

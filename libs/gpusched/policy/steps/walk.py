@@ -61,7 +61,7 @@ def run(plan: CyclePlan, ctx: Context) -> None:
 
 def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
     """Start `job`, or record why it waits. True: a strict queue stops at its team's limit."""
-    barred = not_eligible(ctx.state, job, ctx.now) or array_full(plan, job)
+    barred = not_eligible(ctx.state, job, ctx.now, plan.pool.topo) or array_full(plan, job)
     if barred is not None:  # held, dependencies, array limit: it blocks nobody and is reserved nothing
         plan.note(job, barred)
         return False
@@ -309,7 +309,7 @@ def _tail(plan: CyclePlan, ctx: Context, idx: QueueIndex, processed: dict[str, N
         if budget is not None and budget <= 0:
             break  # the rest next cycle (see `Indexes.tail_reasons`)
         job = jobs[jid]
-        barred = not_eligible(st, job, ctx.now)
+        barred = not_eligible(st, job, ctx.now, plan.pool.topo)
         if barred is not None:  # never settled: a release or a dependency's end changes it
             if job.pending_why != barred:
                 plan.note(job, barred)
