@@ -27,8 +27,9 @@ async def _latencies(url: str, work: Path, jobs: int, confined: bool, image: str
     from gpusched.bus.log import EventLog
     from gpusched.core import events as ev
     from gpusched.core.model import JobSpec
-    from gpusched.services.nodeagent.agent import AgentConfig, NodeHost
+    from gpusched.services.nodeagent.agent_config import AgentConfig
     from gpusched.services.nodeagent.backends import SimBackend
+    from gpusched.services.nodeagent.host import NodeHost
     from gpusched.services.runtime import FoldedLog, append_cas
 
     node = "node02" if image else "node01" if confined else "node00"

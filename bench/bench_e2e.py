@@ -36,7 +36,7 @@ from pathlib import Path
 import msgspec
 from nats.js.api import StorageType, StreamConfig
 
-from gpusched.bus.client import Client
+from gpusched.bus.control_client import Client
 from gpusched.bus.log import MAX_BATCH, EventLog
 from gpusched.bus.servers import start_nats, start_redis
 from gpusched.cli.stack import simulated_nodes, spawn_service, stop_processes

@@ -33,7 +33,7 @@ async def inner(backlog: int, raw_n: int) -> None:
     """On the client host: raw rates, then the backlog; the result as one JSON line."""
     from bench_e2e import GrantWatch, raw_rates, wait_quiet
 
-    from gpusched.bus.client import Client
+    from gpusched.bus.control_client import Client
     from gpusched.bus.log import EventLog
     from gpusched.core.commands import SubmitJob
     from gpusched.core.model import JobSpec

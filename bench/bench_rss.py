@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from gpusched.bus import subjects
-from gpusched.bus.client import Client
+from gpusched.bus.control_client import Client
 from gpusched.bus.log import EventLog
 from gpusched.bus.servers import start_nats, start_redis
 from gpusched.cli.stack import register_simulated_nodes, spawn_service, stop_processes

@@ -135,8 +135,9 @@ async def check_agent(index: int) -> None:
     from gpusched.bus.servers import start_nats
     from gpusched.core import events as ev
     from gpusched.core.model import JobSpec
-    from gpusched.services.nodeagent.agent import AgentConfig, NodeHost
+    from gpusched.services.nodeagent.agent_config import AgentConfig
     from gpusched.services.nodeagent.backends import NvmlBackend
+    from gpusched.services.nodeagent.host import NodeHost
     from gpusched.services.runtime import FoldedLog, append_cas
 
     server = start_nats()

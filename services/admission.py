@@ -54,6 +54,7 @@ from gpusched.core.pools import canonical_model, model_guaranteed
 from gpusched.core.reasons import NoMatchingNode
 from gpusched.core.state import TERMINAL, ClusterState, Job
 from gpusched.policy.eligibility import constrained, matching, not_eligible, wants
+from gpusched.policy.placement import Topology
 from gpusched.policy.resources import never_fits
 from gpusched.services.runtime import FoldedLog, catch_up_after, notify_ready
 from gpusched.services.shell import common_arguments
@@ -233,6 +234,14 @@ class Capacity:
         self._key: tuple[int, int] | None = None
         self._largest: dict[str, int] = {}
         self._matching: dict[tuple, dict[str, int]] = {}
+        self._topology: Topology | None = None
+
+    def topology(self, state: ClusterState) -> Topology:
+        """The cluster's shape, which keeps the nodes matching each constraint (`eligibility.matching`)."""
+        t = self._topology
+        if t is None or t.nodes is not state.nodes or len(t.names) != len(state.nodes):
+            t = self._topology = Topology(state)
+        return t
 
     def largest(self, state: ClusterState) -> dict[str, int]:
         key = (len(state.nodes), len(state.gpus))
@@ -250,7 +259,7 @@ class Capacity:
             if len(self._matching) >= 256:
                 self._matching.clear()
             want = (spec.gpu_type or "").lower()
-            nodes = set(matching(state, spec))
+            nodes = set(matching(state, spec, self.topology(state)))
             self._matching[key] = self._count(state, (g for g in state.gpus.values()
                                                       if g.node in nodes and want in g.model.lower()))
         return self._matching[key]
@@ -310,10 +319,11 @@ def submit_problem(state: ClusterState, cmd: SubmitJob, config: AdmissionConfig,
     if problem:
         return problem
     if (spec.gpu_type is not None or spec.constraints) and state.gpus:
-        barred = not_eligible(state, Job("", spec, 0.0))
+        barred = not_eligible(state, Job("", spec, 0.0), topo=capacity.topology(state))
         if isinstance(barred, NoMatchingNode):
             return f"{barred.text} (nodes register their GPU model; labels: `gpusched node label`)"
-    never = never_fits(state, with_defaults(state, spec), matching(state, spec) if constrained(spec) else None)
+    never = never_fits(state, with_defaults(state, spec),
+                       matching(state, spec, capacity.topology(state)) if constrained(spec) else None)
     if never is not None:
         return f"{never.text}: ask less per node (--cpus, --mem) or spread the job over more nodes"
     need = spec.gang_min
@@ -888,11 +898,8 @@ class Admission:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser)
-    teams = parser.add_mutually_exclusive_group()
-    teams.add_argument("--auto-create-teams", action="store_true",
-                       help="a job of a team nobody created creates it with default terms (default: refused)")
-    teams.add_argument("--strict-teams", action="store_true",
-                       help="refuse jobs of teams nobody created (the default; kept for scripts)")
+    parser.add_argument("--auto-create-teams", action="store_true",
+                        help="a job of a team nobody created creates it with default terms (default: refused)")
     parser.add_argument("--placeholders", choices=["refuse", "bounded", "any"], default="refuse",
                         help="jobs without a command (simulated clusters only): refuse (default), bounded "
                              "(need a time limit or GPUSCHED_SIM_DURATION_S), any")

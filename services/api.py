@@ -32,7 +32,7 @@ import structlog
 from aiohttp import web
 
 from gpusched.bus import subjects
-from gpusched.bus.client import ControlPlaneUnavailable, new_request_id
+from gpusched.bus.control_client import ControlPlaneUnavailable, new_request_id
 from gpusched.bus.log import connect
 from gpusched.bus.memory import subject_matches
 from gpusched.core.commands import CancelJob, CommandReply, SubmitJob
@@ -97,7 +97,7 @@ class Api:
         return team
 
     def command_subject(self, caller: Caller, kind: str, team: str | None, on_behalf_of: str | None = None) -> str:
-        """The subject the caller uses over NATS (`bus.client.Client.subject`): admin's form for
+        """The subject the caller uses over NATS (`bus.control_client.Client.subject`): admin's form for
         admin, else the team form naming the caller (and, on behalf, the user)."""
         team = self.team_of(caller, team)
         if team is not None and on_behalf_of:

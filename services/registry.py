@@ -29,7 +29,7 @@ SERVICES: dict[str, Service] = {s.name: s for s in (
     Service("preemptor", "gpusched.services.preemptor", "preemption requests and releases"),
     Service("quota_ledger", "gpusched.services.quota_ledger", "team usage and standings (Redis, gpusched.q.shares)"),
     Service("reconciler", "gpusched.services.reconciler", "heartbeats vs allocations: lost nodes, zombies"),
-    Service("nodeagent", "gpusched.services.nodeagent", "node daemons (simulated GPUs unless NVML is found)"),
+    Service("nodeagent", "gpusched.services.nodeagent.main", "node daemons (simulated GPUs unless NVML is found)"),
     Service("projector", "gpusched.services.projector", "read models in Redis for the CLI and dashboard"),
     Service("dashboard", "gpusched.services.dashboard", "web dashboard"),
     Service("api", "gpusched.services.api", "the HTTP API (OpenAPI): the bus's commands and reads as each caller",

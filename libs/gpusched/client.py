@@ -11,7 +11,7 @@ it, read where it stands, with the schemas the bus uses (`JobSpec`, the events o
             print(type(event).__name__, event.at)
         print((await g.show(job_id))["state"])     # "completed", "failed", ...
 
-Commands go to admission (`gpusched.bus.client.Client`, which puts them on the subject the
+Commands go to admission (`gpusched.bus.control_client.Client`, which puts them on the subject the
 credentials may use). `watch` and `show` read the log as admin (or an auditor); a tenant's or a
 platform's credentials read through the reader service instead (`services/reader.py`), which
 answers for their own teams' jobs only: the same documents and events. A refusal raises
@@ -27,7 +27,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .bus.client import Client
+from .bus.control_client import Client
 from .bus.log import EventLog, identity_of
 from .core.events import Event
 from .core.model import JobSpec

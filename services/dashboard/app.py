@@ -241,7 +241,7 @@ async def api_job(request: web.Request) -> web.Response:
 
 
 def _client(request: web.Request):
-    from gpusched.bus.client import Client
+    from gpusched.bus.control_client import Client
 
     dash: Dashboard = request.app[DASH]
     return Client(dash.log.nc, timeout=5.0)
@@ -275,7 +275,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 
 async def api_submit(request: web.Request) -> web.Response:
-    from gpusched.bus.client import ControlPlaneUnavailable
+    from gpusched.bus.control_client import ControlPlaneUnavailable
 
     body = await _body(request)
     try:
@@ -292,7 +292,7 @@ async def api_submit(request: web.Request) -> web.Response:
 
 async def api_flood(request: web.Request) -> web.Response:
     """A burst of interactive jobs from one team (the chaos scene's flood)."""
-    from gpusched.bus.client import ControlPlaneUnavailable
+    from gpusched.bus.control_client import ControlPlaneUnavailable
 
     body = await _body(request)
     count = max(1, min(int(body.pop("count", 20)), 500))

@@ -1,7 +1,7 @@
-"""The node daemon: `agent.py` (agents and the host that runs them), `backends.py` (NVML and
-simulated GPUs), `launcher.py` (job processes), `heartbeat.py` (bus messages), `main.py`
-(entry points: `run_nodeagent`, `run_simulated_nodes`, `start_simulated_nodes`, `main`)."""
-
-from .main import add_arguments, main, run_nodeagent, run_simulated_nodes, serve, start_simulated_nodes
-
-__all__ = ["add_arguments", "main", "run_nodeagent", "run_simulated_nodes", "serve", "start_simulated_nodes"]
+"""The node daemon (imports nothing, so that e.g. the fence keeper's process stays small):
+`main.py` (entry points: `serve`, `run_nodeagent`, `run_simulated_nodes`, `main`), `host.py`
+(`NodeHost`: one connection and fold for one or many agents; its writer `appends.py`, its read
+barrier `readbarrier.py`), `agent.py` (`NodeAgent`: one node, following the log) with its
+concerns `launch.py`, `runs.py`, `handshake.py` (checkpoints), `adoption.py`, `node_control.py`,
+`registration.py`; `agent_config.py` (`AgentConfig`); `backends.py` (NVML and simulated GPUs);
+`launcher.py` (job processes); `fencing.py` and `keeper.py` (never two running copies)."""

@@ -24,7 +24,8 @@ from gpusched.job import env as E
 from .acks import Ack, AckLimits, checkpoint_sha256, read_acks
 
 if TYPE_CHECKING:
-    from .agent import NodeHost, RunningJob
+    from .host import NodeHost
+    from .runs import RunningJob
 
 log = structlog.get_logger()
 

@@ -38,11 +38,8 @@ from .procs import JobGroup
 LEASE, LOCK, LOG = "keeper.json", "keeper.lock", "keeper.log"
 #: How often the keeper looks at the lease (within the fence bound's slack: `FenceConfig.keeper_after_s`).
 TICK_S = 0.2
-#: The keeper runs without the package's __init__, which imports the whole daemon (1.5 s of CPU
-#: and 60 MB for a process that only watches a file): an empty package module, then this one.
-_BOOT = ("import sys, types; pkg = types.ModuleType('gpusched.services.nodeagent'); pkg.__path__ = [sys.argv[1]]; "
-         "sys.modules[pkg.__name__] = pkg; from gpusched.services.nodeagent.keeper import main; "
-         "sys.exit(main(sys.argv[3:]))")
+#: The keeper's process: this module alone (the package imports nothing), not the daemon.
+_BOOT = "import sys; from gpusched.services.nodeagent.keeper import main; sys.exit(main(sys.argv[2:]))"
 
 
 def _write_atomic(path: Path, obj: object) -> None:
@@ -108,7 +105,7 @@ class Keeper:
             return
         with open(self.runs / LOG, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(Path(__file__).parent), "gpusched-fence-keeper", str(self.runs)],
+                [sys.executable, "-c", _BOOT, "gpusched-fence-keeper", str(self.runs)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd="/", start_new_session=True)
 
     def release(self) -> None:

@@ -17,8 +17,9 @@ from gpusched.core.limits import size_mb
 from gpusched.core.model import nvlink_domains
 from gpusched.core.pools import parse_gpu_types, sim_memory_mb
 
-from .agent import AgentConfig, NodeHost, default_work_dir
+from .agent_config import AgentConfig, default_work_dir
 from .backends import BackendUnavailable, NvmlBackend, SimBackend
+from .host import NodeHost
 from .topology_source import TopologyUnavailable, from_host, from_kubernetes
 from .users import DEFAULT_UID_RANGE, parse_uid_range
 

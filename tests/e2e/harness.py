@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.bus.client import Client
+from gpusched.bus.control_client import Client
 from gpusched.bus.log import EventLog
 from gpusched.cli.stack import register_simulated_nodes, spawn_service, stop_processes
 from gpusched.core import events as ev
@@ -57,14 +57,14 @@ class Harness:
 
     # --- services -----------------------------------------------------------------------------
 
-    def start(self, name: str, *extra: str, alias: str | None = None) -> subprocess.Popen:
+    def start(self, name: str, *extra: str, alias: str | None = None, strict_teams: bool = False) -> subprocess.Popen:
         if name in ("placement", "fallback") and not any(a.startswith("--lease-ttl-ms") for a in extra):
             extra = (*extra, "--lease-ttl-ms", str(LEASE_TTL_MS))
         if name in ("placement", "preemptor") and not any(a.startswith("--policy-set") for a in extra):
             extra = (*extra, *FAST_POLICY)
         if name == "admission" and not any(a.startswith("--placeholders") for a in extra):
             extra = (*extra, "--placeholders", "any")  # the tests play the node daemon
-        if name == "admission" and "--strict-teams" not in extra and "--auto-create-teams" not in extra:
+        if name == "admission" and not strict_teams and "--auto-create-teams" not in extra:
             extra = (*extra, "--auto-create-teams")  # the tests submit to teams they never created
         key = alias or name
         proc = spawn_service(name, self.nats_url, self.redis_url, list(extra), log_path=self.tmp / f"{key}.log")

@@ -100,7 +100,7 @@ async def test_submit_is_idempotent_and_cancel_refuses_finished_jobs(harness):
 
 async def test_strict_teams_refuse_teams_without_quota(harness):
     h = harness
-    h.start("admission", "--strict-teams")
+    h.start("admission", strict_teams=True)
     await h.ready("admission")
     reply = await h.client.submit(JobSpec(team="ghost", gpus=1))
     assert not reply.ok and "unknown team 'ghost'" in reply.error

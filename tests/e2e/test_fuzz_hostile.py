@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.bus import subjects
-from gpusched.bus.client import Client
+from gpusched.bus.control_client import Client
 from gpusched.bus.servers import start_nats, start_redis
 from gpusched.cli.stack import register_simulated_nodes, spawn_service, stop_processes
 from gpusched.core import limits as L

@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from gpusched.bus import subjects
-from gpusched.bus.client import Client
+from gpusched.bus.control_client import Client
 from gpusched.bus.log import connect
 from gpusched.core.model import JobSpec
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.bus.client import Client
+from gpusched.bus.control_client import Client
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.core.state import ClusterState

@@ -14,8 +14,9 @@ from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.core.state import ClusterState, fold
-from gpusched.services.nodeagent.agent import AgentConfig, NodeHost
+from gpusched.services.nodeagent.agent_config import AgentConfig
 from gpusched.services.nodeagent.backends import SimBackend
+from gpusched.services.nodeagent.host import NodeHost
 from gpusched.services.runtime import FoldedLog, append_cas
 
 ROOT = Path(__file__).resolve().parents[2]

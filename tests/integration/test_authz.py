@@ -19,7 +19,7 @@ import pytest
 from nats.js.errors import APIError
 
 from gpusched.bus import subjects
-from gpusched.bus.client import Client, NotPermitted
+from gpusched.bus.control_client import Client, NotPermitted
 from gpusched.bus.log import EventLog, connect
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
@@ -483,8 +483,9 @@ async def test_the_reconciler_resets_a_leaked_gpu_on_its_own_subject(people, nat
     """`reconciler --reset-leaked`: its ResetGpu, sent with its own identity on the reset subject,
     reaches node01's daemon and frees the leak; each reconciler subject takes only its own kind."""
     from gpusched.core.heartbeat import KillProcesses, NodeReply, ResetGpu
-    from gpusched.services.nodeagent.agent import AgentConfig, NodeHost
+    from gpusched.services.nodeagent.agent_config import AgentConfig
     from gpusched.services.nodeagent.backends import SimBackend
+    from gpusched.services.nodeagent.host import NodeHost
 
     host = NodeHost(await EventLog.open(nats_url, name="test-node", creds=people["gpu01"]), heartbeat_s=5)
     backend = SimBackend(NODE, 2, "pairs")

@@ -114,7 +114,7 @@ async def test_a_checkpoint_request_signals_the_sdk_by_its_pid_inside_the_contai
 async def test_an_image_job_sees_only_its_granted_gpu(nats_url, site, tiny_image):
     async with Cluster(nats_url, site) as c:
         host = await _start(c, tiny_image)
-        devices = host.agents[NODE].devices
+        devices = host.agents[NODE].starter.devices
         script = (f'cat /dev/nvidia1; cat /dev/nvidia0; cat {devices[0].path}; echo "devices $GPUSCHED_GPU_DEVICES"; '
                   'true')
         job = await _run(c, "onegpu", in_image(tiny_image, script), f"{NODE}/1")

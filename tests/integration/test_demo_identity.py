@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.bus.client import Client
+from gpusched.bus.control_client import Client
 from gpusched.bus.log import EventLog
 from gpusched.cli import demo
 from gpusched.cli.stack import Stack

@@ -231,14 +231,14 @@ async def test_a_daemon_whose_view_of_the_log_is_not_fresh_starts_nothing(nats_u
     async with Cluster(nats_url, tmp_path) as c:
         host = await c.start_nodes(["v0"], gpus=2)
         assert host.fresh_view()
-        host.max_view_age_s = 0.0  # no confirmation is ever fresh enough
+        host.barrier.max_age_s = 0.0  # no confirmation is ever fresh enough
         await c.submit("jv", JobSpec(team="t", gpus=1, command=["sleep", "30"]))
         await c.grant("jv", ["v0/0"])
         await asyncio.sleep(1.0)  # five polls that retry the deferred launch
         await c.refold()
         assert c.state.jobs["jv"].state == "pending" or not c.state.jobs["jv"].nodes_started
         assert not c.events(ev.JobStarted, "jv") and ("jv", 1, 0) in host.agents["v0"].deferred
-        host.max_view_age_s = 2.0
+        host.barrier.max_age_s = 2.0
         await c.wait(lambda s: s.jobs["jv"].state == "running", "jv started once the view is fresh")
         await c.refold()
         assert len(c.events(ev.JobStarted, "jv")) == 1

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gpusched.bus.client import NotPermitted
+from gpusched.bus.control_client import NotPermitted
 from gpusched.client import Gpusched, Refused
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from gpusched.bus.client import Client, ControlPlaneUnavailable, NotPermitted
+from gpusched.bus.control_client import Client, ControlPlaneUnavailable, NotPermitted
 from gpusched.bus.log import connect
 from gpusched.core.model import JobSpec
 from gpusched.security import identity

@@ -177,7 +177,7 @@ async def test_an_injected_ack_gets_the_daemons_checksum_and_no_foreign_file(nat
 async def test_a_job_cannot_open_a_gpu_it_was_not_granted(nats_url, site):
     async with Cluster(nats_url, site) as c:
         host = await _start(c, site, ["r0"], 2)
-        devices = host.agents["r0"].devices
+        devices = host.agents["r0"].starter.devices
         assert set(devices) == {0, 1}
         script = f"cat {devices[0].path} > {OUT} 2>&1; cat {devices[1].path} >> {OUT} 2>&1; " \
                  f"echo $GPUSCHED_GPU_DEVICES >> {OUT}; true"
@@ -195,7 +195,7 @@ async def test_a_mig_job_cannot_open_another_slices_device(nats_url, site):
     async with Cluster(nats_url, site) as c:
         host = await _start(c, site, ["r0"], 1, mig=True)
         agent = host.agents["r0"]
-        caps = agent.slice_devices
+        caps = agent.starter.slice_devices
         await c.append(ev.MigGeometrySet(at=time.time(), gpu="r0/0", profiles=["1g.10gb", "1g.10gb"]))
         script = f"cat {caps[(0, 0)].path} > {OUT} 2>&1; cat {caps[(0, 1)].path} >> {OUT} 2>&1; " \
                  f"echo $CUDA_VISIBLE_DEVICES $GPUSCHED_MIG_SLICES $GPUSCHED_GPU_DEVICES >> {OUT}; true"
@@ -207,7 +207,7 @@ async def test_a_mig_job_cannot_open_another_slices_device(nats_url, site):
         assert "Operation not permitted" in lines[0], lines  # slice 0: the cgroup refuses it
         assert "No such device or address" in lines[1], lines  # slice 1: its own
         mig_uuid = slice_uuid(agent.uuids[0], 1)
-        assert lines[2] == f"{mig_uuid} 1 {agent.devices[0].path},{caps[(0, 1)].path}"
+        assert lines[2] == f"{mig_uuid} 1 {agent.starter.devices[0].path},{caps[(0, 1)].path}"
         assert (await c.refold()).violations() == []
 
 

@@ -144,7 +144,7 @@ def _service_args(module, nats_url, redis_url, *argv):
 async def test_real_services_continue_the_submit_trace(nats_url, redis_url, spans):
     """The real admission and placement services: the client's submit span is the root of the
     trace that contains admission's span and placement's grant."""
-    from gpusched.bus.client import Client
+    from gpusched.bus.control_client import Client
     from gpusched.services import admission, placement
 
     log = await EventLog.open(nats_url, name="setup")

@@ -257,7 +257,7 @@ def test_a_node_daemon_has_its_kill_grace_on_top_of_the_stop_grace():
     import argparse
 
     from gpusched.cli.stack import NODE_KILL_GRACE_S, STOP_TIMEOUT_S
-    from gpusched.services.nodeagent import add_arguments
+    from gpusched.services.nodeagent.main import add_arguments
     from gpusched.services.shell import STOP_GRACE_S, stop_grace_s
 
     parser = argparse.ArgumentParser()

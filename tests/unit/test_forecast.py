@@ -13,7 +13,7 @@ from gpusched.policy.forecast import forecast
 from gpusched.policy.memo import Indexes
 from gpusched.policy.predict import RuntimePredictor
 from gpusched.sim.engine import Cluster, Simulation
-from gpusched.sim.runtime import IDEAL
+from gpusched.sim.runtime_model import IDEAL
 from gpusched.sim.traces import TraceJob
 
 from .policy_helpers import Scenario, gpus

@@ -388,7 +388,7 @@ def test_an_operator_restores_a_quarantined_gpu(gpu, quarantine, ok, error):
 
 def _sim(config):
     from gpusched.sim.engine import Cluster, Simulation
-    from gpusched.sim.runtime import IDEAL
+    from gpusched.sim.runtime_model import IDEAL
     from gpusched.sim.traces import TraceJob
 
     jobs = [TraceJob("nb", 0.0, 36000.0, 2, "lab", "interactive", False, util_pct=0.0),

@@ -12,7 +12,6 @@ from gpusched.core import events as ev
 from gpusched.core.heartbeat import SCHEMAS, GpuSample, Heartbeat, JobReport
 from gpusched.core.model import GpuInfo, JobSpec
 from gpusched.core.state import fold
-from gpusched.services.nodeagent.agent import exit_event
 from gpusched.services.nodeagent.backends import (
     BackendUnavailable,
     NvmlBackend,
@@ -22,6 +21,7 @@ from gpusched.services.nodeagent.backends import (
     normalize_bus_id,
 )
 from gpusched.services.nodeagent.launcher import Launch, job_env, master_port
+from gpusched.services.nodeagent.runs import exit_event
 from gpusched.services.reconciler import Observations, ReconcilerConfig, decide
 
 # --- NVLink domains from NVML topology answers ------------------------------------------------

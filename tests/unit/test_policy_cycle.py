@@ -17,11 +17,6 @@ def _big_head(s: Scenario) -> None:
     s.submit("small", 2, at=2)
 
 
-def _topology(s: Scenario) -> None:
-    s.run("x", gpus("r0n0", 0, 1))
-    s.submit("four", 4, at=1)
-
-
 def _limit(s: Scenario) -> None:
     s.team("capped", limit=4)
     s.run("x", gpus("r0n0", 0, 1, 2), team="capped")
@@ -42,8 +37,6 @@ CASES = {
         _big_head, "gang", {"small": "nvlink"}, {"big": "waiting for 16 GPUs; 10 free"}),
     "full: the small job may not take the head's reservation": (
         _big_head, "full", {}, {"big": "waiting for 16 GPUs; 12 free; GPUs reserved", "small": "would delay"}),
-    "naive placement takes the first free GPUs": (_topology, "gang", {"four": "nvlink"}, {}),
-    "topology placement keeps the whole node free": (_topology, "topo", {"four": "nvlink"}, {}),
     "never over a team's hard limit": (
         _limit, "fairshare", {"other": None}, {"over": "team capped at its limit 4"}),
     "grants within one cycle never reuse a GPU": (
@@ -67,6 +60,18 @@ def test_cycle(name):
         assert s.state.jobs[job].pending_reason.startswith(prefix), s.state.jobs[job].pending_reason
     # Nothing changed: the next cycle appends nothing, not even a JobPending.
     assert s.cycle(preset) == []
+
+
+@pytest.mark.parametrize("preset, want", [
+    ("gang", gpus("r0n0", 0, 1, 2, 3)),  # naive: the first free GPUs, breaking the whole free node
+    ("topo", gpus("r0n1", 2, 3, 4, 5)),  # topology: the partly used node, r0n0 stays whole
+])
+def test_naive_takes_the_first_free_gpus_and_topology_keeps_a_whole_node_free(preset, want):
+    s = Scenario(racks=1, nodes=2)
+    s.run("x", gpus("r0n1", 0, 1))
+    s.submit("four", 4, at=1)
+    assert grants(s.cycle(preset))["four"] == want
+    assert s.state.violations() == [] and s.state.jobs["four"].level == "nvlink"
 
 
 def test_topology_vs_naive_placement_of_a_small_gang():

@@ -13,7 +13,7 @@ from gpusched.policy.config import PRESETS
 from gpusched.policy.cycle import cycle
 from gpusched.policy.predict import FrozenEstimates, RuntimeHistory, RuntimePredictor
 from gpusched.sim.engine import Cluster, Simulation
-from gpusched.sim.runtime import IDEAL
+from gpusched.sim.runtime_model import IDEAL
 from gpusched.sim.traces import TraceJob
 
 from .policy_helpers import Scenario

@@ -191,7 +191,7 @@ def test_the_simulator_schedules_cpus_where_the_nodes_declare_them():
     other; with the node's CPUs not declared, side by side."""
     from gpusched.policy.config import PRESETS
     from gpusched.sim.engine import Cluster, Simulation
-    from gpusched.sim.runtime import IDEAL
+    from gpusched.sim.runtime_model import IDEAL
     from gpusched.sim.traces import TraceJob
 
     jobs = [TraceJob("a", 0, 100, 1, "x", cpus=12), TraceJob("b", 0, 100, 1, "x", cpus=8)]

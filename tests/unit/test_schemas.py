@@ -42,7 +42,7 @@ def test_malformed_commands_get_a_precise_reason(raw, fragment):
 def test_asyncapi_documents_every_command_and_event_subject():
     """Integrators find every subject in schemas/asyncapi.json, each the code's own pattern."""
     from gpusched.bus import asyncapi, subjects
-    from gpusched.bus.client import COMMAND_SUBJECTS
+    from gpusched.bus.control_client import COMMAND_SUBJECTS
 
     doc = asyncapi.document()
     addresses = {c["address"] for c in doc["channels"].values()}

@@ -15,7 +15,7 @@ from gpusched.policy.config import PRESETS
 from gpusched.sim.engine import Cluster, Simulation, SimViolation
 from gpusched.sim.metrics import eta_error, jain
 from gpusched.sim.report import policy_config, runtime_model, simulate
-from gpusched.sim.runtime import IDEAL, REALISTIC, RuntimeModel
+from gpusched.sim.runtime_model import IDEAL, REALISTIC, RuntimeModel
 from gpusched.sim.traces import TraceJob, load_trace
 
 

@@ -7,7 +7,7 @@ import pytest
 from gpusched.core.model import TeamQuota
 from gpusched.sim.engine import Cluster, default_quotas
 from gpusched.sim.metrics import entitlements, jain, percentile, size_bucket
-from gpusched.sim.runtime import IDEAL, REALISTIC
+from gpusched.sim.runtime_model import IDEAL, REALISTIC
 from gpusched.sim.traces import TraceJob
 
 

@@ -47,7 +47,7 @@ def _event_address(cls: type) -> str:
 
 def _command_addresses() -> dict[str, list[str]]:
     """Command type name -> its request subjects (admin form first, tenant form when the code has one)."""
-    from .client import COMMAND_SUBJECTS
+    from .control_client import COMMAND_SUBJECTS
 
     out: dict[str, list[str]] = {}
     for cmd_type, admin_subject in COMMAND_SUBJECTS.items():

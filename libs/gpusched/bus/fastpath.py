@@ -91,13 +91,13 @@ def _name(k: str) -> bytes | None:
     return name
 
 
-async def send_publish(self: Any, subject: str, reply: str, payload: bytes, payload_size: int,
+async def send_publish(nc: Any, subject: str, reply: str, payload: bytes, payload_size: int,
                        headers: dict[str, Any] | None) -> None:
     """nats-py's `Client._send_publish` with headers encoded as it encodes them (names checked
     against its pattern, values stripped, CR and LF turned into spaces) and its `HPUB` command
     built in one join; anything else is its own."""
     if headers is None or subject == "":
-        return await type(self)._send_publish(self, subject, reply, payload, payload_size, headers)
+        return await type(nc)._send_publish(nc, subject, reply, payload, payload_size, headers)
     parts = [_HDR_START]
     for k, v in headers.items():
         name = _name(k)
@@ -109,13 +109,13 @@ async def send_publish(self: Any, subject: str, reply: str, payload: bytes, payl
         parts += (name, value.encode(), _CRLF)
     parts.append(_CRLF)
     hdr = b"".join(parts)
-    self.stats["out_msgs"] += 1
-    self.stats["out_bytes"] += payload_size
+    nc.stats["out_msgs"] += 1
+    nc.stats["out_bytes"] += payload_size
     size = len(hdr)
-    await self._send_command(b"".join((f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode(), hdr,
-                                       payload, _CRLF)))
-    if self._flush_queue is not None and self._flush_queue.empty():
-        await self._flush_pending()
+    await nc._send_command(b"".join((f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode(), hdr,
+                                     payload, _CRLF)))
+    if nc._flush_queue is not None and nc._flush_queue.empty():
+        await nc._flush_pending()
 
 
 #: The nats-py internals `send_publish` relies on: with any missing, nats-py publishes as it does.

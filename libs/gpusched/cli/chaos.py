@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpusched.bus.client import Client, ControlPlaneUnavailable
+from gpusched.bus.control_client import Client, ControlPlaneUnavailable
 from gpusched.bus.log import EventLog
 from gpusched.core.commands import SubmitJob
 from gpusched.core.model import JobSpec

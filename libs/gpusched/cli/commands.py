@@ -1,5 +1,5 @@
 """Client commands: `gpusched submit`, `cancel`, `hold`, `release`, `update`, `quota`, `drain`. Each is one request/reply
-to admission (`gpusched.bus.client`); the connection comes from `--nats` or `GPUSCHED_NATS_URL`.
+to admission (`gpusched.bus.control_client`); the connection comes from `--nats` or `GPUSCHED_NATS_URL`.
 Exit codes: 0 accepted, 1 refused (the reason on stderr), 2 no control plane answering."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ TOPOLOGY = {"nvlink": "nvlink", "node": "node", "rack": "rack", "block": "block"
 
 async def _send(args: argparse.Namespace, call) -> CommandReply:
     from gpusched import telemetry
-    from gpusched.bus.client import Client
+    from gpusched.bus.control_client import Client
 
     client = await Client.connect(args.nats, timeout=args.timeout, team=getattr(args, "as_team", None))
     try:
@@ -38,7 +38,7 @@ async def _send(args: argparse.Namespace, call) -> CommandReply:
 
 def _run(args: argparse.Namespace, call, ok_text) -> int:
     from gpusched import telemetry
-    from gpusched.bus.client import ControlPlaneUnavailable, NotPermitted
+    from gpusched.bus.control_client import ControlPlaneUnavailable, NotPermitted
 
     telemetry.setup("cli", json_logs=True)
     try:

@@ -117,7 +117,7 @@ def scene_identity(stack) -> tuple[str, str | None]:
 
 
 async def run_scene(args) -> dict[str, Any]:
-    from gpusched.bus.client import Client
+    from gpusched.bus.control_client import Client
     from gpusched.bus.log import EventLog
     from gpusched.cli.stack import Stack
     from gpusched.services.runtime import FoldedLog

@@ -69,7 +69,7 @@ def reserve(state: ClusterState, pool: Pool, job: Job, need: int, now: float, co
         return Reservation(job.job_id, p.gpus, now, [])
     ok: set[str] | None = None
     if constrained(job.spec):  # narrowed once: the GPUs of other nodes can never be its
-        pool, ok = restrict(pool, job.spec), set(matching(state, job.spec))
+        pool, ok = restrict(pool, job.spec), set(matching(state, job.spec, pool.topo))
     hyp = pool.copy()
     owner: dict[GpuId, tuple[float, str]] = {}
     gi = state.gpus

@@ -15,7 +15,7 @@ from ..core.model import JobSpec
 from ..core.pools import accepted, type_matches
 from ..core.reasons import ArrayLimit, DependencyNever, DependencyWait, Held, MaintenanceWindow, NoMatchingNode, Reason
 from ..core.state import ClusterState, Job
-from .placement import Pool
+from .placement import Pool, Topology
 from .resources import never_fits
 
 #: End states that satisfy each dependency kind.
@@ -23,9 +23,11 @@ _SATISFIED = {"afterok": ("completed",), "afterany": ("completed", "failed", "ca
 _ENDED = ("completed", "failed", "cancelled", "timeout")
 
 
-def not_eligible(state: ClusterState, job: Job, now: float | None = None) -> Reason | None:
+def not_eligible(state: ClusterState, job: Job, now: float | None = None,
+                 topo: Topology | None = None) -> Reason | None:
     """Why `job` may not start whatever the room (None: it may). With `now`, also the
-    maintenance windows its time limit would run into (admission asks without: they pass)."""
+    maintenance windows its time limit would run into (admission asks without: they pass);
+    `topo`: the topology of `state` that keeps the node matches (`matching`)."""
     if job.hold is not None:
         return Held(job.hold)
     spec = job.spec
@@ -34,16 +36,16 @@ def not_eligible(state: ClusterState, job: Job, now: float | None = None) -> Rea
         if r is not None:
             return r
     if (spec.gpu_type is not None or spec.constraints) and state.gpus:
-        m = matching(state, spec)
+        m = matching(state, spec, topo)
         if not any(len(state.nodes[n].gpus) >= spec.gang_min for n in m) and \
                 sum(len(state.nodes[n].gpus) for n in m) < spec.gang_min:
             return NoMatchingNode(wants(spec), spec.gang_min)
     if (spec.cpus or spec.memory_mb) and state.gpus:
-        never = never_fits(state, spec, matching(state, spec) if constrained(spec) else None)
+        never = never_fits(state, spec, matching(state, spec, topo) if constrained(spec) else None)
         if never is not None:
             return never
     if now is not None and state.windows:
-        return window_reason(state, spec, now)
+        return window_reason(state, spec, now, topo)
     return None
 
 
@@ -56,14 +58,14 @@ def barred_nodes(state: ClusterState, spec: JobSpec, now: float) -> list[str]:
     return [n for n, ws in state.windows.items() if n in state.nodes and any(s < end and now < u for s, u in ws)]
 
 
-def window_reason(state: ClusterState, spec: JobSpec, now: float) -> Reason | None:
+def window_reason(state: ClusterState, spec: JobSpec, now: float, topo: Topology | None = None) -> Reason | None:
     """MaintenanceWindow when the nodes outside the windows the job would run into cannot hold
     its gang even empty (a busy cluster is NoRoom's story, not this one)."""
     barred = barred_nodes(state, spec, now)
     if not barred:
         return None
     out = set(barred)
-    ok = [n for n in matching(state, spec) if n not in out]
+    ok = [n for n in matching(state, spec, topo) if n not in out]
     if any(len(state.nodes[n].gpus) >= spec.gang_min for n in ok) or \
             sum(len(state.nodes[n].gpus) for n in ok) >= spec.gang_min:
         return None
@@ -117,53 +119,41 @@ def node_matches(state: ClusterState, node: str, spec: JobSpec) -> bool:
     return any(type_matches(w, state.gpus[g].model) for g in n.gpus for w in types)
 
 
-class _Matching:
-    """The last state's node matches per constraint; the state is held and compared by identity,
-    so a new state (even at a recycled address) never sees another's answers."""
-
-    state: ClusterState | None = None
-    table: dict[tuple, tuple[list[str], list[str]]] = {}
-
-
-def _memo(state: ClusterState, spec: JobSpec) -> tuple[list[str], list[str]]:
-    """(matching nodes, the other nodes), kept until a node registers or is labelled."""
-    if _Matching.state is not state or len(_Matching.table) >= 256:
-        _Matching.state, _Matching.table = state, {}
+def _split(state: ClusterState, spec: JobSpec, topo: Topology | None) -> tuple[list[str], list[str]]:
+    """(matching nodes, the other nodes), kept in `topo` (the topology of `state`) until a node
+    registers or is labelled; without one, found afresh."""
     key = (state.label_changes, len(state.nodes), accepted(spec), tuple(sorted(spec.constraints.items())))
-    hit = _Matching.table.get(key)
+    table = topo.node_matches if topo is not None and topo.nodes is state.nodes else {}
+    hit = table.get(key)
     if hit is None:
+        if len(table) >= 256:
+            table.clear()
         yes = [n for n in state.nodes if node_matches(state, n, spec)]
         ok = set(yes)
-        hit = _Matching.table[key] = (yes, [n for n in state.nodes if n not in ok])
+        hit = table[key] = (yes, [n for n in state.nodes if n not in ok])
     return hit
 
 
-def matching(state: ClusterState, spec: JobSpec) -> list[str]:
-    """The nodes that may hold the job (every node when it asks for nothing)."""
-    return _memo(state, spec)[0] if constrained(spec) else list(state.nodes)
-
-
-class _Restricted:
-    """Pools narrowed to a constraint, one per pool and constraint while neither the pool
-    (`Pool.changes`) nor the fold changes: a queue of jobs alike narrows once, and the copy
-    keeps what it learned (`Pool.fails`)."""
-
-    at: tuple[int, int] = (0, -1)
-    table: dict[tuple, tuple[Pool, int, Pool]] = {}
+def matching(state: ClusterState, spec: JobSpec, topo: Topology | None = None) -> list[str]:
+    """The nodes that may hold the job (every node when it asks for nothing); `topo`: the
+    topology of `state` that keeps the answers (`Topology.node_matches`)."""
+    return _split(state, spec, topo)[0] if constrained(spec) else list(state.nodes)
 
 
 def _restricted(pool: Pool, spec: JobSpec) -> Pool:
+    """The pool narrowed to a constraint, kept in the pool while neither it (`Pool.changes`) nor
+    the fold changes: a queue of jobs alike narrows once, and the copy keeps what it learned
+    (`Pool.fails`)."""
     state = pool.state
-    if _Restricted.at != (id(state), state.last_seq) or len(_Restricted.table) >= 4096:
-        _Restricted.at, _Restricted.table = (id(state), state.last_seq), {}
-    key = (id(pool), accepted(spec), tuple(sorted(spec.constraints.items())))
-    hit = _Restricted.table.get(key)
-    if hit is not None and hit[0] is pool and hit[1] == pool.changes:
-        return hit[2]
+    key = ("constraints", accepted(spec), tuple(sorted(spec.constraints.items())))
+    at = (pool.changes, state.last_seq)
+    hit = pool.narrowed.get(key)
+    if hit is not None and hit[0] == at:
+        return hit[1]
     nodes = state.nodes  # only the other nodes with a GPU free in this pool need removing
-    other = [g for n in _memo(state, spec)[1] if pool.n_free(n) > 0 for g in nodes[n].gpus]
+    other = [g for n in _split(state, spec, pool.topo)[1] if pool.n_free(n) > 0 for g in nodes[n].gpus]
     out = pool.without(other) if other else pool
-    _Restricted.table[key] = (pool, pool.changes, out)
+    pool.narrowed[key] = (at, out)
     return out
 
 

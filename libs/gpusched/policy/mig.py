@@ -37,18 +37,33 @@ class SlicePick(NamedTuple):
 
 class SliceIndex:
     """One cycle's view of the partitioned GPUs: the slices it granted, the free slices left,
-    and per profile the placeable GPUs with free slices of it in packing order (built when a
-    job first asks for that profile, kept in step by `take`)."""
+    and per profile the placeable GPUs with free slices of it in packing order. Nothing is
+    looked up until a MIG job asks (a profile's order when one first asks for it); `take`
+    keeps it in step."""
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
-        self.gpus = [g for g, rec in state.gpus.items() if rec.geometry and rules.gpu_healthy(state, g)
-                     and not state.nodes[rec.node].partitioned]
-        self.order = {g: i for i, g in enumerate(self.gpus)}
         self.taken: dict[GpuId, list[int]] = {}
-        self.free = sum(len(state.gpus[g].geometry) - len(state.gpus[g].slices) for g in self.gpus)
+        self._order: dict[GpuId, int] | None = None
+        self._free = 0
         self._lists: dict[str, list[Key]] = {}
         self._keys: dict[tuple[str, GpuId], Key] = {}
+
+    @property
+    def order(self) -> dict[GpuId, int]:
+        """The placeable partitioned GPUs, each with its place in the fold's order."""
+        if self._order is None:
+            st = self.state
+            gpus = [g for g, rec in st.gpus.items() if rec.geometry and rules.gpu_healthy(st, g)
+                    and not st.nodes[rec.node].partitioned]
+            self._order = {g: i for i, g in enumerate(gpus)}
+            self._free = sum(len(st.gpus[g].geometry) - len(st.gpus[g].slices) for g in gpus)
+        return self._order
+
+    @property
+    def free(self) -> int:
+        """Free slices left on the placeable partitioned GPUs, after this cycle's grants."""
+        return self._free if self.order else 0  # (looking the GPUs up counts them)
 
     def _key(self, profile: str, g: GpuId) -> Key:
         rec = self.state.gpus[g]
@@ -60,7 +75,7 @@ class SliceIndex:
         keys = self._lists.get(profile)
         if keys is None:
             keys = self._lists[profile] = []
-            for g in self.gpus:
+            for g in self.order:
                 k = self._key(profile, g)
                 if k[1]:
                     keys.append(k)
@@ -71,7 +86,7 @@ class SliceIndex:
     def take(self, g: GpuId, slices: list[int]) -> None:
         """A grant of `slices` of `g`: every profile's order moves `g` to its new place."""
         self.taken[g] = [*self.taken.get(g, []), *slices]
-        self.free -= len(slices)
+        self._free -= len(slices) if g in self.order else 0
         for profile, keys in self._lists.items():
             old = self._keys.pop((profile, g), None)
             if old is not None:

@@ -41,7 +41,7 @@ class Topology:
     """The static shape of a cluster, by node index in registration order."""
 
     __slots__ = ("nodes", "names", "index", "rack_of", "racks", "rack_members", "block_of_rack",
-                 "dom_cap", "all_layout", "only_all_layout", "any_all_layout", "max_node")
+                 "dom_cap", "all_layout", "only_all_layout", "any_all_layout", "max_node", "node_matches")
 
     def __init__(self, state: ClusterState) -> None:
         self.nodes = state.nodes
@@ -76,6 +76,9 @@ class Topology:
         self.only_all_layout = all(self.all_layout)
         self.any_all_layout = any(self.all_layout)
         self.max_node = max((len(n.gpus) for n in state.nodes.values()), default=0)
+        #: The nodes matching each constraint, as `eligibility.matching` found them (its memo:
+        #: it lives as long as this topology, with whoever owns it, e.g. `memo.Indexes`).
+        self.node_matches: dict[tuple, tuple[list[str], list[str]]] = {}
 
 
 class Pool:
@@ -88,7 +91,7 @@ class Pool:
     them all. It lets a long queue of jobs alike cost one placement, not one each."""
 
     __slots__ = ("state", "topo", "taken", "added", "delta", "count", "_cnt", "_rack", "_by_count", "_scanned",
-                 "fails", "res", "changes")
+                 "fails", "res", "changes", "narrowed")
 
     def __init__(self, state: ClusterState, topo: Topology | None = None) -> None:
         self.state = state
@@ -105,6 +108,9 @@ class Pool:
         #: node -> (CPUs, MiB) this cycle granted there less what it released (`resources.hold`)
         self.res: dict[str, tuple[float, int]] = {}
         self.changes = 0  # every change of a free count (`_bump`): what a memo of this pool checks
+        #: Copies of this pool narrowed by a filter (`eligibility.restrict`, `resources.by_resources`),
+        #: by the filter's key, with the stamp of what they were narrowed on: the filter's memo.
+        self.narrowed: dict[tuple, tuple[tuple, Pool]] = {}
 
     def copy(self) -> Pool:
         p = Pool.__new__(Pool)
@@ -115,7 +121,7 @@ class Pool:
         p._rack = None if self._rack is None else list(self._rack)
         p._by_count, p._scanned = None, False  # rebuilt from the counts if the copy places within a node
         p.fails = set(self.fails)
-        p.res, p.changes = dict(self.res), 0
+        p.res, p.changes, p.narrowed = dict(self.res), 0, {}
         return p
 
     # counts

@@ -14,7 +14,7 @@ placer (`placer.py`), chosen once, and the caller's indexes of the state (`memo.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from ..core import events as ev
@@ -24,10 +24,10 @@ from ..core.reasons import Reason
 from ..core.state import ClusterState, Job
 from .backfill import Reservation
 from .config import PolicyConfig
-from .fairshare import limit_room
+from .fairshare import limit_room, standing
 from .guarantee import Firm
 from .memo import Indexes
-from .mig import SliceIndex, SlicePick
+from .mig import SliceIndex
 from .placement import Placement, Pool
 from .placer import Placer
 from .pools import PoolFirm, choices, pool_of_gpus, restrict_to, room_on
@@ -75,9 +75,11 @@ class CyclePlan:
         self.team_delta: dict[str, float] = {}
         self.pool_delta: dict[tuple[str, str], float] = {}  # (team, GPU pool) -> change this cycle
         self.share_load: dict[GpuId, float] = {}  # shared GPU -> its shares' sum, where this cycle changed it
-        self._slices: SliceIndex | None = None  # the partitioned GPUs' slices (when a MIG job asks)
+        self.slices = SliceIndex(state)  # the partitioned GPUs' MIG slices (looked up when a MIG job asks)
         self.leaving: dict[str, float] = {}  # team -> GPUs of its jobs asked to yield
         self.incoming: dict[str, int] = {}  # team -> GPUs its blocked jobs claimed from `coming`
+        self.pool_leaving: dict[tuple[str, str], float] = {}  # `leaving` per (team, GPU pool)
+        self.pool_incoming: dict[tuple[str, str], int] = {}  # `incoming` per (team, GPU pool)
         self.inflight: dict[str, None] = {}  # running jobs asked to yield, in the order asked
         self.inflight_gpus = 0  # GPUs of preemptions asked in earlier cycles, not yet released
         self.preempting: dict[str, list[str]] = {}  # beneficiary -> its victims in flight
@@ -105,6 +107,30 @@ class CyclePlan:
         """GPUs of `pool` the team holds as this cycle sees them (per-model quotas)."""
         t = self.ctx.state.teams.get(team)
         return (t.pool_held.get(pool, 0) if t is not None else 0) + self.pool_delta.get((team, pool), 0)
+
+    def pool_view(self, team: str, pool: str) -> tuple[float, float, int]:
+        """The team's GPUs of `pool` as this cycle sees them: (held, asked to yield, claimed
+        coming free), for judging its per-model guarantee there (`fairshare.standing`)."""
+        key = (team, pool)
+        return self.pool_held(team, pool), self.pool_leaving.get(key, 0), self.pool_incoming.get(key, 0)
+
+    def fair(self, victim: Job, job: Job) -> bool:
+        """The fold's fairness rule for asking `victim` to yield for `job` (`rules.fair_between`),
+        on the holdings as they will be: the victim's team's less what is already leaving, the
+        job's team's plus what is already coming to it; per GPU pool where per-model terms judge."""
+        st = self.ctx.state
+        pool = rules.pool_of(st, victim.gpus)
+        vh, fh = self.held(victim.team) - self.leaving.get(victim.team, 0), self.held(job.team) + self.incoming.get(job.team, 0)
+        v_on, v_left, _ = self.pool_view(victim.team, pool) if pool is not None else (0.0, 0.0, 0)
+        f_on, _, f_in = self.pool_view(job.team, pool) if pool is not None else (0.0, 0.0, 0)
+        return rules.fair_between(victim.team, standing(st, victim.team, vh, pool, v_on - v_left),
+                                     job.team, standing(st, job.team, fh, pool, f_on + f_in))
+
+    def claim(self, team: str, gpus: list[GpuId]) -> None:
+        """GPUs coming free are claimed for a blocked job of `team` (`reclaim._claim`)."""
+        self.incoming[team] = self.incoming.get(team, 0) + len(gpus)
+        for pool, n in pool_of_gpus(self.ctx.state, gpus).items():
+            self.pool_incoming[(team, pool)] = self.pool_incoming.get((team, pool), 0) + n
 
     def room(self, team: str) -> int | None:
         """Whole GPUs the team may still take under its hard limit (None: no limit)."""
@@ -175,45 +201,28 @@ class CyclePlan:
 
     def grant_share(self, job: Job, pick: SharePick, backfill: bool) -> None:
         """Start a fractional job on its share of one GPU (`policy/sharing.py`)."""
-        ctx, g = self.ctx, pick.gpu
-        self.events.append(ev.GpusGranted(at=ctx.now, job_id=job.job_id, attempt=job.attempt + 1, gpus=[g],
-                                          placer=ctx.placer.name, level="nvlink",  # type: ignore[arg-type]
-                                          backfill=backfill))
-        if pick.opened:
+        g = pick.gpu
+        if pick.opened:  # its first share: the GPU leaves the pool of whole GPUs
             self.pool.take([g])
-            self.fits_now.clear()
-        hold(self.pool, job.spec, [g])  # its CPUs and memory on the GPU's node
-        for other in (self.outside, self.coming):
-            if other is not None:
-                if pick.opened:
+            for other in (self.outside, self.coming):
+                if other is not None:
                     other.remove([g])
-                hold(other, job.spec, [g])
-        self.share_load[g] = self.share_load.get(g, ctx.state.gpus[g].shared_load) + pick.share
-        self._count(job.team, pick.share)
-        self._pool_count(job.team, [g], pick.share)
-        self.status[job.job_id] = "granted"
-        self.started.append((job, [g]))
-        self.reasons.pop(job.job_id, None)
+            self.fits_now.clear()
+        self.share_load[g] = self.share_load.get(g, self.ctx.state.gpus[g].shared_load) + pick.share
+        self.grant_part(job, g, pick.share, backfill)
 
-    @property
-    def slices(self) -> SliceIndex:
-        """The partitioned GPUs' MIG slices as this cycle sees them (built once, when asked)."""
-        if self._slices is None:
-            self._slices = SliceIndex(self.ctx.state)
-        return self._slices
-
-    def grant_slices(self, job: Job, pick: SlicePick, backfill: bool) -> None:
-        """Start a MIG job on its slices of one partitioned GPU (`policy/mig.py`)."""
-        ctx, g = self.ctx, pick.gpu
+    def grant_part(self, job: Job, g: GpuId, share: float, backfill: bool, slices: Sequence[int] = ()) -> None:
+        """Start a job on part of one GPU (a share; MIG slices, taken from `slices` first): its
+        CPUs and memory held on the GPU's node, the team charged its part."""
+        ctx = self.ctx
         self.events.append(ev.GpusGranted(at=ctx.now, job_id=job.job_id, attempt=job.attempt + 1, gpus=[g],
                                           placer=ctx.placer.name, level="nvlink",  # type: ignore[arg-type]
-                                          backfill=backfill, slices=list(pick.slices)))
+                                          backfill=backfill, slices=list(slices)))
         for pool in (self.pool, self.outside, self.coming):
             if pool is not None:
-                hold(pool, job.spec, [g])  # its CPUs and memory on the GPU's node
-        self.slices.take(g, pick.slices)
-        self._count(job.team, pick.share)
-        self._pool_count(job.team, [g], pick.share)
+                hold(pool, job.spec, [g])
+        self._count(job.team, share)
+        self._pool_count(job.team, [g], share)
         self.status[job.job_id] = "granted"
         self.started.append((job, [g]))
         self.reasons.pop(job.job_id, None)
@@ -264,6 +273,9 @@ class CyclePlan:
         self.inflight[victim.job_id] = None
         self.status[victim.job_id] = "preempting"
         self.leaving[victim.team] = self.leaving.get(victim.team, 0) + victim.weight
+        for pool, n in pool_of_gpus(self.ctx.state, victim.gpus).items():
+            key = (victim.team, pool)
+            self.pool_leaving[key] = self.pool_leaving.get(key, 0) + n * victim.share
 
     def shrink(self, victim: Job, removed: list[GpuId], job: Job) -> None:
         """Take extra GPUs back from an elastic job so that `job` starts (one `JobResized` per
@@ -302,8 +314,7 @@ class CyclePlan:
         self.status[job.job_id] = "released"
 
     def _free_share(self, job: Job) -> None:
-        """A share, or MIG slices (their GPU stays partitioned: out of the pool; the slices return
-        to later cycles)."""
+        """A share, or MIG slices (their GPU stays partitioned: the slices return next cycle)."""
         st = self.ctx.state
         for g in job.gpus if job.spec.shared else ():
             load = self.share_load[g] = self.share_load.get(g, st.gpus[g].shared_load) - job.share

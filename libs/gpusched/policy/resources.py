@@ -88,30 +88,22 @@ def short_nodes(pool: Pool, spec: JobSpec) -> list[str]:
     return out
 
 
-class _Filtered:
-    """The last pool's filtered pools by (CPUs, MiB), while it is unchanged (no free count moved,
-    `Pool.changes`, and the same holds): a queue of jobs alike costs one filter, and their
-    failures are remembered on the one filtered pool (`Pool.fails`). The pool is held, compared
-    by identity."""
-
-    pool: Pool | None = None
-    stamp: tuple = ()
-    by_need: dict[tuple[float, int], Pool] = {}
-
-
 def by_resources(pool: Pool, spec: JobSpec, now: float | None) -> Pool:
     """Not the nodes without the job's per-node CPUs and memory free (the filter of `FILTERS`)."""
     key = need(spec)
     if not (key[0] or key[1]) or not declared(pool.state):
         return pool
+    # Kept in the pool while it is unchanged (no free count moved, `Pool.changes`, and the same
+    # holds): a queue of jobs alike costs one filter, and their failures are remembered on the
+    # one filtered pool (`Pool.fails`).
     stamp = (pool.changes, tuple(pool.res.items()), pool.state.label_changes)
-    if _Filtered.pool is not pool or _Filtered.stamp != stamp or len(_Filtered.by_need) >= 64:
-        _Filtered.pool, _Filtered.stamp, _Filtered.by_need = pool, stamp, {}
-    hit = _Filtered.by_need.get(key)
-    if hit is None:
-        short = short_nodes(pool, spec)
-        hit = _Filtered.by_need[key] = pool.without_nodes(short) if short else pool
-    return hit
+    hit = pool.narrowed.get(("resources", *key))
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    short = short_nodes(pool, spec)
+    out = pool.without_nodes(short) if short else pool
+    pool.narrowed[("resources", *key)] = (stamp, out)
+    return out
 
 
 def hold(pool: Pool, spec: JobSpec, gpus, sign: int = 1) -> None:

@@ -33,7 +33,7 @@ from ..core.state import ClusterState, Violation, stale_live
 from ..policy.predict import Estimate, RuntimePredictor, run_time
 from .metrics import GuaranteeWaits, Recorder, eta_error, runtime_error
 from .pools import pool_summary
-from .runtime import REALISTIC, RuntimeModel
+from .runtime_model import REALISTIC, RuntimeModel
 from .traces import TraceJob
 from .world import Cluster, _Run, default_quotas  # noqa: F401  (re-exported: the simulator's API)
 

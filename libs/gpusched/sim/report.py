@@ -10,7 +10,7 @@ import msgspec
 
 from ..core.model import TeamQuota
 from .engine import Cluster, Simulation
-from .runtime import RUNTIME_MODELS, RuntimeModel
+from .runtime_model import RUNTIME_MODELS, RuntimeModel
 from .traces import TraceJob, burst_jobs, load_trace, merge, parse_burst
 
 

@@ -26,6 +26,7 @@ from ..records import (
     Preemption,
     account,
     checkpoint_ranks,
+    gpu_count,
     job_node_order,
 )
 from .arrays import submit_array
@@ -33,7 +34,7 @@ from .checks import violate
 from .fence import add_live, may_run
 from .holdings import give_back, give_back_all, reserve, take, take_share
 from .slices import take_slices
-from .teams import check_limit, end_idle, pool_held, team_held, team_idle
+from .teams import check_limit, end_idle, pool_held, standing, team_held, team_idle
 
 if TYPE_CHECKING:
     from ..state import ClusterState
@@ -209,20 +210,26 @@ def on_preemption(st: ClusterState, e: ev.PreemptionRequested) -> None:
     if beneficiary is None:
         violate(st, "preemption_without_beneficiary", f"preemption of {e.job_id} serves no known job", [e.job_id])
     elif job.team != beneficiary.team:
-        victim_t, for_t = st.team(job.team), st.team(beneficiary.team)
-        if not rules.fair_preemption(job.team, victim_t.quota, victim_t.held,
-                                     beneficiary.team, for_t.quota, for_t.held):
+        # judged on the victim's GPU pool where per-model terms apply, else on totals (issue 30)
+        pool = rules.pool_of(st, job.gpus)
+        vs, fs = standing(st, job.team, pool), standing(st, beneficiary.team, pool)
+        if not rules.fair_between(job.team, vs, beneficiary.team, fs):
+            on_v, on_f = (_on(st, t, pool) for t in (job.team, beneficiary.team))
             violate(
                 st,
                 "unfair_preemption",
-                f"team {job.team} (holds {victim_t.held} <= guaranteed {victim_t.quota.guaranteed}) "
-                f"preempted for team {beneficiary.team} (holds {for_t.held} >= guaranteed "
-                f"{for_t.quota.guaranteed})",
+                f"team {job.team} (holds {gpu_count(vs[0])}{on_v} <= guaranteed {vs[1]}) "
+                f"preempted for team {beneficiary.team} (holds {gpu_count(fs[0])}{on_f} >= guaranteed {fs[1]})",
                 [e.job_id, e.for_job],
             )
     if not job.spec.preemptible:
         violate(st, "non_preemptible", f"job {e.job_id} is not preemptible", [e.job_id, e.for_job])
     job.preemption = Preemption(e.for_job, e.reason, e.deadline, e.at)
+
+
+def _on(st: ClusterState, team: str, pool: str | None) -> str:
+    """' H100' where the team is judged on that pool (`rules.judged_on`), "" on its totals."""
+    return f" {pool}" if pool is not None and st.team(team).quota.models else ""
 
 
 def on_checkpoint(st: ClusterState, e: ev.CheckpointSaved) -> None:

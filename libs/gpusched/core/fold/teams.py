@@ -39,9 +39,23 @@ def decayed_usage(st: ClusterState, t: TeamUsage, at: float) -> float:
 
 
 def check_limit(st: ClusterState, team: str, job_id: str, gpus: list[GpuId]) -> None:
+    """A grant or growth of `gpus` took the team past its limit, or past its per-model limit on
+    one of their pools (`rules.broken_limit`, the rule placement and the writer ask)."""
     t = st.teams[team]
-    if rules.over_limit(t.quota, t.held):
-        violate(st, "over_limit", f"team {team} holds {t.held} GPUs, limit {t.quota.limit}", [job_id], gpus)
+    broken = rules.broken_limit(t.quota, t.held, t.pool_held,
+                                [canonical_model(st.gpus[g].model) for g in gpus if g in st.gpus])
+    if broken is None:
+        return
+    pool, held, limit = broken
+    detail = (f"team {team} holds {t.held} GPUs, limit {limit}" if pool is None
+              else f"team {team} holds {gpu_count(held)} {pool} GPUs, per-model limit {limit}")
+    violate(st, "over_limit", detail, [job_id], gpus)
+
+
+def standing(st: ClusterState, team: str, pool: str | None) -> rules.Standing:
+    """What the team's guarantee is judged by where GPUs of `pool` are at stake (`rules.judged_on`)."""
+    t = st.team(team)
+    return rules.judged_on(t.quota, t.held, t.pool_held, pool)
 
 
 def pool_held(st: ClusterState, name: str, gpus: list[GpuId], amount: float) -> None:
