@@ -246,3 +246,21 @@ def test_mig_set_reads_one_profile_per_slice_or_none():
     assert (args.node, args.gpu, geometry_from_args(args.profiles)) == (
         "node00", 3, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"])
     assert geometry_from_args(["none"]) == [] and geometry_from_args(["whole"]) == []
+
+
+def test_a_teams_limits_count_its_slices_charge_the_per_model_one_too():
+    from gpusched.core.model import ModelQuota, TeamQuota
+
+    st = cluster(gpus=1)
+    partition(st, 0, ["2g.20gb"] * 3)
+    st.apply(ev.TeamQuotaSet(at=0.6, team="a", quota=TeamQuota(limit=1)))
+    st.apply(ev.TeamQuotaSet(at=0.6, team="b", quota=TeamQuota(models={"H100": ModelQuota(guaranteed=0, limit=0)})))
+    st.apply(ev.TeamQuotaSet(at=0.6, team="c", quota=TeamQuota(limit=0)))
+    submit(st, "a1", mig="2g.20gb", mig_count=2)
+    submit(st, "b1", team="b", mig="2g.20gb")
+    submit(st, "c1", team="c", mig="2g.20gb")
+    run_cycle(st, 2)
+    assert st.jobs["a1"].slices == [0, 1] and st.teams["a"].held == pytest.approx(4 / 7)  # within its limit of 1
+    assert st.gpus["n0/0"].free_slices("2g.20gb") == [2]  # one slice free, and yet:
+    assert "b1" in st.pending and "H100" in st.jobs["b1"].pending_reason  # its per-model limit of 0
+    assert "c1" in st.pending and "limit 0" in st.jobs["c1"].pending_reason  # its limit of 0

@@ -156,12 +156,17 @@ def _share_pick(plan: CyclePlan, ctx: Context, spec: JobSpec, barred: frozenset[
 def _consider_slices(plan: CyclePlan, ctx: Context, job: Job) -> None:
     """Start a MIG job on free slices of a partitioned GPU (`policy/mig.py`), or record why it
     waits. Like a share it never blocks the queue, gets no reservation and never preempts: the
-    slices are outside the pool of whole GPUs, and a geometry changes only by the admin."""
+    slices are outside the pool of whole GPUs, and a geometry changes only by the admin. Its
+    team's limits count the slices' charge, the per-model one on the GPU's pool too."""
     spec = job.spec
     room = plan.share_room(job.team)
     pick = mig.pick(plan.pool, spec, plan.slices, ctx.now)
+    pool = rules.pool_of(ctx.state, [pick.gpu]) if pick is not None else None
+    left = limit_left(ctx.state, job.team, pool, plan.pool_held(job.team, pool)) if pool is not None else None
     if pick is None:
         plan.note(job, NoFreeSlices(profile=spec.mig or "", count=spec.mig_count))
+    elif left is not None and left < pick.share - rules.SHARE_SLACK:
+        plan.note(job, _pools_reason(1, spec.topology.required, (pool,), (), (pool,), ()))
     elif room is not None and room < pick.share - rules.SHARE_SLACK:
         plan.note(job, _limit(ctx, job, 1))
     else:
