@@ -409,3 +409,14 @@ def test_an_elastic_job_grows_and_a_share_lands_only_within_the_per_model_limit(
     s.cycle("full")
     assert canonical_model(s.state.gpus[s.state.jobs["f"].gpus[0]].model) == "A100"
     assert s.state.violations() == []
+
+
+def test_an_elastic_job_grows_only_on_its_own_pool_and_type():
+    s = mixed()
+    s.run("e", ["h0/0", "h0/1", "h0/2", "h0/3"], size=8, min_gpus=2)  # on the full H100 node, 4 A100s idle
+    s.cycle("full")
+    assert s.state.jobs["e"].gpus == ["h0/0", "h0/1", "h0/2", "h0/3"]  # a gang lives on one GPU model
+    s.run("t", ["a0/0"], size=4, min_gpus=1, gpu_type="A100")
+    s.cycle("full")  # it grows into the other A100s, the only GPUs of its type
+    assert sorted(s.state.jobs["t"].gpus) == ["a0/0", "a0/1", "a0/2", "a0/3"]
+    assert s.state.violations() == []
