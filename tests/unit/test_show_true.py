@@ -39,7 +39,7 @@ from gpusched.core.model import PRIORITY_RANK
 from gpusched.policy.config import PRESETS
 from gpusched.policy.explain import explain_pending
 from gpusched.sim.engine import Cluster, Simulation
-from gpusched.sim.runtime import RuntimeModel
+from gpusched.sim.runtime_model import RuntimeModel
 from gpusched.sim.traces import TraceJob
 
 #: The policy runs at least this often while jobs wait (the placement service's own timer): "a cycle".
