@@ -13,11 +13,9 @@ from gpusched.core.commands import SetTeamQuota
 from gpusched.core.model import JobSpec, ModelQuota, TeamQuota
 from gpusched.core.pools import canonical_model, parse_gpu_types
 from gpusched.core.state import ClusterState
+from gpusched.decider import PLACEMENT_KINDS, PREEMPTOR_KINDS, own_decisions
 from gpusched.policy.explain import explain_pending
 from gpusched.services.admission import AdmissionConfig, Capacity, admit
-from gpusched.services.placement import PLACEMENT_KINDS
-from gpusched.services.preemptor import PREEMPTOR_KINDS
-from gpusched.services.writer import own_decisions
 from gpusched.sim.pools import parse_mix, types_of
 
 from .policy_helpers import Scenario
@@ -334,7 +332,7 @@ def test_the_h100s_a_per_model_reclaim_frees_go_to_its_job_not_back_to_the_victi
     assert st.violations() == []
 
 
-# --- the writer's re-check (services/writer.own_decisions, rules.BatchCheck) ---------------------
+# --- the writer's re-check (decider.own_decisions, rules.BatchCheck) ---------------------
 
 H100_CAP_2 = TeamQuota(models={"H100": ModelQuota(limit=2)})
 
