@@ -24,13 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' im
 
 
 async def _latencies(url: str, work: Path, jobs: int, confined: bool, image: str | None = None) -> list[float]:
+    from gpusched.bus.cas import append_cas
     from gpusched.bus.log import EventLog
     from gpusched.core import events as ev
     from gpusched.core.model import JobSpec
     from gpusched.services.nodeagent.agent_config import AgentConfig
     from gpusched.services.nodeagent.backends import SimBackend
     from gpusched.services.nodeagent.host import NodeHost
-    from gpusched.services.runtime import FoldedLog, append_cas
+    from gpusched.services.runtime import FoldedLog
 
     node = "node02" if image else "node01" if confined else "node00"
     host = await NodeHost.open(url, heartbeat_s=1.0, poll_s=0.01)

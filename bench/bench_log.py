@@ -18,12 +18,13 @@ import time
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from gpusched.bus import subjects
+from gpusched.bus.cas import append_cas
 from gpusched.bus.log import EventLog
 from gpusched.bus.servers import start_nats
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.services.runtime import FoldedLog
 
 
 def synthetic_log(n_events: int, nodes: int = 1000, gpus_per_node: int = 8):

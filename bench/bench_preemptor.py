@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
 from bench_cycle import build  # noqa: E402  (bench/ is on the path: the script's folder)
 
 from gpusched.core import events as ev  # noqa: E402
+from gpusched.decider import PREEMPTOR_KINDS, PREEMPTOR_SKIPS  # noqa: E402
 from gpusched.policy.config import parse_policy  # noqa: E402
 from gpusched.policy.cycle import cycle  # noqa: E402
 from gpusched.policy.memo import Indexes  # noqa: E402
-from gpusched.services.preemptor import PREEMPTOR_KINDS, PREEMPTOR_SKIPS  # noqa: E402
 
 
 def rounds(config, skip: tuple[str, ...], n: int) -> tuple[list[float], list[list[ev.Event]]]:

@@ -131,6 +131,7 @@ def print_used(samples) -> None:
 
 
 async def check_agent(index: int) -> None:
+    from gpusched.bus.cas import append_cas
     from gpusched.bus.log import EventLog
     from gpusched.bus.servers import start_nats
     from gpusched.core import events as ev
@@ -138,7 +139,7 @@ async def check_agent(index: int) -> None:
     from gpusched.services.nodeagent.agent_config import AgentConfig
     from gpusched.services.nodeagent.backends import NvmlBackend
     from gpusched.services.nodeagent.host import NodeHost
-    from gpusched.services.runtime import FoldedLog, append_cas
+    from gpusched.services.runtime import FoldedLog
 
     server = start_nats()
     work = Path(tempfile.mkdtemp(prefix="gpusched-nvml-check-"))

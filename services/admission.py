@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind
 
 from gpusched import metrics, telemetry
 from gpusched.bus import subjects
+from gpusched.bus.cas import catch_up_after
 from gpusched.bus.log import Conflict
 from gpusched.core import events as ev
 from gpusched.core import limits as L
@@ -56,7 +57,7 @@ from gpusched.core.state import TERMINAL, ClusterState, Job
 from gpusched.policy.eligibility import constrained, matching, not_eligible, wants
 from gpusched.policy.placement import Topology
 from gpusched.policy.resources import never_fits
-from gpusched.services.runtime import FoldedLog, catch_up_after, notify_ready
+from gpusched.services.runtime import FoldedLog, notify_ready
 from gpusched.services.shell import common_arguments
 
 log = structlog.get_logger()
@@ -870,7 +871,7 @@ class Admission:
     async def _append(self, decision: Decision, view: int) -> int:
         """The decision's facts in order; those of the alloc tree as compare-and-sets, the first
         against the view it was decided at, each next one against the one before (see
-        `runtime.append_cas`: on a NATS cluster a plain append could slip under a grant's check).
+        `bus.cas.append_cas`: on a NATS cluster a plain append could slip under a grant's check).
         Raises `Conflict` when the tree moved: nothing more is appended."""
         expected, seq = view, 0
         for event, msg_id in ((decision.event, decision.msg_id), *decision.more):

@@ -23,23 +23,16 @@ import asyncio
 import re
 import time
 
-import msgspec
 import structlog
 
 from gpusched.core import events as ev
-from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
+from gpusched.decider import FALLBACK_KINDS, as_naive, decide_and_append
+from gpusched.services.runtime import FailedRounds, FoldedLog, Tracker, notify_ready
 
 from .lease import FALLBACK_LEASE_KEY, PLACEMENT_LEASE_KEY, Lease, Watch, lease_key, open_bucket, owner_id
 from .shell import common_arguments, policy_arguments, wait_wake
-from .writer import Tracker, decide_and_append
 
 log = structlog.get_logger()
-
-
-def naive(event: ev.Event) -> ev.Event:
-    if isinstance(event, ev.GpusGranted) and event.placer != "naive":
-        return msgspec.structs.replace(event, placer="naive")
-    return event
 
 
 #: What a placement process writes as the lease's holder (`lease.owner_id("placement")`).
@@ -105,8 +98,8 @@ class Fallback:
             log.warning("placement_degraded", seq=seq, reason=reason)
             await self.folded.catch_up()
         appended, conflicted = await decide_and_append(
-            self.folded, lambda s, now: self.decide(s, now), (ev.GpusGranted,), transform=naive,
-            rebase=(ev.GpusGranted,),
+            self.folded, lambda s, now: self.decide(s, now), FALLBACK_KINDS, transform=as_naive,
+            rebase=FALLBACK_KINDS,
         )
         self.grants += appended
         if appended or conflicted:

@@ -22,14 +22,14 @@ import time
 import structlog
 
 from gpusched.core import events as ev
-from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
+from gpusched.decider import PLACEMENT_KINDS, Decide, decide_and_append
+from gpusched.services.runtime import FailedRounds, FoldedLog, Tracker, notify_ready
 
 from .lease import PLACEMENT_LEASE_KEY, Lease, lease_key, open_bucket, owner_id
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
 
 log = structlog.get_logger()
 
-PLACEMENT_KINDS = (ev.GpusGranted, ev.JobResized, ev.JobPending)
 
 
 def policy_config(name: str, overrides: list[str] | None = None):
@@ -37,17 +37,6 @@ def policy_config(name: str, overrides: list[str] | None = None):
     return policy_of(argparse.Namespace(policy=name, policy_set=overrides or []))
 
 
-# The shared shape of a deciding service (decide, append, re-check on conflict) lives in
-# services/writer.py; re-exported here for the callers and tests that import it from placement.
-from .writer import (  # noqa: E402,F401
-    MAX_REBASES,
-    Decide,
-    Tracker,
-    budget_reasons,
-    decide_and_append,
-    msg_ids,
-    own_decisions,
-)
 
 
 class Placement:

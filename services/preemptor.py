@@ -17,19 +17,13 @@ import asyncio
 
 import structlog
 
-from gpusched.core import events as ev
+from gpusched.decider import PREEMPTOR_KINDS, PREEMPTOR_SKIPS, decide_and_append
 from gpusched.services.runtime import FailedRounds, FoldedLog, notify_ready
 
 from .shell import common_arguments, policy_arguments, policy_of, wait_wake
-from .writer import decide_and_append
 
 log = structlog.get_logger()
 
-#: Also the end of jobs past their time limit: like a forced release, a deadline passing.
-PREEMPTOR_KINDS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobFailed, ev.JobTimedOut)
-#: Steps whose decisions the preemptor never keeps: the queue's reasons and ETAs (`JobPending`,
-#: placement's), which cost most of a cycle on a long queue.
-PREEMPTOR_SKIPS = ("explain",)
 
 
 class Preemptor:

@@ -42,6 +42,7 @@ import structlog
 
 from gpusched import metrics
 from gpusched.bus import subjects
+from gpusched.bus.cas import append_cas
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
 from gpusched.core.heartbeat import Heartbeat, KillProcesses, ResetGpu, decode_heartbeat, decode_reply
@@ -49,7 +50,7 @@ from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job
 from gpusched.services import partition
-from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, notify_ready
+from gpusched.services.runtime import FoldedLog, cancel_tasks, notify_ready
 
 log = structlog.get_logger()
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 import structlog
 
-from gpusched import health, metrics, store, telemetry
+from gpusched import health, metrics, store
 from gpusched.bus import subjects
-from gpusched.bus.log import MAX_BATCH, Conflict, EventLog, Record
-from gpusched.core.events import Event
+from gpusched.bus.log import EventLog, Record
+from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
 
 log = structlog.get_logger()
@@ -266,49 +266,20 @@ async def cancel_tasks(tasks: list[asyncio.Task], timeout: float = 5.0) -> None:
             task.exception()  # retrieved: no "exception was never retrieved" noise
 
 
-async def catch_up_after(folded: FoldedLog, conflict: Conflict) -> None:
-    """A compare-and-set append lost: fold what the writer missed before it decides again."""
-    metrics.CONFLICTS.labels(telemetry.current_service()).inc()
-    if conflict.actual is None:
-        await folded.catch_up()
-    else:  # the server named the change we missed: wait for it, no stream-info round trip
-        await folded.wait_seq(conflict.actual)
-        # self-heal: the server knows the alloc tree's last sequence even when this fold
-        # could not attribute it (e.g. a snapshot that predates a dead-lettered message)
-        folded.alloc_seq = max(folded.alloc_seq, conflict.actual)
+class Tracker:
+    """Seqs of the latest control-plane transitions, kept by a fold listener, so that the
+    transition events get deterministic message ids (exactly once per transition)."""
 
+    def __init__(self, folded: FoldedLog):
+        self.degraded_seq = 0
+        self.recovered_seq = 0
+        folded.listeners.append(self._on)
 
-async def append_cas(folded: FoldedLog, events: Sequence[Event], msg_id: Callable[[Event], str | None] = lambda e: None,
-                     headers: dict[str, str] | None = None, view: int | None = None) -> tuple[int, bool]:
-    """Append one cycle's decisions as atomic batches, compare-and-set over the alloc tree
-    against what this writer's fold has seen: a cycle lands whole or not at all (per
-    MAX_BATCH events). Returns (appended count, conflicted). On conflict the fold is caught up
-    and the caller decides again from the fresher state. `view` is the alloc sequence the
-    decisions were made at (default: the fold's, right now — decide and append with no await
-    in between, or pass it).
-
-    Every writer of the alloc tree appends through a compare-and-set, not only those that grant
-    (docs/scale.md, "Every alloc fact is a compare-and-set"): a clustered stream's leader checks
-    the expected sequence against what it has applied, and a plain append to the tree that is
-    proposed but not yet applied is invisible to the check, so a grant would be stored after a
-    change it never saw."""
-    expected = folded.alloc_seq if view is None else view
-    appended = last = 0
-    for start in range(0, len(events), MAX_BATCH):
-        chunk = list(events[start:start + MAX_BATCH])
-        cas = expected if any(e.ALLOC for e in chunk) else None
-        try:
-            seqs = await folded.log.append_batch(chunk, msg_ids=[msg_id(e) for e in chunk],
-                                                 expect_alloc_seq=cas, headers=headers)
-        except Conflict as conflict:
-            await catch_up_after(folded, conflict)
-            return appended, True
-        appended += len(chunk)
-        last = seqs[-1]
-        expected = max([expected] + [seq for seq, e in zip(seqs, chunk) if e.ALLOC])
-    if appended:
-        await folded.wait_seq(last)  # the next decision must see this writer's own appends
-    return appended, False
+    def _on(self, rec, state) -> None:
+        if isinstance(rec.event, ev.PlacementDegraded):
+            self.degraded_seq = rec.seq
+        elif isinstance(rec.event, ev.PlacementRecovered):
+            self.recovered_seq = rec.seq
 
 
 def notify_ready() -> None:

@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import structlog
 
+from gpusched.bus.cas import append_cas
 from gpusched.bus.log import EventLog, EventTooLarge
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog, append_cas, fatal
+from gpusched.services.runtime import FoldedLog, fatal
 
 log = structlog.get_logger()
 
@@ -20,7 +21,7 @@ Build = Callable[[ClusterState], "ev.Event | None"]
 
 class AppendQueue:
     """Appends in order, one at a time. A `Build` is decided against the fold when its turn
-    comes; a fact of the alloc tree is a compare-and-set (`runtime.append_cas`), decided again
+    comes; a fact of the alloc tree is a compare-and-set (`bus.cas.append_cas`), decided again
     after a conflict."""
 
     def __init__(self, event_log: EventLog, folded: FoldedLog):

@@ -15,12 +15,13 @@ import structlog
 
 from gpusched import telemetry
 from gpusched.bus import subjects
+from gpusched.bus.cas import append_cas
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
 from gpusched.core.heartbeat import KillProcesses, LogReply, ResetGpu
 from gpusched.core.model import split_gpu_id
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks, fatal, notify_ready
+from gpusched.services.runtime import FoldedLog, cancel_tasks, fatal, notify_ready
 
 from . import fencing, keeper
 from .agent import NodeAgent
@@ -148,7 +149,7 @@ class NodeHost:
         """Register the nodes the log does not know or holds lost, except those whose adopted
         leftovers are still being stopped: they register from `heartbeat` once those are dead.
         A registration changes what may be granted, so it is a compare-and-set like every fact
-        of the alloc tree (`runtime.append_cas`), in atomic batches; after a conflict the nodes
+        of the alloc tree (`bus.cas.append_cas`), in atomic batches; after a conflict the nodes
         still to register are decided again on the fresher fold."""
         for _ in range(50):
             todo = [a.registration() for a in self.agents.values()

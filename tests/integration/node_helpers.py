@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpusched.bus.cas import append_cas
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
@@ -17,7 +18,7 @@ from gpusched.core.state import ClusterState, fold
 from gpusched.services.nodeagent.agent_config import AgentConfig
 from gpusched.services.nodeagent.backends import SimBackend
 from gpusched.services.nodeagent.host import NodeHost
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.services.runtime import FoldedLog
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_numpy.py"

@@ -25,6 +25,7 @@ import pytest
 from nats.js.errors import APIError
 
 from gpusched.bus import subjects
+from gpusched.bus.cas import append_cas
 from gpusched.bus.log import EventLog
 from gpusched.bus.servers import seed_urls, start_nats_cluster
 from gpusched.core import events as ev
@@ -33,7 +34,7 @@ from gpusched.core.model import GpuInfo, JobSpec
 from gpusched.security.audit import Audit
 from gpusched.security.bootstrap import create_streams_sync
 from gpusched.services.admission import Admission, AdmissionConfig
-from gpusched.services.runtime import FoldedLog, append_cas, cancel_tasks
+from gpusched.services.runtime import FoldedLog, cancel_tasks
 
 from .node_helpers import Cluster
 

@@ -1,9 +1,10 @@
 """A scheduling cycle's decisions land as one atomic, compare-and-set batch."""
 
+from gpusched.bus.cas import append_cas
 from gpusched.bus.log import MAX_BATCH, EventLog
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.services.runtime import FoldedLog
 
 
 async def test_a_cycle_lands_whole_or_not_at_all(event_log, nats_url):

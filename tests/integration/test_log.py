@@ -12,11 +12,12 @@ from datetime import datetime, timezone
 import pytest
 
 from gpusched.bus import subjects
+from gpusched.bus.cas import append_cas
 from gpusched.bus.log import Conflict, EventLog
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.services.runtime import FoldedLog
 
 
 def node(name: str, gpus: int = 8) -> ev.NodeRegistered:

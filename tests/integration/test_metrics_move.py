@@ -11,10 +11,11 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from gpusched import metrics, telemetry
+from gpusched.bus.cas import append_cas
 from gpusched.core import events as ev
 from gpusched.core.heartbeat import GpuSample, Heartbeat
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota
-from gpusched.services.runtime import FoldedLog, append_cas
+from gpusched.services.runtime import FoldedLog
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
 

@@ -6,9 +6,8 @@ its per-model limit on that pool."""
 from gpusched.bus.log import EventLog
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, ModelQuota, TeamQuota
-from gpusched.services.placement import PLACEMENT_KINDS
+from gpusched.decider import PLACEMENT_KINDS, decide_and_append
 from gpusched.services.runtime import FoldedLog
-from gpusched.services.writer import decide_and_append
 
 
 def _node(name: str, model: str) -> ev.NodeRegistered:

@@ -10,8 +10,9 @@ from gpusched.core import events as ev
 from gpusched.core.commands import CancelJob, DrainNode, SetTeamQuota, SubmitJob
 from gpusched.core.model import JobSpec, TeamQuota, TopologyConstraint
 from gpusched.core.state import ClusterState
+from gpusched.decider import PLACEMENT_KINDS, budget_reasons, own_decisions
 from gpusched.services.admission import AdmissionConfig, Capacity, admit, decode, job_id_for
-from gpusched.services.placement import PLACEMENT_KINDS, budget_reasons, own_decisions, policy_config
+from gpusched.services.placement import policy_config
 from gpusched.services.quota_ledger import entitled_shares, standings
 
 

@@ -13,11 +13,9 @@ from gpusched.core.commands import SetTeamQuota
 from gpusched.core.model import JobSpec, ModelQuota, TeamQuota
 from gpusched.core.pools import canonical_model, parse_gpu_types
 from gpusched.core.state import ClusterState
+from gpusched.decider import PLACEMENT_KINDS, PREEMPTOR_KINDS, own_decisions
 from gpusched.policy.explain import explain_pending
 from gpusched.services.admission import AdmissionConfig, Capacity, admit
-from gpusched.services.placement import PLACEMENT_KINDS
-from gpusched.services.preemptor import PREEMPTOR_KINDS
-from gpusched.services.writer import own_decisions
 from gpusched.sim.pools import parse_mix, types_of
 
 from .policy_helpers import Scenario
@@ -334,7 +332,7 @@ def test_the_h100s_a_per_model_reclaim_frees_go_to_its_job_not_back_to_the_victi
     assert st.violations() == []
 
 
-# --- the writer's re-check (services/writer.own_decisions, rules.BatchCheck) ---------------------
+# --- the writer's re-check (decider.own_decisions, rules.BatchCheck) ---------------------
 
 H100_CAP_2 = TeamQuota(models={"H100": ModelQuota(limit=2)})
 
@@ -408,4 +406,15 @@ def test_an_elastic_job_grows_and_a_share_lands_only_within_the_per_model_limit(
     s.submit("f", 1, gpu_fraction=0.5)  # a third H100, even half of one, is past the limit: an A100 then
     s.cycle("full")
     assert canonical_model(s.state.gpus[s.state.jobs["f"].gpus[0]].model) == "A100"
+    assert s.state.violations() == []
+
+
+def test_an_elastic_job_grows_only_on_its_own_pool_and_type():
+    s = mixed()
+    s.run("e", ["h0/0", "h0/1", "h0/2", "h0/3"], size=8, min_gpus=2)  # on the full H100 node, 4 A100s idle
+    s.cycle("full")
+    assert s.state.jobs["e"].gpus == ["h0/0", "h0/1", "h0/2", "h0/3"]  # a gang lives on one GPU model
+    s.run("t", ["a0/0"], size=4, min_gpus=1, gpu_type="A100")
+    s.cycle("full")  # it grows into the other A100s, the only GPUs of its type
+    assert sorted(s.state.jobs["t"].gpus) == ["a0/0", "a0/1", "a0/2", "a0/3"]
     assert s.state.violations() == []

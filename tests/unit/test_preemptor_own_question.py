@@ -4,9 +4,9 @@ away (the queue's reasons and ETAs), and keeps exactly what the whole cycle woul
 from __future__ import annotations
 
 from gpusched.core import events as ev
+from gpusched.decider import PREEMPTOR_KINDS, PREEMPTOR_SKIPS
 from gpusched.policy.config import PRESETS
 from gpusched.policy.cycle import cycle
-from gpusched.services.preemptor import PREEMPTOR_KINDS, PREEMPTOR_SKIPS
 
 from .policy_helpers import Scenario, gpus
 

@@ -2,7 +2,8 @@
 clusters (hypothesis): "limit stops it" exactly when the team's holdings plus the job's gang pass
 its limit, "may reclaim" only when something is reclaimable for it, and the policy's team-limit
 reason never claims the job needs "more" GPUs than it asks for. (The issue's wider "show is
-true" property, every ETA and reason against what happened next in simulated runs, is not here.)"""
+true" property, every ETA and reason against what happened next in simulated runs, is in
+test_show_true.py.)"""
 
 from __future__ import annotations
 

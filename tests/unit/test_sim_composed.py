@@ -9,8 +9,7 @@ import pytest
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota
 from gpusched.core.state import ClusterState
-from gpusched.services.preemptor import PREEMPTOR_KINDS
-from gpusched.services.writer import own_decisions
+from gpusched.decider import PREEMPTOR_KINDS, own_decisions
 from gpusched.sim.engine import Cluster
 from gpusched.sim.report import runtime_model, simulate
 from gpusched.sim.traces import load_trace

@@ -196,9 +196,6 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-#: libs/ modules that still import services/, to be moved below them: the simulator's composed
-#: run drives the services' own writer (`services/writer.decide_and_append`) and kinds.
-KNOWN_UPWARD = {"gpusched.sim.composed"}
 
 
 def test_nothing_in_libs_below_the_cli_imports_services():
@@ -206,5 +203,5 @@ def test_nothing_in_libs_below_the_cli_imports_services():
     upward = {name for name, path in MODULES.items()
               if path.is_relative_to(ROOT / "libs") and not name.startswith("gpusched.cli")
               and any(t.startswith("gpusched.services") for t in _imports(name, path))}
-    assert upward == KNOWN_UPWARD
+    assert upward == set()
 

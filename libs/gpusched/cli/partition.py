@@ -26,8 +26,9 @@ async def partition_data(nats: str | None) -> list[str]:
 
 
 async def confirm(nats: str | None, nodes: list[str], reason: str) -> list[str]:
+    from gpusched.bus.cas import append_cas
     from gpusched.cli.reads import open_log
-    from gpusched.services.runtime import FoldedLog, append_cas
+    from gpusched.services.runtime import FoldedLog
 
     log = await open_log(nats)
     folded = FoldedLog(log)

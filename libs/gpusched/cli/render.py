@@ -342,6 +342,8 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
         w.append(f"blockers (policy): {', '.join(why['policy']['blockers'])}")
     if why.get("held"):
         w.append(f"[red]held by {why['held']}[/]")
+    if why.get("last_attempt"):
+        w.append(f"[red]{why['last_attempt']}[/]")
     if why.get("dependency"):
         w.append(f"dependencies: {', '.join(why['dependency'])}")
     tq = why["team_quota"]

@@ -552,7 +552,7 @@ match the simulated node daemons': `node00` in `rack00`, ...; `gpu_types` (`2:H1
 async def register_simulated_nodes(log, nodes: int, gpus_per_node: int, nodes_per_rack: int, nvlink: str,
                                    gpu_types: str | None = None) -> None:
     """Each registration is a compare-and-set, as every fact of the alloc tree
-    (`runtime.append_cas`), against the tree's last sequence that a lost one names."""
+    (`bus.cas.append_cas`), against the tree's last sequence that a lost one names."""
     from gpusched.bus.log import Conflict
 
     for event in simulated_nodes(nodes, gpus_per_node, nodes_per_rack, nvlink, gpu_types=gpu_types):

@@ -18,11 +18,19 @@ import msgspec
 
 from ..core import rules
 from ..core.model import LEVEL_RANK, PRIORITY_RANK
-from ..core.reasons import NoFreeCpuMem, NoNodeCpuMem
+from ..core.reasons import (
+    ArrayLimit,
+    BehindReservation,
+    BeyondGuarantee,
+    NoFreeCpuMem,
+    NoNodeCpuMem,
+    QueuedBehind,
+)
 from ..core.state import ClusterState, Job
 from .backfill import expected_end
 from .config import DEFAULT, PolicyConfig
 from .eligibility import not_eligible
+from .guarantee import Firm
 from .ordering import ordered
 from .pools import choices, pool_rows
 
@@ -59,6 +67,21 @@ def _domain_keys(state: ClusterState, required: str) -> tuple[str, dict[str, lis
     return "cluster", {"cluster": list(state.nodes)}
 
 
+def _out_of_service(state: ClusterState, nodes: list[str]) -> list[str]:
+    """The nodes that take no new work, each as 'node N drained' (or lost, partitioned)."""
+    out = []
+    for n in nodes:
+        node = state.nodes[n]
+        why = "lost" if node.lost else "drained" if node.drained else "partitioned" if node.partitioned else None
+        if why is not None:
+            out.append(f"node {n} {why}")
+    return out
+
+
+def _in_service(state: ClusterState, nodes: list[str]) -> list[str]:
+    return [n for n in nodes if state.nodes[n].usable and not state.nodes[n].partitioned]
+
+
 def _nvlink_free(state: ClusterState, node: str) -> int:
     """The most free GPUs in one NVLink domain of a node."""
     per: dict[int, int] = {}
@@ -76,12 +99,36 @@ def queue_order(state: ClusterState, now: float | None = None, config: PolicyCon
 
 def estimate_start(state: ClusterState, job: Job, now: float, config: PolicyConfig = DEFAULT) -> float | None:
     """When enough GPUs should be free in some allowed domain, and the team under its limit, if
-    running jobs end on time (their time limit, or a preemption deadline). None when unknown."""
+    running jobs end on time (their time limit, or a preemption deadline), or sooner where the
+    policy preempts them for it once they ran `min_runtime_s` (`_freed_at`). None when unknown."""
     room_at = _limit_room_at(state, job, now, config)
+    if room_at is not None and not job.spec.preemptible and config.fairshare and config.preemption:
+        firm_at = _firm_room_at(state, job, now, config)
+        room_at = None if firm_at is None else max(room_at, firm_at)
     if room_at is None:
         return None
     fit_at = _fit_at(state, job, now, config)
     return None if fit_at is None else max(room_at, fit_at)
+
+
+def _preempted_by_priority(job: Job, h: Job) -> bool:
+    """A holder the policy preempts for `job` by priority: a preemptible job of its own team, of
+    lower priority, not yielding already."""
+    return (h.spec.preemptible and h.preemption is None and h.spec.team == job.spec.team
+            and PRIORITY_RANK[h.spec.priority] < PRIORITY_RANK[job.spec.priority])
+
+
+def _freed_at(job: Job, h: Job, now: float, config: PolicyConfig) -> tuple[float, bool]:
+    """When holder `h`'s GPUs may be taken for `job`, and whether by a preemption: its expected
+    end, or, where the policy preempts it for the job by priority (its own team's, lower), once
+    it has run its `min_runtime_s` (reclaim across teams rests on more than the clock: no start
+    is promised from it)."""
+    end = expected_end(h, now, config)
+    if config.preemption and config.priority and _preempted_by_priority(job, h):
+        protected_until = (h.started_at if h.started_at is not None else now) + config.min_runtime_s
+        if protected_until < end:
+            return max(now, protected_until), True
+    return end, False
 
 
 def _limit_room_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
@@ -105,27 +152,53 @@ def _limit_room_at(state: ClusterState, job: Job, now: float, config: PolicyConf
     return None
 
 
+def _firm_room_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
+    """When the non-preemptible jobs running now have freed enough for this non-preemptible one
+    to keep every guarantee reclaimable (`guarantee.Firm.room`, the rule `plan.job_room`
+    applies where reclaim exists), as they end on time."""
+    capacity = state.free_count + sum(len(state.jobs[j].gpus) for j in state.running)
+    firm = Firm(state, [], capacity)
+    need = job.spec.gang_min
+    if not firm.active or firm.never_fits(job.spec.team, need) or need <= firm.room(job.spec.team):
+        return now
+    ends = sorted((expected_end(h, now, config), h.job_id) for h in (state.jobs[j] for j in state.running)
+                  if not h.spec.preemptible)
+    for at, jid in ends:
+        if not math.isfinite(at):
+            return None
+        h = state.jobs[jid]
+        firm.held[h.spec.team] -= min(len(h.gpus), h.spec.gang_min)
+        if need <= firm.room(job.spec.team):
+            return at
+    return None
+
+
 def _fit_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
     need = job.spec.gang_min
+    grace = config.checkpoint_grace_s if config.checkpoint else 0.0
     level, domains = _domain_keys(state, job.spec.topology.required)
     best: float | None = None
     for nodes in domains.values():
-        usable = [n for n in nodes if state.nodes[n].usable]
+        usable = _in_service(state, nodes)
         free = sum(len(state.nodes[n].free) for n in usable)
         if free >= need:
             return now
         capacity = sum(len(state.nodes[n].gpus) for n in usable)
         if capacity < need:
             continue
-        ends: list[tuple[float, int]] = []
-        for h, count in _held_on(state, usable).items():
-            ends.append((expected_end(state.jobs[h], now, config), count))
-        ends.sort()
-        for at, count in ends:
+        ends = sorted((*_freed_at(job, state.jobs[h], now, config), count)
+                      for h, count in _held_on(state, usable).items())
+        preempts = False
+        for at, preempt, count in ends:
             if not math.isfinite(at):
                 break
             free += count
+            preempts |= preempt
             if free >= need:
+                if preempts and at <= now:
+                    break  # it could preempt for it now and did not: something else holds it back
+                # the policy preempts once that completes the set; the victims yield within the grace
+                at += grace if preempts else 0.0
                 best = at if best is None else min(best, at)
                 break
     return best
@@ -146,7 +219,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         "priority": spec.priority,
         "needs": {"gpus": spec.gpus, "min_gpus": need, "required": spec.topology.required,
                   "preferred": spec.topology.preferred},
-        "policy": {"reason": job.pending_reason, "blockers": list(job.pending_blockers),
+        "policy": {"reason": job.pending_reason, "blockers": _still_blocking(state, job.pending_blockers),
                    "eta_s": job.pending_eta_s,
                    "why": None if job.pending_why is None else msgspec.to_builtins(job.pending_why)},
         "waiting_s": round(max(0.0, now - job.submitted_at), 3),
@@ -156,6 +229,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         return out
 
     out["held"] = job.hold
+    out["last_attempt"] = _last_attempt(state, job)
     out["dependency"] = [f"{d.kind}:{d.job} ({state.job_status(d.job) or 'unknown'})"
                          for d in spec.dependency]
     out["team_quota"] = _team_standing(state, job)
@@ -164,12 +238,15 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     out.update(_holders(state, job, now, config, out["team_quota"]["under_guarantee"], out["pools"]))
     out["queue"] = _ahead(state, job_id, now, config)
     out["unblock"] = _unblock(state, job, out)
-    eta = job.pending_eta_s
-    if eta is None:
+    eta, span = _policy_eta(job, now)
+    if eta is None and not isinstance(job.pending_why, _NOT_GPUS) and out["queue"]["ahead_jobs"] == 0:
+        # First in the policy's order: when its holders end (or are preempted for it), if
+        # nothing behind takes the GPUs first (strict FIFO and a reservation make that a bound).
+        # Behind other jobs, who starts first is the policy's plan (`policy/forecast.py`).
         start = estimate_start(state, job, now, config)
         eta = None if start is None else max(0.0, start - now)
     out["eta_s"] = None if eta is None else round(eta, 3)
-    out["eta_range"] = list(job.pending_eta_range) if job.pending_eta_s is not None and job.pending_eta_range else None
+    out["eta_range"] = span
     out["summary"] = _summary(out)
     barred = not_eligible(state, job, now)
     if barred is not None:  # held or waiting on dependencies: room is not the question yet
@@ -177,6 +254,40 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
         out["eta_s"] = out["eta_range"] = None
         out["summary"] = barred.text
     return out
+
+
+def _last_attempt(state: ClusterState, job: Job) -> str | None:
+    """Where its last attempt ran, when a node of it is lost now (the loss that requeued it: the
+    policy's reason since then is about its next start)."""
+    lost = [n for n in dict.fromkeys(job.nodes_started) if n in state.nodes and state.nodes[n].lost]
+    if job.attempt == 0 or not lost:
+        return None
+    return f"attempt {job.attempt} ran on {', '.join(f'node {n} lost' for n in lost)} (requeued from its checkpoint)"
+
+
+def _still_blocking(state: ClusterState, blockers: list[str]) -> list[str]:
+    """The policy's blockers as of now: a job it named that holds no GPUs any more is left out
+    (the reason is said again only when it changes, not when a named holder ends)."""
+    return [b for b in blockers if b not in state.jobs or state.jobs[b].holding]
+
+
+def _policy_eta(job: Job, now: float) -> tuple[float | None, list[float] | None]:
+    """The policy's ETA and range, from `now` (it said them at `pending_at`); none once overdue
+    (the start it foresaw came and the job still waits: the estimate was wrong)."""
+    if job.pending_eta_s is None:
+        return None, None
+    gone = max(0.0, now - job.pending_at)
+    left = job.pending_eta_s - gone
+    if left < 0.0 or (left == 0.0 and gone > 0.0):
+        return None, None
+    span = job.pending_eta_range
+    return left, None if not span else [round(max(0.0, span[0] - gone), 3), round(max(0.0, span[1] - gone), 3)]
+
+
+#: Policy reasons that keep a job waiting whatever GPUs free up first (its place in the queue,
+#: its array's limit): no start follows from GPUs freeing alone. (The guarantee rule,
+#: `BeyondGuarantee`, lifts as non-preemptible jobs end: `_firm_room_at`.)
+_NOT_GPUS = (QueuedBehind, BehindReservation, ArrayLimit)
 
 
 _UNBAR = {"Held": "`gpusched release JOB` (its owner's team or an admin)",
@@ -227,15 +338,18 @@ def _where(state: ClusterState, job: Job) -> dict[str, Any]:
     level, domains = _domain_keys(state, spec.topology.required)
     considered: list[dict[str, Any]] = []
     for name, nodes in domains.items():
-        usable = [n for n in nodes if state.nodes[n].usable]
+        usable = _in_service(state, nodes)
         free = sum(len(state.nodes[n].free) for n in usable)
         total = sum(len(state.nodes[n].gpus) for n in nodes)
-        held_here = _held_on(state, nodes)
+        held_here = _held_on(state, usable)
         considered.append({"domain": name, "level": level, "free": free, "total": total,
+                           "in_service": sum(len(state.nodes[n].gpus) for n in usable),
+                           "out_of_service": _out_of_service(state, nodes),
                            "unavailable": total - free - sum(held_here.values()),
                            "fits": free >= need, "short": max(0, need - free),
                            "top_holders": sorted(held_here.items(), key=lambda kv: (-kv[1], kv[0]))[:3]})
-    considered.sort(key=lambda d: (-d["free"], d["domain"]))
+    # where it could start once holders end first: a domain that nodes out of service leave too small is no "best"
+    considered.sort(key=lambda d: (d["in_service"] < need, -d["free"], d["domain"]))
     fits_now = [d["domain"] for d in considered if d["fits"]]
     best = considered[0] if considered else None
     topology: dict[str, Any] = {
@@ -248,13 +362,16 @@ def _where(state: ClusterState, job: Job) -> dict[str, Any]:
         topology["impossible"] = (
             f"no {level} has {need} GPUs at all" if considered else "no nodes registered"
         )
+    elif max(d["in_service"] for d in considered) < need:
+        # it fits the cluster as built, not as it is: name the nodes whose return would let it
+        fewest = min((d for d in considered if d["total"] >= need), key=lambda d: (len(d["out_of_service"]), d["domain"]))
+        topology["out_of_service"] = fewest["out_of_service"]
     return topology
 
 
 def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig, under_guarantee: bool,
              pools: dict[str, Any] | None = None) -> dict[str, Any]:
     """Who holds GPUs (biggest first), per team, and how many the policy may reclaim for it."""
-    spec = job.spec
     holders: list[dict[str, Any]] = []
     by_team: dict[str, int] = {}
     for jid in state.running:
@@ -269,7 +386,7 @@ def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig, un
             "preempting": h.preemption is not None,
         })
     holders.sort(key=lambda h: (-h["gpus"], h["job_id"]))
-    rank = PRIORITY_RANK[spec.priority]
+    spec, rank = job.spec, PRIORITY_RANK[job.spec.priority]
     # Preemptible holders the policy may reclaim for it: in its own team, lower priority ones;
     # in other teams (priority orders work only within a team's entitlement), those of a team
     # over its share, or any while its own team is under its guarantee (the fold's fairness rule).
@@ -312,6 +429,8 @@ def _unblock(state: ClusterState, job: Job, out: dict[str, Any]) -> list[str]:
                        f"topology.required={spec.topology.required})")
     elif spec.sliced:
         unblock.append(_slices_unblock(state, job))
+    elif "out_of_service" in topo:
+        unblock.append(f"{', '.join(topo['out_of_service'])} back in service: without them no {level} has {need} GPUs")
     elif not fits_now and best is not None:
         short = best["short"]
         where = "" if level == "cluster" else f" in {level} {best['domain']}"
@@ -323,6 +442,9 @@ def _unblock(state: ClusterState, job: Job, out: dict[str, Any]) -> list[str]:
     elif isinstance(job.pending_why, (NoFreeCpuMem, NoNodeCpuMem)):  # its GPUs fit: CPUs or memory do not
         unblock.append(job.pending_why.text + (": it starts when jobs on nodes with free GPUs end and free them" if
                                                isinstance(job.pending_why, NoFreeCpuMem) else ""))
+    elif fits_now and isinstance(job.pending_why, BeyondGuarantee):
+        unblock.append(f"team {spec.team}'s own non-preemptible jobs end (it may not borrow GPUs other teams "
+                       f"are guaranteed), or it is resubmitted --preemptible")
     elif fits_now and not limit_blocks:
         if ahead_jobs:
             unblock.append(f"{ahead_jobs} job(s) ahead of it in the queue are placed first "

@@ -6,7 +6,8 @@ who else takes them first (another job becomes the head, a reclaim or a LAS pree
 it). So the forecast copies the jobs that matter (pending and running), and plays the world
 forward with `cycle.cycle` under the same config, with no new arrivals: each running job ends
 when the run-time predictor (`policy/predict.py`, learned from completed jobs, never the true
-run time) says, at its median; a job asked to yield gives its GPUs back by its deadline; a job
+run time) says, at its median; a job asked to yield gives its GPUs back by its deadline; the
+policy is also called when a preemptible job's `min_runtime_s` protection ends; a job
 the plan starts ends after its own predicted run time. The first grant of each waiting job in
 the plan is its forecast start, and the range around it is the low..high quantiles of the
 predicted end of the job whose end let it start (the trigger), shifted by as much.
@@ -138,6 +139,19 @@ class _World:
         return None
 
 
+def _unprotected_at(job: Job, now: float, config: PolicyConfig) -> list[float]:
+    """When a preemptible running job may first be preempted (its `min_runtime_s` run, and its
+    back-off across teams): the plan calls the policy then, as the live timer does, or a job
+    waiting out that protection would get no start."""
+    if not (config.preemption and job.spec.preemptible) or job.started_at is None:
+        return []
+    run = config.min_runtime_s
+    runs = {run}
+    if config.preempt_backoff_max_s is not None:
+        runs.add(min(max(run, config.preempt_backoff_max_s), run * 2 ** min(job.preemptions, 32)))
+    return sorted(at for r in runs if (at := job.started_at + r) > now)
+
+
 def forecast(state: ClusterState, now: float, config: PolicyConfig, predictor: RuntimePredictor,
              cycle: Cycle, first: list[str], prelude: Sequence[ev.Event] = (), max_cycles: int = 64,
              horizon_s: float = 7 * 24 * 3600.0) -> Forecast:
@@ -156,6 +170,8 @@ def forecast(state: ClusterState, now: float, config: PolicyConfig, predictor: R
             world.wake(max(now, job.preemption.deadline), job)
         else:
             world.ends(job, now)
+            for at in _unprotected_at(job, now, config):
+                world.wake(at, job)
     starts: dict[str, Start] = {}
     t, trigger, cycles = now, (now, now, now), 0
     world.react(list(prelude), t, pending, starts, trigger)

@@ -4,7 +4,7 @@
 placement service appends grants, resizes and reasons, the preemptor requests, releases and
 time-limit ends, the fallback naive grants while placement is gone; each decides on its own
 fold and appends with compare-and-set, re-checking on a conflict. `ComposedSimulation` runs
-exactly that code (`services.writer.decide_and_append` with each service's kinds, rebase and
+exactly that code (`decider.decide_and_append` with each service's kinds, rebase and
 reason budget) on the in-memory event log (`bus.memory.MemoryEventLog`), on the simulator's
 clock and trace: every fact, the world's and the writers', goes through the one log, and the
 world's fold (the metrics' truth) is a fold of that log.
@@ -36,7 +36,7 @@ ROUND_S = 1e-6
 
 class LogFold:
     """A writer's fold of the in-memory log that moves only when asked: the interface of
-    `services.runtime.FoldedLog` that `decide_and_append` uses (state, alloc_seq, log,
+    `bus.cas.Folded` that `decide_and_append` uses (state, alloc_seq, log,
     catch_up, wait_seq, listeners)."""
 
     def __init__(self, log: MemoryEventLog, half_life_s: float | None):
@@ -103,11 +103,9 @@ class ComposedSimulation(Simulation):
         self._instant, self._ticks = -1.0, 0
 
     def _writers(self) -> list[Writer]:
+        from gpusched.decider import FALLBACK_KINDS, PLACEMENT_KINDS, PREEMPTOR_KINDS, PREEMPTOR_SKIPS, as_naive
         from gpusched.policy.cycle import cycle, naive_cycle
         from gpusched.policy.memo import Indexes
-        from gpusched.services.fallback import naive
-        from gpusched.services.placement import PLACEMENT_KINDS
-        from gpusched.services.preemptor import PREEMPTOR_KINDS, PREEMPTOR_SKIPS
 
         half_life, config = self.state.half_life_s, self.config
 
@@ -119,8 +117,8 @@ class ComposedSimulation(Simulation):
                            rebase=PLACEMENT_KINDS, max_reasons=250, active=lambda: not self._placement_is_down())
         preemptor = Writer("preemptor", LogFold(self.log, half_life), policy(Indexes(), PREEMPTOR_SKIPS), PREEMPTOR_KINDS)
         fallback = Writer("fallback", LogFold(self.log, half_life),
-                          lambda state, now: naive_cycle(state, now, fallback_indexes), (ev.GpusGranted,),
-                          rebase=(ev.GpusGranted,), transform=naive, active=self._placement_is_down)
+                          lambda state, now: naive_cycle(state, now, fallback_indexes), FALLBACK_KINDS,
+                          rebase=FALLBACK_KINDS, transform=as_naive, active=self._placement_is_down)
         return [placement, preemptor, fallback]
 
     def _placement_is_down(self) -> bool:
@@ -167,7 +165,7 @@ class ComposedSimulation(Simulation):
         self._start(started, t)
 
     async def _round(self, t: float) -> None:
-        from gpusched.services.writer import decide_and_append
+        from gpusched.decider import decide_and_append
 
         if t != self._instant:
             self._instant, self._ticks = t, 0

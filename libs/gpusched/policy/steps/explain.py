@@ -19,7 +19,7 @@ import msgspec
 from ...core import events as ev
 from ...core.reasons import NoRoom, NoRoomOnPools, Reason, Topology
 from ...core.state import ClusterState, Job
-from ..backfill import reserve
+from ..backfill import Reservation, reserve
 from ..forecast import Forecast, forecast
 from ..memo import Indexes
 from ..placement import no_fit
@@ -92,14 +92,16 @@ def _stale(f: Forecast, state: ClusterState, now: float) -> bool:
 
 def _planned(plan: CyclePlan, ctx: Context, cycle: Cycle,
              ranges: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """Each waiting job's ETA from the plan (none for a start already overdue: the plan is
-    wrong there, and nothing better is known until the next one), its range when uncertain."""
+    """Each waiting job's ETA from the plan (none for a start already overdue, or due now in an
+    older plan while this cycle did not start the job: the plan is wrong there, and nothing
+    better is known until the next one), its range when uncertain."""
     now, jobs = ctx.now, ctx.state.jobs
     etas: dict[str, float] = {}
-    for jid, s in _plan_of(plan, ctx, cycle).starts.items():
+    f = _plan_of(plan, ctx, cycle)
+    for jid, s in f.starts.items():
         job = jobs.get(jid)
-        if job is None or job.state != "pending" or s.at < now:
-            continue
+        if job is None or job.state != "pending" or s.at < now or (s.at == now and f.made_at < now):
+            continue  # overdue (an older plan's start came and this cycle did not start it)
         etas[jid] = s.at - now
         _range(ranges, jid, max(0.0, s.low - now), s.high - now)
     return etas
@@ -134,8 +136,9 @@ def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]],
         res = head_reservation(plan, ctx)
         if res is not None:
             why = no_fit(pool, lo, head.spec.topology.required, res.holders, reserved=True)
+            now = _overtaken(plan, ctx, head, res, lo)
             eta = _eta(plan, ctx, head, why, ranges) if predicted else (
-                None if not res.known else max(0.0, res.at - ctx.now))
+                None if not now.known else max(0.0, now.at - ctx.now))
             plan.note(head, _pooled(why, first), eta)
             return
     # No protected reservation: still name the jobs whose end would let it start.
@@ -143,6 +146,18 @@ def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]],
                      ctx.placer.for_spec(head.spec))
     why = no_fit(pool, lo, head.spec.topology.required, lo_res.holders if lo_res is not None else [])
     plan.note(head, _pooled(why, first), _eta(plan, ctx, head, why, ranges) if predicted else None)
+
+
+def _overtaken(plan: CyclePlan, ctx: Context, head: Job, res: Reservation, lo: int) -> Reservation:
+    """The head's reservation after this cycle's grants: one on its reserved GPUs (a job of a
+    team within its guarantee passes a reservation, `walk._entitled_past`) holds them until its
+    own end, so the set is worked out again with this cycle's grants among the holders."""
+    reserved = set(res.gpus)
+    if not any(g in reserved for _, gpus in plan.started for g in gpus):
+        return res
+    again = reserve(ctx.state, plan.pool, head, lo, ctx.now, ctx.config, holders(plan, ctx),
+                    ctx.placer.for_spec(head.spec))
+    return res if again is None else again
 
 
 def _eta(plan: CyclePlan, ctx: Context, head: Job, why: Reason,

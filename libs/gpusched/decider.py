@@ -1,7 +1,8 @@
-"""The one shape of a service that decides: decide on the fold as it is, keep this writer's
+"""The one shape of a writer that decides: decide on the fold as it is, keep this writer's
 kinds, re-check them with the core's rules, append them as compare-and-set batches against the
 view they were decided at, and on a conflict re-check what is left against the fresher fold.
-Placement, the preemptor and the fallback all run `decide_and_append`.
+Placement, the preemptor and the fallback services all run `decide_and_append`, and so does the
+simulator's composition of them (`sim/composed.py`): what each writer may append is here too.
 """
 
 from __future__ import annotations
@@ -9,17 +10,36 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+import msgspec
 import structlog
 
 from gpusched import metrics, telemetry
+from gpusched.bus.cas import Folded, append_cas
 from gpusched.core import events as ev
 from gpusched.core import rules
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog, append_cas
 
 log = structlog.get_logger()
 
 Decide = Callable[[ClusterState, float], list[ev.Event]]
+
+#: What each deciding writer appends (the log's other kinds are admission's, the node
+#: daemons' and the reconciler's). Placement: grants, resizes, reasons.
+PLACEMENT_KINDS = (ev.GpusGranted, ev.JobResized, ev.JobPending)
+#: The preemptor: preemption requests, forced releases, time-limit ends.
+PREEMPTOR_KINDS = (ev.PreemptionRequested, ev.GpusReleased, ev.JobFailed, ev.JobTimedOut)
+#: The steps of a cycle the preemptor skips: they decide placement's kinds only (reasons, ETAs,
+#: placement's), which cost most of a cycle on a long queue.
+PREEMPTOR_SKIPS = ("explain",)
+#: The fallback, while placement is gone: naive grants (`as_naive`).
+FALLBACK_KINDS = (ev.GpusGranted,)
+
+
+def as_naive(event: ev.Event) -> ev.Event:
+    """A fallback's grant says so (`placer="naive"`), for `show` and the audit."""
+    if isinstance(event, ev.GpusGranted) and event.placer != "naive":
+        return msgspec.structs.replace(event, placer="naive")
+    return event
 
 
 def msg_ids(state: ClusterState) -> Callable[[ev.Event], str | None]:
@@ -38,22 +58,6 @@ def msg_ids(state: ClusterState) -> Callable[[ev.Event], str | None]:
         return None
 
     return msg_id
-
-
-class Tracker:
-    """Seqs of the latest control-plane transitions, kept by a fold listener, so that the
-    transition events get deterministic message ids (exactly once per transition)."""
-
-    def __init__(self, folded: FoldedLog):
-        self.degraded_seq = 0
-        self.recovered_seq = 0
-        folded.listeners.append(self._on)
-
-    def _on(self, rec, state) -> None:
-        if isinstance(rec.event, ev.PlacementDegraded):
-            self.degraded_seq = rec.seq
-        elif isinstance(rec.event, ev.PlacementRecovered):
-            self.recovered_seq = rec.seq
 
 
 def own_decisions(state: ClusterState, events: Iterable[ev.Event], kinds: tuple[type, ...]) -> list[ev.Event]:
@@ -108,7 +112,7 @@ def budget_reasons(events: list[ev.Event], max_reasons: int | None) -> tuple[lis
     return kept, max(0, reasons - max_reasons)
 
 
-async def decide_and_append(folded: FoldedLog, decide: Decide, kinds: tuple[type, ...],
+async def decide_and_append(folded: Folded, decide: Decide, kinds: tuple[type, ...],
                             transform: Callable[[ev.Event], ev.Event] = lambda e: e,
                             rebase: tuple[type, ...] = (), max_reasons: int | None = None,
                             clock: Callable[[], float] = time.time) -> tuple[int, bool]:
