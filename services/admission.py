@@ -46,10 +46,11 @@ from gpusched.core.commands import (
     SubmitJob,
     UpdateJob,
 )
+from gpusched.core.fold.arrays import array_tasks
 from gpusched.core.model import LEVEL_RANK, ModelQuota, TeamQuota
 from gpusched.core.pools import canonical_model, model_guaranteed
 from gpusched.core.reasons import NoMatchingNode
-from gpusched.core.state import TERMINAL, ClusterState, Job, array_tasks
+from gpusched.core.state import TERMINAL, ClusterState, Job
 from gpusched.policy.eligibility import constrained, matching, not_eligible, wants
 from gpusched.policy.resources import never_fits
 from gpusched.services.runtime import FoldedLog, catch_up_after, notify_ready
@@ -405,7 +406,7 @@ def with_defaults(state: ClusterState, spec):
     return msgspec.structs.replace(spec, **changes) if changes else spec
 
 
-#: What the fold keeps of a job past its second horizon (`core.state.RETIRE_AFTER_HORIZONS`).
+#: What the fold keeps of a job past its second horizon (`core.fold.forgetting.RETIRE_AFTER_HORIZONS`).
 _RETIRED = "only its id is kept (past the fold's second horizon); its history is in the log and its exported segments"
 
 

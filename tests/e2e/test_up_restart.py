@@ -30,9 +30,12 @@ from .test_up_supervision import _all_gone, _kill_all, _pids, _ready, _up
 MARK = "gpusched-up-restart-test"
 #: 2 nodes of 10 GPUs: one job of 11 GPUs spans both (2 ranks), 9 jobs of one GPU fill the rest.
 SHAPE = ("--nodes", "2", "--gpus-per-node", "10")
-#: Short reconciler timings, so that a job the restart failed to adopt would be requeued (or its
-#: node lost) within the few seconds the test watches after the restart.
-TIMINGS = ("--node-timeout-s", "10", "--no-process-grace-s", "3")
+#: A short no-process grace, so that a job the restart failed to adopt would be requeued within
+#: the few seconds the test watches after the restart. The node timeout stays the default 30 s,
+#: given explicitly because `up` hands it to the node agents too: their fence keepers stop the
+#: jobs once the agents are gone for most of it, so a restart must take less (one that took more
+#: would rightly be a node loss, its jobs fenced before the reconciler could run them elsewhere).
+TIMINGS = ("--node-timeout-s", "30", "--no-process-grace-s", "3")
 
 
 def _job_processes(tag: str) -> dict[int, tuple[str, str]]:
@@ -247,6 +250,9 @@ def test_up_passes_keep_jobs_and_the_reconciler_timings_and_starts_the_reconcile
     assert planned().children["reconciler"].after == "nodeagent"
     kept = planned("--keep-jobs", "--node-timeout-s", "45", "--no-process-grace-s", "90")
     assert "--keep-jobs" in kept.children["nodeagent"].argv_extra
+    # the agents' fences are computed against the same node timeout as the reconciler's
+    assert kept.children["nodeagent"].env["GPUSCHED_NODE_TIMEOUT_S"] == "45"
+    assert "GPUSCHED_NODE_TIMEOUT_S" not in plain.children["nodeagent"].env
     argv = kept.children["reconciler"].argv_extra
     assert argv[argv.index("--node-timeout-s") + 1] == "45" and argv[argv.index("--no-process-grace-s") + 1] == "90"
     alone = planned("--services", "admission,placement,reconciler")  # no node agents: nothing to wait for

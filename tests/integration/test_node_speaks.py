@@ -12,8 +12,8 @@ import pytest
 from gpusched.bus.log import EventLog
 from gpusched.cli.replay import audit_stream
 from gpusched.core import events as ev
+from gpusched.core.fold.checks import AT_LEAD_S
 from gpusched.core.model import GpuInfo, JobSpec
-from gpusched.core.state import AT_LEAD_S
 from gpusched.security.audit import Audit
 from gpusched.store import fold_log
 

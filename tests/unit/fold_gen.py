@@ -28,7 +28,9 @@ def _free(state: ClusterState) -> list[str]:
 
 def _legal_preemption(state: ClusterState, victim, beneficiary) -> bool:
     v, b = state.teams[victim.team], state.teams[beneficiary.team]
-    return rules.fair_preemption(victim.team, v.quota, v.held, beneficiary.team, b.quota, b.held)
+    pool = rules.pool_of(state, victim.gpus)
+    return rules.fair_between(victim.team, rules.judged_on(v.quota, v.held, v.pool_held, pool),
+                              beneficiary.team, rules.judged_on(b.quota, b.held, b.pool_held, pool))
 
 
 def _room(state: ClusterState, team_name: str, free: int) -> int:

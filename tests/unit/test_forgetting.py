@@ -7,8 +7,9 @@ import msgspec
 from hypothesis import given, settings
 
 from gpusched.core import events as ev
+from gpusched.core.fold.arrays import array_tasks
 from gpusched.core.model import Dependency, GpuInfo, JobSpec, TeamQuota
-from gpusched.core.state import ClusterState, Tombstone, array_tasks
+from gpusched.core.state import ClusterState, Tombstone
 from gpusched.policy.eligibility import dependency_reason
 
 from .fold_gen import legal_events
@@ -198,7 +199,7 @@ def test_an_array_is_found_by_its_index_whole_forgotten_or_from_an_old_snapshot(
 def test_past_the_second_horizon_only_the_id_stays_and_it_is_never_handed_out_again():
     from gpusched.cli.reads import retired_note
     from gpusched.core.commands import CancelJob, SubmitJob
-    from gpusched.core.state import RETIRE_AFTER_HORIZONS
+    from gpusched.core.fold.forgetting import RETIRE_AFTER_HORIZONS
     from gpusched.services.admission import AdmissionConfig, Caller, Capacity, admit, job_id_for
 
     old = job_id_for("a/alice/first", ClusterState())  # an id admission makes: kept in 4 bytes

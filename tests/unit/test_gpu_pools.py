@@ -8,11 +8,16 @@ import msgspec
 import pytest
 
 from gpusched.core import events as ev
+from gpusched.core import rules
 from gpusched.core.commands import SetTeamQuota
 from gpusched.core.model import JobSpec, ModelQuota, TeamQuota
 from gpusched.core.pools import canonical_model, parse_gpu_types
 from gpusched.core.state import ClusterState
+from gpusched.policy.explain import explain_pending
 from gpusched.services.admission import AdmissionConfig, Capacity, admit
+from gpusched.services.placement import PLACEMENT_KINDS
+from gpusched.services.preemptor import PREEMPTOR_KINDS
+from gpusched.services.writer import own_decisions
 from gpusched.sim.pools import parse_mix, types_of
 
 from .policy_helpers import Scenario
@@ -262,3 +267,145 @@ def test_accounting_splits_gpu_hours_by_pool():
     assert gpu_hours_by_pool(ledger, 5400.0) == {"A100": {"a": 0.5}, "H100": {"a": 2.0}}
     rec = {r["job_id"]: r for r in job_records(s.state, ledger)}
     assert rec["x"]["gpu_hours_by_pool"] == {"H100": 2.0} and rec["y"]["gpu_hours_by_pool"] == {"A100": 0.5}
+
+
+# --- reclaim across teams judged per model -----------------------------------------------------
+
+SPLIT = TeamQuota(guaranteed=4, models={"H100": ModelQuota(guaranteed=2), "A100": ModelQuota(guaranteed=2)})
+A100_ONLY = TeamQuota(guaranteed=4, models={"A100": ModelQuota(guaranteed=4)})
+LATER = 1000.0  # past `min_runtime_s`: the running jobs may be taken
+
+# name: (team a's quota, team b's quota, what runs (job, team, GPUs, preemptible), a's job's spec,
+#        the jobs asked to yield for it)
+RECLAIM_CASES = {
+    # a is at its total (4 A100 of 2 H100 + 2 A100), b under its (4 H100 of 4 A100)
+    "under its H100 guarantee it reclaims H100s from a team over its own, whatever the totals": (
+        SPLIT, A100_ONLY,
+        [("mine", "a", ["a0/0", "a0/1", "a0/2", "a0/3"], True),
+         ("b1", "b", ["h0/0", "h0/1"], True), ("b2", "b", ["h0/2", "h0/3"], True)],
+        {"gpu_type": "H100"}, ["b1"]),
+    "an H100 deficit takes no A100 from a team over its total": (
+        SPLIT, TeamQuota(),
+        [("mine", "a", ["a0/0", "a0/1"], False), ("b1", "b", ["a0/2", "a0/3"], True),
+         ("b2", "b", ["h0/0", "h0/1", "h0/2", "h0/3"], False)],
+        {"gpu_type": "A100"}, []),
+    "under its A100 guarantee it reclaims A100s, whatever its H100s": (
+        SPLIT, TeamQuota(),
+        [("mine", "a", ["h0/0", "h0/1", "h0/2"], False), ("b1", "b", ["a0/0", "a0/1", "a0/2", "a0/3"], True)],
+        {"gpu_type": "A100"}, ["b1"]),
+    "b at its own H100 guarantee is not taken for a's H100 deficit": (
+        SPLIT, TeamQuota(guaranteed=4, models={"H100": ModelQuota(guaranteed=4)}),
+        [("mine", "a", ["a0/0", "a0/1"], False), ("b1", "b", ["h0/0", "h0/1", "h0/2", "h0/3"], True)],
+        {"gpu_type": "H100"}, []),
+    "teams without per-model terms reclaim by their totals, as before": (
+        TeamQuota(guaranteed=4), TeamQuota(),
+        [("mine", "a", ["a0/0", "a0/1"], False), ("b1", "b", ["a0/2", "a0/3"], True),
+         ("b2", "b", ["h0/0", "h0/1", "h0/2", "h0/3"], False)],
+        {"gpu_type": "A100"}, ["b1"]),
+}
+
+
+@pytest.mark.parametrize("name", list(RECLAIM_CASES))
+def test_reclaim_across_teams_compares_per_model_guarantees(name):
+    qa, qb, running, spec, want = RECLAIM_CASES[name]
+    s = mixed(("a", qa), ("b", qb))
+    for job, team, gpus, preemptible in running:
+        s.run(job, gpus, team=team, preemptible=preemptible)
+    s.now = LATER
+    s.submit("j", 2, team="a", **spec)
+    asked = [e.job_id for e in s.cycle("full") if isinstance(e, ev.PreemptionRequested)]
+    assert asked == want
+    assert s.state.violations() == []  # the fold judges the request as the policy did
+
+
+def test_the_h100s_a_per_model_reclaim_frees_go_to_its_job_not_back_to_the_victims_team():
+    s = mixed(("a", SPLIT), ("b", A100_ONLY))
+    s.run("mine", ["a0/0", "a0/1", "a0/2", "a0/3"], team="a", preemptible=True)
+    s.run("b1", ["h0/0", "h0/1"], team="b", preemptible=True, gpu_type="H100")
+    s.run("b2", ["h0/2", "h0/3"], team="b", preemptible=True, gpu_type="H100")
+    s.now = LATER
+    s.submit("j", 2, team="a", gpu_type="H100")
+    s.cycle("full")
+    s.checkpoint("b1", LATER + 10)
+    # b ranks first by its totals (under its 4) and b1 waits for H100s again, yet a's job gets them
+    s.cycle("full", now=LATER + 10)
+    st = s.state
+    assert st.jobs["j"].gpus == ["h0/0", "h0/1"] and st.jobs["b1"].state == "pending"
+    assert st.violations() == []
+
+
+# --- the writer's re-check (services/writer.own_decisions, rules.BatchCheck) ---------------------
+
+H100_CAP_2 = TeamQuota(models={"H100": ModelQuota(limit=2)})
+
+
+def test_the_writers_recheck_holds_per_model_limits_as_it_holds_the_team_limit():
+    s = mixed(("a", H100_CAP_2))
+    s.run("e", ["a0/3"], size=2, min_gpus=1)  # elastic, on an A100
+    for job, spec in {"j1": {"gpus": 2}, "j2": {"gpus": 1}, "j3": {"gpus": 2}, "f": {"gpus": 1, "gpu_fraction": 0.5},
+                      "k": {"gpus": 1, "team": "b"}}.items():
+        s.submit(job, **spec)
+    decided = [ev.GpusGranted(at=1, job_id="j1", attempt=1, gpus=["h0/0", "h0/1"]),  # a's 2 H100: at its limit
+               ev.GpusGranted(at=1, job_id="j2", attempt=1, gpus=["h0/2"]),  # a third H100
+               ev.GpusGranted(at=1, job_id="j3", attempt=1, gpus=["a0/0", "a0/1"]),  # A100: no limit there
+               ev.JobResized(at=1, job_id="e", added=["h0/3"]),  # growing into an H100
+               ev.GpusGranted(at=1, job_id="f", attempt=1, gpus=["h0/2"]),  # half an H100
+               ev.GpusGranted(at=1, job_id="k", attempt=1, gpus=["h0/2"])]  # team b has no per-model terms
+    assert own_decisions(s.state, decided, PLACEMENT_KINDS) == [decided[0], decided[2], decided[5]]
+    problems = []
+    check = rules.BatchCheck(s.state)
+    for e in decided:
+        problems.append(check.problem(e))
+    assert problems == [None, "grant beyond team a's per-model limit on H100", None,
+                        "grow beyond team a's per-model limit on H100", "grant beyond team a's per-model limit on H100",
+                        None]
+
+
+def test_the_writers_recheck_judges_a_preemption_on_the_victims_pool():
+    # totals call it fair (b at its 4, a under its 4), but on H100 b is at its guarantee and a at its own
+    s = mixed(("a", SPLIT), ("b", TeamQuota(guaranteed=4, models={"H100": ModelQuota(guaranteed=4)})))
+    s.run("mine", ["h0/0", "h0/1"], team="a")
+    s.run("b1", ["h0/2", "h0/3"], team="b", preemptible=True)
+    s.run("b2", ["a0/0", "a0/1"], team="b", preemptible=True)
+    s.submit("j", 2, team="a", gpu_type="H100")
+    on_h100 = ev.PreemptionRequested(at=1, job_id="b1", for_job="j", reason="r", deadline=9)
+    assert rules.BatchCheck(s.state).problem(on_h100) == "unfair preemption of team b for team a"
+    # on A100, b holds 2 beyond its (zero) guarantee there: fair
+    on_a100 = ev.PreemptionRequested(at=1, job_id="b2", for_job="j", reason="r", deadline=9)
+    assert own_decisions(s.state, [on_a100], PREEMPTOR_KINDS) == [on_a100]
+
+
+# --- what `show` says of per-model terms (policy/explain.py) -----------------------------------
+
+def test_show_names_the_per_model_limit_that_stops_a_job_and_what_would_unblock_it():
+    s = mixed(("a", H100_CAP_2))
+    s.run("h2", ["h0/0", "h0/1"])
+    s.submit("j", 1, gpu_type="H100")
+    x = explain_pending(s.state, "j")  # before any cycle: no reason recorded yet
+    assert x["pools"]["at_limit"] == ["H100"] and x["summary"] == "team a at its per-model limit on H100"
+    assert "team a holds 2 of its per-model limit 2 on H100: 1 of its H100 GPUs must free up, or that limit be " \
+           "raised to 3" in x["unblock"]
+    s.submit("any", 1)  # untyped: the A100s are open to it, so no limit stops it
+    assert explain_pending(s.state, "any")["summary"] != "team a at its per-model limit on H100"
+
+
+def test_show_counts_what_may_be_reclaimed_per_model():
+    # a is at its total guarantee but under on H100: b's H100s are reclaimable for an H100 job,
+    # b's A100s never are (the job does not accept them), whatever the totals say
+    s = mixed(("a", SPLIT), ("b", A100_ONLY))
+    s.run("mine", ["a0/0", "a0/1", "a0/2", "a0/3"], team="a", preemptible=True)
+    s.run("b1", ["h0/0", "h0/1"], team="b", preemptible=True)
+    s.submit("j", 2, team="a", gpu_type="H100")
+    x = explain_pending(s.state, "j")
+    assert x["reclaimable_gpus"] == 2 and x["pools"]["under_guarantee"] == ["H100"]
+
+
+def test_an_elastic_job_grows_and_a_share_lands_only_within_the_per_model_limit():
+    s = mixed(("a", H100_CAP_2))
+    s.run("e", ["h0/0"], size=4, min_gpus=1)  # elastic, one H100 of its limit 2
+    s.cycle("full")  # nothing waits: it grows into one more H100, not three
+    assert s.state.jobs["e"].gpus == ["h0/0", "h0/1"]
+    s.submit("f", 1, gpu_fraction=0.5)  # a third H100, even half of one, is past the limit: an A100 then
+    s.cycle("full")
+    assert canonical_model(s.state.gpus[s.state.jobs["f"].gpus[0]].model) == "A100"
+    assert s.state.violations() == []

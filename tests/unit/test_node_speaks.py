@@ -10,8 +10,9 @@ import msgspec
 from gpusched.bus import subjects
 from gpusched.bus.log import RawMessage
 from gpusched.core import events as ev
+from gpusched.core.fold.checks import AT_LEAD_S
 from gpusched.core.model import GpuInfo, JobSpec
-from gpusched.core.state import AT_LEAD_S, ClusterState
+from gpusched.core.state import ClusterState
 from gpusched.policy.config import PolicyConfig
 from gpusched.policy.cycle import cycle
 from gpusched.security import signing

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 
 from gpusched.core import events as ev
-from gpusched.core.model import GpuInfo, JobSpec, TeamQuota
+from gpusched.core.model import GpuInfo, JobSpec, ModelQuota, TeamQuota
 from gpusched.core.state import ClusterState, fold
 
 from .fold_gen import legal_events
@@ -59,6 +59,46 @@ CASES: dict[str, tuple[list[ev.Event], list[str]]] = {
                                    ev.PreemptionRequested(at=3, job_id="v", for_job="ghost", reason="?", deadline=10)],
                                   ["preemption_without_beneficiary"]),
 }
+
+# Per-model terms (issue 30): node h0 has 4 H100, a0 4 A100.
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+SPLIT = TeamQuota(guaranteed=4, models={"H100": ModelQuota(guaranteed=2), "A100": ModelQuota(guaranteed=2)})
+
+
+def typed_node(name: str, model: str) -> ev.NodeRegistered:
+    return ev.NodeRegistered(at=0, node=name, rack="r0", gpus=[GpuInfo(index=i, uuid=f"{name}-{i}", model=model)
+                                                              for i in range(4)])
+
+
+def pools(*quotas: tuple[str, TeamQuota]) -> list[ev.Event]:
+    return [typed_node("h0", H100), typed_node("a0", A100)] + [ev.TeamQuotaSet(at=0, team=t, quota=q) for t, q in quotas]
+
+
+CASES.update({
+    "a grant beyond a per-model limit": (
+        pools(("a", TeamQuota(models={"H100": ModelQuota(limit=2)}))) + [
+            submit("j1", gpus=2), grant("j1", "h0/0", "h0/1"), submit("j2", gpus=1), grant("j2", "h0/2")],
+        ["over_limit"]),
+    "a grant on another pool than the limited one": (
+        pools(("a", TeamQuota(models={"H100": ModelQuota(limit=2)}))) + [
+            submit("j1", gpus=2), grant("j1", "h0/0", "h0/1"), submit("j2", gpus=3), grant("j2", "a0/0", "a0/1", "a0/2")],
+        []),
+    "a growth beyond a per-model limit": (
+        pools(("a", TeamQuota(models={"H100": ModelQuota(limit=2)}))) + [
+            submit("e", gpus=4, min_gpus=1), grant("e", "h0/0", "h0/1"), ev.JobResized(at=3, job_id="e", added=["h0/2"])],
+        ["over_limit"]),
+    "reclaim of H100s from a team over its H100 guarantee, though under its total, is fair": (
+        pools(("a", SPLIT), ("b", TeamQuota(guaranteed=4, models={"A100": ModelQuota(guaranteed=4)}))) + [
+            submit("mine", gpus=4), grant("mine", "a0/0", "a0/1", "a0/2", "a0/3"),
+            submit("v", team="b", gpus=2, preemptible=True), grant("v", "h0/0", "h0/1"), submit("y", gpus=2),
+            ev.PreemptionRequested(at=3, job_id="v", for_job="y", reason="reclaim", deadline=10)], []),
+    "preemption of a team at its H100 guarantee for a team at its own, though under its total, is unfair": (
+        pools(("a", SPLIT), ("b", SPLIT)) + [
+            submit("mine", gpus=2), grant("mine", "h0/0", "h0/1"),
+            submit("v", team="b", gpus=2, preemptible=True), grant("v", "h0/2", "h0/3"), submit("y", gpus=2),
+            ev.PreemptionRequested(at=3, job_id="v", for_job="y", reason="priority", deadline=10)],
+        ["unfair_preemption"]),
+})
 
 
 @pytest.mark.parametrize("name", list(CASES))

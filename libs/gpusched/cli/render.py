@@ -348,7 +348,10 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
         w.append("GPU pools: " + "  ".join(f"{p} {r['free']}/{r['gpus']} free" for p, r in gp["rows"].items())
                  + f"; accepts {', '.join(gp['accepts']) or 'any'}"
                  + (f"; not accepted: {', '.join(gp['not_accepted'])}" if gp["not_accepted"] else "")
-                 + (f"; team {why['team']} held/guar<=limit: {pool_text(gp['rows'])}" if gp["terms"] else ""))
+                 + (f"; team {why['team']} held/guar<=limit: {pool_text(gp['rows'])}" if gp["terms"] else "")
+                 + (f"  [red]per-model limit stops it on {', '.join(gp['at_limit'])}[/]" if gp.get("at_limit") else "")
+                 + (f"  (under its per-model guarantee on {', '.join(gp['under_guarantee'])}: may reclaim there)"
+                    if gp.get("under_guarantee") and why.get("reclaimable_gpus") else ""))
     topo = why["topology"]
     w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
              f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"

@@ -295,6 +295,8 @@ class Stack:
                           "--checkpoint-root", str(self.data_dir / "work" / "checkpoints")],
         }
         env: dict[str, dict[str, str]] = {}
+        if a.node_timeout_s is not None:  # the agents' fences must fire before the reconciler's timeout
+            env["nodeagent"] = {"GPUSCHED_NODE_TIMEOUT_S": f"{a.node_timeout_s:g}"}
         if "dashboard" in wanted and registry.available("dashboard"):
             from gpusched.services.dashboard.guard import new_token
 
@@ -727,7 +729,8 @@ def register(sub) -> None:
     up.add_argument("--node-mem", default=None, metavar="SIZE",
                     help="memory each simulated node offers jobs, like 64G (default: not declared)")
     up.add_argument("--node-timeout-s", type=float, default=None, metavar="S",
-                    help="reconciler: a node silent this long is lost and its jobs requeued (default 30)")
+                    help="a node silent this long is lost and its jobs requeued (reconciler); the node agents "
+                         "fence their jobs before it (default 30)")
     up.add_argument("--no-process-grace-s", type=float, default=None, metavar="S",
                     help="reconciler: a running job its node's heartbeats show without a process this long is "
                          "requeued or failed (default 60)")

@@ -10,7 +10,6 @@ older, looser rule (case-insensitive substring of the registered model), so
 from __future__ import annotations
 
 import functools
-import math
 import re
 from typing import TYPE_CHECKING
 
@@ -57,15 +56,6 @@ def has_models(quota: TeamQuota | None) -> bool:
     return quota is not None and bool(quota.models)
 
 
-def model_room(quota: TeamQuota | None, pool: str, held: float) -> int | None:
-    """Whole GPUs of `pool` a team holding `held` of them (shares count their share) may still
-    take (None: no per-model limit)."""
-    if quota is None:
-        return None
-    m = quota.models.get(pool)
-    return None if m is None or m.limit is None else math.floor(m.limit - held + 1e-9)
-
-
 def model_guaranteed(quota: TeamQuota | None, pool: str) -> int:
     m = quota.models.get(pool) if quota is not None else None
     return 0 if m is None else m.guaranteed
@@ -99,5 +89,5 @@ def sim_memory_mb(model: str) -> int:
     return SIM_MEMORY_MB.get(canonical_model(model), 81920)
 
 
-__all__ = ["MAX_MODELS", "accepted", "canonical_model", "has_models", "model_guaranteed", "model_room",
+__all__ = ["MAX_MODELS", "accepted", "canonical_model", "has_models", "model_guaranteed",
            "parse_gpu_types", "pool_text", "sim_memory_mb", "type_matches"]

@@ -8,11 +8,12 @@ deciding, verifying and auditing cannot disagree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import events as ev
 from .model import GpuId, JobSpec, TeamQuota
+from .pools import canonical_model
 
 if TYPE_CHECKING:
     from .state import ClusterState, Job
@@ -73,27 +74,71 @@ def gang_size_ok(spec: JobSpec, n: int) -> bool:
     return spec.gang_min <= n <= spec.gpus
 
 
-def limit_room(quota: TeamQuota | None, held: float) -> float | None:
-    """GPUs a team holding `held` may still take before its hard limit (None: no limit)."""
-    if quota is None or quota.limit is None:
+def limit_room(quota: TeamQuota | None, held: float, pool: str | None = None) -> float | None:
+    """GPUs a team holding `held` may still take before its hard limit (None: no limit): its
+    total limit, or given `pool` (then `held` is its holding there), its per-model limit on
+    that GPU pool (`TeamQuota.models`, issue 30)."""
+    if quota is None:
         return None
-    return quota.limit - held
+    if pool is None:
+        limit = quota.limit
+    else:
+        m = quota.models.get(pool)
+        limit = None if m is None else m.limit
+    return None if limit is None else limit - held
 
 
-def over_limit(quota: TeamQuota | None, held: float) -> bool:
-    room = limit_room(quota, held)
+def over_limit(quota: TeamQuota | None, held: float, pool: str | None = None) -> bool:
+    room = limit_room(quota, held, pool)
     return room is not None and room < -SHARE_SLACK
 
 
-def fair_preemption(victim_team: str, victim_quota: TeamQuota | None, victim_held: float,
-                    for_team: str, for_quota: TeamQuota | None, for_held: float) -> bool:
+def broken_limit(quota: TeamQuota | None, held: float | None, pool_held: Mapping[str, float],
+                 pools: Iterable[str]) -> tuple[str | None, float, int] | None:
+    """The hard limit a team breaks after taking GPUs of `pools`, holding `held` GPUs in all
+    (None: its total is not in question) and `pool_held` per pool: (None: its total limit, or
+    the pool of its per-model limit; what it holds there; the limit), or None: it breaks
+    neither. The fold and the writer's re-check ask this; placement asks `limit_room`."""
+    if held is not None and over_limit(quota, held):
+        assert quota is not None and quota.limit is not None
+        return None, held, quota.limit
+    if quota is None or not quota.models:
+        return None
+    for p in dict.fromkeys(pools):
+        m, h = quota.models.get(p), pool_held.get(p, 0)
+        if m is not None and m.limit is not None and over_limit(quota, h, p):
+            return p, h, m.limit
+    return None
+
+
+def pool_of(state: ClusterState, gpus: Iterable[GpuId]) -> str | None:
+    """The one GPU pool `gpus` lie in (None: none, or several)."""
+    found = {canonical_model(state.gpus[g].model) for g in gpus if g in state.gpus}
+    return next(iter(found)) if len(found) == 1 else None
+
+
+#: What a team's guarantee is judged by: (its holding, its guarantee).
+Standing = tuple[float, int]
+
+
+def judged_on(quota: TeamQuota | None, held: float, pool_held: Mapping[str, float], pool: str | None) -> Standing:
+    """What a team's guarantee is judged by where GPUs of `pool` are at stake (issue 30): for a
+    team with per-model terms, its holding on that pool and its per-model guarantee there (0
+    for a pool outside its terms); otherwise, or across pools (None), its totals, as before
+    pools. So a team under its H100 guarantee may reclaim H100s from a team over its own H100
+    guarantee whatever their totals say, and no A100 is taken on account of an H100 deficit."""
+    if pool is not None and quota is not None and quota.models:
+        m = quota.models.get(pool)
+        return pool_held.get(pool, 0), 0 if m is None else m.guaranteed
+    return held, quota.guaranteed if quota is not None else 0
+
+
+def fair_between(victim_team: str, victim: Standing, for_team: str, beneficiary: Standing) -> bool:
     """A team at or under its guaranteed share is never preempted for a team at or over its own
-    (holdings at the moment the request is applied)."""
+    (their standings, `judged_on`, at the moment the request is applied)."""
     if victim_team == for_team:
         return True
-    vg = victim_quota.guaranteed if victim_quota is not None else 0
-    fg = for_quota.guaranteed if for_quota is not None else 0
-    return not (victim_held <= vg and for_held >= fg)
+    return not (victim[0] <= victim[1] and beneficiary[0] >= beneficiary[1])
 
 
 def work_since_checkpoint(job: Job, at: float) -> float:
@@ -117,6 +162,7 @@ class BatchCheck:
         self.holder: dict[GpuId, str | None] = {}  # GPU -> holder after this batch
         self.job_gpus: dict[str, list[GpuId]] = {}  # job -> its GPUs after this batch
         self.team_delta: dict[str, float] = {}
+        self.pool_delta: dict[tuple[str, str], float] = {}  # (team, GPU pool) -> change after this batch
         self.load: dict[GpuId, float] = {}  # GPU -> the sum of its shares after this batch
         self.granted: set[str] = set()
         self.released: set[str] = set()
@@ -141,16 +187,44 @@ class BatchCheck:
             return "grant of a share of a GPU held whole"
         share = job.spec.share_on(rec.memory_mb)
         problem = share_problem(self.state, g, share, self.load.get(g, rec.shared_load))
-        if problem is None and share is not None and self._over_limit(job.team, share):
-            return f"grant beyond team {job.team}'s limit"
+        beyond = self._beyond(job.team, share, [g]) if problem is None and share is not None else None
+        if beyond is not None:
+            return f"grant beyond team {job.team}'s {beyond}"
         return None if problem is None else f"grant of a share of {g}: {problem}"
 
     def gpus_of(self, job_id: str) -> list[GpuId]:
         return self.job_gpus[job_id] if job_id in self.job_gpus else list(self.state.jobs[job_id].gpus)
 
-    def _over_limit(self, team: str, add: float) -> bool:
+    def _beyond(self, team: str, amount: float, added: list[GpuId], removed: list[GpuId] = ()) -> str | None:  # type: ignore[assignment]
+        """Which hard limit of the team taking `added` and giving back `removed` (`amount` per
+        GPU: a share, or 1) breaks after this batch: "limit", "per-model limit on H100", or None
+        (`broken_limit`). As the fold, a net loss is never beyond the total limit."""
         t = self.state.teams.get(team)
-        return add > 0 and t is not None and over_limit(t.quota, t.held + self.team_delta.get(team, 0) + add)
+        if t is None or not added:
+            return None
+        add = amount * (len(added) - len(removed))
+        per = self._pool_change(added, removed, amount)
+        held = t.held + self.team_delta.get(team, 0) + add if add > 0 else None
+        pool_held = {p: t.pool_held.get(p, 0) + self.pool_delta.get((team, p), 0) + n for p, n in per.items()}
+        broken = broken_limit(t.quota, held, pool_held, [p for p, n in per.items() if n > 0])
+        if broken is None:
+            return None
+        return "limit" if broken[0] is None else f"per-model limit on {broken[0]}"
+
+    def _pool_change(self, added: Iterable[GpuId], removed: Iterable[GpuId], amount: float) -> dict[str, float]:
+        per: dict[str, float] = {}
+        for g, sign in [(g, 1) for g in added] + [(g, -1) for g in removed]:
+            rec = self.state.gpus.get(g)
+            if rec is not None:
+                p = canonical_model(rec.model)
+                per[p] = per.get(p, 0) + sign * amount
+        return per
+
+    def _count(self, team: str, amount: float, added: list[GpuId], removed: list[GpuId]) -> None:
+        """The team's holdings after this batch: `amount` per GPU added, less per GPU removed."""
+        self.team_delta[team] = self.team_delta.get(team, 0) + amount * (len(added) - len(removed))
+        for p, n in self._pool_change(added, removed, amount).items():
+            self.pool_delta[(team, p)] = self.pool_delta.get((team, p), 0) + n
 
     def problem(self, e: ev.Event) -> str | None:
         check = _CHECKS.get(type(e))
@@ -168,7 +242,7 @@ class BatchCheck:
                 g = e.gpus[0]
                 share = job.spec.share_on(self.state.gpus[g].memory_mb) or 0.0
                 self.load[g] = self.load.get(g, self.state.gpus[g].shared_load) + share
-                self.team_delta[job.team] = self.team_delta.get(job.team, 0) + share
+                self._count(job.team, share, [g], [])
                 self.job_gpus[e.job_id] = [g]
                 self.granted.add(e.job_id)
             return problem
@@ -176,8 +250,9 @@ class BatchCheck:
             return "grant of GPUs that are not free"
         if not gang_size_ok(job.spec, len(e.gpus)):
             return f"grant of {len(e.gpus)} GPUs, gang needs {job.spec.gang_min}..{job.spec.gpus}"
-        if self._over_limit(job.team, len(e.gpus)):
-            return f"grant beyond team {job.team}'s limit"
+        beyond = self._beyond(job.team, 1, list(e.gpus))
+        if beyond is not None:
+            return f"grant beyond team {job.team}'s {beyond}"
         short = self._short(job.spec, _nodes(e.gpus))
         if short:
             return f"grant {short}"
@@ -196,8 +271,9 @@ class BatchCheck:
             return "grow into GPUs that are not free"
         if not gang_size_ok(job.spec, len(current) - len(e.removed) + len(e.added)):
             return "resize outside the gang's range"
-        if self._over_limit(job.team, len(e.added) - len(e.removed)):
-            return f"grow beyond team {job.team}'s limit"
+        beyond = self._beyond(job.team, 1, list(e.added), list(e.removed))
+        if beyond is not None:
+            return f"grow beyond team {job.team}'s {beyond}"
         kept = _nodes([g for g in current if g not in set(e.removed)])
         short = self._short(job.spec, [n for n in _nodes(e.added) if n not in kept])
         if short:
@@ -212,7 +288,7 @@ class BatchCheck:
         if job.spec.shared:
             for g in job.gpus:
                 self.load[g] = self.load.get(g, self.state.gpus[g].shared_load) - job.share
-            self.team_delta[job.team] = self.team_delta.get(job.team, 0) - job.weight
+            self._count(job.team, job.share, [], list(job.gpus))
             self.job_gpus[e.job_id] = []
             self.released.add(e.job_id)
             return None
@@ -234,13 +310,20 @@ class BatchCheck:
             return "preemption that serves no known job"
         if not job.spec.preemptible:
             return "preemption of a job that is not preemptible"
-        vt, ft = self.state.teams.get(job.team), self.state.teams.get(beneficiary.team)
-        v_held = (vt.held if vt else 0) + self.team_delta.get(job.team, 0)
-        f_held = (ft.held if ft else 0) + self.team_delta.get(beneficiary.team, 0)
-        if not fair_preemption(job.team, vt.quota if vt else None, v_held,
-                               beneficiary.team, ft.quota if ft else None, f_held):
+        pool = pool_of(self.state, self.gpus_of(e.job_id))
+        if not fair_between(job.team, self._standing(job.team, pool),
+                            beneficiary.team, self._standing(beneficiary.team, pool)):
             return f"unfair preemption of team {job.team} for team {beneficiary.team}"
         return None
+
+    def _standing(self, team: str, pool: str | None) -> Standing:
+        """What the team's guarantee is judged by after this batch's earlier decisions (`judged_on`)."""
+        t = self.state.teams.get(team)
+        if t is None:
+            return judged_on(None, self.team_delta.get(team, 0), {}, pool)
+        held = t.held + self.team_delta.get(team, 0)
+        on = {} if pool is None else {pool: t.pool_held.get(pool, 0) + self.pool_delta.get((team, pool), 0)}
+        return judged_on(t.quota, held, on, pool)
 
     def _short(self, spec: JobSpec, nodes: list[str]) -> str | None:
         """A node of `nodes` without the job's per-node CPUs or memory free (fold plus batch)."""
@@ -264,7 +347,7 @@ class BatchCheck:
         gone = set(removed)
         before = _nodes(self.gpus_of(job_id))
         self.job_gpus[job_id] = [g for g in self.gpus_of(job_id) if g not in gone] + added
-        self.team_delta[team] = self.team_delta.get(team, 0) + len(added) - len(removed)
+        self._count(team, 1, added, removed)
         job = self.state.jobs.get(job_id)
         if job is not None and (job.spec.cpus or job.spec.memory_mb):
             after = _nodes(self.job_gpus[job_id])
@@ -294,5 +377,6 @@ def freed_by(state: ClusterState, events: Iterable[ev.Event]) -> set[GpuId]:
     return out
 
 
-__all__ = ["SHARE_SLACK", "BatchCheck", "fair_preemption", "freed_by", "gang_floor", "gang_size_ok", "gpu_healthy", "gpu_placeable",
-           "limit_room", "over_limit", "share_problem", "work_since_checkpoint"]
+__all__ = ["SHARE_SLACK", "BatchCheck", "Standing", "broken_limit", "fair_between", "freed_by", "gang_floor",
+           "gang_size_ok", "gpu_healthy", "gpu_placeable", "judged_on", "limit_room", "over_limit", "pool_of",
+           "share_problem", "work_since_checkpoint"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from ..core import rules
 from ..core.model import LEVEL_RANK, PRIORITY_RANK
 from ..core.reasons import NoFreeCpuMem, NoNodeCpuMem
 from ..core.state import ClusterState, Job
@@ -160,7 +161,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     out["team_quota"] = _team_standing(state, job)
     out["pools"] = _pools_standing(state, job)
     out["topology"] = _where(state, job)
-    out.update(_holders(state, job, now, config, out["team_quota"]["under_guarantee"]))
+    out.update(_holders(state, job, now, config, out["team_quota"]["under_guarantee"], out["pools"]))
     out["queue"] = _ahead(state, job_id, now, config)
     out["unblock"] = _unblock(state, job, out)
     eta = job.pending_eta_s
@@ -209,8 +210,15 @@ def _pools_standing(state: ClusterState, job: Job) -> dict[str, Any] | None:
     order = choices(state, job.spec, lambda p: rows[p]["held"], always=True)
     accepts = list(dict.fromkeys(p for _, p in order)) if order is not None else []
     t = state.teams.get(job.spec.team)
+    terms = t is not None and bool(t.quota.models)
+    tried = accepts or list(rows)
+    need = job.spec.gang_min
     return {"rows": rows, "accepts": accepts, "not_accepted": [p for p in rows if accepts and p not in accepts],
-            "terms": t is not None and bool(t.quota.models)}
+            "terms": terms,
+            # the pools the job is tried on where its team's per-model limit leaves no room for it,
+            # and those where its team is under its per-model guarantee (it may reclaim there)
+            "at_limit": [p for p in tried if t is not None and rules.over_limit(t.quota, rows[p]["held"] + need, p)],
+            "under_guarantee": [p for p in tried if terms and rows[p]["held"] < rows[p]["guaranteed"]]}
 
 
 def _where(state: ClusterState, job: Job) -> dict[str, Any]:
@@ -243,7 +251,8 @@ def _where(state: ClusterState, job: Job) -> dict[str, Any]:
     return topology
 
 
-def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig, under_guarantee: bool) -> dict[str, Any]:
+def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig, under_guarantee: bool,
+             pools: dict[str, Any] | None = None) -> dict[str, Any]:
     """Who holds GPUs (biggest first), per team, and how many the policy may reclaim for it."""
     spec = job.spec
     holders: list[dict[str, Any]] = []
@@ -264,9 +273,10 @@ def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig, un
     # Preemptible holders the policy may reclaim for it: in its own team, lower priority ones;
     # in other teams (priority orders work only within a team's entitlement), those of a team
     # over its share, or any while its own team is under its guarantee (the fold's fairness rule).
+    # Where per-model terms judge (either team has them), on the holder's pool (`rules.judged_on`).
     reclaimable = [h for h in holders if h["preemptible"] and not h["preempting"] and (
         PRIORITY_RANK[h["priority"]] < rank if h["team"] == spec.team
-        else (_over_share(state, h["team"]) or under_guarantee))]
+        else _reclaimable(state, job, state.jobs[h["job_id"]], under_guarantee, pools))]
     return {"holders": holders[:TOP], "held_by_team": dict(sorted(by_team.items(), key=lambda kv: (-kv[1], kv[0]))),
             "reclaimable_gpus": sum(h["gpus"] for h in reclaimable)}
 
@@ -292,6 +302,11 @@ def _unblock(state: ClusterState, job: Job, out: dict[str, Any]) -> list[str]:
     if limit_blocks and limit is not None:
         unblock.append(f"team {spec.team} holds {held} of its limit {limit}: {held + need - limit} of its GPUs "
                        f"must free up, or the limit be raised to {held + need}")
+    for p in _limited_everywhere(out):
+        r = out["pools"]["rows"][p]
+        unblock.append(f"team {spec.team} holds {r['held']:g} of its per-model limit {r['limit']} on {p}: "
+                       f"{r['held'] + need - r['limit']:g} of its {p} GPUs must free up, or that limit be raised "
+                       f"to {math.ceil(r['held'] + need)}")
     if "impossible" in out["topology"]:
         unblock.append(f"it can never fit: {out['topology']['impossible']} (lower its size or relax "
                        f"topology.required={spec.topology.required})")
@@ -317,9 +332,38 @@ def _unblock(state: ClusterState, job: Job, out: dict[str, Any]) -> list[str]:
     return unblock
 
 
+def _reclaimable(state: ClusterState, job: Job, holder: Job, under_guarantee: bool, pools: dict[str, Any] | None) -> bool:
+    """Another team's preemptible holder the policy may reclaim for `job`: its team over its
+    share, or the job's under its own; on the holder's GPU pool where per-model terms judge."""
+    mine, theirs = state.teams.get(job.spec.team), state.teams.get(holder.spec.team)
+    pool = rules.pool_of(state, holder.gpus)
+    if pool is None or not ((mine is not None and mine.quota.models) or (theirs is not None and theirs.quota.models)):
+        return _over_share(state, holder.spec.team) or under_guarantee
+    if pools is not None and pools["accepts"] and pool not in pools["accepts"]:
+        return False  # it frees nothing the job is tried on
+    vh, vg = _judged(theirs, pool)
+    fh, fg = _judged(mine, pool)
+    return vh > vg or fh < fg
+
+
+def _judged(t, pool: str) -> rules.Standing:
+    if t is None:
+        return 0, 0
+    return rules.judged_on(t.quota, t.held, t.pool_held, pool)
+
+
 def _over_share(state: ClusterState, team: str) -> bool:
     t = state.teams.get(team)
     return t is not None and t.held > t.quota.guaranteed
+
+
+def _limited_everywhere(x: dict[str, Any]) -> list[str]:
+    """The pools barred by the team's per-model limits, when they bar every pool the job is tried on."""
+    pools = x.get("pools")
+    if not pools or not pools["at_limit"]:
+        return []
+    tried = pools["accepts"] or list(pools["rows"])
+    return pools["at_limit"] if set(tried) <= set(pools["at_limit"]) else []
 
 
 def _summary(x: dict[str, Any]) -> str:
@@ -328,6 +372,8 @@ def _summary(x: dict[str, Any]) -> str:
     if x["team_quota"]["limit_blocks"]:
         tq = x["team_quota"]
         return f"team {x['team']} at its limit {tq['limit']} (holds {tq['held']})"
+    if limited := _limited_everywhere(x):
+        return f"team {x['team']} at its per-model limit on {', '.join(limited)}"
     topo = x["topology"]
     if "impossible" in topo:
         return f"can never fit: {topo['impossible']}"

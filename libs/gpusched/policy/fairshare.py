@@ -18,15 +18,17 @@ from ..core.state import ClusterState
 from .config import PolicyConfig
 
 
-def team_rank(state: ClusterState, team: str, held: float, usage: float, config: PolicyConfig) -> tuple:
-    """Lower sorts first. `held` is the team's holding as this cycle sees it. The rank holds no
-    name: equal ranks are ties for the caller to break (see the module docstring)."""
+def team_rank(state: ClusterState, team: str, held: float, usage: float, config: PolicyConfig,
+              on: rules.Standing | None = None) -> tuple:
+    """Lower sorts first. `held` is the team's holding as this cycle sees it; `on`: the standing
+    its guarantee is judged by instead of its totals (on one GPU pool, `standing`). The rank
+    holds no name: equal ranks are ties for the caller to break (see the module docstring)."""
     t = state.teams.get(team)
     q = t.quota if t is not None else None
-    guaranteed = q.guaranteed if q is not None else 0
+    h, guaranteed = on if on is not None else (held, q.guaranteed if q is not None else 0)
     weight = q.weight if q is not None else 1.0
-    if 0 < guaranteed and held < guaranteed:
-        return (0, held / guaranteed, held - guaranteed)
+    if 0 < guaranteed and h < guaranteed:
+        return (0, h / guaranteed, h - guaranteed)
     return (1, (usage + held * config.fairshare_horizon_s) / weight, 0)
 
 
@@ -42,9 +44,15 @@ def limit_room(state: ClusterState, team: str, held: float) -> float | None:
     return rules.limit_room(t.quota if t is not None else None, held)
 
 
+def standing(state: ClusterState, team: str, held: float, pool: str | None = None, on_pool: float = 0.0) -> rules.Standing:
+    """What the team's guarantee is judged by (`rules.judged_on`), holding `held` in all and
+    `on_pool` of GPU pool `pool` (None: totals) as this cycle sees them."""
+    t = state.teams.get(team)
+    return rules.judged_on(t.quota if t is not None else None, held, {} if pool is None else {pool: on_pool}, pool)
+
+
 def may_preempt(state: ClusterState, victim_team: str, victim_held: float, for_team: str, for_held: float) -> bool:
-    """The fold's fairness rule (`rules.fair_preemption`). `*_held` are the holdings when the
-    request is applied."""
-    vt, ft = state.teams.get(victim_team), state.teams.get(for_team)
-    return rules.fair_preemption(victim_team, vt.quota if vt is not None else None, victim_held,
-                                 for_team, ft.quota if ft is not None else None, for_held)
+    """The fold's fairness rule (`rules.fair_between`) on the teams' totals. `*_held` are the
+    holdings when the request is applied."""
+    return rules.fair_between(victim_team, standing(state, victim_team, victim_held),
+                                 for_team, standing(state, for_team, for_held))

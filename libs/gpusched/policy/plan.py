@@ -24,7 +24,7 @@ from ..core.reasons import Reason
 from ..core.state import ClusterState, Job
 from .backfill import Reservation
 from .config import PolicyConfig
-from .fairshare import limit_room
+from .fairshare import limit_room, standing
 from .guarantee import Firm
 from .memo import Indexes
 from .placement import Placement, Pool
@@ -76,6 +76,8 @@ class CyclePlan:
         self.share_load: dict[GpuId, float] = {}  # shared GPU -> its shares' sum, where this cycle changed it
         self.leaving: dict[str, float] = {}  # team -> GPUs of its jobs asked to yield
         self.incoming: dict[str, int] = {}  # team -> GPUs its blocked jobs claimed from `coming`
+        self.pool_leaving: dict[tuple[str, str], float] = {}  # `leaving` per (team, GPU pool)
+        self.pool_incoming: dict[tuple[str, str], int] = {}  # `incoming` per (team, GPU pool)
         self.inflight: dict[str, None] = {}  # running jobs asked to yield, in the order asked
         self.inflight_gpus = 0  # GPUs of preemptions asked in earlier cycles, not yet released
         self.preempting: dict[str, list[str]] = {}  # beneficiary -> its victims in flight
@@ -103,6 +105,30 @@ class CyclePlan:
         """GPUs of `pool` the team holds as this cycle sees them (per-model quotas)."""
         t = self.ctx.state.teams.get(team)
         return (t.pool_held.get(pool, 0) if t is not None else 0) + self.pool_delta.get((team, pool), 0)
+
+    def pool_view(self, team: str, pool: str) -> tuple[float, float, int]:
+        """The team's GPUs of `pool` as this cycle sees them: (held, asked to yield, claimed
+        coming free), for judging its per-model guarantee there (`fairshare.standing`)."""
+        key = (team, pool)
+        return self.pool_held(team, pool), self.pool_leaving.get(key, 0), self.pool_incoming.get(key, 0)
+
+    def fair(self, victim: Job, job: Job) -> bool:
+        """The fold's fairness rule for asking `victim` to yield for `job` (`rules.fair_between`),
+        on the holdings as they will be: the victim's team's less what is already leaving, the
+        job's team's plus what is already coming to it; per GPU pool where per-model terms judge."""
+        st = self.ctx.state
+        pool = rules.pool_of(st, victim.gpus)
+        vh, fh = self.held(victim.team) - self.leaving.get(victim.team, 0), self.held(job.team) + self.incoming.get(job.team, 0)
+        v_on, v_left, _ = self.pool_view(victim.team, pool) if pool is not None else (0.0, 0.0, 0)
+        f_on, _, f_in = self.pool_view(job.team, pool) if pool is not None else (0.0, 0.0, 0)
+        return rules.fair_between(victim.team, standing(st, victim.team, vh, pool, v_on - v_left),
+                                     job.team, standing(st, job.team, fh, pool, f_on + f_in))
+
+    def claim(self, team: str, gpus: list[GpuId]) -> None:
+        """GPUs coming free are claimed for a blocked job of `team` (`reclaim._claim`)."""
+        self.incoming[team] = self.incoming.get(team, 0) + len(gpus)
+        for pool, n in pool_of_gpus(self.ctx.state, gpus).items():
+            self.pool_incoming[(team, pool)] = self.pool_incoming.get((team, pool), 0) + n
 
     def room(self, team: str) -> int | None:
         """Whole GPUs the team may still take under its hard limit (None: no limit)."""
@@ -239,6 +265,9 @@ class CyclePlan:
         self.inflight[victim.job_id] = None
         self.status[victim.job_id] = "preempting"
         self.leaving[victim.team] = self.leaving.get(victim.team, 0) + victim.weight
+        for pool, n in pool_of_gpus(self.ctx.state, victim.gpus).items():
+            key = (victim.team, pool)
+            self.pool_leaving[key] = self.pool_leaving.get(key, 0) + n * victim.share
 
     def shrink(self, victim: Job, removed: list[GpuId], job: Job) -> None:
         """Take extra GPUs back from an elastic job so that `job` starts (one `JobResized` per

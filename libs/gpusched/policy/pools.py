@@ -14,10 +14,12 @@ A job with one type (or none) of a team without per-model terms is placed as bef
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+from ..core import rules
 from ..core.model import GpuId, JobSpec
-from ..core.pools import accepted, canonical_model, has_models, model_guaranteed, model_room, type_matches
+from ..core.pools import accepted, canonical_model, has_models, model_guaranteed, type_matches
 from ..core.state import ClusterState
 from .placement import Pool
 
@@ -79,10 +81,36 @@ def _typed(state: ClusterState, want: str) -> list[str]:
     return hit
 
 
-def room_on(state: ClusterState, team: str, pool: str, held: float) -> int | None:
-    """GPUs of `pool` the team may still take under its per-model limit (None: no limit)."""
+def limit_left(state: ClusterState, team: str, pool: str, held: float) -> float | None:
+    """GPUs of `pool`, shares included, a team holding `held` of them may still take under its
+    per-model limit (None: no limit; the rule: `rules.limit_room`)."""
     t = state.teams.get(team)
-    return model_room(t.quota if t is not None else None, pool, held)
+    return rules.limit_room(t.quota if t is not None else None, held, pool)
+
+
+def room_on(state: ClusterState, team: str, pool: str, held: float) -> int | None:
+    """Whole GPUs of `pool` a team holding `held` of them may still take under its per-model limit."""
+    room = limit_left(state, team, pool, held)
+    return None if room is None else math.floor(room + rules.SHARE_SLACK)
+
+
+def within_limits(state: ClusterState, team: str, gpus: list[GpuId], held_on: Callable[[str], float]) -> list[GpuId]:
+    """`gpus` (in order) less those that would take the team past its per-model limit on their
+    pool (an elastic job's growth, `steps/grow`). `held_on(pool)`: its GPUs there as the cycle
+    sees them."""
+    t = state.teams.get(team)
+    if t is None or not t.quota.models:
+        return gpus
+    left: dict[str, int | None] = {}
+    out = []
+    for g in gpus:
+        p = canonical_model(state.gpus[g].model)
+        r = left[p] if p in left else room_on(state, team, p, held_on(p))
+        if r is None or r > 0:
+            out.append(g)
+            r = None if r is None else r - 1
+        left[p] = r
+    return out
 
 
 def restrict_to(pool: Pool, choice: Choice) -> Pool:
@@ -195,4 +223,5 @@ def pool_of_gpus(state: ClusterState, gpus: list[GpuId]) -> dict[str, int]:
     return out
 
 
-__all__ = ["Choice", "PoolFirm", "choices", "pool_of_gpus", "pool_rows", "pools", "restrict_to", "room_on"]
+__all__ = ["Choice", "PoolFirm", "choices", "limit_left", "pool_of_gpus", "pool_rows", "pools", "restrict_to", "room_on",
+           "within_limits"]

@@ -53,15 +53,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from operator import itemgetter
+from typing import Any
 
 from ..core import rules
-from ..core.model import PRIORITY_RANK
+from ..core.model import PRIORITY_RANK, TeamQuota
+from ..core.pools import has_models
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
-from .fairshare import may_preempt, over_share, team_rank
+from .fairshare import over_share, standing, team_rank
 from .memo import GpuGroups
 from .ordering import las_queue
 from .placement import Pool
+from .pools import pool_of_gpus
 from .predict import Estimate
 from .resources import hold, short_nodes
 
@@ -70,6 +73,15 @@ work_since_checkpoint = rules.work_since_checkpoint
 
 #: A job's predicted remaining run time as of the cycle's `now` (policy/predict.py).
 Remaining = Callable[[Job], Estimate]
+#: A team's GPUs of one pool as the cycle sees them: (held, asked to yield, claimed coming free).
+PoolView = Callable[[str, str], tuple[float, float, int]]
+#: GPUs a victim set takes, per team and per (team, GPU pool).
+Drop = dict[Any, int]
+
+
+def _quota(state: ClusterState, team: str) -> TeamQuota | None:
+    t = state.teams.get(team)
+    return t.quota if t is not None else None
 
 
 def outlasts(victim: Estimate, job: Estimate, config: PolicyConfig, weights: tuple[int, int] = (1, 1)) -> bool:
@@ -114,14 +126,16 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
                    candidates: list[Job], held: Callable[[str], float],
                    fits: Callable[[Pool], bool], scope: GpuGroups | None,
                    leaving: dict[str, float] | None = None, incoming: dict[str, int] | None = None,
-                   due: bool = False, left: Remaining | None = None) -> list[Job] | None:
+                   due: bool = False, left: Remaining | None = None, pool_view: PoolView | None = None) -> list[Job] | None:
     """The victims to preempt so that `job` fits (`fits(pool)` after their GPUs return), or None.
     `candidates` are already filtered for preemptibility and runtime; `scope`: the GPUs' groups
     at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
     team already asked to yield; `incoming`: GPUs per team already coming free for its blocked
     jobs; `due`: the candidates yield whatever their rank (borrowed reservations), subject only
     to the fold's rule and to the queue order (`_Rule.keeps_order`); `left`: predicted remaining
-    run times, for LAS, reclaim and borrowers (`preempt_predicted`). `pool` may include GPUs
+    run times, for LAS, reclaim and borrowers (`preempt_predicted`); `pool_view`: a team's GPUs
+    on one GPU pool as the cycle sees them (`CyclePlan.pool_view`), for the teams whose
+    per-model terms judge a victim on its pool (None: totals only). `pool` may include GPUs
     already coming free (in-flight preemptions). Within a group, free GPUs plus victims' GPUs are counted (exact at every level but a partial
     NVLink domain); only the cheapest groups' sets are checked with a real placement."""
     if not candidates:
@@ -140,7 +154,7 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     for v, per in _in_order(state, within, now, config, held, leaving, lost):
         for key, k in per.items():
             groups.setdefault(key, []).append((v, k))
-    rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now, left)
+    rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now, left, pool_view)
     options = []
     for key, group in groups.items():
         got = _greedy(rule, group, need - base.get(key, 0), lost)
@@ -162,23 +176,23 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
 def choose_cpu_victims(state: ClusterState, pool: Pool, job: Job, now: float, config: PolicyConfig,
                        candidates: list[Job], held: Callable[[str], float], fits: Callable[[Pool], bool],
                        leaving: dict[str, float] | None = None, incoming: dict[str, int] | None = None,
-                       left: Remaining | None = None) -> list[Job] | None:
+                       left: Remaining | None = None, pool_view: PoolView | None = None) -> list[Job] | None:
     """The victims for a job whose GPUs fit but whose CPUs or memory do not (`resources`): the
     candidates holding GPUs on the nodes short of them, in the candidates' order and under the
     same rules as `choose_victims`, until `fits` holds with their GPUs, CPUs and memory back."""
-    rule = _Rule(state, job, config, held, leaving or {}, incoming or {}, False, now, left)
+    rule = _Rule(state, job, config, held, leaving or {}, incoming or {}, False, now, left, pool_view)
     short = set(short_nodes(pool, job.spec))
     hyp = pool.copy()
-    drop: dict[str, int] = {}
+    drop: Drop = {}
     chosen: list[Job] = []
     for v in candidates:
         if short.isdisjoint(g.rpartition("/")[0] for g in v.gpus):
             continue
-        ok, _ = rule.admits(v, rule.victim_held(v.spec.team, drop))
+        ok, _ = rule.admits(v, drop)
         if not ok:
             continue
         chosen.append(v)
-        drop[v.spec.team] = drop.get(v.spec.team, 0) + len(v.gpus)
+        rule.take(v, drop)
         hyp.add(v.gpus)
         hold(hyp, v.spec, v.gpus, -1)
         if fits(hyp):
@@ -235,15 +249,15 @@ class _Rule:
     """May this victim be taken for the job, given what the set already takes from its team?"""
 
     def __init__(self, state: ClusterState, job: Job, config: PolicyConfig, held, leaving, incoming, due,
-                 now: float = 0.0, left: Remaining | None = None) -> None:
+                 now: float = 0.0, left: Remaining | None = None, pool_view: PoolView | None = None) -> None:
         self.state, self.job, self.held, self.leaving, self.due = state, job, held, leaving, due
+        self.pool_view = pool_view
+        self.pooled = pool_view is not None and has_models(_quota(state, job.spec.team))
         self.config, self.now = config, now
         self.rank = PRIORITY_RANK[job.spec.priority]
         self.priority = config.priority
         self.team = job.spec.team
         self.for_held = held(self.team) + incoming.get(self.team, 0)
-        self.for_over = over_share(state, self.team, self.for_held)
-        self.under = config.fairshare and self.for_over < 0
         self._for_rank: tuple | None = None
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
         self.left = left
@@ -278,7 +292,7 @@ class _Rule:
         cap_s = self.config.preempt_backoff_max_s if cap_s is None else cap_s
         return cap_s is None or ran_back_off(v, self.now, self.config.min_runtime_s, cap_s)
 
-    def keeps_order(self, team: str, after: int) -> bool:
+    def keeps_order(self, team: str, after: float, on: tuple[rules.Standing, rules.Standing] | None = None) -> bool:
         """With fair share, whether the victim's team, holding `after` once the victim is gone,
         still ranks after the job's team (`fairshare.team_rank`, as the queue is ordered).
         Otherwise the freed GPUs go to the victim's team, whose jobs now come first in the next
@@ -290,16 +304,51 @@ class _Rule:
         Names never decide: the ranks hold none (a team further below its guarantee in GPUs
         ranks first at an equal fraction of it), and an exact tie keeps the victim: the queue
         would order the two teams by their head jobs, and the victim, requeued with its
-        original submission time, may well lead."""
+        original submission time, may well lead.
+
+        `on`: (the victim's team's standing once the victim is gone, the job's team's) on the
+        victim's GPU pool, where per-model terms judge (`standings`): the ranks then compare
+        per-model guarantees, and the hand-over gives the freed GPUs to the job
+        (`steps/handover`), so the victim's team does not take them back."""
         if not self.config.fairshare or team == self.team:
             return True
         st, config = self.state, self.config
+        if on is not None:
+            return (team_rank(st, team, after, st.team_usage(team, self.now), config, on[0])
+                    > team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config, on[1]))
         if self._for_rank is None:
             self._for_rank = team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config)
         return team_rank(st, team, after, st.team_usage(team, self.now), config) > self._for_rank
 
-    def victim_held(self, team: str, drop: dict[str, int]) -> int:
+    def victim_held(self, team: str, drop: Drop) -> float:
         return self.held(team) - self.leaving.get(team, 0) - drop.get(team, 0)
+
+    def take(self, v: Job, drop: Drop) -> None:
+        """Count `v` in the set: its team gives up its GPUs (per pool too)."""
+        drop[v.spec.team] = drop.get(v.spec.team, 0) + len(v.gpus)
+        for pool, n in pool_of_gpus(self.state, v.gpus).items():
+            drop[(v.spec.team, pool)] = drop.get((v.spec.team, pool), 0) + n
+
+    def judged_pool(self, v: Job) -> str | None:
+        """The GPU pool `v` is judged on: its one pool where the job's or the victim's team has
+        per-model terms (None: the teams' totals, as before pools)."""
+        if self.pool_view is None or not (self.pooled or has_models(_quota(self.state, v.spec.team))):
+            return None
+        return rules.pool_of(self.state, v.gpus)
+
+    def standings(self, v: Job, drop: Drop) -> tuple[rules.Standing, rules.Standing, float]:
+        """(the victim's team's standing before `v` is taken, the job's team's, the victim's
+        team's total holding) as the set sees them (`fairshare.standing`)."""
+        st, team = self.state, v.spec.team
+        vh = self.victim_held(team, drop)
+        pool = self.judged_pool(v)
+        if pool is None:
+            return standing(st, team, vh), standing(st, self.team, self.for_held), vh
+        assert self.pool_view is not None
+        held, leaving, _ = self.pool_view(team, pool)
+        f_held, _, f_incoming = self.pool_view(self.team, pool)
+        return (standing(st, team, vh, pool, held - leaving - drop.get((team, pool), 0)),
+                standing(st, self.team, self.for_held, pool, f_held + f_incoming), vh)
 
     def lower(self, v: Job, las_allowed: bool) -> bool:
         """Whether `v` ranks below the job: a lower priority class, or, where LAS may preempt
@@ -312,28 +361,34 @@ class _Rule:
         las = las and self.outlasts(v)
         return by_class or las
 
-    def admits(self, v: Job, vh: int) -> tuple[bool, bool]:
-        """(may take it, its team is at or below its guarantee before it is taken)."""
-        st, team = self.state, v.spec.team
+    def admits(self, v: Job, drop: Drop) -> tuple[bool, bool]:
+        """(may take it, its team is at or below its guarantee before it is taken), given what
+        the set already takes (`drop`). Guarantees are judged on the victim's GPU pool where
+        per-model terms apply (`standings`), else on the teams' totals."""
+        team = v.spec.team
         if team == self.team and not self.due:
             # Within a team the fold's rule always allows, and no guarantee protects: the ranks decide.
             return self.lower(v, True), False
-        at_or_under = over_share(st, team, vh) <= 0
-        if not may_preempt(st, team, vh, self.team, self.for_held):
+        vs, fs, vh = self.standings(v, drop)
+        at_or_under = vs[0] <= vs[1]
+        if not rules.fair_between(team, vs, self.team, fs):
             return False, at_or_under
+        n = len(v.gpus)
+        on = None if self.judged_pool(v) is None else ((vs[0] - n, vs[1]), fs)
         if self.due:
-            return self.keeps_order(team, vh - len(v.gpus)) and self.outlasts(v), at_or_under
+            return self.keeps_order(team, vh - n, on) and self.outlasts(v), at_or_under
         # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
         lower = self.lower(v, not self.config.fairshare)
         # Reclaim, whatever the priorities: from a team over its share, and only if that team
         # ends less far below its guarantee than the reclaiming team is now. Every reclaim then
         # lowers the largest shortfall, so reclaims never ping-pong between two teams.
-        reclaim = self.under and not at_or_under and over_share(st, team, vh - len(v.gpus)) > self.for_over
+        under = self.config.fairshare and fs[0] < fs[1]
+        reclaim = under and not at_or_under and vs[0] - n - vs[1] > fs[0] - fs[1]
         if not (lower or reclaim):
             return False, at_or_under
         # Hysteresis across teams: never preempt what the victim's team would win straight back
         # (and, if configured, leave a job taken over and over alone longer each time).
-        if not (self.backed_off(v) and self.keeps_order(team, vh - len(v.gpus))):
+        if not (self.backed_off(v) and self.keeps_order(team, vh - n, on)):
             return False, at_or_under
         # With predictions, a victim predicted to end first is left to finish: its GPUs come
         # back before the reclaiming job, started now, would have ended.
@@ -347,29 +402,29 @@ def _greedy(rule: _Rule, group: list[tuple[Job, int]], want: int, lost) -> tuple
     from teams at or below their guarantee)."""
     if want <= 0:
         return None  # it fits already: not a preemption question
-    drop: dict[str, int] = {}  # GPUs each victim team gives up in this set
+    drop: Drop = {}  # GPUs each victim team gives up in this set (and per pool)
     chosen: list[tuple[Job, int, bool]] = []
     freed = 0
     later: list[tuple[Job, int]] = []
     for v, k in group:
-        ok, protected = rule.admits(v, rule.victim_held(v.spec.team, drop))
+        ok, protected = rule.admits(v, drop)
         if not ok:
             continue
         if protected:
             later.append((v, k))  # only if the teams over their share cannot supply
             continue
         chosen.append((v, k, False))
-        drop[v.spec.team] = drop.get(v.spec.team, 0) + len(v.gpus)
+        rule.take(v, drop)
         freed += k
         if freed >= want:
             break
     if freed < want:
         for v, k in later:
-            ok, protected = rule.admits(v, rule.victim_held(v.spec.team, drop))
+            ok, protected = rule.admits(v, drop)
             if not ok:
                 continue
             chosen.append((v, k, protected))
-            drop[v.spec.team] = drop.get(v.spec.team, 0) + len(v.gpus)
+            rule.take(v, drop)
             freed += k
             if freed >= want:
                 break

@@ -13,10 +13,12 @@ from typing import NamedTuple
 
 from ..core import rules
 from ..core.model import GpuId, JobSpec
+from ..core.pools import canonical_model
 from ..core.state import ClusterState
 from .eligibility import barred_nodes, node_matches
 from .placement import Pool
 from .placer import Placer
+from .pools import pools
 from .resources import room_on
 
 
@@ -34,10 +36,11 @@ def _node_ok(state: ClusterState, spec: JobSpec, now: float | None) -> set[str] 
     return {n for n in state.nodes if n not in barred and node_matches(state, n, spec)}
 
 
-def on_shared(pool: Pool, spec: JobSpec, load: dict[GpuId, float], now: float | None) -> SharePick | None:
+def on_shared(pool: Pool, spec: JobSpec, load: dict[GpuId, float], now: float | None,
+              barred: frozenset[str] = frozenset()) -> SharePick | None:
     """The fullest shared GPU the job's share still fits on, on a node with its CPUs and memory
-    free (`resources.room_on`). `load`: the cycle's view of the shares' sums of the GPUs it
-    changed (the fold's for the rest)."""
+    free (`resources.room_on`), outside the GPU pools `barred` (its team's per-model limits).
+    `load`: the cycle's view of the shares' sums of the GPUs it changed (the fold's for the rest)."""
     state = pool.state
     ok = _node_ok(state, spec, now)
     best: tuple[float, GpuId] | None = None
@@ -46,6 +49,8 @@ def on_shared(pool: Pool, spec: JobSpec, load: dict[GpuId, float], now: float | 
         used = load.get(g, rec.shared_load)
         if used <= rules.SHARE_SLACK or (ok is not None and rec.node not in ok) or not room_on(pool, rec.node, spec):
             continue  # (a GPU this cycle emptied is back in the pool: `on_free` opens it)
+        if barred and canonical_model(rec.model) in barred:
+            continue
         share = spec.share_on(rec.memory_mb)
         if share is None or rules.share_problem(state, g, share, used) is not None:
             continue
@@ -59,11 +64,13 @@ def on_shared(pool: Pool, spec: JobSpec, load: dict[GpuId, float], now: float | 
     return SharePick(g, share, False)
 
 
-def on_free(pool: Pool, spec: JobSpec, placer: Placer) -> SharePick | None:
+def on_free(pool: Pool, spec: JobSpec, placer: Placer, barred: frozenset[str] = frozenset()) -> SharePick | None:
     """A free GPU for the job's first share: the placer's choice for one GPU (its filters and
-    best fit), among the GPUs with the memory it asks for."""
+    best fit), among the GPUs with the memory it asks for, outside the GPU pools `barred`."""
     pool = placer.feasible(pool, spec)
     st = pool.state
+    if barred:
+        pool = pool.without([g for p in barred for g in pools(st).get(p, [])])
     if spec.gpu_memory_mb is not None:
         small = [g for n in st.nodes for g in pool.free_on(n) if spec.share_on(st.gpus[g].memory_mb) is None]
         if small:

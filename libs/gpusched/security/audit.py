@@ -10,7 +10,7 @@ For each stored message, in stream order, `Audit.feed` checks:
   server stored the message;
 - `forbidden_kind`: the signer's role may decide this kind (`roles.may_write`);
 - `foreign_node`: a node states facts only about its own node and the jobs it runs in their
-  current attempt (`core.state.node_report_problem`, which the fold applies too), signed or
+  current attempt (`core.fold.checks.node_report_problem`, which the fold applies too), signed or
   not: an unsigned fact on a node's subject is that node's, and one only nodes write that names
   no node is no one's (`--allow-unsigned` counts unsigned facts, it never skips these checks);
 - `wrong_subject`: the payload is the fact its subject is for (`subjects.subject_problem`); the
@@ -40,7 +40,8 @@ import msgspec
 
 from gpusched.bus import subjects
 from gpusched.core import events as ev
-from gpusched.core.state import NODE_REPORTS, ClusterState, node_report_problem
+from gpusched.core.fold.checks import NODE_REPORTS, node_report_problem
+from gpusched.core.state import ClusterState
 
 from . import roles, signing
 from .keyring import KeyRing, Principal

@@ -20,7 +20,6 @@ from __future__ import annotations
 from ...core.model import PRIORITY_RANK
 from ...core.state import Job
 from ..eligibility import constrained
-from ..fairshare import may_preempt
 from ..plan import Context, CyclePlan
 from ..preemption import ran_back_off
 from ..resources import hold
@@ -84,8 +83,7 @@ def _movable(plan: CyclePlan, ctx: Context, head: Job, v: Job) -> bool:
         return False
     if not ran_back_off(v, now, config.min_runtime_s, config.preempt_backoff_max_s or config.min_runtime_s):
         return False
-    vh = plan.held(v.team) - plan.leaving.get(v.team, 0)
-    return may_preempt(ctx.state, v.team, vh, head.team, plan.held(head.team) + plan.incoming.get(head.team, 0))
+    return plan.fair(v, head)
 
 
 def _room_elsewhere(plan: CyclePlan, ctx: Context, head: Job, node: str, movers: list[Job], lo: int) -> bool:

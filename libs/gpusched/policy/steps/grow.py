@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 from ..elastic import grow_gpus
 from ..plan import Context, CyclePlan
+from ..pools import within_limits
 
 
 def run(plan: CyclePlan, ctx: Context) -> None:
@@ -16,6 +19,7 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         job = st.jobs[jid]
         if not plan.touchable(job) or len(job.gpus) >= job.spec.gpus:
             continue
-        add = grow_gpus(st, plan.pool, job, plan.room(job.team))
+        add = within_limits(st, job.team, grow_gpus(st, plan.pool, job, plan.room(job.team)),
+                            functools.partial(plan.pool_held, job.team))
         if add:
             plan.grow(job, add)

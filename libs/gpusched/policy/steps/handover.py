@@ -19,12 +19,21 @@ while placement decides grants). A job that became ineligible meanwhile (held, a
 nothing, and one that does not fit yet (another victim still checkpointing) gets nothing: the
 first grant after a release ends its turn, so a hand-over never reorders the queue later; the
 next release for it gives it another.
+
+Per-model terms (issue 30) reorder across teams in one case: GPUs freed for a job on a pool
+where its team is under its per-model guarantee go to it even if another team comes first by
+the totals the queue is ordered by. The reclaim that freed them judged the teams on that pool
+(`preemption._Rule.standings`); without this, the victim's team, first by its totals, would
+take them straight back.
 """
 
 from __future__ import annotations
 
+from ...core import rules
+from ...core.model import GpuId
 from ...core.state import Job
 from ..eligibility import array_full, not_eligible
+from ..fairshare import standing
 from ..plan import Context, CyclePlan
 
 
@@ -43,7 +52,8 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         if not _may_start(plan, ctx, job):
             continue
         placed = plan.fit(job, plan.pool, plan.job_room(job))
-        if placed is not None and _first_in_line(plan, ctx, job).team == job.team:
+        if placed is not None and (_first_in_line(plan, ctx, job).team == job.team
+                                   or _entitled_on_pool(plan, ctx, job, placed.gpus)):
             plan.grant(job, placed, backfill=False, handover=True)
 
 
@@ -54,6 +64,18 @@ def _may_start(plan: CyclePlan, ctx: Context, job: Job) -> bool:
         return False
     room = plan.job_room(job)
     return room is None or room >= ctx.floor(job)
+
+
+def _entitled_on_pool(plan: CyclePlan, ctx: Context, job: Job, gpus: list[GpuId]) -> bool:
+    """`gpus` lie on one pool where the job's team, which has per-model terms, is under its
+    per-model guarantee (see the module docstring)."""
+    st = ctx.state
+    t = st.teams.get(job.team)
+    pool = rules.pool_of(st, gpus) if t is not None and t.quota.models else None
+    if pool is None:
+        return False
+    held, guaranteed = standing(st, job.team, plan.held(job.team), pool, plan.pool_held(job.team, pool))
+    return held < guaranteed
 
 
 def _first_in_line(plan: CyclePlan, ctx: Context, job: Job) -> Job:

@@ -117,7 +117,7 @@ def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) 
         return False
     coming.take(p.gpus)
     hold(coming, job.spec, p.gpus)
-    plan.incoming[job.team] = plan.incoming.get(job.team, 0) + len(p.gpus)
+    plan.claim(job.team, p.gpus)
     if own:
         return True
     mine = plan.preempting.get(job.job_id)

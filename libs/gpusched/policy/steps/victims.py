@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...core.model import PRIORITY_RANK
+from ...core.pools import has_models
 from ...core.reasons import NoFreeCpuMem
 from ...core.state import Job
 from ..fairshare import may_preempt, over_share
@@ -14,6 +15,7 @@ from ..memo import GpuGroups
 from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
+from ..pools import choices, pool_of_gpus
 from ..preemption import Remaining, choose_cpu_victims, choose_victims
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
@@ -36,6 +38,7 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
     buckets = _buckets(plan, ctx, job)
     if not buckets:
         return None
+    useful = useful_pools(plan, ctx, job)
     # Candidates: teams furthest over their share first, oldest start first within a bucket
     # (the ones past `min_runtime_s`); enough of them to choose well from, not all.
     cands: list[Job] = []
@@ -47,6 +50,8 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
                 break  # start order: the rest are younger still
             if not plan.touchable(v) or (mine is not None and las_queue(v.attained_gpu_s(now), config) <= mine):
                 continue
+            if useful is not None and useful.isdisjoint(pool_of_gpus(st, v.gpus)):
+                continue  # its GPUs are on pools the job is not tried on: taking it frees nothing for it
             cands.append(v)
             gathered += len(v.gpus)
             if len(cands) >= VICTIM_POOL and gathered >= 2 * want:
@@ -57,9 +62,9 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
         return None
     if isinstance(plan.reason_of(job), NoFreeCpuMem):  # its GPUs fit: victims that free CPUs or memory
         return choose_cpu_victims(st, plan.pool, job, now, config, cands, plan.held, fits, plan.leaving,
-                                  plan.incoming, left=remaining(ctx))
+                                  plan.incoming, left=remaining(ctx), pool_view=plan.pool_view)
     return choose_victims(st, plan.pool, job, need, now, config, cands, plan.held, fits, scope(ctx, job),
-                          plan.leaving, plan.incoming, left=remaining(ctx))
+                          plan.leaving, plan.incoming, left=remaining(ctx), pool_view=plan.pool_view)
 
 
 def remaining(ctx: Context) -> Remaining | None:
@@ -84,11 +89,14 @@ def _las_level(ctx: Context, job: Job) -> float | None:
 def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     """Buckets of preemptible running jobs (by team and priority) that may give to `job`, teams
     furthest over their share first: of its own team, lower priority; of another team, reclaim
-    (any priority) from a team over its share, or priority, fairly."""
+    (any priority) from a team over its share, or priority, fairly. Where per-model terms judge
+    (either team has them), a team's totals say nothing of its standing on one pool: its
+    buckets are all candidates, and the rule judges each victim on its pool (`preemption._Rule`)."""
     st, config = ctx.state, ctx.config
     rank = PRIORITY_RANK[job.spec.priority]
     for_held = plan.held(job.team) + plan.incoming.get(job.team, 0)
     under = config.fairshare and over_share(st, job.team, for_held) < 0
+    pooled = _pooled(st, job.team)
     found = []
     shares: dict[str, tuple[float, float]] = {}  # team -> (GPUs it holds less those leaving, over its share)
     for (team, r), bucket in ctx.running.preemptible.items():
@@ -105,11 +113,24 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
             ok = lower or las
         else:  # with fair share, LAS never preempts across teams
             las = las and not config.fairshare
-            ok = (under and over > 0) or ((lower or las) and may_preempt(st, team, vh, job.team, for_held))
+            ok = (pooled or _pooled(st, team) or (under and over > 0)
+                  or ((lower or las) and may_preempt(st, team, vh, job.team, for_held)))
         if ok:
             found.append((-over, r, next(iter(bucket), ""), bucket))
     found.sort(key=lambda b: b[:3])  # equal buckets: by their oldest job's id, never by team name
     return [b[3] for b in found]
+
+
+def useful_pools(plan: CyclePlan, ctx: Context, job: Job) -> set[str] | None:
+    """The GPU pools a job placed on pools (`pools.choices`) is tried on: a victim holding
+    nothing there frees nothing for it (None: the job is placed as before pools)."""
+    order = choices(ctx.state, job.spec, lambda p: plan.pool_held(job.team, p))
+    return None if order is None else {p for _, p in order}
+
+
+def _pooled(st, team: str) -> bool:
+    t = st.teams.get(team)
+    return t is not None and has_models(t.quota)
 
 
 def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool], bool]) -> list[Job] | None:
@@ -134,7 +155,9 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
     run + checkpoint + restore). The prediction grows as the borrower runs (run times are
     heavy-tailed), so one that overstays its prediction is asked later."""
     st = ctx.state
-    cands = [v for j in ctx.running.borrowers if plan.touchable(v := st.jobs[j])]
+    useful = useful_pools(plan, ctx, job)
+    cands = [v for j in ctx.running.borrowers if plan.touchable(v := st.jobs[j])
+             and (useful is None or not useful.isdisjoint(pool_of_gpus(st, v.gpus)))]
     if not cands:
         return None
     # The head's reservation already counts GPUs in flight: so does its claim on borrowers. A
@@ -142,7 +165,8 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
     # the borrowers a set would take).
     coming = plan.coming if plan.coming is not None else plan.pool
     return choose_victims(st, coming, job, need, ctx.now, ctx.config, cands, plan.held, fits,
-                          scope(ctx, job), plan.leaving, plan.incoming, due=True, left=remaining(ctx))
+                          scope(ctx, job), plan.leaving, plan.incoming, due=True, left=remaining(ctx),
+                          pool_view=plan.pool_view)
 
 
 def scope(ctx: Context, job: Job) -> GpuGroups | None:

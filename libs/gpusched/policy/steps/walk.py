@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 from ...core import rules
+from ...core.model import JobSpec
 from ...core.pools import accepted
 from ...core.reasons import BehindReservation, BeyondGuarantee, NoRoom, NoRoomOnPools, QueuedBehind, Reason, TeamLimit
 from ...core.state import Job
@@ -20,7 +21,7 @@ from ..eligibility import array_full, not_eligible
 from ..ordering import QueueIndex
 from ..placement import Placement
 from ..plan import Context, CyclePlan
-from ..pools import choices, pools
+from ..pools import choices, limit_left, pools
 from ..predict import predicted_free
 from .reservation import due_soon, head_reservation
 
@@ -105,23 +106,39 @@ _BEHIND = BehindReservation()
 def _consider_share(plan: CyclePlan, ctx: Context, job: Job) -> None:
     """Start a fractional job on a share of one GPU (`policy/sharing.py`), or record why it
     waits. A free GPU it opens is one the blocked head's reservation does not hold; it never
-    blocks the queue, never gets a reservation and never preempts (its share frees no GPU)."""
+    blocks the queue, never gets a reservation and never preempts (its share frees no GPU). A
+    GPU on a pool where the share would take its team past its per-model limit is passed over
+    for the next choice."""
     spec = job.spec
     room = plan.share_room(job.team)  # a team's limit counts shares (no guarantee is reclaimed for them)
-    pick = sharing.on_shared(plan.pool, spec, plan.share_load, ctx.now)
+    barred: set[str] = set()
+    while (pick := _share_pick(plan, ctx, spec, frozenset(barred))) is not None:
+        pool = rules.pool_of(ctx.state, [pick.gpu])
+        left = limit_left(ctx.state, job.team, pool, plan.pool_held(job.team, pool)) if pool is not None else None
+        if left is None or left >= pick.share - rules.SHARE_SLACK:
+            break
+        barred.add(pool)  # type: ignore[arg-type]
+    if pick is None:
+        plan.note(job, _pools_reason(1, spec.topology.required, tuple(sorted(barred)), (), tuple(sorted(barred)), ())
+                  if barred else _no_room(1, spec.topology.required))
+    elif room is not None and room < pick.share - rules.SHARE_SLACK:
+        plan.note(job, _limit(ctx, job, 1))
+    else:
+        plan.grant_share(job, pick, backfill=plan.head is not None)
+
+
+def _share_pick(plan: CyclePlan, ctx: Context, spec: JobSpec, barred: frozenset[str]) -> sharing.SharePick | None:
+    """A GPU for a fractional job's share, outside the pools `barred`: a shared one, else a
+    free one the blocked head's reservation does not hold."""
+    pick = sharing.on_shared(plan.pool, spec, plan.share_load, ctx.now, barred)
     if pick is None:
         pool = plan.pool
         if plan.head is not None and (res := head_reservation(plan, ctx)) is not None:
             if plan.outside is None:
                 plan.outside = plan.pool.without(res.gpus)
             pool = plan.outside
-        pick = sharing.on_free(pool, spec, ctx.placer)
-    if pick is None:
-        plan.note(job, _no_room(1, spec.topology.required))
-    elif room is not None and room < pick.share - rules.SHARE_SLACK:
-        plan.note(job, _limit(ctx, job, 1))
-    else:
-        plan.grant_share(job, pick, backfill=plan.head is not None)
+        pick = sharing.on_free(pool, spec, ctx.placer, barred)
+    return pick
 
 
 def _shares_may_fit(plan: CyclePlan, ctx: Context, idx: QueueIndex) -> bool:
