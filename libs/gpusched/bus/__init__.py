@@ -51,7 +51,7 @@ if "nats" not in _sys.modules:
     _top = _util.find_spec("nats")  # found, not imported (as `find_spec("nats.js")` would)
     _spec = _machinery.PathFinder.find_spec("nats.js", _top.submodule_search_locations) if _top else None
     _deferred = None
-    hidden = _hidden(["aiohttp", "importlib.metadata"])
+    _hid = _hidden(["aiohttp", "importlib.metadata"])
     try:
         if _spec is not None:
             _deferred = Deferred(_spec.name)
@@ -59,7 +59,7 @@ if "nats" not in _sys.modules:
             _sys.modules[_spec.name] = _deferred
         import nats.aio.client  # noqa: F401 - its imports of the hidden fail softly
     finally:
-        for _name in hidden:
+        for _name in _hid:
             del _sys.modules[_name]
         if _deferred is not None and _sys.modules.get("nats.js") is _deferred:
             del _sys.modules["nats.js"]  # importing nats.js (or a module of it) loads the real one
