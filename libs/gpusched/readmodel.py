@@ -8,14 +8,16 @@ log: both paths go through these functions, so the two can never disagree on a f
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .core import events as ev
 from .core.model import split_gpu_id
 from .core.records import gpu_count
-from .core.state import ClusterState, Job
+
+if TYPE_CHECKING:  # the fold's types: a client that only prints documents never loads the fold
+    from .core import events as ev
+    from .core.state import ClusterState, Job
 
 _DIGITS = re.compile(r"(\d+)")
 
@@ -272,10 +274,10 @@ def describe(event: ev.Event) -> str:
 
 
 def _describe_idle(e: Any) -> str:
-    if isinstance(e, ev.JobIdle):
+    if type(e).__name__ == "JobIdle":
         return (f"{e.job_id} idle: GPUs under {e.threshold_pct:g}% for {e.window_s:.0f} s "
                 f"(mean {e.util_pct:.1f}%, max {e.util_pct_max:.1f}%, {e.memory_mb:.0f} MB per GPU)")
-    if isinstance(e, ev.JobBusy):
+    if type(e).__name__ == "JobBusy":
         return f"{e.job_id} busy again ({e.gpu} at {e.util_pct:.0f}%)"
     return f"{e.job_id} asked to checkpoint and yield: {e.reason}"
 

@@ -4,6 +4,7 @@ cannot be reached (exit 2)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -40,3 +41,63 @@ def test_a_tenants_read_without_the_reader_service_names_it(trust, nats_server, 
         time.sleep(0.05)
     assert proc.returncode == 2, proc.stderr
     assert "cannot reach the reader service at gpusched.read.jobs.nlp.erin (no responders)" in proc.stderr
+
+
+#: What a listing through the reader never needs: JetStream's client, the fold and its events,
+#: importlib.metadata (nats-py's version is read from its dist-info's name), rich (a pipe).
+NOT_FOR_A_READER_LISTING = ("nats.js", "nats.js.api", "gpusched.core.state", "gpusched.core.events",
+                            "importlib.metadata", "rich", "redis", "gpusched.bus.log")
+
+
+def test_a_tenants_jobs_through_the_reader_loads_no_jetstream_nor_fold(trust, nats_server, redis_url, tmp_path):
+    from gpusched.cli.stack import spawn_service, stop_processes
+
+    creds = tmp_path / "fay.nk"
+    assert main(["user", "add", "fay", "--team", "nlp", "--out", str(creds), "--trust", str(trust.dir)]) == 0
+    log_path = tmp_path / "reader.log"
+    reader = spawn_service("reader", nats_server.url, redis_url, log_path=log_path, creds=trust.creds("reader"))
+    code = ("import json, sys\nfrom gpusched.cli.main import main\nrc = main(%r)\n"
+            "print(json.dumps([rc, sorted(m for m in %r if m in sys.modules)]), file=sys.stderr)"
+            % (["jobs", "--nats", nats_server.url, "--creds", str(creds), "--json"], NOT_FOR_A_READER_LISTING))
+    try:
+        deadline = time.monotonic() + 60
+        while '"reader_ready"' not in (log_path.read_text() if log_path.exists() else ""):
+            assert reader.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        for _ in range(100):  # the reload that admits fay lands within milliseconds
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+            if "authorization violation" not in proc.stderr:
+                break
+            time.sleep(0.05)
+    finally:
+        stop_processes([reader], timeout=5)
+    rc, loaded = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert rc == 0, proc.stderr
+    assert json.loads(proc.stdout) == []  # the reader answered: an empty log lists no jobs
+    assert loaded == []
+
+
+async def test_the_reader_reads_usage_through_one_redis_client(redis_url):
+    """Running jobs' utilization comes from Redis through one client kept for the reader's life
+    (not a connection per answer); jobs that hold no GPUs ask nothing."""
+    import types
+
+    import redis
+
+    from gpusched.services.reader import Reader
+    from gpusched.views import USAGE_KEY
+
+    window = {"attempt": 1, "util_pct": 42.0, "memory_mb": 2048.0}
+    r = redis.Redis.from_url(redis_url)
+    r.hset(USAGE_KEY, "j-0000aaaa", json.dumps(window))
+    r.close()
+    reader = Reader(types.SimpleNamespace(listeners=[]), None, None, redis_url)  # type: ignore[arg-type]
+    held = [{"job_id": "j-0000aaaa", "gpus": [{"gpu": "n1/0"}]}, {"job_id": "j-0000bbbb", "gpus": [{"gpu": "n1/1"}]}]
+    try:
+        assert await reader._usage([{"job_id": "j-0000aaaa", "gpus": []}]) == {}
+        assert reader._views is None
+        assert await reader._usage(held) == {"j-0000aaaa": window}
+        client = reader._views
+        assert await reader._usage(held) == {"j-0000aaaa": window} and reader._views is client
+    finally:
+        await reader.close()

@@ -182,10 +182,33 @@ def test_gpusched_containers_probe_the_health_server(rendered):
             assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
             assert c["livenessProbe"]["timeoutSeconds"] > 5  # gpusched.health.LOOP_TIMEOUT_S answers first
             run[args[2]] = doc["kind"]
-    # every service `up` runs (the HTTP API, started on its own, is not in deploy/k8s yet)
-    assert set(run) == {name for name, s in SERVICES.items() if s.in_stack}
+    # every service of the registry: those `up` runs, and the HTTP API (started on its own)
+    assert set(run) == set(SERVICES)
     assert run.pop("nodeagent") == "DaemonSet"
     assert set(run.values()) == {"Deployment"}
+
+
+def test_the_http_api_is_served_with_its_callers_keyring_and_no_seed_of_theirs(rendered):
+    """The HTTP API: its own identity, the keyring it checks callers against (with the token
+    table beside it, where `services/api.py` reads it), its port open as the dashboard's is, and
+    a Service in front."""
+    api = by(rendered, "Deployment")["api"]
+    (c,) = containers(api)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["GPUSCHED_CREDS"] == "/etc/gpusched/creds/api.nk"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(api)["volumes"]}
+    keyring = volumes["keyring"]["secret"]
+    assert env["GPUSCHED_KEYS"] == f"{mounts['keyring']}/keys.json"
+    assert keyring["secretName"] == "gpusched-api-keyring"
+    assert {i["path"] for i in keyring["items"]} == {"keys.json", "api-tokens.json"}  # tokens beside the keyring
+    assert [i["key"] for i in volumes["creds"]["secret"]["items"]] == ["api.nk", "api.json"]  # only its own seed
+    port = c["args"][c["args"].index("--port") + 1]
+    assert {p["name"]: str(p["containerPort"]) for p in c["ports"]}["http"] == port and "0.0.0.0" in c["args"]
+    assert by(rendered, "Service")["api"]["spec"]["ports"][0]["targetPort"] == "http"
+    http = by(rendered, "NetworkPolicy")["api-http"]
+    assert _selects(http["spec"]["podSelector"], api["spec"]["template"]["metadata"]["labels"])
+    assert http["spec"]["ingress"] == [{"ports": [{"port": int(port), "protocol": "TCP"}]}]
 
 
 def test_control_plane_runs_as_non_root(rendered):

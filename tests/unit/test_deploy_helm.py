@@ -104,6 +104,14 @@ def test_default_render_validates_and_forms_a_cluster():
     dash = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "dashboard")
     env = {e["name"]: e for e in dash["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "dashboard.gpusched.svc" in env["GPUSCHED_DASHBOARD_HOSTS"]["value"].split(",")
+    api = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "api")
+    pod = api["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["GPUSCHED_KEYS"] == "/etc/gpusched/keyring/keys.json" and env["GPUSCHED_CREDS"].endswith("/api.nk")
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}["keyring"] == "gpusched-api-keyring"
+    assert ("Service", "api") in kinds and ("NetworkPolicy", "api-http") in kinds
+    off = {(d["kind"], d["metadata"]["name"]) for d in _render({"api": {"enabled": False}})}
+    assert not {name for _, name in off} & {"api", "api-http"}
     ranks = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "nodeagent-ranks")
     assert {"protocol": "TCP", "port": 29500, "endPort": 39499} in ranks["spec"]["ingress"][0]["ports"]
 
@@ -127,7 +135,8 @@ def test_the_identities_job_runs_first_with_narrow_rbac_and_finds_every_pool():
     assert [r["verbs"] for r in by[("ClusterRole", "gpusched-gpusched-identities")]["rules"]] == [["list"]]
     # every Secret a pod mounts is one the Job may write
     writable = {n for r in role["rules"] for n in r.get("resourceNames", [])}
-    assert {"gpusched-creds", "gpusched-node-creds", "nats-auth", "gpusched-redis", "gpusched-admin", "nats-tls"} <= writable
+    assert {"gpusched-creds", "gpusched-node-creds", "nats-auth", "gpusched-redis", "gpusched-admin", "nats-tls",
+            "gpusched-api-keyring"} <= writable
     off = _render({"tls": {"certManager": {"enabled": True}}})
     assert "--tls-hosts" not in next(d for d in off if d["metadata"]["name"] == "gpusched-identities"
                                      and d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]["args"]

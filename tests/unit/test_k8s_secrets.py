@@ -18,7 +18,8 @@ from gpusched.security.identity import public_key_of
 
 TOKEN = "sa-token-identities"
 NS = "gpusched"
-MOUNTED = {"gpusched-creds", "gpusched-node-creds", "nats-auth", "gpusched-redis", "gpusched-admin", "nats-tls"}
+MOUNTED = {"gpusched-creds", "gpusched-node-creds", "nats-auth", "gpusched-redis", "gpusched-admin", "nats-tls",
+           "gpusched-api-keyring"}
 
 
 @pytest.fixture
@@ -94,6 +95,13 @@ async def test_makes_every_mounted_secret_and_keeps_the_store(api, tmp_path):
             path.write_bytes(seed)
             assert public_key_of(path) in _auth_keys(api), name
 
+    # the HTTP API's keyring: every identity's public key and role, the token table, no seed
+    keyring = _data(api, "gpusched-api-keyring")
+    assert set(keyring) == {"keys.json", "api-tokens.json"} and json.loads(keyring["api-tokens.json"]) == {}
+    assert json.loads(keyring["keys.json"]) == json.loads((tmp_path / "first" / "trust" / "keys.json").read_text())
+    assert not any(seed.rstrip() in keyring["keys.json"] for name, seed in _data(api, "gpusched-creds").items()
+                   if name.endswith(".nk"))
+
     again = await _apply(api, tmp_path, "second")
     assert set(again.values()) == {"unchanged"}  # same identities, CA and password: idempotent
 
@@ -103,7 +111,8 @@ async def test_a_new_pool_node_gets_an_identity_and_nothing_else_changes(api, tm
     admin, ca, password = _data(api, "gpusched-admin"), _data(api, "nats-tls")["ca.pem"], _data(api, "gpusched-redis")
     api["nodes"]["gpu-c"] = {"gpu": "h100"}
     done = await _apply(api, tmp_path, "second")
-    assert {n for n, what in done.items() if what == "updated"} == {ks.TRUST_SECRET, "gpusched-node-creds", "nats-auth"}
+    assert {n for n, what in done.items() if what == "updated"} == {ks.TRUST_SECRET, "gpusched-node-creds", "nats-auth",
+                                                                   "gpusched-api-keyring"}  # its public key
     assert "gpu-c.nk" in _data(api, "gpusched-node-creds")
     assert _data(api, "gpusched-admin") == admin and _data(api, "nats-tls")["ca.pem"] == ca
     assert _data(api, "gpusched-redis") == password

@@ -5,6 +5,8 @@ masks other teams' job ids; admission takes a platform's on-behalf user from the
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpusched.bus import subjects
 from gpusched.core import events as ev
@@ -40,6 +42,20 @@ def test_another_teams_job_is_not_visible_and_its_id_is_masked():
                       b'"text":"blocked by j-(another team)"}')
     assert mask_foreign(reply, state, None) == reply  # unscoped: admin, auditors
     assert b"j-0000bbbb\"" in mask_foreign(reply, state, "nlp", asked="j-0000bbbb")  # the id it named itself
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"j-0000aaaa", b"j-0000bbbb", b"j-0000bbbb_3", b"j-00", b"xj-0000bbbb", b"_",
+                                 b"j-", b"0", b"a", b" ", b'"', b"\xc3\xa9", b"-", b"j-0000bbbb0"]), max_size=30))
+def test_masking_finds_the_ids_the_word_bounded_pattern_finds(parts):
+    """`JOB_ID` has no leading word boundary (for speed): the masking checks it instead, with the
+    same result as the pattern that had one."""
+    import re
+
+    state, payload = _state(), b"".join(parts)
+    bounded = re.compile(rb"\bj-[0-9a-f]{8}(?:_[0-9]+)?\b")
+    expected = bounded.sub(lambda m: m.group(0) if m.group(0) == b"j-0000aaaa" else b"j-(another team)", payload)
+    assert mask_foreign(payload, state, "nlp") == expected
 
 
 def test_a_platforms_submit_on_behalf_is_the_users_job_via_the_platform():

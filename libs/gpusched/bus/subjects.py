@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import re
 import zlib
+from typing import TYPE_CHECKING
 
-from gpusched.core import events as ev
+if TYPE_CHECKING:  # only its types: a client that asks the reader never loads the events
+    from gpusched.core import events as ev
 
 STREAM = "GPUSCHED"
 DEAD_STREAM = "GPUSCHED_DEAD"

@@ -141,7 +141,7 @@ def _completion(args: argparse.Namespace) -> int:
 
 def _unreachable(err: BaseException) -> str | None:
     """The one line for a server that cannot be reached, or None when `err` is something else."""
-    from gpusched.bus.log import Unreachable
+    from gpusched.bus.dial import Unreachable
 
     if isinstance(err, Unreachable):
         return str(err)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(_command_of(argv)).parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("GPUSCHED_DEBUG", "") not in ("", "0")
     if getattr(args, "client", False):
-        from gpusched.bus.log import fail_fast
+        from gpusched.bus.dial import fail_fast
 
         fail_fast()
     if getattr(args, "creds", None):
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the reader left: say nothing more
         return 0
     except Exception as err:
-        from gpusched.bus.log import ServerUnsuitable  # here, not above: `--version` stays quick
+        from gpusched.bus.dial import ServerUnsuitable  # here, not above: `--version` stays quick
 
         if isinstance(err, ServerUnsuitable):  # one line naming both versions, never a traceback
             print(f"gpusched: {err}", file=sys.stderr)
@@ -203,16 +203,16 @@ def _violation(err: BaseException) -> str | None:
     """The one line for a request the server refused by its permissions (it answers none, so
     the client only times out: the violation is what the connection's error callback heard),
     naming the subject and the caller's role; None when the server said no such thing."""
-    from gpusched.bus import log
+    from gpusched.bus import dial
 
-    said = [e for e in (*log._last_error, err) if "permissions violation" in str(e).lower()]
+    said = [e for e in (*dial._last_error, err) if "permissions violation" in str(e).lower()]
     if not said:
         return None
     who = "this connection"
-    path = log.creds_file()
+    path = dial.creds_file()
     if path:
         try:
-            ident = log.load_identity(path)
+            ident = dial.load_identity(path)
             who = f"{ident.name} (role {ident.role}" + (f", teams {', '.join(ident.teams)})" if ident.teams else ")")
         except Exception:  # noqa: BLE001 - the violation is the news, the name only helps
             who = f"the identity in {path}"

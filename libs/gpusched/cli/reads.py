@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpusched import readmodel
-from gpusched.core.state import ClusterState
+
+if TYPE_CHECKING:  # only its type: a listing from the reader or Redis never loads the fold
+    from gpusched.core.state import ClusterState
 
 from .output import display_now, iso
 

@@ -40,13 +40,13 @@ class ReadFailed(Exception):
 
 def reader_identity() -> Identity | None:
     """The caller's identity when it reads through the reader (a tenant or platform), else None."""
-    from gpusched.bus import log
+    from gpusched.bus import dial
 
-    path = log.creds_file()
+    path = dial.creds_file()
     if not path:
         return None
     try:
-        ident = log.load_identity(path)
+        ident = dial.load_identity(path)
     except Exception:  # noqa: BLE001 - an unreadable card: the direct path says what is wrong
         return None
     return ident if ident.role in ("tenant", "platform") else None
@@ -68,7 +68,7 @@ def teams_asked(ident: Identity, team_arg: str | None) -> list[str]:
 async def session(nats: str | None, nc=None) -> AsyncIterator[Any]:
     """A connection as the caller's identity (`nc`: one already open, left open)."""
     from gpusched.bus import connection
-    from gpusched.bus.log import connect
+    from gpusched.bus.dial import connect
 
     if nc is not None:
         yield nc
@@ -88,7 +88,7 @@ async def ask(nc, ident: Identity, kind: str, team: str | None, request: dict[st
     from nats.errors import TimeoutError as NatsTimeout
 
     from gpusched.bus import subjects
-    from gpusched.bus.log import Unreachable
+    from gpusched.bus.dial import Unreachable
 
     subject = subjects.read_subject(kind, team, ident.name)
     try:
@@ -127,18 +127,18 @@ async def unscoped_listing(args: argparse.Namespace, what: str) -> tuple[list[di
     then reads Redis or folds the log, as before)."""
     from nats.errors import NoRespondersError
 
-    from gpusched.bus import log
-    from gpusched.bus.log import Unreachable
+    from gpusched.bus import dial
+    from gpusched.bus.dial import Unreachable
 
-    path = log.creds_file()
+    path = dial.creds_file()
     try:
-        ident = log.load_identity(path) if path else None
+        ident = dial.load_identity(path) if path else None
     except Exception:  # noqa: BLE001 - the direct path says what is wrong with the credentials
         return None
     if ident is None or ident.role not in UNSCOPED or getattr(args, "at", None) is not None:
         return None
     try:
-        nc = await asyncio.wait_for(log.connect(args.nats, name="gpusched-cli"), 5)
+        nc = await asyncio.wait_for(dial.connect(args.nats, name="gpusched-cli"), 5)
     except (Unreachable, OSError, TimeoutError):  # PermissionError too: refused credentials
         return None  # NATS down: Redis may still answer
     try:

@@ -17,7 +17,7 @@ import os
 import secrets as random
 from pathlib import Path
 
-from . import authz, tlsgen
+from . import authz, httpauth, tlsgen
 from .roles import SERVICE_ROLES
 from .trust import TrustStore
 
@@ -71,6 +71,15 @@ def node_identities(store: TrustStore) -> list[str]:
     return sorted(p.name for p in store.ring().active().values() if p.role == "node" and p.node)
 
 
+def api_keyring(store: TrustStore) -> dict[str, bytes]:
+    """What the HTTP API checks its callers against, no seed among them: the keyring (public keys
+    and roles; an identity added or revoked counts once the Secret's files change) and the
+    hashes of the API tokens `gpusched user token` issued (none yet: an empty table)."""
+    tokens = store.dir / httpauth.TOKENS_FILE
+    return {"keys.json": store.keys_file.read_bytes(),
+            httpauth.TOKENS_FILE: tokens.read_bytes() if tokens.exists() else b"{}"}
+
+
 def secrets_of(store: TrustStore, tls_dir: Path | None, redis_password: bytes) -> dict[str, dict[str, bytes]]:
     """Every Secret the pods mount (deploy/k8s README's table), by name."""
     ids = store.ids
@@ -84,6 +93,7 @@ def secrets_of(store: TrustStore, tls_dir: Path | None, redis_password: bytes) -
         "gpusched-node-creds": pairs(node_identities(store)),
         "gpusched-redis": {"password": redis_password},
         "gpusched-admin": {"admin.nk": (ids / "admin.nk").read_bytes()},
+        "gpusched-api-keyring": api_keyring(store),
     }
     if tls_dir is not None:
         made["nats-tls"] = {k: (tls_dir / k).read_bytes() for k in ("ca.pem", "server.pem", "server-key.pem")}
