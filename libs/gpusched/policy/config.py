@@ -86,6 +86,22 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: Fair share: a team's current holding counts as this many seconds of future usage, so that
     #: grants made within one cycle move the team down the order.
     fairshare_horizon_s: float = 3600.0
+    #: Fairness over a horizon (issue 26, docs/policy.md "Fairness over a horizon"): instead of
+    #: every team below its guarantee going first and reclaiming at once, teams take turns by
+    #: the LAS level of their next job, then by decayed usage relative to their entitlement (the
+    #: guarantee; weight for a team without one), so a team's short jobs run ahead now and its
+    #: usage repays the others later. A team below its guarantee whose oldest waiting job has
+    #: waited this long is owed: it goes first and reclaims as before. None: second by second
+    #: (every team below its guarantee is owed at once), the old rule.
+    fair_owed_after_s: float | None = None
+    #: With `fair_owed_after_s`: a team's oldest waiting job that has waited this long leads its
+    #: team's queue (whatever its priority class or LAS level), so no job is starved by its own
+    #: team's later jobs (the 1.6M-s wait of a low-priority job on 1x16x8, issue 26). None: off.
+    starve_after_s: float | None = None
+    #: Backfill: the first blocked job gets a reservation only once it has waited this long
+    #: (since it entered the queue); until then jobs behind it start wherever they fit. None:
+    #: at once (a reservation for every blocked head).
+    reserve_after_s: float | None = None
     #: Anti-thrash: a job runs at least this long after (re)start before it can be preempted.
     min_runtime_s: float = 300.0
     #: Anti-thrash across teams: a job may be taken for another team (reclaim, or priority
@@ -171,6 +187,13 @@ _FULL_LAS: dict = {"las_preempt": True, "las_queues_gpu_s": [3250.0, 7200.0, 180
 #: log2(its run / `min_runtime_s`) times.
 _FULL_RESTRAINT: dict = {"preempt_predicted": True, "preempt_backoff_max_s": 7 * 24 * 3600.0}
 
+#: `full`'s fairness over a horizon (issue 26, docs/policy.md "Fairness over a horizon"): a team
+#: below its guarantee is owed after one fair-share horizon (the hour `fairshare_horizon_s`
+#: already counts a holding as), and a blocked head gets its reservation after one day (the
+#: issue: "users feel fairness over hours and days"). `starve_after_s` stays off: measured, it
+#: cost Jain on the saturated 1x16x8 cluster (0.86 to 0.70).
+_FULL_HORIZON: dict = {"fair_owed_after_s": 3600.0, "reserve_after_s": 24 * 3600.0}
+
 _FIFO = PolicyConfig(
     gang=False, topology=False, strict_fifo=True, priority=False, preemption=False,
     fairshare=False, checkpoint=False, elastic=False, backfill=False, las=False,
@@ -199,7 +222,7 @@ PRESETS: dict[str, PolicyConfig] = {
     # class, jobs go by 2D-LAS queue and preempt jobs of a later queue of their own team when
     # the saving beats the checkpoint + restore cost; a requeued job that waited
     # `las_starve_factor` times its run so far goes first in its team (the starvation bound).
-    "full": PolicyConfig(las=True, **_FULL_LAS, **_FULL_RESTRAINT),
+    "full": PolicyConfig(las=True, **_FULL_LAS, **_FULL_RESTRAINT, **_FULL_HORIZON),
 }
 
 # Tiresias's 2D-LAS as published (Gu et al., NSDI 2019; SymbioticLab/Tiresias `dlas-gpu`):

@@ -114,14 +114,15 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
                    candidates: list[Job], held: Callable[[str], float],
                    fits: Callable[[Pool], bool], scope: GpuGroups | None,
                    leaving: dict[str, float] | None = None, incoming: dict[str, int] | None = None,
-                   due: bool = False, left: Remaining | None = None) -> list[Job] | None:
+                   due: bool = False, left: Remaining | None = None, owed: bool = True) -> list[Job] | None:
     """The victims to preempt so that `job` fits (`fits(pool)` after their GPUs return), or None.
     `candidates` are already filtered for preemptibility and runtime; `scope`: the GPUs' groups
     at the job's required topology level (None: the whole cluster); `leaving`: GPUs per
     team already asked to yield; `incoming`: GPUs per team already coming free for its blocked
     jobs; `due`: the candidates yield whatever their rank (borrowed reservations), subject only
     to the fold's rule and to the queue order (`_Rule.keeps_order`); `left`: predicted remaining
-    run times, for LAS, reclaim and borrowers (`preempt_predicted`). `pool` may include GPUs
+    run times, for LAS, reclaim and borrowers (`preempt_predicted`); `owed`: the job's team, if below
+    its guarantee, may reclaim (`QueueIndex.owed`, fairness over a horizon). `pool` may include GPUs
     already coming free (in-flight preemptions). Within a group, free GPUs plus victims' GPUs are counted (exact at every level but a partial
     NVLink domain); only the cheapest groups' sets are checked with a real placement."""
     if not candidates:
@@ -140,7 +141,7 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
     for v, per in _in_order(state, within, now, config, held, leaving, lost):
         for key, k in per.items():
             groups.setdefault(key, []).append((v, k))
-    rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now, left)
+    rule = _Rule(state, job, config, held, leaving, incoming or {}, due, now, left, owed)
     options = []
     for key, group in groups.items():
         got = _greedy(rule, group, need - base.get(key, 0), lost)
@@ -162,11 +163,11 @@ def choose_victims(state: ClusterState, pool: Pool, job: Job, need: int, now: fl
 def choose_cpu_victims(state: ClusterState, pool: Pool, job: Job, now: float, config: PolicyConfig,
                        candidates: list[Job], held: Callable[[str], float], fits: Callable[[Pool], bool],
                        leaving: dict[str, float] | None = None, incoming: dict[str, int] | None = None,
-                       left: Remaining | None = None) -> list[Job] | None:
+                       left: Remaining | None = None, owed: bool = True) -> list[Job] | None:
     """The victims for a job whose GPUs fit but whose CPUs or memory do not (`resources`): the
     candidates holding GPUs on the nodes short of them, in the candidates' order and under the
     same rules as `choose_victims`, until `fits` holds with their GPUs, CPUs and memory back."""
-    rule = _Rule(state, job, config, held, leaving or {}, incoming or {}, False, now, left)
+    rule = _Rule(state, job, config, held, leaving or {}, incoming or {}, False, now, left, owed)
     short = set(short_nodes(pool, job.spec))
     hyp = pool.copy()
     drop: dict[str, int] = {}
@@ -235,7 +236,7 @@ class _Rule:
     """May this victim be taken for the job, given what the set already takes from its team?"""
 
     def __init__(self, state: ClusterState, job: Job, config: PolicyConfig, held, leaving, incoming, due,
-                 now: float = 0.0, left: Remaining | None = None) -> None:
+                 now: float = 0.0, left: Remaining | None = None, owed: bool = True) -> None:
         self.state, self.job, self.held, self.leaving, self.due = state, job, held, leaving, due
         self.config, self.now = config, now
         self.rank = PRIORITY_RANK[job.spec.priority]
@@ -243,7 +244,8 @@ class _Rule:
         self.team = job.spec.team
         self.for_held = held(self.team) + incoming.get(self.team, 0)
         self.for_over = over_share(state, self.team, self.for_held)
-        self.under = config.fairshare and self.for_over < 0
+        self.owed = owed
+        self.under = config.fairshare and self.for_over < 0 and owed
         self._for_rank: tuple | None = None
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
         self.left = left
@@ -295,7 +297,9 @@ class _Rule:
             return True
         st, config = self.state, self.config
         if self._for_rank is None:
-            self._for_rank = team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config)
+            self._for_rank = team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config,
+                                       self.owed)
+        # the victim's team as if owed: if it would then lead, the freed GPUs may go back to it
         return team_rank(st, team, after, st.team_usage(team, self.now), config) > self._for_rank
 
     def victim_held(self, team: str, drop: dict[str, int]) -> int:

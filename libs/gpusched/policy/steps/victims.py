@@ -57,9 +57,14 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
         return None
     if isinstance(plan.reason_of(job), NoFreeCpuMem):  # its GPUs fit: victims that free CPUs or memory
         return choose_cpu_victims(st, plan.pool, job, now, config, cands, plan.held, fits, plan.leaving,
-                                  plan.incoming, left=remaining(ctx))
+                                  plan.incoming, left=remaining(ctx), owed=owed(ctx, job.team))
     return choose_victims(st, plan.pool, job, need, now, config, cands, plan.held, fits, scope(ctx, job),
-                          plan.leaving, plan.incoming, left=remaining(ctx))
+                          plan.leaving, plan.incoming, left=remaining(ctx), owed=owed(ctx, job.team))
+
+
+def owed(ctx: Context, team: str) -> bool:
+    """Whether `team`, if below its guarantee, may reclaim now (`QueueIndex.owed`)."""
+    return ctx.config.fair_owed_after_s is None or ctx.indexes.queue(ctx.state, ctx.config).owed(team, ctx.now)
 
 
 def remaining(ctx: Context) -> Remaining | None:
@@ -88,7 +93,7 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     st, config = ctx.state, ctx.config
     rank = PRIORITY_RANK[job.spec.priority]
     for_held = plan.held(job.team) + plan.incoming.get(job.team, 0)
-    under = config.fairshare and over_share(st, job.team, for_held) < 0
+    under = config.fairshare and over_share(st, job.team, for_held) < 0 and owed(ctx, job.team)
     found = []
     shares: dict[str, tuple[float, float]] = {}  # team -> (GPUs it holds less those leaving, over its share)
     for (team, r), bucket in ctx.running.preemptible.items():
@@ -142,7 +147,8 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
     # the borrowers a set would take).
     coming = plan.coming if plan.coming is not None else plan.pool
     return choose_victims(st, coming, job, need, ctx.now, ctx.config, cands, plan.held, fits,
-                          scope(ctx, job), plan.leaving, plan.incoming, due=True, left=remaining(ctx))
+                          scope(ctx, job), plan.leaving, plan.incoming, due=True, left=remaining(ctx),
+                          owed=owed(ctx, job.team))
 
 
 def scope(ctx: Context, job: Job) -> GpuGroups | None:

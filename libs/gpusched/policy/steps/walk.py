@@ -21,7 +21,7 @@ from ..ordering import QueueIndex
 from ..placement import Placement
 from ..plan import Context, CyclePlan
 from ..pools import choices, pools
-from ..predict import predicted_free
+from ..predict import predicted_free, queued_at
 from .reservation import due_soon, head_reservation
 
 
@@ -92,7 +92,7 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
     if p is None:
         plan.blocked.append(job)
         plan.note(job, plan.wait_reason(job, lo, _no_room_for(plan, ctx, job, lo)))
-        if ctx.config.backfill and plan.head is None and not ctx.strict:
+        if ctx.config.backfill and plan.head is None and not ctx.strict and _may_reserve(ctx, job):
             plan.head = job
         return False
     plan.grant(job, p, backfill=False)
@@ -100,6 +100,12 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
 
 
 _BEHIND = BehindReservation()
+
+
+def _may_reserve(ctx: Context, job: Job) -> bool:
+    """With `reserve_after_s`, only a job that has waited that long gets the reservation."""
+    after = ctx.config.reserve_after_s
+    return after is None or ctx.now - queued_at(job) >= after
 
 
 def _consider_share(plan: CyclePlan, ctx: Context, job: Job) -> None:

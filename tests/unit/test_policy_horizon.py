@@ -1,0 +1,121 @@
+"""Fairness over a horizon (issue 26, `fair_owed_after_s`, `starve_after_s`): teams take turns by
+the LAS level of their next job, then by decayed usage relative to their entitlement; a team
+below its guarantee is owed (first in line, reclaims) once its oldest job has waited
+`fair_owed_after_s`; a team's oldest job leads its team once it has waited `starve_after_s`."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.policy.config import PRESETS
+from gpusched.sim.engine import Cluster, Simulation
+from gpusched.sim.runtime import IDEAL
+from gpusched.sim.traces import TraceJob
+
+from .policy_helpers import Scenario, gpus
+from .test_policy_preemption import summary
+
+HOUR = 3600.0
+HORIZON = PRESETS["full"].replace(fair_owed_after_s=HOUR, starve_after_s=24 * HOUR)
+OLD = PRESETS["full"].replace(fair_owed_after_s=None, starve_after_s=None)
+N0, N1 = gpus("r0n0", *range(8)), gpus("r0n1", *range(8))
+
+
+def _borrowed(s):
+    # b borrows a's half of the cluster (preemptible, running since 0); a asks for 8 GPUs at 1000
+    s.team("a", guaranteed=8)
+    s.team("b", guaranteed=8)
+    s.run("b1", N0, team="b", at=0, preemptible=True)
+    s.run("b2", N1, team="b", at=0, preemptible=True)
+    s.submit("a1", 8, team="a", at=1000)
+
+
+def _short_first(s):
+    # one GPU comes free; a (below its guarantee) offers a job that already ran 2 h on 1 GPU
+    # (LAS level 1), b (over its own) a fresh one: the short job goes first, a is not yet owed
+    s.team("a", guaranteed=8)
+    s.team("b", guaranteed=4)
+    s.run("b1", N0, team="b", at=0)
+    s.run("a0", gpus("r0n1", 0), team="a", at=0, preemptible=True)
+    s.submit("a2", 7, team="a", at=7200)
+    s.preempt("a0", "a2", at=7200)
+    s.checkpoint("a0", at=7200)
+    s.run("a2", gpus("r0n1", *range(1, 8)), team="a", at=7200)
+    s.submit("b2", 1, team="b", at=7300, preemptible=True)
+
+
+def _owed_first(s):
+    # the same, once a0 has waited an hour: a is owed, its job goes first
+    _short_first(s)
+
+
+def _usage_at_equal_level(s):
+    # two fresh 1-GPU jobs, one free GPU, neither team below its guarantee: the team that used
+    # less of its entitlement over the horizon goes first (a: 8 of 8, b: 7 of 4), though b used
+    # fewer GPU-seconds
+    s.team("a", guaranteed=8)
+    s.team("b", guaranteed=4)
+    s.run("a1", N0, team="a", at=0)
+    s.run("b1", gpus("r0n1", *range(7)), team="b", at=0)
+    s.finish("a1", 3600)
+    s.run("a2", N0, team="a", at=3600)
+    s.submit("z", 1, team="a", at=7000)
+    s.submit("y", 1, team="b", at=7000)
+
+
+def _low_starved(s):
+    # a's low-priority job waits behind its team's normal jobs until it has waited a day
+    s.team("a", guaranteed=16)
+    s.run("a0", N0, team="a", at=0)
+    s.run("a1", gpus("r0n1", *range(7)), team="a", at=0)
+    s.submit("low", 1, team="a", at=0, priority="low")
+    s.submit("n1", 1, team="a", at=100)
+
+
+CASES = {
+    "second by second (old rule): a team below its guarantee reclaims at once": (
+        _borrowed, OLD, 1000, [("preempt", "b1", "a1")]),
+    "over a horizon: not before its oldest job waited the owed time": (_borrowed, HORIZON, 1000, []),
+    "... then it reclaims": (_borrowed, HORIZON, 1000 + HOUR, [("preempt", "b1", "a1")]),
+    "a team's short job runs ahead of a team below its guarantee that is not owed": (
+        _short_first, HORIZON, 7300, [("grant", "b2")]),
+    "(old rule: the team below its guarantee goes first)": (_short_first, OLD, 7300, [("grant", "a0")]),
+    "an owed team goes first": (_owed_first, HORIZON, 7200 + HOUR, [("grant", "a0")]),
+    "at equal LAS level: less usage relative to entitlement first": (
+        _usage_at_equal_level, HORIZON, 7000, [("grant", "z")]),
+    "within a team, priority first before the starvation bound": (_low_starved, HORIZON, 1000, [("grant", "n1")]),
+    "after it, the team's oldest job leads its queue": (_low_starved, HORIZON, 24 * HOUR, [("grant", "low")]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_horizon(name):
+    setup, config, now, want = CASES[name]
+    s = Scenario(racks=1, nodes=2)
+    setup(s)
+    out = s.cycle(config, now=now)
+    assert [d for d in summary(out) if d[0] != "release"] == want
+    assert s.state.violations() == []
+
+
+def _job(job_id, submit, duration, gpus, team) -> TraceJob:
+    return TraceJob(job_id=job_id, submit_s=submit, duration_s=duration, gpus=gpus, team=team, preemptible=True)
+
+
+def test_a_guaranteed_team_gets_its_gpus_back_within_the_bound():
+    """The starvation bound, end to end: b floods 16 GPUs with long 1-GPU jobs at 0; a's demand
+    (guaranteed 8) arrives at 1000 in 8 one-GPU jobs. a is owed at 1000 + 1 h and reclaims then;
+    its GPUs come back within the owed time plus `min_runtime_s` plus the checkpoint grace."""
+    from gpusched.core.model import TeamQuota
+
+    jobs = [_job(f"b{i}", 0, 40 * HOUR, 1, "b") for i in range(24)]
+    jobs += [_job(f"a{i}", 1000, HOUR, 1, "a") for i in range(8)]
+    quotas = {"a": TeamQuota(guaranteed=8), "b": TeamQuota(guaranteed=8)}
+    sim = Simulation(jobs, Cluster.parse("1x2x8"), HORIZON, IDEAL, policy_name="horizon", quotas=quotas)
+    m = sim.run()
+    bound = HOUR + HORIZON.min_runtime_s + HORIZON.checkpoint_grace_s
+    short = m["guarantee_wait"]["team_shortfall"]
+    assert short["count"] >= 1 and 0 < short["max_s"] <= bound
+    assert max(sim.runs[f"a{i}"].first_start for i in range(8)) - 1000 <= bound
+    assert sim.state.violations() == []
+    assert sum(r.preemptions for r in sim.runs.values()) >= 1  # the GPUs came back by reclaim
