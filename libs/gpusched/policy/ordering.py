@@ -25,7 +25,7 @@ from ..core import rules
 from ..core.model import PRIORITY_RANK
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
-from .fairshare import team_rank
+from .fairshare import entitlement, team_rank
 from .predict import FrozenEstimates, RuntimePredictor, queued_at
 
 #: Every this many updates to a new fold version the index forgets which reasons it has seen
@@ -86,6 +86,7 @@ class QueueIndex:
         #: its waiting jobs, stale entries dropped when they reach the top (`smallest`).
         self.by_size: dict[str, list[tuple[int, float, str]]] = {}
         self.queued: dict[str, float] = {}  # waiting job -> when it entered the queue
+        self._mean: tuple[float, float] | None = None  # (now, guaranteed teams' usage per GPU)
         self.calls = 0  # updates at a new fold version (`state.events`)
         self.seen = -1
 
@@ -152,13 +153,26 @@ class QueueIndex:
         return None
 
     def owed(self, team: str, now: float) -> bool:
-        """With `fair_owed_after_s`: whether the team's oldest waiting job has waited that long
-        (a team below its guarantee is then owed: it goes first and reclaims). Without: always."""
+        """With `fair_owed_after_s`: whether a team below its guarantee is owed (goes first and
+        reclaims): at once if it has not run ahead over the horizon (its decayed usage per
+        entitled GPU at most the teams' mean, `behind`), else once its oldest waiting job has
+        waited that long (it repays first). Without the knob: always."""
         after = self.config.fair_owed_after_s
         if after is None:
             return True
         first = self.oldest(team)
-        return first is not None and now - first[0] >= after
+        return first is not None and (now - first[0] >= after or self.behind(team, now))
+
+    def behind(self, team: str, now: float) -> bool:
+        """Whether the team's decayed usage per entitled GPU (`fairshare.entitlement`) is at most
+        that of all guaranteed teams together (their usage over their guarantees)."""
+        st = self.state
+        if self._mean is None or self._mean[0] != now:
+            used = sum(st.team_usage(t, now) for t, u in st.teams.items() if u.quota.guaranteed > 0)
+            total = sum(u.quota.guaranteed for u in st.teams.values())
+            self._mean = (now, used / total if total else 0.0)
+        t = st.teams.get(team)
+        return st.team_usage(team, now) / entitlement(t.quota if t is not None else None) <= self._mean[1]
 
     def update(self) -> None:
         st = self.state
