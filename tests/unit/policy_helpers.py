@@ -8,9 +8,9 @@ from gpusched.core.state import ClusterState, stale_live
 from gpusched.policy.config import PRESETS, PolicyConfig
 from gpusched.policy.cycle import cycle
 
-#: `full` with entitlements second by second and a reservation for every blocked head at once:
-#: the mechanisms the older tests pin down (fairness over a horizon only delays when they
-#: apply: tests/unit/test_policy_horizon.py).
+#: `full` with entitlements second by second and a reservation for every blocked head at once (as
+#: the preset is; pinned should fairness over a horizon become its default): the mechanisms the older
+#: tests pin down (tests/unit/test_policy_horizon.py tests the horizon).
 FULL_INSTANT = PRESETS["full"].replace(fair_owed_after_s=None, reserve_after_s=None)
 
 
