@@ -8,6 +8,16 @@ from gpusched.core.state import ClusterState, stale_live
 from gpusched.policy.config import PRESETS, PolicyConfig
 from gpusched.policy.cycle import cycle
 
+#: `full` with entitlements second by second and a reservation for every blocked head at once (as
+#: the preset is; pinned should fairness over a horizon become its default): the mechanisms the older
+#: tests pin down (tests/unit/test_policy_horizon.py tests the horizon).
+FULL_INSTANT = PRESETS["full"].replace(fair_owed_after_s=None, reserve_after_s=None)
+
+
+def pinned(name: str) -> PolicyConfig:
+    """A preset by name, `full` as `FULL_INSTANT`."""
+    return FULL_INSTANT if name == "full" else PRESETS[name]
+
 
 class Scenario:
     """`Scenario(racks=2, nodes=2, gpus=8)`: racks r0.. of nodes r0n0.., GPUs "r0n0/0".."""

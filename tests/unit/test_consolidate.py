@@ -6,12 +6,11 @@ preemption is (class, back-off, the fold's fairness rule) and only where the mov
 from __future__ import annotations
 
 from gpusched.core import events as ev
-from gpusched.policy.config import PRESETS
 
-from .policy_helpers import Scenario, gpus
+from .policy_helpers import FULL_INSTANT, Scenario, gpus
 
 N0, N1 = gpus("r0n0", *range(8)), gpus("r0n1", *range(8))
-ON = PRESETS["full"].replace(consolidate=True)
+ON = FULL_INSTANT.replace(consolidate=True)
 
 
 def _scene(free_on_n0: int = 2, mover_team: str = "a", mover_priority: str = "normal") -> Scenario:
@@ -48,7 +47,7 @@ def test_small_jobs_move_off_the_nearest_node_and_the_head_takes_it():
 
 def test_without_the_knob_the_head_waits():
     """`full` as shipped: nothing preempts for `h` (same LAS queue, no guarantee to reclaim)."""
-    out = _scene().cycle("full", now=1000)
+    out = _scene().cycle(FULL_INSTANT, now=1000)
     assert _asked(out) == [] and not [e for e in out if isinstance(e, ev.GpusGranted)]
 
 

@@ -18,7 +18,7 @@ from gpusched.policy.explain import explain_pending
 from gpusched.services.admission import AdmissionConfig, Capacity, admit
 from gpusched.sim.pools import parse_mix, types_of
 
-from .policy_helpers import Scenario
+from .policy_helpers import FULL_INSTANT, Scenario
 
 # name: (a registered model, its pool)
 CANONICAL = {
@@ -57,7 +57,7 @@ def mixed(*teams: tuple[str, TeamQuota]) -> Scenario:
 
 def outcome(s: Scenario, *jobs: str) -> dict[str, str]:
     """Each job's pool if it started this cycle, else its pending reason."""
-    s.cycle("full")
+    s.cycle(FULL_INSTANT)
     st = s.state
     return {j: (canonical_model(st.gpus[st.jobs[j].gpus[0]].model) if st.jobs[j].gpus else st.jobs[j].pending_reason)
             for j in jobs}

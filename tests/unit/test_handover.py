@@ -6,10 +6,9 @@ turn in the fair-share order."""
 from __future__ import annotations
 
 from gpusched.core import events as ev
-from gpusched.policy.config import PRESETS
 from gpusched.readmodel import describe
 
-from .policy_helpers import Scenario, gpus
+from .policy_helpers import FULL_INSTANT, Scenario, gpus
 
 N0, N1 = gpus("r0n0", *range(8)), gpus("r0n1", *range(8))
 
@@ -28,7 +27,7 @@ def _own_team() -> Scenario:
     s.submit("z", 8, team="a", at=100)
     s.apply(ev.JobHeld(at=100, job_id="z", user="ops", reason="test"))
     s.submit("x", 8, team="a", at=200)
-    out = s.cycle("full", now=3000)
+    out = s.cycle(FULL_INSTANT, now=3000)
     assert [(e.job_id, e.for_job) for e in out if isinstance(e, ev.PreemptionRequested)] == [("lo", "x")]
     s.apply(ev.JobHeld(at=3005, job_id="z", held=False, user="ops"))
     s.checkpoint("lo", at=3010)
@@ -37,7 +36,7 @@ def _own_team() -> Scenario:
 
 def test_the_freed_gpus_go_to_the_job_they_were_freed_for():
     s = _own_team()
-    out = s.cycle("full", now=3010)
+    out = s.cycle(FULL_INSTANT, now=3010)
     assert [e.job_id for e in out if isinstance(e, ev.GpusReleased)] == ["lo"]
     assert _granted(out) == ["x"]
     assert s.state.jobs["x"].gpus == N0
@@ -51,7 +50,7 @@ def test_without_the_hand_over_the_walk_gives_them_to_the_queue_head():
     """The case the hand-over exists for: `z` leads the next walk and takes the GPUs, and `x`,
     preempted for, is left to ask again."""
     s = _own_team()
-    out = s.cycle(PRESETS["full"].replace(hand_over=False), now=3010)
+    out = s.cycle(FULL_INSTANT.replace(hand_over=False), now=3010)
     assert _granted(out) == ["z"]
     assert not any(e.handover for e in out if isinstance(e, ev.GpusGranted))
     assert s.state.jobs["x"].state == "pending"
@@ -67,10 +66,10 @@ def test_a_hand_over_never_takes_another_teams_turn():
     s.run("keep", N1, at=0, team="a", preemptible=False)
     s.submit("y", 8, team="b", at=500)
     s.submit("x", 8, team="a", at=1000, priority="high")
-    out = s.cycle("full", now=1000)
+    out = s.cycle(FULL_INSTANT, now=1000)
     assert [(e.job_id, e.for_job) for e in out if isinstance(e, ev.PreemptionRequested)] == [("lo", "x")]
     s.checkpoint("lo", at=1010)
-    assert _granted(s.cycle("full", now=1010)) == ["y"]
+    assert _granted(s.cycle(FULL_INSTANT, now=1010)) == ["y"]
     assert s.state.violations() == []
 
 
@@ -79,7 +78,7 @@ def test_a_release_appended_by_another_writer_is_handed_over_by_the_next_cycle()
     s = _own_team()
     s.apply(ev.GpusReleased(at=3010, job_id="lo", reason="preempted"))
     assert s.state.handover == {"x": None}
-    assert _granted(s.cycle("full", now=3011)) == ["x"]
+    assert _granted(s.cycle(FULL_INSTANT, now=3011)) == ["x"]
     assert s.state.handover == {}
 
 
@@ -92,13 +91,13 @@ def test_the_turn_ends_with_the_first_grant_after_the_release():
     assert s.state.handover == {}
     s.finish("z", at=4000)
     s.apply(ev.JobHeld(at=4000, job_id="x", user="ops", reason="test"))
-    assert _granted(s.cycle("full", now=4000)) == ["lo"]  # x is held: the queue goes on
+    assert _granted(s.cycle(FULL_INSTANT, now=4000)) == ["lo"]  # x is held: the queue goes on
 
 
 def test_a_held_beneficiary_gets_nothing():
     s = _own_team()
     s.apply(ev.JobHeld(at=3008, job_id="x", user="ops", reason="test"))
-    out = s.cycle("full", now=3010)
+    out = s.cycle(FULL_INSTANT, now=3010)
     assert _granted(out) == ["z"]
     assert s.state.violations() == []
 
@@ -112,12 +111,12 @@ def test_a_gang_freed_by_two_victims_starts_when_the_second_releases():
     s.run("keep", N1, at=0, team="a", preemptible=False)
     s.submit("small", 4, team="a", at=500)
     s.submit("x", 8, team="a", at=1000, priority="high", required="node")
-    out = s.cycle("full", now=1000)
+    out = s.cycle(FULL_INSTANT, now=1000)
     assert sorted(e.job_id for e in out if isinstance(e, ev.PreemptionRequested)) == ["v1", "v2"]
     s.checkpoint("v1", at=1010)
-    out = s.cycle("full", now=1010)
+    out = s.cycle(FULL_INSTANT, now=1010)
     assert "x" not in _granted(out)
     s.checkpoint("v2", at=1020)
-    out = s.cycle("full", now=1020)
+    out = s.cycle(FULL_INSTANT, now=1020)
     assert "x" in _granted(out)
     assert s.state.violations() == []

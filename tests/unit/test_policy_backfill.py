@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gpusched.core import events as ev
-from gpusched.policy.config import PRESETS
 
-from .policy_helpers import Scenario, gpus, grants
+from .policy_helpers import FULL_INSTANT, Scenario, gpus, grants
 
 #: `full` with the head's ETA from its reservation, what these tests check (the ETAs of the
 #: plan of the queue: test_forecast.py).
-FULL = PRESETS["full"].replace(eta_plan_every_s=None)
+FULL = FULL_INSTANT.replace(eta_plan_every_s=None)
 
 N0, N1, N2, N3 = (gpus(f"r0n{i}", *range(8)) for i in range(4))
 
@@ -258,18 +257,17 @@ def test_walk_stops_when_only_the_reservation_is_free_and_decides_the_same(tail,
 
 
 def test_a_budget_of_tail_reasons_explains_the_queue_over_several_cycles_to_the_same_reasons():
-    from gpusched.policy.config import PRESETS
     from gpusched.policy.cycle import cycle
     from gpusched.policy.memo import Indexes
 
     full = _queue_behind_a_reservation({}, {})
     budgeted = _queue_behind_a_reservation({}, {})
-    for e in cycle(full.state, full.now, PRESETS["full"], Indexes()):
+    for e in cycle(full.state, full.now, FULL_INSTANT, Indexes()):
         full.state.apply(e)
     indexes = Indexes(tail_reasons=50)
     sizes = []
     for _ in range(10):
-        out = cycle(budgeted.state, budgeted.now, PRESETS["full"], indexes)
+        out = cycle(budgeted.state, budgeted.now, FULL_INSTANT, indexes)
         sizes.append(sum(isinstance(e, ev.JobPending) for e in out))
         for e in out:
             budgeted.state.apply(e)

@@ -8,7 +8,7 @@ from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
 from gpusched.policy.cycle import cycle, naive_cycle
 
-from .policy_helpers import Scenario, gpus, grants
+from .policy_helpers import FULL_INSTANT, Scenario, gpus, grants, pinned
 
 
 def _big_head(s: Scenario) -> None:
@@ -36,7 +36,7 @@ CASES = {
     "gang: a job that does not fit does not block the ones behind it": (
         _big_head, "gang", {"small": "nvlink"}, {"big": "waiting for 16 GPUs; 10 free"}),
     "full: the small job may not take the head's reservation": (
-        _big_head, "full", {}, {"big": "waiting for 16 GPUs; 12 free; GPUs reserved", "small": "would delay"}),
+        _big_head, FULL_INSTANT, {}, {"big": "waiting for 16 GPUs; 12 free; GPUs reserved", "small": "would delay"}),
     "never over a team's hard limit": (
         _limit, "fairshare", {"other": None}, {"over": "team capped at its limit 4"}),
     "grants within one cycle never reuse a GPU": (
@@ -173,12 +173,12 @@ def test_reasons_behind_the_head_are_stable(name):
     setup, nodes, t0, change, t1, want = REASON_CASES[name]
     s = Scenario(racks=1, nodes=nodes)
     setup(s)
-    s.cycle("full", now=t0)
+    s.cycle(FULL_INSTANT, now=t0)
     small = s.state.jobs["small0"]
     assert small.pending_reason == "would delay the GPUs reserved for the head of the queue"
     assert small.pending_blockers == []
     change(s)
-    out = s.cycle("full", now=t1)
+    out = s.cycle(FULL_INSTANT, now=t1)
     assert s.state.jobs["big"].state != "pending"  # the head changed
     assert [e.job_id for e in out if isinstance(e, ev.JobPending)] == want
     assert s.state.violations() == []
@@ -190,7 +190,7 @@ def test_the_head_names_the_jobs_it_waits_for(preset, want_eta):
     s.run("x", gpus("r0n0", *range(8)), at=0, time_limit_s=100.0)
     s.run("y", gpus("r0n1", 0, 1, 2, 3), at=0, time_limit_s=500.0)
     s.submit("big", 16, at=1)
-    s.cycle(PRESETS[preset].replace(eta_plan_every_s=None), now=10)  # the reservation's ETA (the plan's: test_forecast.py)
+    s.cycle(pinned(preset).replace(eta_plan_every_s=None), now=10)  # the reservation's ETA (the plan's: test_forecast.py)
     big = s.state.jobs["big"]
     assert big.pending_reason.startswith("waiting for 16 GPUs; 4 free")
     assert big.pending_blockers == ["x", "y"]

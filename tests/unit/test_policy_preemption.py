@@ -7,7 +7,7 @@ import pytest
 from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
 
-from .policy_helpers import Scenario, gpus
+from .policy_helpers import FULL_INSTANT, Scenario, gpus
 
 N0, N1 = gpus("r0n0", *range(8)), gpus("r0n1", *range(8))
 
@@ -245,9 +245,9 @@ CASES = {
     "reclaim tie, the same team named avision: the same decision": (
         _reclaim_named("avision"), "fairshare", [("preempt", "n1", "v"), ("release", "n1", True), ("grant", "v")]),
     "reclaim tie under full (checkpoint handshake): vision asks nlp's job to yield": (
-        _reclaim_named("vision"), "full", [("preempt", "n1", "v")]),
+        _reclaim_named("vision"), FULL_INSTANT, [("preempt", "n1", "v")]),
     "reclaim tie under full, named zvision: the same": (
-        _reclaim_named("zvision"), "full", [("preempt", "n1", "v")]),
+        _reclaim_named("zvision"), FULL_INSTANT, [("preempt", "n1", "v")]),
     "chaos flood: one 4-GPU victim of the team over its share serves four 1-GPU jobs": (
         _chaos_flood, "fairshare", [("preempt", "v0", "c00"), ("release", "v0", True), ("grant", "c00"),
                                     ("grant", "c01"), ("grant", "c02"), ("grant", "c03")]),
@@ -451,7 +451,7 @@ def _las_taken_twice(ran_since_restart: float):
 
 
 def _full(**changes):
-    return lambda: PRESETS["full"].replace(**changes)
+    return lambda: FULL_INSTANT.replace(**changes)
 
 
 # name: (setup, config, want decisions of the cycle at t=10000); one 1-GPU node.
@@ -667,5 +667,5 @@ def test_full_backs_off_across_teams(name):
     setup, want = BACKOFF_CASES[name]
     s = Scenario(racks=1, nodes=2)
     setup(s)
-    assert summary(s.cycle("full", now=1000))[:1] == want
+    assert summary(s.cycle(FULL_INSTANT, now=1000))[:1] == want
     assert s.state.violations() == []

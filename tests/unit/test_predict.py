@@ -16,7 +16,7 @@ from gpusched.sim.engine import Cluster, Simulation
 from gpusched.sim.runtime_model import IDEAL
 from gpusched.sim.traces import TraceJob
 
-from .policy_helpers import Scenario
+from .policy_helpers import FULL_INSTANT, Scenario
 
 
 def _finish(s: Scenario, job_id: str, start: float, run_s: float, gpus: int = 1, team: str = "a", **spec) -> None:
@@ -233,7 +233,7 @@ def _backfill_scene(limit_s: float | None) -> Scenario:
 ])
 def test_backfill_on_predicted_reservation(knob, limit_s, starts):
     s = _backfill_scene(limit_s)
-    config = PRESETS["full"].replace(backfill_predicted=knob)
+    config = FULL_INSTANT.replace(backfill_predicted=knob)
     out = cycle(s.state, s.now + 10, config)
     granted = {e.job_id for e in out if isinstance(e, ev.GpusGranted)}
     assert granted == ({"small"} if starts else set())

@@ -86,6 +86,25 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: Fair share: a team's current holding counts as this many seconds of future usage, so that
     #: grants made within one cycle move the team down the order.
     fairshare_horizon_s: float = 3600.0
+    #: Fairness over a horizon (issue 26, docs/policy.md "Fairness over a horizon"): instead of
+    #: every team below its guarantee going first and reclaiming at once, teams take turns by
+    #: the LAS level of their next job, then by decayed usage relative to their entitlement (the
+    #: guarantee; weight for a team without one), so a team's short jobs run ahead now and its
+    #: usage repays the others later. A team below its guarantee is owed (goes first, reclaims,
+    #: its head reserves at once) if it did not run ahead over the horizon, else once its oldest
+    #: waiting job has waited this long. None: second by second (every team below its guarantee
+    #: is owed at once). Opt-in (`full+fair_owed_after_s=3600+reserve_after_s=86400`): measured,
+    #: it lowers avg JCT on saturated clusters but cost Jain on one unsaturated week (docs/
+    #: price-of-fairness.md).
+    fair_owed_after_s: float | None = None
+    #: With `fair_owed_after_s`: a team's oldest waiting job that has waited this long leads its
+    #: team's queue (whatever its priority class or LAS level), so no job is starved by its own
+    #: team's later jobs (the 1.6M-s wait of a low-priority job on 1x16x8, issue 26). None: off.
+    starve_after_s: float | None = None
+    #: Backfill: the first blocked job gets a reservation only once it has waited this long
+    #: (since it entered the queue); until then jobs behind it start wherever they fit. None:
+    #: at once (a reservation for every blocked head).
+    reserve_after_s: float | None = None
     #: Anti-thrash: a job runs at least this long after (re)start before it can be preempted.
     min_runtime_s: float = 300.0
     #: Anti-thrash across teams: a job may be taken for another team (reclaim, or priority

@@ -19,17 +19,32 @@ from .config import PolicyConfig
 
 
 def team_rank(state: ClusterState, team: str, held: float, usage: float, config: PolicyConfig,
-              on: rules.Standing | None = None) -> tuple:
+              on: rules.Standing | None = None, owed: bool = True, level: float = 0.0) -> tuple:
     """Lower sorts first. `held` is the team's holding as this cycle sees it; `on`: the standing
     its guarantee is judged by instead of its totals (on one GPU pool, `standing`). The rank
-    holds no name: equal ranks are ties for the caller to break (see the module docstring)."""
+    holds no name: equal ranks are ties for the caller to break (see the module docstring).
+
+    With `fair_owed_after_s` (fairness over a horizon) a team below its guarantee goes first only
+    when `owed` (its oldest waiting job waited that long: `QueueIndex.owed`); every other team
+    ranks by `level`, the LAS level of its next job (short jobs of any team first), then by its
+    decayed usage relative to its entitlement (`entitlement`): Slurm's fair-share factor."""
     t = state.teams.get(team)
     q = t.quota if t is not None else None
     h, guaranteed = on if on is not None else (held, q.guaranteed if q is not None else 0)
-    weight = q.weight if q is not None else 1.0
-    if 0 < guaranteed and h < guaranteed:
+    if 0 < guaranteed and h < guaranteed and (owed or config.fair_owed_after_s is None):
         return (0, h / guaranteed, h - guaranteed)
-    return (1, (usage + held * config.fairshare_horizon_s) / weight, 0)
+    used = usage + held * config.fairshare_horizon_s
+    if config.fair_owed_after_s is not None:
+        return (1, level, used / entitlement(q))
+    return (1, used / (q.weight if q is not None else 1.0), 0)
+
+
+def entitlement(quota) -> float:
+    """What a team's usage is measured against over the horizon: its guaranteed GPUs, or (a team
+    guaranteed none) its weight, as one GPU per unit of weight."""
+    if quota is None:
+        return 1.0
+    return float(quota.guaranteed) if quota.guaranteed > 0 else max(quota.weight, 1e-9)
 
 
 def over_share(state: ClusterState, team: str, held: float) -> float:

@@ -21,10 +21,11 @@ import heapq
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator
 
+from ..core import rules
 from ..core.model import PRIORITY_RANK
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
-from .fairshare import team_rank
+from .fairshare import entitlement, team_rank
 from .predict import FrozenEstimates, RuntimePredictor, queued_at
 
 #: Every this many updates to a new fold version the index forgets which reasons it has seen
@@ -78,6 +79,14 @@ class QueueIndex:
         self.timed: dict[str, None] = {}
         self.preemptible: dict[str, None] = {}
         self.shares: dict[str, None] = {}  # waiting fractional and MIG jobs (they may fit on shared or MIG GPUs)
+        #: With fair share: per team, a heap of (queued at, job) of its waiting jobs (not the
+        #: yielded ones), stale entries dropped when they reach the top (`oldest`).
+        self.by_age: dict[str, list[tuple[float, str]]] = {}
+        #: With fair share: per team, a heap of (fewest GPUs it may start with, queued at, job) of
+        #: its waiting jobs, stale entries dropped when they reach the top (`smallest`).
+        self.by_size: dict[str, list[tuple[int, float, str]]] = {}
+        self.queued: dict[str, float] = {}  # waiting job -> when it entered the queue
+        self._mean: tuple[float, float] | None = None  # (now, guaranteed teams' usage per GPU)
         self.calls = 0  # updates at a new fold version (`state.events`)
         self.seen = -1
 
@@ -97,6 +106,12 @@ class QueueIndex:
             self.preemptible[job.job_id] = None
         if job.spec.partial:
             self.shares[job.job_id] = None
+        if queue is not None and queue != _YIELDED:
+            at = self.queued[job.job_id] = queued_at(job)
+            heapq.heappush(self.by_age.setdefault(queue, []), (at, job.job_id))
+            if not job.spec.shared:
+                heapq.heappush(self.by_size.setdefault(queue, []),
+                               (rules.gang_floor(job.spec, self.config.elastic), at, job.job_id))
 
     @property
     def shared(self) -> int:
@@ -114,6 +129,50 @@ class QueueIndex:
         self.timed.pop(job_id, None)
         self.preemptible.pop(job_id, None)
         self.shares.pop(job_id, None)
+        self.queued.pop(job_id, None)
+
+    def oldest(self, team: str) -> tuple[float, str] | None:
+        """(when it entered the queue, job) of the team's longest-waiting job (None: none waits)."""
+        heap = self.by_age.get(team)
+        while heap:
+            at, jid = heap[0]
+            if self.queued.get(jid) == at and self.queue_of.get(jid) == team:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def smallest(self, team: str) -> Job | None:
+        """The team's waiting whole-GPU job that may start with the fewest GPUs (the oldest of
+        those), or None."""
+        heap = self.by_size.get(team)
+        while heap:
+            _, at, jid = heap[0]
+            if self.queued.get(jid) == at and self.queue_of.get(jid) == team:
+                return self.state.jobs[jid]
+            heapq.heappop(heap)
+        return None
+
+    def owed(self, team: str, now: float) -> bool:
+        """With `fair_owed_after_s`: whether a team below its guarantee is owed (goes first and
+        reclaims): at once if it has not run ahead over the horizon (its decayed usage per
+        entitled GPU at most the teams' mean, `behind`), else once its oldest waiting job has
+        waited that long (it repays first). Without the knob: always."""
+        after = self.config.fair_owed_after_s
+        if after is None:
+            return True
+        first = self.oldest(team)
+        return first is not None and (now - first[0] >= after or self.behind(team, now))
+
+    def behind(self, team: str, now: float) -> bool:
+        """Whether the team's decayed usage per entitled GPU (`fairshare.entitlement`) is at most
+        that of all guaranteed teams together (their usage over their guarantees)."""
+        st = self.state
+        if self._mean is None or self._mean[0] != now:
+            used = sum(st.team_usage(t, now) for t, u in st.teams.items() if u.quota.guaranteed > 0)
+            total = sum(u.quota.guaranteed for u in st.teams.values())
+            self._mean = (now, used / total if total else 0.0)
+        t = st.teams.get(team)
+        return st.team_usage(team, now) / entitlement(t.quota if t is not None else None) <= self._mean[1]
 
     def update(self) -> None:
         st = self.state
@@ -146,17 +205,26 @@ class QueueIndex:
             self._insert(jobs[jid])
 
     def starving(self, now: float) -> list[Job]:
-        """With `las_starve_factor`: jobs past the first LAS queue that waited at least that
-        many times their run so far, promoted to the first queue (Tiresias's STARVE), in key
-        order. Costs one pass over the queue: only when the knob is on."""
+        """Jobs promoted to the front of their team's queue (of the whole queue without fair
+        share), by submission: with `starve_after_s`, each team's oldest waiting job once it
+        has waited that long (one per team: O(teams)); with `las_starve_factor`, jobs past the
+        first LAS queue that waited at least that many times their run so far (Tiresias's
+        STARVE; one pass over the queue: only when that knob is on)."""
         config, jobs = self.config, self.state.jobs
+        out: list[Job] = []
+        if config.starve_after_s is not None and config.fairshare:
+            for team in self.by_age:
+                first = self.oldest(team)
+                if first is not None and now - first[0] >= config.starve_after_s:
+                    out.append(jobs[first[1]])
         factor = config.las_starve_factor
         if factor is None or not config.las or not config.las_queues_gpu_s:
-            return []
-        out = []
+            out.sort(key=lambda j: (j.submitted_at, j.job_id))
+            return out
+        aged = {j.job_id for j in out}
         for key, _ in self.entries.values():
             job = jobs[key[-1]]
-            if las_queue(job.service_gpu_s, config) <= 0 or job.yielded_idle:
+            if las_queue(job.service_gpu_s, config) <= 0 or job.yielded_idle or job.job_id in aged:
                 continue
             ran = job.service_gpu_s / max(1, job.spec.gpus)
             if now - queued_at(job) >= factor * ran:
@@ -201,19 +269,27 @@ class QueueIndex:
                 yield jobs[key[-1]]
             return
         queues = {**self.queues, **self._promoted(first)} if first else self.queues
+        promoted = {j.job_id for j in first} if first else ()
+        config = self.config
+        horizon = config.fair_owed_after_s is not None and config.las
+
+        def level(key: tuple) -> float:  # a promoted job ranks its team as a fresh one would
+            return key[2] if horizon and key[-1] not in promoted else 0.0
+
         heap = []
-        usage = {}
+        usage, owed = {}, {}
         for t, q in queues.items():
             if q and t is not None and t != _YIELDED:  # with fair share every other queue is a team's
-                usage[t] = st.team_usage(t, now)
-                heap.append((team_rank(st, t, held(t), usage[t], self.config), q[0], t, 0))
+                usage[t], owed[t] = st.team_usage(t, now), self.owed(t, now)
+                heap.append((team_rank(st, t, held(t), usage[t], config, owed=owed[t], level=level(q[0])), q[0], t, 0))
         heapq.heapify(heap)
         while heap:
             _, _, t, i = heapq.heappop(heap)
             q = queues[t]
             yield jobs[q[i][-1]]
             if i + 1 < len(q):
-                heapq.heappush(heap, (team_rank(st, t, held(t), usage[t], self.config), q[i + 1], t, i + 1))
+                rank = team_rank(st, t, held(t), usage[t], config, owed=owed[t], level=level(q[i + 1]))
+                heapq.heappush(heap, (rank, q[i + 1], t, i + 1))
         for key in self.queues.get(_YIELDED, ()):
             yield jobs[key[-1]]
 
@@ -221,7 +297,8 @@ class QueueIndex:
 def queue_mode(config: PolicyConfig) -> tuple:
     """The config knobs the queue order depends on: one `QueueIndex` per mode."""
     return (config.priority, config.las, tuple(config.las_queues_gpu_s), config.fairshare,
-            config.strict_fifo or not config.gang, config.elastic, config.las_starve_factor, config.las_predicted)
+            config.strict_fifo or not config.gang, config.elastic, config.las_starve_factor, config.las_predicted,
+            config.fair_owed_after_s, config.starve_after_s)
 
 
 def ordered(state: ClusterState, now: float, config: PolicyConfig,

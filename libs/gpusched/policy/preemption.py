@@ -143,6 +143,9 @@ class VictimSearch:
     #: A team's GPUs on one GPU pool as the cycle sees them (`CyclePlan.pool_view`), for the
     #: teams whose per-model terms judge a victim on its pool (None: totals only).
     pool_view: PoolView | None = None
+    #: The job's team, if below its guarantee, may reclaim now (`QueueIndex.owed`, fairness
+    #: over a horizon; always without `fair_owed_after_s`).
+    owed: bool = True
 
 
 def choose_victims(search: VictimSearch, pool: Pool, need: int, candidates: list[Job],
@@ -270,6 +273,7 @@ class _Rule:
         self.priority = config.priority
         self.team = job.spec.team
         self.for_held = held(self.team) + incoming.get(self.team, 0)
+        self.owed = search.owed
         self._for_rank: tuple | None = None
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
         self.left = search.left
@@ -327,9 +331,12 @@ class _Rule:
         st, config = self.state, self.config
         if on is not None:
             return (team_rank(st, team, after, st.team_usage(team, self.now), config, on[0])
-                    > team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config, on[1]))
+                    > team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config, on[1],
+                                owed=self.owed))
         if self._for_rank is None:
-            self._for_rank = team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config)
+            self._for_rank = team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config,
+                                       owed=self.owed)
+        # the victim's team as if owed: if it would then lead, the freed GPUs may go back to it
         return team_rank(st, team, after, st.team_usage(team, self.now), config) > self._for_rank
 
     def victim_held(self, team: str, drop: Drop) -> float:
@@ -394,7 +401,7 @@ class _Rule:
         # Reclaim, whatever the priorities: from a team over its share, and only if that team
         # ends less far below its guarantee than the reclaiming team is now. Every reclaim then
         # lowers the largest shortfall, so reclaims never ping-pong between two teams.
-        under = self.config.fairshare and fs[0] < fs[1]
+        under = self.config.fairshare and fs[0] < fs[1] and self.owed
         reclaim = under and not at_or_under and vs[0] - n - vs[1] > fs[0] - fs[1]
         if not (lower or reclaim):
             return False, at_or_under

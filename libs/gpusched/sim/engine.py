@@ -46,7 +46,7 @@ _ONE_NODE = TopologyConstraint(required="node", preferred="nvlink")
 _ANYWHERE = TopologyConstraint(required="cluster", preferred="nvlink")
 
 # Kinds of world events, in the order they run when due at the same time.
-_COMPLETE, _YIELD, _CHECKPOINT, _SUBMIT, _WAKE, _IDLE = range(6)
+_COMPLETE, _YIELD, _CHECKPOINT, _SUBMIT, _WAKE, _IDLE, _AGE = range(7)
 
 
 class SimStalled(RuntimeError):
@@ -142,6 +142,8 @@ class Simulation:
         # (absolute times), and the ETA as said (seconds ahead)
         self.eta_errors: list[float] = []  # actual start - predicted start, for every prediction made
         self.guarantee_waits = GuaranteeWaits()
+        #: How long after a job enters the queue the policy's fairness may decide otherwise.
+        self._ages = [x for x in (config.fair_owed_after_s, config.starve_after_s, config.reserve_after_s) if x is not None]
         self.eta_ahead: list[float] = []  # per prediction: how far ahead it was said (its eta_s)
         self.eta_first: list[float] = []  # actual - predicted start of the first estimate of each wait
         self.eta_ranges: list[bool] = []  # per prediction with a range: the start fell in it
@@ -216,6 +218,7 @@ class Simulation:
             if mark != last_mark:  # holdings, queue or demand changed: integrate up to now
                 last_mark = mark
                 self.rec.step(t, self.state, self.runs)
+                self.guarantee_waits.observe(self.state, t)
             if (self.tick_s and self.state.pending and (self.state.running or self._submits_left)
                     and not (heap and heap[0][0] <= t + self.tick_s)):
                 self._push(t + self.tick_s, _WAKE)  # time-driven decisions (aging, decay)
@@ -241,6 +244,8 @@ class Simulation:
         elif kind == _YIELD:  # checkpoint written: the policy's next cycle releases the GPUs
             self._checkpoint(run, t)
             self._dirty = True
+        elif kind == _AGE:  # still waiting: its team may be owed now, or the job may lead its team
+            self._dirty = run.mode == "pending" or self._dirty
 
     def _schedule(self, t: float) -> None:
         """One policy cycle: apply its decisions in order, then play the world's reaction."""
@@ -353,6 +358,8 @@ class Simulation:
     def _wait_from(self, run: _Run, t: float) -> None:
         run.pending_since = t
         self.guarantee_waits.begin(run, self.state, t)
+        for after in self._ages:  # the policy's time-driven rules of fairness (`QueueIndex.owed`, `starving`)
+            self._push(t + after, _AGE, run.trace.job_id, run.epoch)
 
     def _granted(self, run: _Run, e: ev.GpusGranted, t: float) -> None:
         if self.cluster.models:

@@ -263,11 +263,19 @@ def _r(x: float, digits: int = 1) -> float:
 class GuaranteeWaits:
     """How long a team's demand within its guarantee waits for GPUs (issue 26's bound): every
     wait (a submission or a requeue) that began with the team's whole demand, what it holds plus
-    the minimums of all its waiting jobs, within a non-zero guarantee, until the job's next grant."""
+    the minimums of all its waiting jobs, within a non-zero guarantee, until the job's next grant.
+
+    Beside it, per team (`shortfalls`): every stretch of time during which the team held less
+    than its guarantee while one of its waiting jobs would have fit within it (held + the job's
+    minimum <= guaranteed), from its start to the first instant that was no longer so. A job's
+    wait counts its own place in its team's queue; a shortfall only what the team is owed."""
 
     def __init__(self) -> None:
         self.waits: list[float] = []
         self.waiting: dict[str, int] = {}  # team -> minimums of its waiting jobs
+        self.sizes: dict[str, dict[int, int]] = {}  # team -> waiting jobs' minimum -> how many
+        self.short_since: dict[str, float] = {}  # team -> when its open shortfall began
+        self.shortfalls: list[float] = []
 
     @staticmethod
     def _need(run: _Run) -> int:
@@ -277,19 +285,43 @@ class GuaranteeWaits:
     def begin(self, run: _Run, state, t: float) -> None:
         name = run.trace.team
         team = state.teams.get(name)
-        waiting = self.waiting[name] = self.waiting.get(name, 0) + self._need(run)
+        need = self._need(run)
+        waiting = self.waiting[name] = self.waiting.get(name, 0) + need
+        sizes = self.sizes.setdefault(name, {})
+        sizes[need] = sizes.get(need, 0) + 1
         g = team.quota.guaranteed if team is not None else 0
         run.entitled_since = t if 0 < g and team.held + waiting <= g else None
 
     def granted(self, run: _Run, t: float) -> None:
-        self.waiting[run.trace.team] -= self._need(run)
+        need = self._need(run)
+        self.waiting[run.trace.team] -= need
+        sizes = self.sizes[run.trace.team]
+        sizes[need] -= 1
+        if not sizes[need]:
+            del sizes[need]
         if run.entitled_since is not None:
             self.waits.append(t - run.entitled_since)
             run.entitled_since = None
 
+    def observe(self, state, t: float) -> None:
+        """At each change of holdings or queue: open or close each team's shortfall."""
+        for name, sizes in self.sizes.items():
+            team = state.teams.get(name)
+            g = team.quota.guaranteed if team is not None else 0
+            short = 0 < g and bool(sizes) and team.held + min(sizes) <= g
+            since = self.short_since.get(name)
+            if short and since is None:
+                self.short_since[name] = t
+            elif not short and since is not None:
+                self.shortfalls.append(t - self.short_since.pop(name))
+
     def summary(self, runs, now: float) -> dict:
-        """Waits still open at the end count with their length so far (`unserved`)."""
+        """Waits still open at the end count with their length so far (`unserved`); so do
+        shortfalls (`team_shortfall`)."""
         open_waits = [now - r.entitled_since for r in runs if r.entitled_since is not None and r.mode == "pending"]
         waits = self.waits + open_waits
+        short = self.shortfalls + [now - since for since in self.short_since.values()]
         return {"waits": len(waits), "unserved": len(open_waits), "p50_s": _r(percentile(waits, 50)),
-                "p99_s": _r(percentile(waits, 99)), "max_s": _r(max(waits, default=0.0))}
+                "p99_s": _r(percentile(waits, 99)), "max_s": _r(max(waits, default=0.0)),
+                "team_shortfall": {"count": len(short), "p99_s": _r(percentile(short, 99)),
+                                   "max_s": _r(max(short, default=0.0))}}

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from ...core.reasons import BehindReservation, ComingFree, WaitingForCheckpoint
 from ...core.state import Job
 from ..elastic import extras, shrink_plan
-from ..eligibility import constrained
+from ..eligibility import constrained, not_eligible
 from ..fairshare import may_preempt
 from ..ordering import las_queue
 from ..placement import Pool
@@ -28,37 +28,67 @@ from .victims import victims
 def run(plan: CyclePlan, ctx: Context) -> None:
     if not plan.blocked:
         return
-    config = ctx.config
-    max_tries = 1 if ctx.strict else config.max_preemptors_per_cycle
+    max_tries = 1 if ctx.strict else ctx.config.max_preemptors_per_cycle
     tries = 0
     failed: set[tuple] = set()  # jobs alike in what a victim search reads fail alike
     plan.coming = _coming(plan, ctx)
     for job in list(plan.blocked):
         if tries >= max_tries:
             break
-        if isinstance(plan.reason_of(job), BehindReservation):
+        tries += _act(plan, ctx, job, failed)
+    if not ctx.strict and ctx.config.fair_owed_after_s is not None:
+        for job in _owed_within(plan, ctx):  # one each: beyond the blocked jobs' budget
+            _act(plan, ctx, job, failed)
+
+
+def _act(plan: CyclePlan, ctx: Context, job: Job, failed: set[tuple]) -> bool:
+    """Start, claim, shrink or preempt for one blocked job. True: it cost a victim search."""
+    config = ctx.config
+    if isinstance(plan.reason_of(job), BehindReservation):
+        return False
+    lo = ctx.floor(job)
+    room = plan.job_room(job)
+    if room is not None and room - plan.incoming.get(job.team, 0) < lo:
+        return False  # its team's limit: what is already coming to it is all it may get
+    fits = plan.fits(job, lo)
+    # 1. GPUs freed earlier in this cycle (shrinks, kills without checkpoint)
+    if plan.pool.count >= lo and fits(plan.pool):
+        if _may_start_now(plan, job):
+            plan.start_blocked(job, room)
+        else:
+            plan.note(job, BehindReservation())
+        return False
+    # 2. GPUs already coming free: no new victim for a need they cover
+    if _claim(plan, ctx, job, lo):
+        return False
+    # 3. extra GPUs of elastic jobs, 4. preemption
+    if config.elastic and _shrink(plan, job, fits, room):
+        return True
+    if config.preemption:
+        _preempt(plan, ctx, job, lo, fits, room, failed)
+    return True
+
+
+def _owed_within(plan: CyclePlan, ctx: Context) -> list[Job]:
+    """Per owed team below its guarantee (`QueueIndex.owed`), its smallest waiting job, if that
+    fits within the guarantee and the walk did not hand it to reclaim: the walk stops after a
+    few blocked jobs, and a team whose first ones are gangs no reclaim can place (a whole node
+    held partly by teams at their guarantee) would otherwise never get back the GPUs its small
+    jobs could use (issue 26: a team 8 GPUs short for 1.08M s on 1x16x8)."""
+    st, now = ctx.state, ctx.now
+    idx = ctx.indexes.queue(st, ctx.config)
+    blocked = {j.job_id for j in plan.blocked}
+    out = []
+    for team in idx.by_size:
+        t = st.teams.get(team)
+        if t is None or plan.held(team) >= t.quota.guaranteed or not idx.owed(team, now):
             continue
-        lo = ctx.floor(job)
-        room = plan.job_room(job)
-        if room is not None and room - plan.incoming.get(job.team, 0) < lo:
-            continue  # its team's limit: what is already coming to it is all it may get
-        fits = plan.fits(job, lo)
-        # 1. GPUs freed earlier in this cycle (shrinks, kills without checkpoint)
-        if plan.pool.count >= lo and fits(plan.pool):
-            if _may_start_now(plan, job):
-                plan.start_blocked(job, room)
-            else:
-                plan.note(job, BehindReservation())
+        job = idx.smallest(team)
+        if job is None or job.job_id in blocked or job.job_id in plan.status or not_eligible(st, job, now):
             continue
-        # 2. GPUs already coming free: no new victim for a need they cover
-        if _claim(plan, ctx, job, lo):
-            continue
-        tries += 1
-        # 3. extra GPUs of elastic jobs, 4. preemption
-        if config.elastic and _shrink(plan, job, fits, room):
-            continue
-        if config.preemption:
-            _preempt(plan, ctx, job, lo, fits, room, failed)
+        if plan.held(team) + plan.incoming.get(team, 0) + ctx.floor(job) <= t.quota.guaranteed:
+            out.append(job)
+    return out
 
 
 def _preempt(plan: CyclePlan, ctx: Context, job: Job, lo: int, fits: Callable[[Pool], bool],

@@ -61,10 +61,15 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
     if gathered < want:
         return None
     search = VictimSearch(st, job, now, config, plan.held, fits, plan.leaving, plan.incoming, left=remaining(ctx),
-                          pool_view=plan.pool_view)
+                          pool_view=plan.pool_view, owed=owed(ctx, job.team))
     if isinstance(plan.reason_of(job), NoFreeCpuMem):  # its GPUs fit: victims that free CPUs or memory
         return choose_cpu_victims(search, plan.pool, cands)
     return choose_victims(search, plan.pool, need, cands, scope(ctx, job))
+
+
+def owed(ctx: Context, team: str) -> bool:
+    """Whether `team`, if below its guarantee, may reclaim now (`QueueIndex.owed`)."""
+    return ctx.config.fair_owed_after_s is None or ctx.indexes.queue(ctx.state, ctx.config).owed(team, ctx.now)
 
 
 def remaining(ctx: Context) -> Remaining | None:
@@ -95,7 +100,7 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     st, config = ctx.state, ctx.config
     rank = PRIORITY_RANK[job.spec.priority]
     for_held = plan.held(job.team) + plan.incoming.get(job.team, 0)
-    under = config.fairshare and over_share(st, job.team, for_held) < 0
+    under = config.fairshare and over_share(st, job.team, for_held) < 0 and owed(ctx, job.team)
     pooled = _pooled(st, job.team)
     found = []
     shares: dict[str, tuple[float, float]] = {}  # team -> (GPUs it holds less those leaving, over its share)
@@ -165,7 +170,7 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
     # the borrowers a set would take).
     coming = plan.coming if plan.coming is not None else plan.pool
     search = VictimSearch(st, job, ctx.now, ctx.config, plan.held, fits, plan.leaving, plan.incoming, due=True,
-                          left=remaining(ctx), pool_view=plan.pool_view)
+                          left=remaining(ctx), pool_view=plan.pool_view, owed=owed(ctx, job.team))
     return choose_victims(search, coming, need, cands, scope(ctx, job))
 
 

@@ -31,7 +31,7 @@ from ..ordering import QueueIndex
 from ..placement import Placement
 from ..plan import Context, CyclePlan
 from ..pools import choices, limit_left, pools
-from ..predict import predicted_free
+from ..predict import predicted_free, queued_at
 from .reservation import due_soon, head_reservation
 
 
@@ -105,7 +105,7 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
     if p is None:
         plan.blocked.append(job)
         plan.note(job, plan.wait_reason(job, lo, _no_room_for(plan, ctx, job, lo)))
-        if ctx.config.backfill and plan.head is None and not ctx.strict:
+        if ctx.config.backfill and plan.head is None and not ctx.strict and _may_reserve(plan, ctx, job):
             plan.head = job
         return False
     plan.grant(job, p, backfill=False)
@@ -113,6 +113,19 @@ def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
 
 
 _BEHIND = BehindReservation()
+
+
+def _may_reserve(plan: CyclePlan, ctx: Context, job: Job) -> bool:
+    """With `reserve_after_s`, only a job that has waited that long gets the reservation, or
+    one of a team below its guarantee and owed (`QueueIndex.owed`): without a reservation a big
+    gang of a guaranteed team would wait for GPUs that small jobs of others keep taking (a
+    team at 7% of its entitlement on the 2017-11-06 week, 2x32x8)."""
+    after = ctx.config.reserve_after_s
+    if after is None or ctx.now - queued_at(job) >= after:
+        return True
+    t = ctx.state.teams.get(job.team)
+    return (t is not None and plan.held(job.team) < t.quota.guaranteed
+            and ctx.indexes.queue(ctx.state, ctx.config).owed(job.team, ctx.now))
 
 
 def _consider_share(plan: CyclePlan, ctx: Context, job: Job) -> None:
