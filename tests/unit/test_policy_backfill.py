@@ -53,8 +53,9 @@ CASES = {
     "no time limit, not preemptible: waits": (3, _known_ends, dict(gpus=4), False, 90.0),
     "fits outside the reserved set: backfills": (4, _room_outside, dict(gpus=4), True, 90.0),
     "too big for the room outside: waits": (4, _room_outside, dict(gpus=6), False, 90.0),
+    # x frees its half at 100; the borrower is asked then and yields within the grace (60 s)
     "preemptible and over its share: borrows the reservation": (
-        3, _known_ends, dict(gpus=4, preemptible=True), True, 90.0),
+        3, _known_ends, dict(gpus=4, preemptible=True), True, 150.0),
     "unknown ends: the reservation accumulates, no eta": (3, _unknown_ends, dict(gpus=4), False, None),
     # Borrowing a set that is free or coming free now would only push the head back by the
     # borrower's checkpoint: the GPUs are the head's.

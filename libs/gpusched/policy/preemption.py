@@ -414,6 +414,16 @@ class _Rule:
         return lower or self.outlasts(v), at_or_under
 
 
+def admitted(search: VictimSearch, v: Job, gone: list[Job]) -> bool:
+    """Whether the rules let `v` be taken for the search's job once the jobs `gone` gave up their
+    GPUs (counted as a set already taken: their teams' holdings without them)."""
+    rule = _Rule(search)
+    drop: Drop = {}
+    for g in gone:
+        rule.take(g, drop)
+    return rule.admits(v, drop)[0]
+
+
 def _greedy(rule: _Rule, group: list[tuple[Job, int]], want: int, lost) -> tuple[list[Job], int] | None:
     """Take victims in order until they free `want` GPUs in the group, never one the rules
     forbid; victims of teams at or below their guarantee only after every other candidate; then

@@ -25,7 +25,7 @@ from ..memo import Indexes
 from ..placement import no_fit
 from ..plan import Context, CyclePlan
 from ..predict import predicted_free
-from .reservation import head_reservation, holders
+from .reservation import freed_at, head_reservation, holders
 
 #: The policy's cycle, `cycle.cycle(state, now, config, indexes)` (passed in: no import cycle).
 Cycle = Callable[..., list[ev.Event]]
@@ -138,7 +138,7 @@ def _head(plan: CyclePlan, ctx: Context, ranges: dict[str, tuple[float, float]],
             why = no_fit(pool, lo, head.spec.topology.required, res.holders, reserved=True)
             now = _overtaken(plan, ctx, head, res, lo)
             eta = _eta(plan, ctx, head, why, ranges) if predicted else (
-                None if not now.known else max(0.0, now.at - ctx.now))
+                None if not now.known else max(0.0, freed_at(plan, ctx, now) - ctx.now))
             plan.note(head, _pooled(why, first), eta)
             return
     # No protected reservation: still name the jobs whose end would let it start.

@@ -1,5 +1,6 @@
 """The blocked head's reservation as this cycle sees it: every holder of GPUs by expected end
-(`holders`), the reserved set (`head_reservation`), and whether it is due (`due_soon`)."""
+(`holders`), the reserved set (`head_reservation`), whether it is due (`due_soon`), and when
+the policy will start the head on it (`freed_at`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ...core.model import GpuId
 from ...core.state import Job
 from ..backfill import Reservation, expected_end, reserve
 from ..plan import Context, CyclePlan
+from .victims import yields
 
 
 def holders(plan: CyclePlan, ctx: Context) -> Iterator[tuple[float, Job, list[GpuId]]]:
@@ -74,3 +76,30 @@ def due_soon(res: Reservation, ctx: Context) -> bool:
     being preempted, are borrowers, or end by their time limit): the GPUs are the head's. A
     borrower would have to yield at once, pushing the head's start back by its checkpoint."""
     return res.known and res.at <= ctx.now + ctx.grace
+
+
+def freed_at(plan: CyclePlan, ctx: Context, res: Reservation) -> float:
+    """When the reserved set frees as the policy will act on it: the head's ETA. `res.at` counts
+    every borrower within one grace (so the set stays where it was lent, `holders`), but one is
+    evicted only once the rest of the set is free, and only if the eviction rule asks it then
+    (`victims.yields`, with the rest's teams' holdings without them): a borrower it would leave
+    holds its GPUs to its own end, one it asks yields within one grace of the rest freeing."""
+    if not res.holders or not res.known:
+        return res.at
+    now, head, held = ctx.now, plan.head, set(res.holders)
+    assert head is not None
+    lent = ctx.running.borrowers
+    ends = [(end, job) for end, job, _ in holders(plan, ctx) if job.job_id in held]
+    borrowed = [job for _, job in ends if job.job_id in lent or plan.status.get(job.job_id) == "borrowed"]
+    rest = [(end, job) for end, job in ends if job not in borrowed]
+    gone = [job for _, job in rest]
+    when = max((end for end, _ in rest), default=now)
+    evicted = False
+    for job in borrowed:
+        if yields(plan, ctx, head, job, gone, max(now, when)):
+            evicted = True
+        else:
+            rest.append((expected_end(job, now, ctx.config), job))
+        gone.append(job)
+    at = max((end for end, _ in rest), default=now)
+    return max(now, at) + ctx.grace if evicted else max(now, at)

@@ -1,5 +1,5 @@
 """Which running jobs to preempt for a blocked job, as this cycle sees them: the candidates
-(`victims`), the borrowers due to yield to the head (`due`), and the topology groups a victim
+(`victims`), the borrowers due to yield to the head (`due`, `yields`), and the topology groups a victim
 set must fall in (`scope`). The choice among candidates is `preemption.choose_victims`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
 from ..pools import choices, pool_of_gpus
-from ..preemption import Remaining, VictimSearch, choose_cpu_victims, choose_victims
+from ..preemption import Remaining, VictimSearch, admitted, choose_cpu_victims, choose_victims
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
 VICTIM_POOL = 48
@@ -72,13 +72,13 @@ def owed(ctx: Context, team: str) -> bool:
     return ctx.config.fair_owed_after_s is None or ctx.indexes.queue(ctx.state, ctx.config).owed(team, ctx.now)
 
 
-def remaining(ctx: Context) -> Remaining | None:
-    """With `preempt_predicted`, a job's predicted remaining run time at `now` (policy/predict.py:
+def remaining(ctx: Context, at: float | None = None) -> Remaining | None:
+    """With `preempt_predicted`, a job's predicted remaining run time at `now` (or `at`; policy/predict.py:
     the median of what is left of the run times of completed jobs like it that ran longer than
     it already has); else None."""
     if not ctx.config.preempt_predicted:
         return None
-    predictor, now = ctx.indexes.predictor(ctx.state), ctx.now
+    predictor, now = ctx.indexes.predictor(ctx.state), ctx.now if at is None else at
     return lambda job: predictor.estimate(job, now)
 
 
@@ -161,17 +161,40 @@ def due(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[Pool
     heavy-tailed), so one that overstays its prediction is asked later."""
     st = ctx.state
     useful = useful_pools(plan, ctx, job)
-    cands = [v for j in ctx.running.borrowers if plan.touchable(v := st.jobs[j])
-             and (useful is None or not useful.isdisjoint(pool_of_gpus(st, v.gpus)))]
+    cands = [v for j in ctx.running.borrowers if _due_candidate(plan, ctx, useful, v := st.jobs[j])]
     if not cands:
         return None
     # The head's reservation already counts GPUs in flight: so does its claim on borrowers. A
     # borrower predicted to end first is left to finish (`_Rule.outlasts`, asked last: only of
     # the borrowers a set would take).
     coming = plan.coming if plan.coming is not None else plan.pool
-    search = VictimSearch(st, job, ctx.now, ctx.config, plan.held, fits, plan.leaving, plan.incoming, due=True,
-                          left=remaining(ctx), pool_view=plan.pool_view, owed=owed(ctx, job.team))
-    return choose_victims(search, coming, need, cands, scope(ctx, job))
+    return choose_victims(_due_search(plan, ctx, job, fits), coming, need, cands, scope(ctx, job))
+
+
+def yields(plan: CyclePlan, ctx: Context, head: Job, borrower: Job, gone: list[Job], at: float) -> bool:
+    """Whether `due` would ask `borrower` to yield to the head at `at`, once the jobs `gone` (the
+    rest of the head's set) gave up their GPUs, as far as now knows (teams' holdings as now less
+    `gone`, predictions as now, aged to `at`): the head's ETA counts a borrower it would leave
+    (its team would lead the next walk, or it is predicted to end first) at its own end
+    (`reservation.freed_at`)."""
+    config = ctx.config
+    if not (config.preemption and config.borrow) or not _due_candidate(plan, ctx, useful_pools(plan, ctx, head),
+                                                                        borrower):
+        return False
+    return admitted(_due_search(plan, ctx, head, lambda _: True, at), borrower, gone)
+
+
+def _due_candidate(plan: CyclePlan, ctx: Context, useful: set[str] | None, v: Job) -> bool:
+    """A borrower `due` may ask: not settled this cycle, on a pool the head is tried on."""
+    return plan.touchable(v) and (useful is None or not useful.isdisjoint(pool_of_gpus(ctx.state, v.gpus)))
+
+
+def _due_search(plan: CyclePlan, ctx: Context, head: Job, fits: Callable[[Pool], bool],
+                at: float | None = None) -> VictimSearch:
+    """The search `due` makes for the head now (or, `yields`, as it would at `at`)."""
+    at = ctx.now if at is None else at
+    return VictimSearch(ctx.state, head, at, ctx.config, plan.held, fits, plan.leaving, plan.incoming, due=True,
+                        left=remaining(ctx, at), pool_view=plan.pool_view, owed=owed(ctx, head.team))
 
 
 def scope(ctx: Context, job: Job) -> GpuGroups | None:
