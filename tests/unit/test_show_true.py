@@ -17,7 +17,9 @@ after every cycle, takes each pending job's explanation from `explain_pending`, 
   set: a borrower the eviction rule would leave counts at its own end, one it evicts once the
   rest frees (`reservation.freed_at`). The rule's verdict is judged ahead, as things stand when
   it is said: with `preempt_predicted`, a job's completion since then (which the predictions
-  learn from) exempts it too;
+  learn from) exempts it too, and so does another job coming first in the policy's order
+  before it starts (with fair share, the team of a holder that ends may lead the queue then:
+  the reservation is the head's);
 - the policy's planned ETAs (`policy/forecast.py`) are checked only for "now", and no upper
   bound holds of them by design, even here where every job runs exactly its length: (1) the
   plan forks only the first `eta_plan_jobs` waiting jobs, and a job behind them, absent from
@@ -159,6 +161,11 @@ class Watched(Simulation):
     def changed_between(self, a: float, b: float) -> bool:
         return any(a < t <= b for t in self.changes)
 
+    def lost_the_lead(self, s: Sample, until: float) -> bool:
+        """Another job came first in the policy's order while the sample's job waited (its
+        holders' teams' usage fell as they ended): the reservation, and its ETA, are the head's."""
+        return any(x.job == s.job and s.at < x.at < until and x.why["queue"]["ahead_jobs"] for x in self.samples)
+
     def passed(self, s: Sample, until: float) -> bool:
         """Another job waiting at the sample got GPUs before `until` (ahead of it in the order,
         or by a rule that outranks its reservation: a team's guarantee)."""
@@ -235,7 +242,8 @@ def _eta_kept(sim: Watched, s: Sample, where: str) -> None:
     if own:
         assert start <= due, f"{where}: ETA {s.at + eta:g} from time limits, started {start}"
     elif _reservation_with_borrowers(sim, s) and not sim.changed_between(s.said_at, s.at) \
-            and not (sim.config.preempt_predicted and any(s.said_at < t < start for t in sim.unforeseen)):
+            and not (sim.config.preempt_predicted and any(s.said_at < t < start for t in sim.unforeseen)) \
+            and not sim.lost_the_lead(s, start):
         assert start <= due, f"{where}: ETA {s.at + eta:g} from a reservation lent to borrowers, started {start}"
 
 
