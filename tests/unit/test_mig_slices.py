@@ -172,7 +172,7 @@ def test_a_mig_jobs_allow_list_env_and_cdi_name_only_its_own_slices(tmp_path):
                     checkpoint_dir=tmp_path / "ck", control_dir=tmp_path / "ctl", log_path=tmp_path / "log",
                     mig_slices=(2, 3), mig_uuids=(slice_uuid("GPU-a", 2), slice_uuid("GPU-a", 3)))
     job = Job("m", JobSpec(team="a", gpus=1, mig="1g.10gb", mig_count=2), 0.0)
-    allow = limits_for(job, launch, gpu, ("c 195:255 rwm",), None, caps).devices
+    allow = limits_for(job, launch, gpu, ("c 195:255 rwm",), None, {k: (d,) for k, d in caps.items()}).devices
     assert allow == ("c 242:64 rwm", "c 195:255 rwm", "c 243:514 rwm", "c 243:515 rwm")  # GPU, control, its 2 slices
     env = job_env(launch, {})
     assert env["CUDA_VISIBLE_DEVICES"] == "MIG-a-2,MIG-a-3" and env["GPUSCHED_MIG_SLICES"] == "2,3"
