@@ -5,7 +5,8 @@
     python scripts/nvml_check.py --agent    # also a real node daemon on a throwaway NATS
 
 1. list the GPUs (UUID, model, memory), the NVLink topology (P2P pairs, links, domains) and
-   each GPU's MIG mode and GPU-instance profiles;
+   each GPU's MIG mode and GPU-instance profiles, and on a GPU in MIG mode the instances made
+   (profile, GPU/compute instance id, MIG UUID, capability devices from mig-minors);
 2. one heartbeat sample (memory, utilization, processes, health), and the used-versus-held
    fields the reconciler reads (utilization, memory used with or without a process: idle, leaked);
 3. start a process with CUDA_VISIBLE_DEVICES=<index> that opens a CUDA context (through
@@ -81,6 +82,12 @@ def check_backend(index: int):
     for i, m in backend.mig().items():  # MIG mode and GPU-instance profiles (docs/gpu-sharing.md)
         made = ", ".join(f"{p.name} x{p.instances} ({p.remaining} free)" for p in m.profiles) or "no profiles"
         print(f"      MIG {i}: mode {m.mode} (pending {m.pending}): {made}")
+        if m.mode == "enabled":  # the instances made on it, as a MIG job would be given them
+            slices, error = backend.read_mig(i)
+            for s in slices:
+                caps = " ".join(f"{d.path} ({d.major}:{d.minor})" for d in s.devices)
+                print(f"        {s.profile} GPU instance {s.gi} compute instance {s.ci}: {s.uuid} {caps}")
+            print(f"        {len(slices)} MIG instance(s)" + (f"; FAIL reading them: {error}" if error else ""))
     ok("MIG modes read")
     t0 = time.perf_counter()
     samples = backend.sample()

@@ -26,7 +26,7 @@ import structlog
 
 from gpusched.bus import subjects
 from gpusched.core import events as ev
-from gpusched.core.model import split_gpu_id
+from gpusched.core.model import gpu_id, split_gpu_id
 from gpusched.core.state import ClusterState, Job, stale_live
 
 from . import container, keeper, launcher
@@ -88,12 +88,40 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
             for run in self.runs_of(e.job_id):
                 if job is not None and job.attempt == run.attempt and run.state in ("running", "draining"):
                     self._request_checkpoint(run, str(seq), e.reason, e.deadline, e.for_job)
+        if isinstance(e, ev.MigGeometrySet):
+            self.apply_geometry(e, state)
         job_id = getattr(e, "job_id", None)
         if job_id is not None:
             self.converge(job_id, state, launch)
         elif isinstance(e, ev.NodeLost):
             for jid in {r.job_id for r in self.jobs.values()}:
                 self.converge(jid, state, False)
+
+    def apply_geometry(self, e: ev.MigGeometrySet, state: ClusterState) -> None:
+        """A GPU of this node got a MIG geometry: make its instances (NVML; the simulated
+        backend's slices exist already). Only as the fold took it: on an idle GPU, and no run
+        of this daemon on it."""
+        apply = getattr(self.backend, "apply_mig", None)
+        node, index = split_gpu_id(e.gpu)
+        rec = state.gpus.get(e.gpu)
+        if apply is None or node != self.node or rec is None:
+            return
+        if list(rec.geometry) != list(e.profiles) or rec.occupied or self._gpus_busy([index]):
+            log.warning("mig_geometry_not_applied", gpu=e.gpu, profiles=list(e.profiles),
+                        error="the fold did not take it or the GPU is in use here")
+            return
+        apply(index, list(e.profiles))
+
+    def adopt_geometry(self, state: ClusterState) -> None:
+        """At start: each MIG GPU's instances as they are where they are its geometry, else the
+        geometry applied where the GPU is idle (`NvmlBackend.adopt_mig`)."""
+        adopt = getattr(self.backend, "adopt_mig", None)
+        if adopt is None:
+            return
+        for g in self.gpu_info:
+            rec = state.gpus.get(gpu_id(self.node, g.index))
+            if g.mig is not None and g.mig.mode == "enabled" and rec is not None:
+                adopt(g.index, list(rec.geometry), not rec.occupied)
 
     def runs_of(self, job_id: str) -> list[RunningJob]:
         return [r for r in self.jobs.values() if r.job_id == job_id]

@@ -14,7 +14,8 @@ import signal
 import subprocess
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import msgspec
 import structlog
@@ -22,6 +23,9 @@ import structlog
 from gpusched.core.heartbeat import GpuSample
 from gpusched.core.mig import MigInfo, MigMode, MigProfile, profile_name, published_profiles
 from gpusched.core.model import GpuInfo, nvlink_domains
+
+from .devices import MIG_MINORS
+from .nvml_mig import MigError, MigSlice, NvmlMig
 
 log = structlog.get_logger()
 
@@ -293,7 +297,7 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, critical_xids: frozenset[int] = CRITICAL_XIDS):
+    def __init__(self, critical_xids: frozenset[int] = CRITICAL_XIDS, mig_minors_path: Path = MIG_MINORS):
         try:
             import pynvml
         except ImportError as err:  # pragma: no cover - nvidia-ml-py is a dependency
@@ -312,6 +316,8 @@ class NvmlBackend:
         self._lost: set[int] = set()
         self._events = self._register_xid_events()
         self._static: list[GpuInfo] | None = None
+        self.mig_minors_path = mig_minors_path
+        self._mig: NvmlMig | None = None
 
     def _call(self, fn, *args, default=None):
         try:
@@ -412,18 +418,58 @@ class NvmlBackend:
             out[i] = MigInfo(current, pending, self._mig_profiles(h, current == "enabled"))
         return out
 
-    def _mig_profiles(self, h, enabled: bool) -> list[MigProfile]:
+    def _profile_infos(self, h) -> list[tuple[str, Any]]:
+        """(name, NVML profile info) of each GPU-instance profile the GPU offers."""
         nv = self.nv
-        profiles = []
+        out = []
         for p in range(int(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
             info = self._call(nv.nvmlDeviceGetGpuInstanceProfileInfo, h, p)
             if info is None or not info.instanceCount:
                 continue  # a profile this GPU does not offer
-            count = int(info.instanceCount)
-            left = self._call(nv.nvmlDeviceGetGpuInstanceRemainingCapacity, h, info.id, default=0) if enabled else count
             name = self._text(getattr(info, "name", b"")) or profile_name(int(info.sliceCount), int(info.memorySizeMB))
+            out.append((name, info))
+        return out
+
+    def _mig_profiles(self, h, enabled: bool) -> list[MigProfile]:
+        profiles = []
+        for name, info in self._profile_infos(h):
+            count = int(info.instanceCount)
+            left = self._call(self.nv.nvmlDeviceGetGpuInstanceRemainingCapacity, h, info.id, default=0) \
+                if enabled else count
             profiles.append(MigProfile(name, int(info.sliceCount), int(info.memorySizeMB), count, int(left)))
         return profiles
+
+    def _instances(self) -> NvmlMig:
+        if self._mig is None:
+            self._mig = NvmlMig(self.nv, self.handles, self.minor_numbers(), self.mig_minors_path)
+        return self._mig
+
+    def _offered(self, index: int) -> dict[str, tuple[int, int]]:
+        return {name: (int(info.id), int(info.sliceCount)) for name, info in self._profile_infos(self.handles[index])}
+
+    def apply_mig(self, index: int, profiles: list[str]) -> str:
+        """Make the GPU's MIG instances the geometry `profiles` (only ever called for an idle
+        GPU): "" on success, else the error, and the GPU has no usable slice (`nvml_mig`)."""
+        return self._instances().apply(index, list(profiles), self._offered(index))
+
+    def adopt_mig(self, index: int, profiles: list[str], idle: bool) -> str:
+        """After a restart: the GPU's instances as they are if they are the geometry, else it
+        applied (only if `idle`)."""
+        return self._instances().adopt(index, list(profiles), self._offered(index), idle)
+
+    def read_mig(self, index: int) -> tuple[list[MigSlice], str]:
+        """The GPU's MIG instances as they are (nothing changed), or why they cannot be read."""
+        try:
+            return self._instances().read(index, self._offered(index)), ""
+        except MigError as err:
+            return [], str(err)
+
+    def mig_slices(self, index: int) -> list[MigSlice] | None:
+        """The GPU's slices as made here (geometry order), or None: not applied or failed."""
+        return self._instances().slices.get(index)
+
+    def mig_error(self, index: int) -> str:
+        return self._instances().errors.get(index, "") if self._mig is not None else ""
 
     def minor_numbers(self) -> dict[int, int]:
         """GPU index -> the minor number of its /dev/nvidiaN (the job cgroup's device allow-list)."""
@@ -468,6 +514,8 @@ class NvmlBackend:
                 reasons.append(f"XID {xid}")
             if ecc:
                 reasons.append(f"{ecc} uncorrected ECC errors")
+            if mig_error := self.mig_error(g.index):
+                reasons.append(f"MIG geometry not applied: {mig_error}")
             out.append(GpuSample(
                 index=g.index, uuid=g.uuid,
                 memory_used_mb=int(mem.used // 2**20) if mem is not None else 0,

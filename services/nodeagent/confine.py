@@ -28,14 +28,17 @@ def cgroups_wanted(setting: bool | None) -> bool:
     return os.geteuid() == 0 and cgroups.version() is not None
 
 
+SliceDevices = Mapping[tuple[int, int], tuple[GpuDevice, ...]]  # (GPU, slice) -> its capability devices
+
+
 def limits_for(job: Job, launch: Launch, devices: dict[int, GpuDevice], control: tuple[str, ...],
-               pids_max: int | None, slices: Mapping[tuple[int, int], GpuDevice] = MappingProxyType({})) -> cgroups.Limits:
+               pids_max: int | None, slices: SliceDevices = MappingProxyType({})) -> cgroups.Limits:
     spec = job.spec
     allow = None
     if devices:  # only the granted GPUs' nodes, and the control devices every GPU job needs
         allow = (*(devices[i].allow for i in launch.gpus if i in devices), *control)
         # a MIG job: its own slices' capability devices, never another slice's of the same GPU
-        allow += tuple(slices[(i, s)].allow for i in launch.gpus for s in launch.mig_slices if (i, s) in slices)
+        allow += tuple(d.allow for i in launch.gpus for s in launch.mig_slices for d in slices.get((i, s), ()))
         if spec.image:  # runc's own rules for every container: its cgroup is a child of this one
             allow += container.RUNC_DEVICES
     return cgroups.Limits(cpus=spec.cpus, memory_bytes=spec.memory_mb * 2**20 if spec.memory_mb else None,
@@ -44,7 +47,7 @@ def limits_for(job: Job, launch: Launch, devices: dict[int, GpuDevice], control:
 
 def confine(launch: Launch, job: Job, users: UserMap, taken: Callable[[int], str | None], *, cgroup_parent: str | None,
             cgroup_name: str, devices: dict[int, GpuDevice], control: tuple[str, ...],
-            pids_max: int | None, slices: Mapping[tuple[int, int], GpuDevice] = MappingProxyType({})) -> Launch:
+            pids_max: int | None, slices: SliceDevices = MappingProxyType({})) -> Launch:
     """`launch` with the job's credentials and (when `cgroup_parent`) its new cgroup.
     users.NoJobUser or cgroups.CgroupError when the run cannot be confined as configured."""
     user = users.resolve(job.user, job.spec.team, job.job_id, taken)

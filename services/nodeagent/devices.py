@@ -11,7 +11,9 @@ A MIG slice is a device of its own: NVIDIA gives each GPU instance a capability 
 (`/dev/nvidia-caps/nvidia-cap<N>`), and a process opens its slice through it beside its parent
 GPU's node. A simulated GPU gets one such device per possible slice (`dev/<node>/nvidia-caps/
 nvidia-cap<gpu>-<slice>`, major 243), so a job on slice A that opens slice B's device is denied
-by its cgroup as on a real MIG node.
+by its cgroup as on a real MIG node. On an NVML node a slice is two such devices, its GPU
+instance's and its compute instance's, whose minors the driver lists in
+`/proc/driver/nvidia-caps/mig-minors` (`gpu<minor>/gi<id>/access <N>`, `.../ci<id>/access <N>`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ NVIDIA_MAJOR = 195
 NVIDIA_CONTROL_MINORS = (255, 254)  # nvidiactl, nvidia-modeset
 SIM_MAJOR = 242
 SIM_MIG_MAJOR = 243
+MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
+NVIDIA_CAPS_DIR = "/dev/nvidia-caps"
 MIG_SLOTS = 8  # slice devices per GPU (a GPU has at most 7 slices); minors of a node: 512 per node
 
 
@@ -115,4 +119,26 @@ def sim_slice_devices(dev_dir: Path, node: str, gpus: list[int]) -> dict[tuple[i
     return out
 
 
-__all__ = ["MIG_SLOTS", "GpuDevice", "nvidia_control_allow", "nvidia_devices", "sim_devices", "sim_slice_devices"]
+def mig_cap_minors(text: str) -> dict[str, int]:
+    """The driver's `mig-minors` file as {"gpu0/gi1/access": 12, ...}."""
+    pairs = (line.split() for line in text.splitlines())
+    return {p[0]: int(p[1]) for p in pairs if len(p) == 2 and p[1].isdigit()}
+
+
+def mig_cap_devices(minors: dict[str, int], gpu_minor: int, gi: int, ci: int, major: int) -> tuple[GpuDevice, ...]:
+    """The two capability devices a process opens to use one MIG slice (its GPU instance's and
+    its compute instance's); LookupError naming what the driver does not list."""
+    keys = [f"gpu{gpu_minor}/gi{gi}/access", f"gpu{gpu_minor}/gi{gi}/ci{ci}/access"]
+    missing = [k for k in keys if k not in minors]
+    if missing:
+        raise LookupError(f"{', '.join(missing)} not in {MIG_MINORS.name}")
+    return tuple(GpuDevice(f"{NVIDIA_CAPS_DIR}/nvidia-cap{minors[k]}", major, minors[k]) for k in keys)
+
+
+def nvidia_caps_major() -> int | None:
+    """The major of /dev/nvidia-caps/* (dynamic: /proc/devices names it `nvidia-caps`)."""
+    return _proc_major("nvidia-caps")
+
+
+__all__ = ["MIG_MINORS", "MIG_SLOTS", "GpuDevice", "mig_cap_devices", "mig_cap_minors", "nvidia_caps_major",
+           "nvidia_control_allow", "nvidia_devices", "sim_devices", "sim_slice_devices"]

@@ -126,6 +126,7 @@ class NodeHost:
         """First take back (or end) what earlier daemons started, then launch what was granted
         here while no daemon ran."""
         for agent in self.agents.values():
+            agent.adopt_geometry(state)
             agent.adopt(state)
         running_here: dict[str, list[str]] = {}
         for job_id in list(state.running):
@@ -171,6 +172,8 @@ class NodeHost:
             nodes.update(dict.fromkeys(self._job_nodes.get(e.job_id, ()), True))
         elif isinstance(e, JOB_EVENTS):
             nodes = dict.fromkeys(self._job_nodes.get(e.job_id, ()), False)
+        elif isinstance(e, ev.MigGeometrySet):
+            nodes = {split_gpu_id(e.gpu)[0]: False}
         elif isinstance(e, ev.NodeLost):
             nodes = dict.fromkeys({e.node} | {n for ns in self._job_nodes.values() for n in ns}, False)
         mine = [(self.agents[n], launch) for n, launch in nodes.items() if n in self.agents]

@@ -54,6 +54,7 @@ class JobStarter:
         self.node = cfg.node
         self.uuids = uuids
         self.uid_holder = uid_holder
+        self.backend = backend
         self.launches: dict[str, tuple[int, int]] = {}  # job -> (attempt, launches of it here)
         self.users = cfg.user_map()
         self.cgroup_parent = cfg.cgroup_parent if cgroups_wanted(cfg.cgroups) else None
@@ -85,6 +86,7 @@ class JobStarter:
         resume = None
         if ck is not None:
             resume = ck.paths[rank] if rank < len(ck.paths) else ck.path
+        mig, slice_nodes = self.slices_of(job, mine, state)
         return launcher.Launch(
             job_id=job.job_id, attempt=job.attempt, node=node, node_rank=rank,
             num_nodes=len(nodes), gpus=mine, gpu_ids=tuple(gpu_id(node, i) for i in mine),
@@ -98,11 +100,29 @@ class JobStarter:
             checkpoint_mode=job.spec.checkpoint,
             **launcher.resume_and_secrets(job), checkpoint_roots=cfg.all_checkpoint_roots(),
             devices=tuple(self.devices[i].path for i in mine if i in self.devices)
-            + tuple(self.slice_devices[(i, s)].path for i in mine for s in job.slices if (i, s) in self.slice_devices),
+            + tuple(d.path for ds in slice_nodes.values() for d in ds),
             image=job.spec.image, containers_dir=str(cfg.containers_dir) if job.spec.image else None,
             **launcher.share_of(job, [state.gpus[g].memory_mb for g in job.gpus if g in state.gpus]),
-            **launcher.slices_of(job, state),
+            **mig,
         )
+
+    def slices_of(self, job: Job, mine: tuple[int, ...], state: ClusterState) \
+            -> tuple[dict, dict[tuple[int, int], tuple[GpuDevice, ...]]]:
+        """A MIG job's Launch fields (slices, MIG UUIDs) and its slices' capability devices: on
+        an NVML node as the backend made them (`LaunchError` where it has not or failed), on a
+        simulated one derived from the GPU's. Nothing for other jobs."""
+        made = getattr(self.backend, "mig_slices", None)
+        if made is None or not job.spec.sliced or not mine:
+            wanted = [(i, s) for i in mine for s in job.slices]
+            return launcher.slices_of(job, state), {k: (self.slice_devices[k],) for k in wanted if k in self.slice_devices}
+        gpu = mine[0]
+        found = made(gpu) or []
+        bad = [s for s in job.slices if s >= len(found) or found[s].profile != job.spec.mig]
+        if bad:
+            why = getattr(self.backend, "mig_error", lambda _: "")(gpu) or "its geometry is not applied here"
+            raise LaunchError(f"MIG slice(s) {bad} of GPU {gpu_id(self.node, gpu)} are not usable: {why}")
+        fields = {"mig_slices": tuple(job.slices), "mig_uuids": tuple(found[s].uuid for s in job.slices)}
+        return fields, {(gpu, s): found[s].devices for s in job.slices}
 
     def forget(self, job_id: str) -> None:
         """The job no longer runs here: a later attempt counts its launches afresh."""
@@ -113,6 +133,7 @@ class JobStarter:
         """Confine and start this node's rank of `job` (`agent_id` names its cgroup);
         `LaunchError` when it cannot start."""
         spec = self.spec(job, mine, state)
+        slice_nodes = self.slices_of(job, mine, state)[1]
         if spec.image and self.cdi_pending:
             self.cdi_spec = _publish_cdi(self.cdi_pending, self.devices, self.uuids, self.slice_devices)
             self.cdi_pending = None
@@ -120,7 +141,7 @@ class JobStarter:
             spec = confine(spec, job, self.users, self.uid_holder, cgroup_parent=self.cgroup_parent,
                            cgroup_name=f"{subjects.token(job.job_id)}.{spec.control_dir.name}-{agent_id}",
                            devices=self.devices, control=self.control_devices, pids_max=self.cfg.pids_max,
-                           slices=self.slice_devices)
+                           slices=slice_nodes)
         except (NoJobUser, CgroupError) as err:
             raise LaunchError(f"cannot confine the job: {err}") from err
         try:

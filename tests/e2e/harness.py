@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from gpusched.bus import subjects
 from gpusched.bus.control_client import Client
 from gpusched.bus.log import EventLog
 from gpusched.cli.stack import register_simulated_nodes, spawn_service, stop_processes
@@ -82,6 +83,18 @@ class Harness:
             return (self.tmp / f"{name}.log").read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    async def job_logs(self, jobs: list[str], marker: str, tries: int = 100) -> dict[str, str]:
+        """Each job's output as the node daemon keeps it (its ranks' logs under the work dir),
+        once every one shows `marker` (or after `tries` looks, 0.1 s apart)."""
+        logs = {j: "" for j in jobs}
+        for _ in range(tries):
+            for j in logs:
+                logs[j] = "".join(p.read_text() for p in (self.tmp / "work").rglob("*.log") if subjects.token(j) in str(p))
+            if all(marker in text for text in logs.values()):
+                break
+            await asyncio.sleep(0.1)
+        return logs
 
     async def ready(self, *names: str, timeout: float = 30.0) -> None:
         """Wait for each service's `<service>_ready` log line."""

@@ -57,13 +57,7 @@ async def test_two_fractional_jobs_share_one_gpu_within_their_memory_limits(harn
     used = await _gpu_memory(h.nats_url, node, index, lambda mb: mb > 0)
     assert used == sum(mb * 3 // 4 for mb in limits.values()) <= GPU_MB  # each within its MPS limit
 
-    logs = {j: "" for j in (half, quarter)}
-    for _ in range(100):  # the daemon keeps each rank's output on the node
-        for j in logs:
-            logs[j] = "".join(p.read_text() for p in (h.tmp / "work").rglob("*.log") if subjects.token(j) in str(p))
-        if all("limit=" in text for text in logs.values()):
-            break
-        await asyncio.sleep(0.1)
+    logs = await h.job_logs([half, quarter], "limit=")
     assert "limit=0=40960M share=0.5 sm=50" in logs[half]
     assert "limit=0=20480M share=0.25 sm=25" in logs[quarter]
 

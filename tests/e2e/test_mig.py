@@ -9,7 +9,6 @@ import asyncio
 
 import pytest
 
-from gpusched.bus import subjects
 from gpusched.core import events as ev
 from gpusched.core.mig import slice_uuid
 
@@ -44,13 +43,7 @@ async def test_two_mig_jobs_run_on_their_own_slices_of_one_gpu(harness):
     assert not refused.ok and "is in use by" in refused.error and "only while it is idle" in refused.error
 
     uuid = st.gpus[gpu].uuid
-    logs = {j: "" for j in (small, big)}
-    for _ in range(100):  # the daemon keeps each rank's output on the node
-        for j in logs:
-            logs[j] = "".join(p.read_text() for p in (h.tmp / "work").rglob("*.log") if subjects.token(j) in str(p))
-        if all("visible=" in text for text in logs.values()):
-            break
-        await asyncio.sleep(0.1)
+    logs = await h.job_logs([small, big], "visible=")
     assert f"visible={slice_uuid(uuid, 2)} slices=2" in logs[small]
     assert f"visible={slice_uuid(uuid, 0)} slices=0" in logs[big]
 

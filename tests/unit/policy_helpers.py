@@ -101,3 +101,17 @@ def grants(events) -> dict[str, list[str]]:
 
 def kinds(events) -> list[str]:
     return [type(e).__name__ for e in events]
+
+
+def submit_one(st: ClusterState, job_id: str, at: float = 1.0, team: str = "a", **spec) -> None:
+    """A one-GPU job (unless `spec` says otherwise) submitted straight into the fold."""
+    st.apply(ev.JobSubmitted(at=at, job_id=job_id, spec=JobSpec(**{"team": team, "gpus": 1, **spec})))
+
+
+def run_full_cycle(st: ClusterState, now: float) -> list[ev.GpusGranted]:
+    """One `full` cycle applied to the fold, which must stay legal; its grants."""
+    events = cycle(st, now, PRESETS["full"])
+    for e in events:
+        st.apply(e)
+    assert st.violations() == []
+    return [e for e in events if isinstance(e, ev.GpusGranted)]

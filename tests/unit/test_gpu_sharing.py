@@ -16,6 +16,9 @@ from gpusched.policy.cycle import cycle
 from gpusched.sim.engine import Cluster, Simulation
 from gpusched.sim.traces import TraceJob
 
+from .policy_helpers import run_full_cycle as run_cycle
+from .policy_helpers import submit_one as submit
+
 FULL = PRESETS["full"]
 
 
@@ -25,18 +28,6 @@ def cluster(gpus: int = 2, memory_mb: int = 80_000, nodes: int = 1) -> ClusterSt
         st.apply(ev.NodeRegistered(at=0, node=f"n{n}", rack="r0", block=None, gpus=[
             GpuInfo(index=i, uuid=f"u{n}-{i}", model="H100", memory_mb=memory_mb) for i in range(gpus)]))
     return st
-
-
-def submit(st: ClusterState, job_id: str, at: float = 1.0, team: str = "a", **spec) -> None:
-    st.apply(ev.JobSubmitted(at=at, job_id=job_id, spec=JobSpec(team=team, gpus=1, **spec)))
-
-
-def run_cycle(st: ClusterState, now: float) -> list[ev.Event]:
-    events = cycle(st, now, FULL)
-    for e in events:
-        st.apply(e)
-    assert st.violations() == []
-    return [e for e in events if isinstance(e, ev.GpusGranted)]
 
 
 def placed(st: ClusterState) -> dict[str, str]:

@@ -14,9 +14,11 @@ from gpusched.core.model import GpuInfo, JobSpec, gpu_id
 from gpusched.core.rules import BatchCheck
 from gpusched.core.state import ClusterState
 from gpusched.policy.config import PRESETS
-from gpusched.policy.cycle import cycle
 from gpusched.services.admission import Capacity, mig_geometry_problem
 from gpusched.services.nodeagent.backends import SimBackend
+
+from .policy_helpers import run_full_cycle as run_cycle
+from .policy_helpers import submit_one as submit
 
 FULL = PRESETS["full"]
 H100 = 80 * 1024
@@ -35,18 +37,6 @@ def cluster(gpus: int = 3, mig: bool = True) -> ClusterState:
 def partition(st: ClusterState, index: int, profiles: list[str], at: float = 0.5) -> None:
     assert mig_geometry_problem(st, SetMigGeometry(request_id="r", node="n0", gpu=index, profiles=profiles)) is None
     st.apply(ev.MigGeometrySet(at=at, gpu=gpu_id("n0", index), profiles=profiles))
-
-
-def submit(st: ClusterState, job_id: str, at: float = 1.0, team: str = "a", **spec) -> None:
-    st.apply(ev.JobSubmitted(at=at, job_id=job_id, spec=JobSpec(team=team, gpus=1, **spec)))
-
-
-def run_cycle(st: ClusterState, now: float) -> list[ev.GpusGranted]:
-    events = cycle(st, now, FULL)
-    for e in events:
-        st.apply(e)
-    assert st.violations() == []
-    return [e for e in events if isinstance(e, ev.GpusGranted)]
 
 
 def test_the_simulated_h100_offers_the_published_profiles():
@@ -182,7 +172,7 @@ def test_a_mig_jobs_allow_list_env_and_cdi_name_only_its_own_slices(tmp_path):
                     checkpoint_dir=tmp_path / "ck", control_dir=tmp_path / "ctl", log_path=tmp_path / "log",
                     mig_slices=(2, 3), mig_uuids=(slice_uuid("GPU-a", 2), slice_uuid("GPU-a", 3)))
     job = Job("m", JobSpec(team="a", gpus=1, mig="1g.10gb", mig_count=2), 0.0)
-    allow = limits_for(job, launch, gpu, ("c 195:255 rwm",), None, caps).devices
+    allow = limits_for(job, launch, gpu, ("c 195:255 rwm",), None, {k: (d,) for k, d in caps.items()}).devices
     assert allow == ("c 242:64 rwm", "c 195:255 rwm", "c 243:514 rwm", "c 243:515 rwm")  # GPU, control, its 2 slices
     env = job_env(launch, {})
     assert env["CUDA_VISIBLE_DEVICES"] == "MIG-a-2,MIG-a-3" and env["GPUSCHED_MIG_SLICES"] == "2,3"

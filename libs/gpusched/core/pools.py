@@ -27,6 +27,7 @@ MAX_MODELS = 8
 
 
 @functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024)  # a pure function of a few distinct names, asked once per GPU
 def canonical_model(model: str) -> str:
     """The pool a registered model belongs to: its first model token, upper case ("Tesla
     V100-SXM2-16GB" -> "V100", "SIM-H100-80GB" -> "H100"); a token without a digit joins the

@@ -17,12 +17,16 @@ domain sizes) is indexed once per state and reused until a node registers.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
 from ..core.model import LEVEL_RANK, GpuId
 from ..core.reasons import Topology as Topology_
 from ..core.state import ClusterState
+
+if TYPE_CHECKING:
+    from .pools import PoolIndex
 
 #: NVLink domain size of the standard layouts (None: the whole node; 0: read the GPU records).
 _DOMAIN_SIZE = {"all": None, "pairs": 2, "quads": 4, "none": 1}
@@ -41,7 +45,8 @@ class Topology:
     """The static shape of a cluster, by node index in registration order."""
 
     __slots__ = ("nodes", "names", "index", "rack_of", "racks", "rack_members", "block_of_rack",
-                 "dom_cap", "all_layout", "only_all_layout", "any_all_layout", "max_node", "node_matches")
+                 "dom_cap", "all_layout", "only_all_layout", "any_all_layout", "max_node", "node_matches",
+                 "pool_index")
 
     def __init__(self, state: ClusterState) -> None:
         self.nodes = state.nodes
@@ -79,6 +84,8 @@ class Topology:
         #: The nodes matching each constraint, as `eligibility.matching` found them (its memo:
         #: it lives as long as this topology, with whoever owns it, e.g. `memo.Indexes`).
         self.node_matches: dict[tuple, tuple[list[str], list[str]]] = {}
+        #: The GPUs of each GPU pool, as `pools.pool_index` built them (its memo, likewise).
+        self.pool_index: PoolIndex | None = None
 
 
 class Pool:

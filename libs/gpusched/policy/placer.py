@@ -133,7 +133,7 @@ class Placer:
         st = pool.state
         t = st.teams.get(spec.team)
         held = t.pool_held if t is not None else {}
-        order = choices(st, spec, lambda p: held.get(p, 0))
+        order = choices(st, spec, lambda p: held.get(p, 0), topo=pool.topo)
         if order is None:
             return self.best(self.feasible(pool, spec), spec, n)
         for c in order:

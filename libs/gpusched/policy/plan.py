@@ -350,7 +350,7 @@ class CyclePlan:
     def fit(self, job: Job, pool: Pool, room: int | None) -> Placement | None:
         """Where `job` starts on `pool` within its team's `room`: on the first of its GPU pools
         with room within its per-model terms there (`pools.choices`), else as one question."""
-        order = choices(self.ctx.state, job.spec, lambda p: self.pool_held(job.team, p))
+        order = choices(self.ctx.state, job.spec, lambda p: self.pool_held(job.team, p), topo=pool.topo)
         if order is None:
             return self._fit(job, pool, room)
         rooms = self.pool_rooms(job, order)
@@ -369,7 +369,7 @@ class CyclePlan:
         if job.spec.preemptible or not (config.fairshare and config.preemption):
             return [(r, None) for r in limits]
         if self._pool_firm is None:
-            self._pool_firm = PoolFirm(st, self.started)
+            self._pool_firm = PoolFirm(st, self.started, self.pool.topo)
         firm, need = self._pool_firm, self.ctx.floor(job)
         exempt = all(firm.never_fits(team, p, need) for _, p in order)
         return [(r, firm.room(team, p, need, exempt)) for r, (_, p) in zip(limits, order)]
@@ -432,7 +432,7 @@ class CyclePlan:
                 return False
             return True
 
-        order = choices(self.ctx.state, spec, lambda p: self.pool_held(job.team, p))
+        order = choices(self.ctx.state, spec, lambda p: self.pool_held(job.team, p), topo=self.pool.topo)
         if order is None:
             return fits_one
         st = self.ctx.state

@@ -21,49 +21,59 @@ from ..core import rules
 from ..core.model import GpuId, JobSpec
 from ..core.pools import accepted, canonical_model, has_models, model_guaranteed, type_matches
 from ..core.state import ClusterState
-from .placement import Pool
+from .placement import Pool, Topology
 
 #: (a GPU type the job named, or None: any; a pool) in the order the job is tried on them.
 Choice = tuple[str | None, str]
 
 
-class _Pools:
-    """Each pool's GPUs, per state (held and compared by identity), rebuilt when a node registers."""
+class PoolIndex:
+    """Each GPU pool's GPUs in one cluster shape, and what placement questions learn from them
+    (the pools a GPU type matches, each choice's GPUs outside it). Kept by the cluster's
+    `Topology` (so with whoever owns it, e.g. `memo.Indexes`), rebuilt when a GPU registers."""
 
-    state: ClusterState | None = None
-    size = -1
-    gpus: dict[str, list[GpuId]] = {}
-    others: dict[Choice, dict[str, list[GpuId]]] = {}  # choice -> node -> its GPUs outside the choice
-    #: (id of a pool, choice) -> (the pool, its changes, the pool restricted), for one fold position
-    restricted: dict[tuple[int, Choice], tuple[Pool, int, Pool]] = {}
-    at: tuple[int, int] = (0, -1)
-    typed: dict[str, list[str]] = {}  # GPU type -> the pools it matches
+    __slots__ = ("size", "gpus", "typed", "others")
 
-
-def pools(state: ClusterState) -> dict[str, list[GpuId]]:
-    """Pool (canonical model) -> its GPUs, pools in name order."""
-    if _Pools.state is not state or _Pools.size != len(state.gpus):
+    def __init__(self, state: ClusterState) -> None:
         per: dict[str, list[GpuId]] = {}
         for g, rec in state.gpus.items():
             per.setdefault(canonical_model(rec.model), []).append(g)
-        _Pools.state, _Pools.size, _Pools.others, _Pools.typed = state, len(state.gpus), {}, {}
-        _Pools.gpus = dict(sorted(per.items()))
-    return _Pools.gpus
+        self.size = len(state.gpus)
+        self.gpus = dict(sorted(per.items()))  # pool (canonical model) -> its GPUs, pools in name order
+        self.typed: dict[str, list[str]] = {}  # GPU type -> the pools it matches
+        self.others: dict[Choice, dict[str, list[GpuId]]] = {}  # choice -> node -> its GPUs outside the choice
+
+
+def pool_index(state: ClusterState, topo: Topology | None = None) -> PoolIndex:
+    """The pools of `state`, kept in `topo` (its topology); without one, built for a one-off
+    question (`show`, `teams`)."""
+    if topo is None or topo.nodes is not state.nodes:
+        return PoolIndex(state)
+    index = topo.pool_index
+    if index is None or index.size != len(state.gpus):
+        index = topo.pool_index = PoolIndex(state)
+    return index
+
+
+def pools(state: ClusterState, topo: Topology | None = None) -> dict[str, list[GpuId]]:
+    """Pool (canonical model) -> its GPUs, pools in name order."""
+    return pool_index(state, topo).gpus
 
 
 def choices(state: ClusterState, spec: JobSpec, held_on: Callable[[str], float],
-            always: bool = False) -> list[Choice] | None:
+            always: bool = False, topo: Topology | None = None) -> list[Choice] | None:
     """The (type, pool) pairs the job is tried on, in order; None: placed as before (see the
     module docstring; `always`: also a job of one type, for its reason). `held_on(pool)`: its
-    team's GPUs there as the cycle sees them."""
+    team's GPUs there as the cycle sees them; `topo`: the topology that keeps the pools."""
     t = state.teams.get(spec.team)
     quota = t.quota if t is not None else None
     types = accepted(spec)
     if len(types) <= 1 and not has_models(quota) and not (always and types):
         return None
-    gpus = pools(state)
+    index = pool_index(state, topo)
+    gpus = index.gpus
     if types:
-        return [(w, p) for w in types for p in _typed(state, w)]
+        return [(w, p) for w in types for p in _typed(state, index, w)]
     assert quota is not None
     named = [p for p in quota.models if p in gpus]
     under = [p for p in named if held_on(p) < model_guaranteed(quota, p)]
@@ -71,13 +81,13 @@ def choices(state: ClusterState, spec: JobSpec, held_on: Callable[[str], float],
     return [(None, p) for p in order]
 
 
-def _typed(state: ClusterState, want: str) -> list[str]:
-    """The pools with a GPU whose model matches `want` (kept with `pools`)."""
-    hit = _Pools.typed.get(want)
+def _typed(state: ClusterState, index: PoolIndex, want: str) -> list[str]:
+    """The pools with a GPU whose model matches `want` (kept in the index)."""
+    hit = index.typed.get(want)
     if hit is None:
         known = state.gpus
-        hit = _Pools.typed[want] = [p for p, members in pools(state).items()
-                                    if any(type_matches(want, known[g].model) for g in members)]
+        hit = index.typed[want] = [p for p, members in index.gpus.items()
+                                   if any(type_matches(want, known[g].model) for g in members)]
     return hit
 
 
@@ -114,33 +124,28 @@ def within_limits(state: ClusterState, team: str, gpus: list[GpuId], held_on: Ca
 
 
 def restrict_to(pool: Pool, choice: Choice) -> Pool:
-    """The pool less every GPU outside the choice's pool or not of its type: one copy per pool
-    and choice while neither the pool nor the fold changes (a long queue of jobs alike asks
-    the same question, and the copy keeps the failures it learns: `Pool.fails`)."""
+    """The pool less every GPU outside the choice's pool or not of its type, kept in the pool
+    while neither it (`Pool.changes`) nor the fold changes: a long queue of jobs alike asks the
+    same question, and the copy keeps the failures it learns (`Pool.fails`)."""
     state = pool.state
-    if _Pools.at != (id(state), state.last_seq):
-        _Pools.at, _Pools.restricted = (id(state), state.last_seq), {}
-    hit = _Pools.restricted.get((id(pool), choice))
-    if hit is not None and hit[0] is pool and hit[1] == pool.changes:
-        return hit[2]
-    out = _restrict_to(pool, choice)
-    _Pools.restricted[(id(pool), choice)] = (pool, pool.changes, out)
-    return out
-
-
-def _restrict_to(pool: Pool, choice: Choice) -> Pool:
-    state = pool.state
-    per = pools(state)
-    by_node = _Pools.others.get(choice)
+    key = ("gpu pool", choice)
+    at = (pool.changes, state.last_seq)
+    hit = pool.narrowed.get(key)
+    if hit is not None and hit[0] == at:
+        return hit[1]
+    index = pool_index(state, pool.topo)
+    by_node = index.others.get(choice)
     if by_node is None:
         want, name = choice
-        by_node = _Pools.others[choice] = {}
-        for p, members in per.items():
+        by_node = index.others[choice] = {}
+        for p, members in index.gpus.items():
             for g in members:
                 if p != name or (want is not None and not type_matches(want, state.gpus[g].model)):
                     by_node.setdefault(state.gpus[g].node, []).append(g)
     other = [g for n, gpus in by_node.items() if pool.n_free(n) > 0 for g in gpus]  # busy nodes: nothing to remove
-    return pool.without(other) if other else pool
+    out = pool.without(other) if other else pool
+    pool.narrowed[key] = (at, out)
+    return out
 
 
 class PoolFirm:
@@ -149,8 +154,8 @@ class PoolFirm:
     (its GPUs nobody is guaranteed), so each per-model guarantee stays reclaimable. Built once
     per cycle from the running jobs; the cycle's grants are added as they are made."""
 
-    def __init__(self, state: ClusterState, started: list) -> None:
-        self.state = state
+    def __init__(self, state: ClusterState, started: list, topo: Topology | None = None) -> None:
+        self.state, self.topo = state, topo
         self.guaranteed: dict[str, dict[str, int]] = {}  # pool -> team -> its guarantee there
         for name, t in state.teams.items():
             for p, m in t.quota.models.items():
@@ -176,7 +181,7 @@ class PoolFirm:
             self.held[(team, p)] = self.held.get((team, p), 0) + k
 
     def _slack(self, pool: str, g: dict[str, int]) -> int:
-        return max(0, len(pools(self.state).get(pool, [])) - sum(g.values()))
+        return max(0, len(pools(self.state, self.topo).get(pool, [])) - sum(g.values()))
 
     def never_fits(self, team: str, pool: str, need: int) -> bool:
         """A job of `need` GPUs the rule could never let onto `pool`."""
@@ -223,5 +228,5 @@ def pool_of_gpus(state: ClusterState, gpus: list[GpuId]) -> dict[str, int]:
     return out
 
 
-__all__ = ["Choice", "PoolFirm", "choices", "limit_left", "pool_of_gpus", "pool_rows", "pools", "restrict_to", "room_on",
+__all__ = ["Choice", "PoolFirm", "PoolIndex", "choices", "limit_left", "pool_index", "pool_of_gpus", "pool_rows", "pools", "restrict_to", "room_on",
            "within_limits"]

@@ -70,7 +70,7 @@ def on_free(pool: Pool, spec: JobSpec, placer: Placer, barred: frozenset[str] = 
     pool = placer.feasible(pool, spec)
     st = pool.state
     if barred:
-        pool = pool.without([g for p in barred for g in pools(st).get(p, [])])
+        pool = pool.without([g for p in barred for g in pools(st, pool.topo).get(p, [])])
     if spec.gpu_memory_mb is not None:
         small = [g for n in st.nodes for g in pool.free_on(n) if spec.share_on(st.gpus[g].memory_mb) is None]
         if small:

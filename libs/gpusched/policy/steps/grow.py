@@ -35,6 +35,6 @@ def _where(pool: Pool, job: Job, now: float) -> Pool:
     lives on one GPU model)."""
     st = pool.state
     pool = restrict(pool, job.spec, now)
-    if len(pools(st)) > 1 and job.gpus:
+    if len(pools(st, pool.topo)) > 1 and job.gpus:
         pool = restrict_to(pool, (None, canonical_model(st.gpus[job.gpus[0]].model)))
     return pool

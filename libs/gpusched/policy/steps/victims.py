@@ -129,7 +129,7 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
 def useful_pools(plan: CyclePlan, ctx: Context, job: Job) -> set[str] | None:
     """The GPU pools a job placed on pools (`pools.choices`) is tried on: a victim holding
     nothing there frees nothing for it (None: the job is placed as before pools)."""
-    order = choices(ctx.state, job.spec, lambda p: plan.pool_held(job.team, p))
+    order = choices(ctx.state, job.spec, lambda p: plan.pool_held(job.team, p), topo=plan.pool.topo)
     return None if order is None else {p for _, p in order}
 
 

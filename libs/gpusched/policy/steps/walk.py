@@ -224,14 +224,15 @@ def _no_room_for(plan: CyclePlan, ctx: Context, job: Job, lo: int) -> NoRoom | N
     """NoRoom, naming the GPU pools for a job tried on pools (`pools.choices`) or of one type on
     a mixed cluster: "waiting for 1 free H100 GPUs; A100 not accepted"."""
     st, spec = ctx.state, job.spec
-    order = choices(st, spec, lambda p: plan.pool_held(job.team, p), always=True)
-    if order is None or len(pools(st)) < 2:
+    order = choices(st, spec, lambda p: plan.pool_held(job.team, p), always=True, topo=plan.pool.topo)
+    every = pools(st, plan.pool.topo)
+    if order is None or len(every) < 2:
         return _no_room(lo, spec.topology.required)
     tried = list(dict.fromkeys(p for _, p in order))
     rooms = dict(zip((p for _, p in order), plan.pool_rooms(job, order)))
     limited = [p for p in tried if (r := rooms[p][0]) is not None and r < lo]
     firm = [p for p in tried if p not in limited and (r := rooms[p][1]) is not None and r < lo]
-    return _pools_reason(lo, spec.topology.required, tuple(tried), tuple(p for p in pools(st) if p not in tried),
+    return _pools_reason(lo, spec.topology.required, tuple(tried), tuple(p for p in every if p not in tried),
                          tuple(limited), tuple(firm))
 
 
@@ -239,7 +240,7 @@ def _pools_barred(plan: CyclePlan, ctx: Context, job: Job, lo: int) -> bool:
     """Every pool the job accepts is barred by its team's per-model limit or (non-preemptible)
     by other teams' per-model guarantees: it waits for holdings to change, and blocks nobody
     (as a job over its team's limit, or beyond its guarantee)."""
-    order = choices(ctx.state, job.spec, lambda p: plan.pool_held(job.team, p))
+    order = choices(ctx.state, job.spec, lambda p: plan.pool_held(job.team, p), topo=plan.pool.topo)
     if not order:
         return False
     return all(r is not None and r < lo for r in (_least_room(*rs) for rs in plan.pool_rooms(job, order)))
