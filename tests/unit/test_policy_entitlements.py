@@ -92,6 +92,23 @@ def _entitled_past_reservation(s):
     s.submit("inter", 4, team="prod", at=20, priority="interactive")
 
 
+def _big_borrower(s):
+    # b (guarantee 16) borrows with one preemptible 32-GPU gang; a (guarantee 16) asks for its 16.
+    # Taking the gang leaves b 16 below its guarantee, as far as a is now: the no-ping-pong rule
+    # kept it, so a's guarantee was never reclaimable from a gang bigger than its owner's guarantee.
+    s.team("a", guaranteed=16)
+    s.team("b", guaranteed=16)
+    s.run("b1", NODES[0] + NODES[1] + NODES[2] + NODES[3], team="b", at=0, preemptible=True)
+    s.submit("a1", 16, team="a", at=1000)
+
+
+def _big_borrower_yielded(s):
+    # ... and the GPUs it frees go to a1, although b leads the queue (0 of 16, its job older)
+    _big_borrower(s)
+    s.cycle("full", now=1000)
+    s.checkpoint("b1", 1010)
+
+
 # name: (setup, now, want decisions)
 CASES = {
     "a team under its guarantee is never shrunk for a team over its own": (_elastic_under_guarantee, 1000, []),
@@ -107,6 +124,10 @@ CASES = {
         _limit_head, 63, []),
     "... and it starts when the room comes": (_limit_head_due, 120, [("grant", "H")]),
     "a reservation does not outrank an entitlement": (_entitled_past_reservation, 20, [("grant", "inter")]),
+    "a guarantee is reclaimable from a borrowing gang bigger than its own team's guarantee": (
+        _big_borrower, 1000, [("preempt", "b1", "a1")]),
+    "... and what it frees goes to the job it was freed for": (
+        _big_borrower_yielded, 1010, [("release", "b1", False), ("grant", "a1")]),
 }
 
 

@@ -11,6 +11,7 @@ simulator all call it. It never reads a clock: `now` defaults to the fold's time
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any
 
@@ -100,7 +101,8 @@ def queue_order(state: ClusterState, now: float | None = None, config: PolicyCon
 def estimate_start(state: ClusterState, job: Job, now: float, config: PolicyConfig = DEFAULT) -> float | None:
     """When enough GPUs should be free in some allowed domain, and the team under its limit, if
     running jobs end on time (their time limit, or a preemption deadline), or sooner where the
-    policy preempts them for it once they ran `min_runtime_s` (`_freed_at`). None when unknown."""
+    policy preempts them for it: by priority once they ran `min_runtime_s`, to reclaim its
+    team's guarantee once they ran their back-off (`_freed_at`). None when unknown."""
     room_at = _limit_room_at(state, job, now, config)
     if room_at is not None and not job.spec.preemptible and config.fairshare and config.preemption:
         firm_at = _firm_room_at(state, job, now, config)
@@ -118,17 +120,40 @@ def _preempted_by_priority(job: Job, h: Job) -> bool:
             and PRIORITY_RANK[h.spec.priority] < PRIORITY_RANK[job.spec.priority])
 
 
-def _freed_at(job: Job, h: Job, now: float, config: PolicyConfig) -> tuple[float, bool]:
-    """When holder `h`'s GPUs may be taken for `job`, and whether by a preemption: its expected
-    end, or, where the policy preempts it for the job by priority (its own team's, lower), once
-    it has run its `min_runtime_s` (reclaim across teams rests on more than the clock: no start
-    is promised from it)."""
+def _freed_at(job: Job, h: Job, now: float, config: PolicyConfig, reclaims: bool) -> tuple[float, str]:
+    """When holder `h`'s GPUs may be taken for `job`, and how: "end" (its expected end),
+    "priority" (the policy preempts it for the job by priority, its own team's and lower, once it
+    has run `min_runtime_s`), or "reclaim" (`reclaims`: the job reclaims its guarantee from
+    another team's preemptible job once that has run its back-off, if its team is still over
+    its guarantee then: `_fit_at` checks)."""
     end = expected_end(h, now, config)
+    started = h.started_at if h.started_at is not None else now
     if config.preemption and config.priority and _preempted_by_priority(job, h):
-        protected_until = (h.started_at if h.started_at is not None else now) + config.min_runtime_s
+        protected_until = started + config.min_runtime_s
         if protected_until < end:
-            return max(now, protected_until), True
-    return end, False
+            return max(now, protected_until), "priority"
+    if reclaims and h.spec.preemptible and h.preemption is None and h.spec.team != job.spec.team:
+        cap = config.preempt_backoff_max_s  # (`preemption.ran_back_off`; None: `min_runtime_s` alone)
+        back_off = config.min_runtime_s if cap is None else min(
+            max(config.min_runtime_s, cap), config.min_runtime_s * 2 ** min(h.preemptions, 32))
+        if started + back_off < end:
+            return max(now, started + back_off), "reclaim"
+    return end, "end"
+
+
+def _reclaims_within(state: ClusterState, job: Job, config: PolicyConfig) -> bool:
+    """Whether the policy reclaims for `job` whatever the clock says, across teams: its team is
+    under its guarantee and stays within it once the job starts (`preemption._Rule.within`),
+    judged on the teams' totals (no per-model terms), with reclaim as soon as a team is short
+    (no fairness horizon) and no run-time predictions that may leave a victim to finish."""
+    t = state.teams.get(job.spec.team)
+    return (config.fairshare and config.preemption and config.fair_owed_after_s is None and not config.preempt_predicted
+            and t is not None and not t.quota.models and t.held + job.spec.gang_min <= t.quota.guaranteed)
+
+
+def _over_guarantee(state: ClusterState, team: str, held: float) -> bool:
+    t = state.teams.get(team)
+    return t is not None and not t.quota.models and held > t.quota.guaranteed
 
 
 def _limit_room_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
@@ -177,8 +202,11 @@ def _fit_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> 
     need = job.spec.gang_min
     grace = config.checkpoint_grace_s if config.checkpoint else 0.0
     level, domains = _domain_keys(state, job.spec.topology.required)
+    reclaims = _reclaims_within(state, job, config)
+    teams_held = {name: t.held - _leaving(state, name) for name, t in state.teams.items()} if reclaims else {}
     best: float | None = None
     for nodes in domains.values():
+        held = dict(teams_held)
         usable = _in_service(state, nodes)
         free = sum(len(state.nodes[n].free) for n in usable)
         if free >= need:
@@ -186,14 +214,22 @@ def _fit_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> 
         capacity = sum(len(state.nodes[n].gpus) for n in usable)
         if capacity < need:
             continue
-        ends = sorted((*_freed_at(job, state.jobs[h], now, config), count)
-                      for h, count in _held_on(state, usable).items())
+        ends = [(*_freed_at(job, state.jobs[h], now, config, reclaims), count, h)
+                for h, count in _held_on(state, usable).items()]
+        heapq.heapify(ends)
         preempts = False
-        for at, preempt, count in ends:
+        while ends:
+            at, how, count, h = heapq.heappop(ends)
             if not math.isfinite(at):
                 break
+            if how == "reclaim":  # taken only while its team stays over its guarantee
+                team = state.jobs[h].spec.team
+                if not _over_guarantee(state, team, held[team]):
+                    heapq.heappush(ends, (expected_end(state.jobs[h], now, config), "end", count, h))
+                    continue
+                held[team] -= len(state.jobs[h].gpus)
             free += count
-            preempts |= preempt
+            preempts |= how != "end"
             if free >= need:
                 if preempts and at <= now:
                     break  # it could preempt for it now and did not: something else holds it back
@@ -202,6 +238,12 @@ def _fit_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> 
                 best = at if best is None else min(best, at)
                 break
     return best
+
+
+def _leaving(state: ClusterState, team: str) -> int:
+    """GPUs of the team's jobs already asked to yield (their ends are their deadlines)."""
+    return sum(len(j.gpus) for j in (state.jobs[x] for x in state.running)
+               if j.spec.team == team and j.preemption is not None)
 
 
 def explain_pending(state: ClusterState, job_id: str, now: float | None = None,

@@ -10,7 +10,9 @@ for the blocked job when
   guaranteed share and the victim's team is above its own at that point of the set, whatever the
   two jobs' priority classes, provided the victim's team ends less far below its guarantee than
   the blocked job's team is now (each reclaim lowers the largest shortfall: no ping-pong of a
-  big job between two teams near their guarantees), or
+  big job between two teams near their guarantees), or the blocked job, started, stays within
+  its team's guarantee (nothing can reclaim it back, and the hand-over gives it the GPUs: a
+  guarantee is reclaimable even from a gang bigger than its owner's guarantee), or
 - (priority) it is of a lower priority class and the fold's fairness rule allows it, or
 - (`las_preempt`, as Tiresias's 2D-LAS) it sits in a later least-attained-service queue than
   the blocked job, and is of the same team (with fair share: across teams only the fair-share
@@ -274,6 +276,10 @@ class _Rule:
         self.team = job.spec.team
         self.for_held = held(self.team) + incoming.get(self.team, 0)
         self.owed = search.owed
+        quota = _quota(state, self.team)
+        # The job, started, leaves its team within its guarantee: nothing can reclaim those
+        # GPUs from it, and what its victims free is handed to it (`steps/handover`).
+        self.within = quota is not None and self.for_held + job.spec.gang_min <= quota.guaranteed
         self._for_rank: tuple | None = None
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
         self.left = search.left
@@ -399,15 +405,20 @@ class _Rule:
         # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
         lower = self.lower(v, not self.config.fairshare)
         # Reclaim, whatever the priorities: from a team over its share, and only if that team
-        # ends less far below its guarantee than the reclaiming team is now. Every reclaim then
-        # lowers the largest shortfall, so reclaims never ping-pong between two teams.
+        # ends less far below its guarantee than the reclaiming team is now (every reclaim then
+        # lowers the largest shortfall, so reclaims never ping-pong between two teams), or the
+        # job, started, stays within its team's guarantee (`within`): then no reclaim can take
+        # its GPUs back, whatever the victim's team's shortfall; else a gang bigger than its
+        # owner's guarantee could borrow another team's guarantee for good.
         under = self.config.fairshare and fs[0] < fs[1] and self.owed
-        reclaim = under and not at_or_under and vs[0] - n - vs[1] > fs[0] - fs[1]
+        owned = self.within and on is None  # (per-model terms judge on the pool: the shortfall rule)
+        reclaim = under and not at_or_under and (vs[0] - n - vs[1] > fs[0] - fs[1] or owned)
         if not (lower or reclaim):
             return False, at_or_under
         # Hysteresis across teams: never preempt what the victim's team would win straight back
-        # (and, if configured, leave a job taken over and over alone longer each time).
-        if not (self.backed_off(v) and self.keeps_order(team, vh - n, on)):
+        # (a job within its guarantee gets what it reclaimed: the hand-over), and, if
+        # configured, leave a job taken over and over alone longer each time.
+        if not (self.backed_off(v) and ((reclaim and owned) or self.keeps_order(team, vh - n, on))):
             return False, at_or_under
         # With predictions, a victim predicted to end first is left to finish: its GPUs come
         # back before the reclaiming job, started now, would have ended.

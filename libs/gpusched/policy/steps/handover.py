@@ -20,7 +20,11 @@ nothing, and one that does not fit yet (another victim still checkpointing) gets
 first grant after a release ends its turn, so a hand-over never reorders the queue later; the
 next release for it gives it another.
 
-Per-model terms (issue 30) reorder across teams in one case: GPUs freed for a job on a pool
+Two cases reorder across teams. A job that, started, stays within its team's guarantee gets
+what was freed for it: the reclaim that freed them may have taken a gang bigger than its owner's
+guarantee (`preemption._Rule.within`), whose team, further below its guarantee then, comes first
+by the totals and would take them straight back (issue 26: a guarantee reclaimable from any
+preemptible borrower). And per-model terms (issue 30): GPUs freed for a job on a pool
 where its team is under its per-model guarantee go to it even if another team comes first by
 the totals the queue is ordered by. The reclaim that freed them judged the teams on that pool
 (`preemption._Rule.standings`); without this, the victim's team, first by its totals, would
@@ -53,6 +57,7 @@ def run(plan: CyclePlan, ctx: Context) -> None:
             continue
         placed = plan.fit(job, plan.pool, plan.job_room(job))
         if placed is not None and (_first_in_line(plan, ctx, job).team == job.team
+                                   or _within_guarantee(plan, ctx, job, placed.gpus)
                                    or _entitled_on_pool(plan, ctx, job, placed.gpus)):
             plan.grant(job, placed, backfill=False, handover=True)
 
@@ -65,6 +70,14 @@ def _may_start(plan: CyclePlan, ctx: Context, job: Job) -> bool:
         return False
     room = plan.job_room(job)
     return room is None or room >= ctx.floor(job)
+
+
+def _within_guarantee(plan: CyclePlan, ctx: Context, job: Job, gpus: list[GpuId]) -> bool:
+    """The job, started on `gpus`, keeps its team within its guarantee: the reclaim that freed
+    them may take a gang bigger than its owner's guarantee (`preemption._Rule.within`), whose
+    team, further below its own then, comes first by the totals and would take them back."""
+    t = ctx.state.teams.get(job.team)
+    return t is not None and not t.quota.models and plan.held(job.team) + len(gpus) <= t.quota.guaranteed
 
 
 def _entitled_on_pool(plan: CyclePlan, ctx: Context, job: Job, gpus: list[GpuId]) -> bool:
