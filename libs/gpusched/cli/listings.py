@@ -40,7 +40,7 @@ def _listing(what: str):
 
 
 def _show(args) -> int:
-    data = asyncio.run(show_data(args.nats, args.redis, args.job_id, _policy(args)))
+    data = asyncio.run(show_data(args.nats, args.redis, args.job_id, _policy(args), getattr(args, "creds", None)))
     if args.json:
         json.dump(data, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
