@@ -102,26 +102,28 @@ def _redis_client(redis: str | None):
     return redis_client(redis)
 
 
-async def _views(args) -> Any:
-    """The Redis views when they answer and have been written; else None."""
+async def _views(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """The documents of `what` from the Redis views and where they came from (with the usage
+    for `jobs`), on one connection in two round trips (`Views.listing`), when Redis answers and
+    a projector has written them; else None."""
     if getattr(args, "fold", False) or not _redis_configured(args.redis):
         return None
     from gpusched.views import Views
 
     views = Views.connect(args.redis)
     try:
-        await asyncio.wait_for(views.r.ping(), 1.5)
-        meta = await asyncio.wait_for(views.meta(), 2)
+        read = await asyncio.wait_for(views.listing(what, with_usage=what == "jobs"), 5)
     except Exception as err:  # noqa: BLE001 - the log answers instead; say so once
-        meta = None
+        read = None
         args.redis_failed = True
         print(f"gpusched {args.command}: Redis read models unreachable ({type(err).__name__}: {err}); "
               "folding the log instead", file=sys.stderr)
-    if meta is None:
+    finally:
         await views.close()
+    if read is None:
         return None
-    views.meta_doc = meta  # type: ignore[attr-defined]
-    return views
+    docs, meta, used = read
+    return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"], **({} if used is None else {"usage": used})}
 
 
 def _policy(args):
@@ -151,14 +153,9 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         state = await fold_state(args.nats, args.redis, at=at, creds=creds)
         return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now,
                                                        "past": True}
-    views = None if config is not None and what == "queue" else await _views(args)
-    if views is not None:
-        try:
-            docs = await getattr(views, what)()
-            meta = views.meta_doc  # type: ignore[attr-defined]
-            return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"]}
-        finally:
-            await views.close()
+    read = None if config is not None and what == "queue" else await _views(args, what)
+    if read is not None:
+        return read
     state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False),
                              creds=creds)
     return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now}
