@@ -293,10 +293,10 @@ class Projector:
 # --- entry points ---------------------------------------------------------------------------
 
 
-async def rebuild_views(nats_url: str | None, redis_url: str | None) -> dict[str, Any]:
+async def rebuild_views(nats_url: str | None, redis_url: str | None, creds: str | None = None) -> dict[str, Any]:
     """Wipe the read models and derive them again from the whole log (`gpusched replay
-    --rebuild-views`). Returns what was written."""
-    event_log = await EventLog.open(nats_url, name="projector-rebuild")
+    --rebuild-views`, as its `--creds`). Returns what was written."""
+    event_log = await EventLog.open(nats_url, name="projector-rebuild", creds=creds)
     r = redis_client(redis_url)
     try:
         projector = Projector(r, snapshot_every=1)

@@ -15,8 +15,8 @@ service a state in which held GPUs look free."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
-import io
 import json
 import os
 from dataclasses import dataclass
@@ -155,13 +155,14 @@ class SnapshotStore:
             raise Refused(f"it covers seq {meta.seq}, but the stream now starts at {first_seq}: the events "
                           "between are gone")
         await self._check_seal(meta)
-        buffer = io.BytesIO()  # without it nats-py joins the chunks with `bytes +=`: quadratic (15 s for 40 MB)
         try:
-            await (await self._bucket()).get(meta.name, writeinto=buffer)
-        except Exception as err:  # noqa: BLE001 - missing, chunks altered (DigestMismatchError), unreadable
+            data = await self._read(meta.name)
+        except Refused:
+            raise
+        except Exception as err:  # noqa: BLE001 - missing, unreadable
             raise Refused(f"it could not be read ({type(err).__name__}: {err})") from None
         try:
-            state = ClusterState.restore(buffer.getbuffer())
+            state = ClusterState.restore(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             raise Refused(f"it does not decode as a fold ({err})") from None
         state.last_seq = meta.seq
@@ -170,6 +171,45 @@ class SnapshotStore:
         if snapshots.digest(state) != meta.digest:  # re-encoded: vouches for the object in hand
             raise Refused(f"its digest does not match the log's seal at seq {meta.seal_seq} (altered)")
         return state
+
+    async def _read(self, name: str) -> bytes:
+        """The object's bytes, checked as nats-py's `ObjectStore.get` checks them (the SHA-256
+        its info records) and also against its chunk count and size. Read here with `next_msg`
+        on an ordered consumer of its chunk subject: `get` iterates the subscription, so the
+        server's flow-control requests are answered only by nats-py's 0.25 s poll, and stalled
+        each read (260 ms of a 2.7 MB fold, bench_cli's 1,000 nodes; 13-27 ms so)."""
+        info = await (await self._bucket()).get_info(name)
+        if not info.nuid or info.is_link():
+            raise Refused("its object info names no chunks of its own")
+        size, chunks = info.size or 0, info.chunks or 0
+        h = hashlib.sha256()
+        parts: list[bytes] = []
+        if size:
+            sub = await self.log.js.subscribe(f"$O.{subjects.SNAPSHOT_BUCKET}.C.{info.nuid}",
+                                              stream=subjects.SNAPSHOT_STREAM, ordered_consumer=True)
+            try:
+                pending = 1
+                while pending and len(parts) < chunks:
+                    msg = await sub.next_msg(timeout=5)
+                    pending = msg.metadata.num_pending
+                    parts.append(msg.data)
+                    h.update(msg.data)
+            finally:
+                await sub.unsubscribe()
+            if pending:
+                raise Refused(f"it has more than the {chunks} chunks its info records (altered)")
+        data = b"".join(parts)
+        if len(parts) != chunks or len(data) != size:
+            raise Refused(f"its chunks hold {len(parts)} chunks, {len(data)} bytes; its info records {chunks}, "
+                          f"{size} (altered)")
+        kind, _, recorded = (info.digest or "").partition("=")
+        try:
+            matches = kind.upper() == "SHA-256" and base64.urlsafe_b64decode(recorded + "==") == h.digest()
+        except ValueError:
+            matches = False
+        if not matches:
+            raise Refused("its chunks do not match the SHA-256 its info records (altered)")
+        return data
 
     async def _check_seal(self, meta: SnapshotMeta) -> None:
         try:

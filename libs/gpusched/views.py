@@ -52,6 +52,34 @@ class Views:
             return None
         return {"seq": int(raw[b"seq"]), "at": float(raw[b"at"]), "written_at": float(raw[b"written_at"])}
 
+    async def listing(self, what: str, with_usage: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any],
+                                                                         dict[str, dict[str, Any]] | None] | None:
+        """The documents of `what` (`jobs`, `nodes`, `teams`, `queue`, as the methods of those
+        names read them), the meta and, `with_usage`, the usage, in two round trips (one for
+        `nodes` and `teams`): the meta, the order (or the hash) and the usage in one pipeline,
+        then the ordered documents. None: no projector has written. Redis errors are raised."""
+        ordered = {"jobs": ("jobs:order", "jobs"), "queue": ("queue", "queue:docs")}.get(what)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(K["meta"])
+        if ordered:
+            pipe.zrange(K[ordered[0]], 0, -1)
+        else:
+            pipe.hgetall(K[what])
+        if with_usage:
+            pipe.hgetall(USAGE_KEY)
+        raw_meta, found, *used = await pipe.execute()
+        if not raw_meta:
+            return None
+        meta = {"seq": int(raw_meta[b"seq"]), "at": float(raw_meta[b"at"]), "written_at": float(raw_meta[b"written_at"])}
+        if not ordered:
+            docs = [msgspec.json.decode(v) for _, v in sorted(found.items())]
+        elif found:
+            docs = [msgspec.json.decode(v) for v in await self.r.hmget(K[ordered[1]], found) if v is not None]
+        else:
+            docs = []
+        usage = {k.decode(): msgspec.json.decode(v) for k, v in used[0].items()} if with_usage else None
+        return docs, meta, usage
+
     async def _hash_docs(self, key: str) -> list[dict[str, Any]]:
         raw = await self.r.hgetall(key)
         return [msgspec.json.decode(v) for _, v in sorted(raw.items())]

@@ -18,7 +18,7 @@ from gpusched.core import events as ev
 from gpusched.core.model import JobSpec
 from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog
-from gpusched.store import KEEP, SnapshotStore, fold_log
+from gpusched.store import KEEP, Refused, SnapshotStore, fold_log
 
 
 def submitted(i: int) -> ev.JobSubmitted:
@@ -230,3 +230,43 @@ async def test_a_snapshot_taken_while_facts_flow_names_the_seq_it_seals_and_a_re
         assert folded.state.snapshot() == (await fold_log(event_log)).snapshot()
     finally:
         await folded.close()
+
+
+async def test_a_snapshot_whose_chunks_were_altered_is_refused_with_why(event_log):
+    """The chunks are read and checked here (count, size, the SHA-256 in the object's info), not
+    by nats-py's `ObjectStore.get`: whoever can write the bucket adds, removes or replaces a
+    chunk, and the snapshot is refused before it is decoded."""
+    from nats.js.api import ObjectMetaOptions
+    from nats.js.errors import NotFoundError
+
+    store, js = SnapshotStore(event_log), event_log.js
+    await append_jobs(event_log, 0, 10)
+    meta = await store.save(await fold_log(event_log))
+    bucket = await js.object_store(subjects.SNAPSHOT_BUCKET)
+    stored = await bucket.get(meta.name)
+    info = await bucket.put(meta.name, stored.data, meta=ObjectMeta(  # in small chunks, so one can be altered
+        name=meta.name, description=stored.info.description, options=ObjectMetaOptions(max_chunk_size=256)))
+    assert info.chunks > 3
+    first, last = 1, await event_log.last_seq()
+    assert len((await store.load(meta, first, last)).jobs) == 10  # intact: adopted
+    subject = f"$O.{subjects.SNAPSHOT_BUCKET}.C.{info.nuid}"
+    chunks = []
+    for seq in range(1, (await js.stream_info(subjects.SNAPSHOT_STREAM)).state.last_seq + 1):
+        try:
+            msg = await js.get_msg(subjects.SNAPSHOT_STREAM, seq)
+        except NotFoundError:  # the chunks of the objects `put` replaced
+            continue
+        if msg.subject == subject:
+            chunks.append(msg)
+    assert len(chunks) == info.chunks
+
+    extra = await js.publish(subject, b"\x00" * 10, stream=subjects.SNAPSHOT_STREAM)
+    with pytest.raises(Refused, match="more than the"):
+        await store.load(meta, first, last)
+    await js.delete_msg(subjects.SNAPSHOT_STREAM, extra.seq)
+    await js.delete_msg(subjects.SNAPSHOT_STREAM, chunks[1].seq)
+    with pytest.raises(Refused, match="altered"):  # one fewer
+        await store.load(meta, first, last)
+    await js.publish(subject, bytes(b ^ 1 for b in chunks[1].data), stream=subjects.SNAPSHOT_STREAM)
+    with pytest.raises(Refused, match="do not match the SHA-256"):  # as many, as long, other bytes
+        await store.load(meta, first, last)

@@ -5,6 +5,7 @@ cannot be reached (exit 2)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -41,6 +42,31 @@ def test_a_tenants_read_without_the_reader_service_names_it(trust, nats_server, 
         time.sleep(0.05)
     assert proc.returncode == 2, proc.stderr
     assert "cannot reach the reader service at gpusched.read.jobs.nlp.erin (no responders)" in proc.stderr
+
+
+def test_creds_given_on_the_command_line_are_used_and_the_environment_is_left_as_it_was(trust, nats_server,
+                                                                                       tmp_path):
+    """`--creds` travels to the connection, not through `os.environ`: before, `main` wrote it into
+    $GPUSCHED_CREDS, so the next command of the same process (a test, an embedding program) and
+    every child it started acted as that identity."""
+    gil, hal = tmp_path / "gil.nk", tmp_path / "hal.nk"
+    for name, team, path in (("gil", "nlp", gil), ("hal", "cv", hal)):
+        assert main(["user", "add", name, "--team", team, "--out", str(path), "--trust", str(trust.dir)]) == 0
+    jobs = ["jobs", "--nats", nats_server.url, "--json"]
+    code = ("import json, os, sys\nfrom gpusched.cli.main import main\n"
+            "rc = main(%r)\nafter = os.environ.get('GPUSCHED_CREDS')\nagain = main(%r)\n"
+            "print(json.dumps([rc, after, again]), file=sys.stderr)" % ([*jobs, "--creds", str(gil)], jobs))
+    env = {**os.environ, "GPUSCHED_CREDS": str(hal)}
+    for _ in range(100):  # the reload that admits gil and hal lands within milliseconds
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+        if "authorization violation" not in proc.stderr:
+            break
+        time.sleep(0.05)
+    rc, after, again = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert after == str(hal)  # untouched
+    # no reader service runs: each read names the subject it asked on, so the identity it asked as
+    assert rc == 2 and "cannot reach the reader service at gpusched.read.jobs.nlp.gil" in proc.stderr, proc.stderr
+    assert again == 2 and "cannot reach the reader service at gpusched.read.jobs.cv.hal" in proc.stderr, proc.stderr
 
 
 #: What a listing through the reader never needs: JetStream's client, the fold and its events,

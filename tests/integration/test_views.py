@@ -75,6 +75,27 @@ def test_views_from_redis_equal_fold_and_rebuild(nats_url, redis_url, capsys, mo
     assert {q["job_id"] for q in queue} == {"big", "wait"}
 
 
+def test_jobs_from_redis_reads_the_views_and_the_usage_on_one_connection(nats_url, redis_url, capsys):
+    """`jobs` from the read models reads the meta, the order, the usage and the documents on one
+    connection in two round trips (`Views.listing`); before, a second connection (and event
+    loop) read the usage after the listing: 7 round trips on 2 connections."""
+    import redis
+
+    from gpusched.views import USAGE_KEY
+
+    asyncio.run(_append_all(nats_url, _scenario()))
+    asyncio.run(projector.rebuild_views(nats_url, redis_url))
+    window = {"attempt": 1, "util_pct": 42.0, "memory_mb": 2048.0}
+    r = redis.Redis.from_url(redis_url)
+    r.hset(USAGE_KEY, "mid", json.dumps(window))
+    before = r.info("stats")["total_connections_received"]
+    jobs = {d["job_id"]: d for d in _cli_json(capsys, "jobs", "--json", "--nats", nats_url, "--redis", redis_url)}
+    connections = r.info("stats")["total_connections_received"] - before
+    r.close()
+    assert jobs["mid"]["usage"] == window and jobs["big"]["usage"] is None
+    assert connections == 1
+
+
 def test_projector_follows_live(nats_url, redis_url):
     async def scenario():
         events = _scenario()

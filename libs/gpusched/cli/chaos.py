@@ -371,7 +371,7 @@ async def verdict(target: Target, load: Load, census: ProcessCensus, drill: str,
         # acknowledged meanwhile may lie past that end, and is judged by the next verdict.
         acked = dict(load.acked)
         try:
-            await asyncio.wait_for(audit_stream(target.nats, audit), 60)
+            await asyncio.wait_for(audit_stream(target.nats, audit, creds=target.creds), 60)
             break
         except (TimeoutError, NatsError):
             if attempt == tries - 1:
@@ -433,9 +433,7 @@ def expand(drills: str, services: list[str], rng: random.Random | None = None) -
 async def drill_all(target: Target, args: argparse.Namespace, census: ProcessCensus) -> tuple[list[Result], Load]:
     """Run the load and, meanwhile, each drill `--runs` times at random moments."""
     rng = random.Random(args.seed)
-    creds = target.creds
-    if creds:
-        os.environ["GPUSCHED_CREDS"] = creds  # the stack's admin: the verdict's replay reads as it
+    creds = target.creds  # the stack's admin: the load, the drills and the verdict's replay act as it
     client = await Client.connect(target.nats, timeout=5.0, name="gpusched-chaos", creds=creds)
     log = await EventLog.open(target.nats, name="gpusched-chaos", creds=creds)
     load = Load(client, args.jobs, args.rate, args.job_s, rng, processes=not args.placeholders)

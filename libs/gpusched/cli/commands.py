@@ -26,7 +26,8 @@ async def _send(args: argparse.Namespace, call) -> CommandReply:
     from gpusched import telemetry
     from gpusched.bus.control_client import Client
 
-    client = await Client.connect(args.nats, timeout=args.timeout, team=getattr(args, "as_team", None))
+    client = await Client.connect(args.nats, timeout=args.timeout, creds=getattr(args, "creds", None),
+                                  team=getattr(args, "as_team", None))
     try:
         # the CLI starts the trace of what it sends: admission, placement and the node daemon
         # continue it (the context travels in the request's headers, then in the log)

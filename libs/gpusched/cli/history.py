@@ -50,12 +50,12 @@ PERIOD_FIELDS = [
 ]
 
 
-async def history_data(nats: str | None, at: str | None = None) -> tuple[Any, Any]:
+async def history_data(nats: str | None, at: str | None = None, creds: str | None = None) -> tuple[Any, Any]:
     """The fold of the log (up to `--at`) and its ledger."""
     from gpusched.accounting import Ledger
     from gpusched.core.state import ClusterState
 
-    log = await open_log(nats)
+    log = await open_log(nats, creds)
     try:
         until = await cut_seq(log, at)
         state, ledger = ClusterState(), Ledger()
@@ -75,11 +75,11 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     fields = PERIOD_FIELDS if args.by else JOB_FIELDS
     columns(fields, args)  # a bad --format is refused before any connection
-    if (ident := scoped.reader_identity()) is not None:  # a tenant's or platform's: its teams' jobs
+    if (ident := scoped.reader_identity(getattr(args, "creds", None))) is not None:  # a tenant's or platform's: its teams' jobs
         docs, now = asyncio.run(scoped.history(args.nats, ident, args))
         emit(docs, fields, args, now)
         return 0
-    state, ledger = asyncio.run(history_data(args.nats, args.at))
+    state, ledger = asyncio.run(history_data(args.nats, args.at, getattr(args, "creds", None)))
     docs = filter_docs(job_records(state, ledger), args)
     if args.by:
         docs = period_report(state, ledger, args.by, jobs=[d["job_id"] for d in docs])

@@ -29,7 +29,7 @@ def _listing(what: str):
             docs = filter_docs(docs, args)
         if getattr(args, "active", False):
             docs = [d for d in docs if d.get("state") in ("pending", "starting", "running")]
-        used = meta.get("usage") if meta["source"] == "reader" else asyncio.run(usage(args.redis)) if what == "jobs" else None
+        used = meta["usage"] if "usage" in meta else asyncio.run(usage(args.redis)) if what == "jobs" else None
         docs = with_accounting(what, docs, display_now(meta), used)
         emit(docs, FIELDS[what], args, display_now(meta), lambda: PRINTERS[what](docs, meta))
         return 0
@@ -40,7 +40,7 @@ def _listing(what: str):
 
 
 def _show(args) -> int:
-    data = asyncio.run(show_data(args.nats, args.redis, args.job_id, _policy(args)))
+    data = asyncio.run(show_data(args.nats, args.redis, args.job_id, _policy(args), getattr(args, "creds", None)))
     if args.json:
         json.dump(data, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

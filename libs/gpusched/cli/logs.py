@@ -60,9 +60,9 @@ async def run_logs(args: argparse.Namespace, out=sys.stdout) -> int:
     from gpusched.cli.reads import open_log
     from gpusched.services.runtime import FoldedLog
 
-    if (ident := scoped.reader_identity()) is not None:  # a tenant's or platform's: through the reader
+    if (ident := scoped.reader_identity(getattr(args, "creds", None))) is not None:  # a tenant's or platform's: through the reader
         return await scoped.logs(args, ident, out)
-    event_log = await open_log(args.nats)
+    event_log = await open_log(args.nats, getattr(args, "creds", None))
     folded = FoldedLog(event_log)
     try:
         await folded.start()

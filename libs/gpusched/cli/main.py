@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         from gpusched.bus.dial import fail_fast
 
         fail_fast()
-    if getattr(args, "creds", None):
-        os.environ["GPUSCHED_CREDS"] = args.creds  # explicit beats the environment and the config
+    # `--creds` travels in `args` to each connection (explicit beats $GPUSCHED_CREDS and the client
+    # config, `bus.dial.creds_file`); never into the environment, which outlives the command
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -196,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if debug or args.command == "service":  # a service's log keeps the whole story
             raise
-        return _report(args.command, err)
+        return _report(args.command, err, getattr(args, "creds", None))
 
 
-def _violation(err: BaseException) -> str | None:
+def _violation(err: BaseException, creds: str | None = None) -> str | None:
     """The one line for a request the server refused by its permissions (it answers none, so
     the client only times out: the violation is what the connection's error callback heard),
     naming the subject and the caller's role; None when the server said no such thing."""
@@ -209,7 +209,7 @@ def _violation(err: BaseException) -> str | None:
     if not said:
         return None
     who = "this connection"
-    path = dial.creds_file()
+    path = dial.creds_file(creds)
     if path:
         try:
             ident = dial.load_identity(path)
@@ -220,10 +220,10 @@ def _violation(err: BaseException) -> str | None:
     return f"permission denied: {who} may not do this: the server says {text}"
 
 
-def _report(command: str, err: Exception) -> int:
+def _report(command: str, err: Exception, creds: str | None = None) -> int:
     from gpusched.cli.output import UsageError
 
-    denied = _violation(err)
+    denied = _violation(err, creds)
     if denied is not None:
         print(f"gpusched {command}: {denied}", file=sys.stderr)
         return 1

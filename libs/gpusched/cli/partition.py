@@ -18,19 +18,19 @@ from gpusched.cli.output import CONNECTION, UsageError
 from gpusched.core import events as ev
 
 
-async def partition_data(nats: str | None) -> list[str]:
+async def partition_data(nats: str | None, creds: str | None = None) -> list[str]:
     from gpusched.cli.reads import fold_state
 
-    state = await fold_state(nats, use_snapshot=False)
+    state = await fold_state(nats, use_snapshot=False, creds=creds)
     return sorted(n for n, node in state.nodes.items() if node.partitioned and not node.lost)
 
 
-async def confirm(nats: str | None, nodes: list[str], reason: str) -> list[str]:
+async def confirm(nats: str | None, nodes: list[str], reason: str, creds: str | None = None) -> list[str]:
     from gpusched.bus.cas import append_cas
     from gpusched.cli.reads import open_log
     from gpusched.services.runtime import FoldedLog
 
-    log = await open_log(nats)
+    log = await open_log(nats, creds)
     folded = FoldedLog(log)
     try:
         await folded.start()
@@ -52,13 +52,13 @@ async def confirm(nats: str | None, nodes: list[str], reason: str) -> list[str]:
 
 def cmd_partition(args: argparse.Namespace) -> int:
     if args.action == "confirm":
-        done = asyncio.run(confirm(args.nats, args.nodes, f"admin confirmed lost: {args.reason}"))
+        done = asyncio.run(confirm(args.nats, args.nodes, f"admin confirmed lost: {args.reason}", args.creds))
         print(json.dumps({"confirmed_lost": done}) if args.json else
               (f"confirmed lost: {', '.join(done)}" if done else "no declared partition"))
         return 0
     if args.nodes:
         raise UsageError("nodes are named only with `confirm`")
-    held = asyncio.run(partition_data(args.nats))
+    held = asyncio.run(partition_data(args.nats, args.creds))
     print(json.dumps({"partitioned": held}) if args.json else
           (f"in a declared partition: {', '.join(held)}" if held else "no declared partition"))
     return 0

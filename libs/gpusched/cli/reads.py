@@ -20,11 +20,12 @@ if TYPE_CHECKING:  # only its type: a listing from the reader or Redis never loa
 from .output import display_now, iso
 
 
-async def open_log(nats: str | None):
+async def open_log(nats: str | None, creds: str | None = None):
+    """The log, as `creds` (a command's `--creds`; None: $GPUSCHED_CREDS, then the client config)."""
     from gpusched.bus.log import NATS_HINT, EventLog, Unreachable, nats_url
 
     try:
-        return await asyncio.wait_for(EventLog.open(nats, name="gpusched-cli"), 5)
+        return await asyncio.wait_for(EventLog.open(nats, name="gpusched-cli", creds=creds), 5)
     except Unreachable:
         raise
     except (TimeoutError, OSError) as err:
@@ -32,13 +33,13 @@ async def open_log(nats: str | None):
 
 
 async def fold_state(nats: str | None, redis: str | None = None, use_snapshot: bool = True,
-                     at: str | None = None) -> ClusterState:
+                     at: str | None = None, creds: str | None = None) -> ClusterState:
     """The cluster state now, or `at` a log sequence or time: a Redis snapshot (when it is not
     past the cut) plus the log up to the cut, or the log from its start (with the log's own
     fold settings)."""
     from gpusched.store import fold_log
 
-    log = await open_log(nats)
+    log = await open_log(nats, creds)
     try:
         until = await cut_seq(log, at)
         state = await verified_snapshot(log, redis, until) if use_snapshot else None
@@ -101,26 +102,28 @@ def _redis_client(redis: str | None):
     return redis_client(redis)
 
 
-async def _views(args) -> Any:
-    """The Redis views when they answer and have been written; else None."""
+async def _views(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """The documents of `what` from the Redis views and where they came from (with the usage
+    for `jobs`), on one connection in two round trips (`Views.listing`), when Redis answers and
+    a projector has written them; else None."""
     if getattr(args, "fold", False) or not _redis_configured(args.redis):
         return None
     from gpusched.views import Views
 
     views = Views.connect(args.redis)
     try:
-        await asyncio.wait_for(views.r.ping(), 1.5)
-        meta = await asyncio.wait_for(views.meta(), 2)
+        read = await asyncio.wait_for(views.listing(what, with_usage=what == "jobs"), 5)
     except Exception as err:  # noqa: BLE001 - the log answers instead; say so once
-        meta = None
+        read = None
         args.redis_failed = True
         print(f"gpusched {args.command}: Redis read models unreachable ({type(err).__name__}: {err}); "
               "folding the log instead", file=sys.stderr)
-    if meta is None:
+    finally:
         await views.close()
+    if read is None:
         return None
-    views.meta_doc = meta  # type: ignore[attr-defined]
-    return views
+    docs, meta, used = read
+    return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"], **({} if used is None else {"usage": used})}
 
 
 def _policy(args):
@@ -138,7 +141,8 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     projector's order (the stack's running policy) or, folding, the default preset's."""
     from . import scoped
 
-    if what in scoped.SCOPED_LISTINGS and (ident := scoped.reader_identity()) is not None:
+    creds = getattr(args, "creds", None)
+    if what in scoped.SCOPED_LISTINGS and (ident := scoped.reader_identity(creds)) is not None:
         return await scoped.listing(args, ident, what)
     quick = what in scoped.SCOPED_LISTINGS and not getattr(args, "fold", False) and _policy(args) is None
     if quick and (answer := await scoped.unscoped_listing(args, what)) is not None:
@@ -146,18 +150,14 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     config = _policy(args)
     at = getattr(args, "at", None)
     if at is not None:  # the past: always a fold of the log up to the cut
-        state = await fold_state(args.nats, args.redis, at=at)
+        state = await fold_state(args.nats, args.redis, at=at, creds=creds)
         return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now,
                                                        "past": True}
-    views = None if config is not None and what == "queue" else await _views(args)
-    if views is not None:
-        try:
-            docs = await getattr(views, what)()
-            meta = views.meta_doc  # type: ignore[attr-defined]
-            return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"]}
-        finally:
-            await views.close()
-    state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False))
+    read = None if config is not None and what == "queue" else await _views(args, what)
+    if read is not None:
+        return read
+    state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False),
+                             creds=creds)
     return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now}
 
 
@@ -260,7 +260,8 @@ async def job_history(event_log, job_id: str) -> list[Any]:
     return sorted(own + served, key=lambda r: r.seq)
 
 
-async def show_data(nats: str | None, redis: str | None, job_id: str, config=None) -> dict[str, Any]:
+async def show_data(nats: str | None, redis: str | None, job_id: str, config=None,
+                    creds: str | None = None) -> dict[str, Any]:
     """A job's document, history and preemptions; for a pending job, why it waits under the
     running policy `config` (default: the default preset). A tenant's or platform's credentials
     ask the reader service instead (`cli.scoped`): it answers for their own team's jobs only."""
@@ -269,10 +270,10 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
 
     from . import scoped
 
-    if (ident := scoped.reader_identity()) is not None:
-        return await scoped.show(nats, ident, job_id)
+    if (ident := scoped.reader_identity(creds)) is not None:
+        return await scoped.show(nats, ident, job_id, creds)
     config = config or DEFAULT
-    event_log = await open_log(nats)
+    event_log = await open_log(nats, creds)
     try:
         state = await verified_snapshot(event_log, redis)
         state = await fold_log(event_log, state)

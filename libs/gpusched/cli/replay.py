@@ -29,10 +29,11 @@ def parse_until(text: str | None) -> tuple[int | None, float | None]:
     return parse_at(text, option="--until")
 
 
-async def rebuild(nats_url: str | None, until_seq: int | None = None, until_time: float | None = None) -> ClusterState:
+async def rebuild(nats_url: str | None, until_seq: int | None = None, until_time: float | None = None,
+                  creds: str | None = None) -> ClusterState:
     """Fold the stream from the start up to a sequence, or up to what the server had stored at a
     time (its store timestamps grow with the sequence; the events' own `at` need not)."""
-    log = await EventLog.open(nats_url, name="gpusched-replay")
+    log = await EventLog.open(nats_url, name="gpusched-replay", creds=creds)
     state = ClusterState()
     try:
         await _whole_stream(log, 1)
@@ -55,10 +56,10 @@ async def _whole_stream(log: EventLog, start: int) -> None:
 
 
 async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None = None, start: int = 1,
-                       finish: bool = True) -> None:
+                       finish: bool = True, creds: str | None = None) -> None:
     """Feed the stored messages from `start`, as they are, to the audit (up to a sequence or
-    `audit.until_time`)."""
-    log = await EventLog.open(nats_url, name="gpusched-replay", signer=None)
+    `audit.until_time`), read as `creds`."""
+    log = await EventLog.open(nats_url, name="gpusched-replay", signer=None, creds=creds)
     try:
         await _whole_stream(log, start)
         if until_seq is None and audit.until_time is not None:  # what the server had stored by then
@@ -74,7 +75,7 @@ async def audit_stream(nats_url: str | None, audit: Audit, until_seq: int | None
         audit.finish()
 
 
-async def audit_from_checkpoint(nats_url: str | None, audit: Audit, path: Path) -> int:
+async def audit_from_checkpoint(nats_url: str | None, audit: Audit, path: Path, creds: str | None = None) -> int:
     """`replay --verify --checkpoint FILE`: go on from the audit's checkpoint in FILE (if any)
     after checking that the stream still holds, at its sequence, the message it ended on; audit
     the tail; write the new checkpoint (atomically). Returns the first sequence audited."""
@@ -88,7 +89,7 @@ async def audit_from_checkpoint(nats_url: str | None, audit: Audit, path: Path) 
             raise SystemExit(f"gpusched replay: --checkpoint {path}: {err}") from None
         start = audit.last_seq + 1
         if audit.last_seq:
-            log = await EventLog.open(nats_url, name="gpusched-replay", signer=None)
+            log = await EventLog.open(nats_url, name="gpusched-replay", signer=None, creds=creds)
             try:
                 joined = [m async for m in log.raw(audit.last_seq, audit.last_seq)]
             finally:
@@ -97,7 +98,7 @@ async def audit_from_checkpoint(nats_url: str | None, audit: Audit, path: Path) 
                 raise SystemExit(f"gpusched replay: --checkpoint {path}: the stream's seq {audit.last_seq} is not the "
                                  "message this checkpoint ended on (stream re-created or rewritten): audit from the "
                                  "start (remove the file)")
-    await audit_stream(nats_url, audit, start=start, finish=False)
+    await audit_stream(nats_url, audit, start=start, finish=False, creds=creds)
     data = audit.checkpoint()
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
@@ -206,22 +207,22 @@ def cmd_replay(args) -> int:
         audit = Audit(ring, allow_unsigned=args.allow_unsigned, trust=args.verify, until_time=until_time)
         if args.from_file and args.and_stream:  # archived segments, then the live stream after them
             if audit_file(args.from_file, audit, until_seq, finish=False):
-                asyncio.run(audit_stream(args.nats, audit, until_seq, start=audit.last_seq + 1))
+                asyncio.run(audit_stream(args.nats, audit, until_seq, start=audit.last_seq + 1, creds=args.creds))
             else:
                 audit.finish()
         elif args.from_file:
             audit_file(args.from_file, audit, until_seq)
         else:
-            asyncio.run(audit_stream(args.nats, audit, until_seq))
+            asyncio.run(audit_stream(args.nats, audit, until_seq, creds=args.creds))
         summary = audit.state.summary()
         if args.verify:
             summary["trust"] = {**audit.summary(), "keyring": source}
     else:
-        summary = asyncio.run(rebuild(args.nats, until_seq, until_time)).summary()
+        summary = asyncio.run(rebuild(args.nats, until_seq, until_time, args.creds)).summary()
     if args.rebuild_views:
         from gpusched.services.projector import rebuild_views
 
-        summary["views"] = asyncio.run(rebuild_views(args.nats, args.redis))
+        summary["views"] = asyncio.run(rebuild_views(args.nats, args.redis, args.creds))
     if args.json:
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -239,7 +240,7 @@ def _verify_incremental(args) -> dict:
                          "no --until)")
     ring, source = load_keys(args.keys)
     audit = Audit(ring, allow_unsigned=args.allow_unsigned, forget_after_s=fold_horizon())
-    start = asyncio.run(audit_from_checkpoint(args.nats, audit, Path(args.checkpoint)))
+    start = asyncio.run(audit_from_checkpoint(args.nats, audit, Path(args.checkpoint), args.creds))
     summary = audit.state.summary()
     summary["trust"] = {**audit.summary(), "keyring": source, "audited_from_seq": start}
     return summary
@@ -251,7 +252,7 @@ def cmd_export(args) -> int:
     until_seq, until_time = parse_until(args.until)
 
     async def run() -> int:
-        log = await EventLog.open(args.nats, name="gpusched-export", signer=None)
+        log = await EventLog.open(args.nats, name="gpusched-export", signer=None, creds=args.creds)
         try:
             until = await log.seq_at_time(until_time) if until_time is not None else until_seq
             return await export(log, sys.stdout, until, start=args.start)
@@ -267,7 +268,7 @@ def cmd_export(args) -> int:
 def cmd_retention(args) -> int:
     """Admin: show or set the live stream's limits (the server drops the oldest facts past them)."""
     async def run() -> dict:
-        log = await EventLog.open(args.nats, name="gpusched-retention", signer=None)
+        log = await EventLog.open(args.nats, name="gpusched-retention", signer=None, creds=args.creds)
         try:
             if args.max_age is not None or args.max_msgs is not None or args.max_bytes is not None:
                 await log.set_retention(args.max_age,

@@ -38,11 +38,12 @@ class ReadFailed(Exception):
     exit_code = 1
 
 
-def reader_identity() -> Identity | None:
-    """The caller's identity when it reads through the reader (a tenant or platform), else None."""
+def reader_identity(creds: str | None = None) -> Identity | None:
+    """The caller's identity (`creds`, else $GPUSCHED_CREDS, else the client config's) when it
+    reads through the reader (a tenant or platform), else None."""
     from gpusched.bus import dial
 
-    path = dial.creds_file()
+    path = dial.creds_file(creds)
     if not path:
         return None
     try:
@@ -65,15 +66,15 @@ def teams_asked(ident: Identity, team_arg: str | None) -> list[str]:
 
 
 @asynccontextmanager
-async def session(nats: str | None, nc=None) -> AsyncIterator[Any]:
-    """A connection as the caller's identity (`nc`: one already open, left open)."""
+async def session(nats: str | None, nc=None, creds: str | None = None) -> AsyncIterator[Any]:
+    """A connection as the caller's identity, `creds` (`nc`: one already open, left open)."""
     from gpusched.bus import connection
     from gpusched.bus.dial import connect
 
     if nc is not None:
         yield nc
         return
-    nc = await connect(nats, name="gpusched-cli")
+    nc = await connect(nats, name="gpusched-cli", creds=creds)
     try:
         yield nc
     finally:
@@ -111,7 +112,7 @@ async def listing(args: argparse.Namespace, ident: Identity, what: str, nc=None)
     request = {"at": getattr(args, "at", None)}
     docs: list[dict] = []
     meta: dict[str, Any] = {"usage": {}}
-    async with session(args.nats, nc) as conn:  # a platform's teams at once: one round trip, not one each
+    async with session(args.nats, nc, getattr(args, "creds", None)) as conn:  # a platform's teams at once: one round trip, not one each
         for data in await asyncio.gather(*(ask(conn, ident, what, team, request) for team in teams)):
             docs += data["docs"]
             meta = {**data["meta"], **({"cluster": data["cluster"]} if "cluster" in data else {}),
@@ -130,7 +131,8 @@ async def unscoped_listing(args: argparse.Namespace, what: str) -> tuple[list[di
     from gpusched.bus import dial
     from gpusched.bus.dial import Unreachable
 
-    path = dial.creds_file()
+    creds = getattr(args, "creds", None)
+    path = dial.creds_file(creds)
     try:
         ident = dial.load_identity(path) if path else None
     except Exception:  # noqa: BLE001 - the direct path says what is wrong with the credentials
@@ -138,7 +140,7 @@ async def unscoped_listing(args: argparse.Namespace, what: str) -> tuple[list[di
     if ident is None or ident.role not in UNSCOPED or getattr(args, "at", None) is not None:
         return None
     try:
-        nc = await asyncio.wait_for(dial.connect(args.nats, name="gpusched-cli"), 5)
+        nc = await asyncio.wait_for(dial.connect(args.nats, name="gpusched-cli", creds=creds), 5)
     except (Unreachable, OSError, TimeoutError):  # PermissionError too: refused credentials
         return None  # NATS down: Redis may still answer
     try:
@@ -171,8 +173,8 @@ async def _first_answer(nc, ident: Identity, kind: str, request: dict[str, Any])
     return data
 
 
-async def show(nats: str | None, ident: Identity, job_id: str) -> dict[str, Any]:
-    async with session(nats) as nc:
+async def show(nats: str | None, ident: Identity, job_id: str, creds: str | None = None) -> dict[str, Any]:
+    async with session(nats, creds=creds) as nc:
         return await _first_answer(nc, ident, "show", {"job_id": job_id})
 
 
@@ -183,7 +185,7 @@ async def history(nats: str | None, ident: Identity, args: argparse.Namespace) -
     teams = teams_asked(ident, getattr(args, "team", None))
     docs: list[dict] = []
     now = 0.0
-    async with session(nats) as nc:
+    async with session(nats, creds=getattr(args, "creds", None)) as nc:
         for team in teams:
             data = await ask(nc, ident, "history", team, {"at": args.at})
             docs += data["docs"]
@@ -202,7 +204,7 @@ async def logs(args: argparse.Namespace, ident: Identity, out=sys.stdout) -> int
     """`gpusched logs` through the reader: chunk by chunk, following while the job runs (and
     waiting for its start with `-f`)."""
     offset, said, generation = 0, False, None
-    async with session(args.nats) as nc:
+    async with session(args.nats, creds=getattr(args, "creds", None)) as nc:
         while True:
             request = {"job_id": args.job_id, "rank": args.rank, "attempt": args.attempt, "offset": offset,
                        "timeout": args.timeout, "generation": generation}

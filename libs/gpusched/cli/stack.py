@@ -178,12 +178,13 @@ class Stack:
 
     @property
     def admin_creds(self) -> str | None:
-        """What `up` itself connects with: its own admin identity, or (external NATS) the caller's."""
-        return str(self.trust.creds("admin")) if self.trust is not None else None
+        """What `up` itself connects with: its own admin identity, or (external NATS) the caller's
+        (`--creds`; None: $GPUSCHED_CREDS, then the client config)."""
+        return str(self.trust.creds("admin")) if self.trust is not None else getattr(self.args, "creds", None)
 
     def creds_for(self, service: str) -> str | None:
         if self.trust is None:
-            return None  # external NATS: the services use the caller's credentials
+            return self.admin_creds  # external NATS: the services use the caller's credentials
         return str(self.trust.creds(trust_mod.NODE_HOST if service == "nodeagent" else service))
 
     def start_trust(self) -> None:
@@ -194,7 +195,7 @@ class Stack:
 
         self.trust = trust_mod.TrustStore(self.data_dir / "trust")
         self.trust.ensure_stack(sim_node_names(self.args.nodes))
-        caller = os.environ.get("GPUSCHED_CREDS")
+        caller = getattr(self.args, "creds", None) or os.environ.get("GPUSCHED_CREDS")
         if caller and Path(caller).exists():
             ident = identity.load(caller)
             ring = self.trust.ring()

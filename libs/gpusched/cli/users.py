@@ -112,7 +112,7 @@ def cmd_stream_create(args: argparse.Namespace) -> int:
     from gpusched.bus.log import EventLog, connect
 
     async def run() -> None:
-        log = EventLog(await connect(args.nats, name="gpusched-stream-create"), args.replicas)
+        log = EventLog(await connect(args.nats, name="gpusched-stream-create", creds=getattr(args, "creds", None)), args.replicas)
         try:
             await log.create_streams()
         finally:
