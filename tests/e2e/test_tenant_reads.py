@@ -163,3 +163,22 @@ async def test_admin_lists_every_team_from_the_reader_and_from_the_log_without_i
     h.kill9("reader")
     docs, meta = await reads.load(args, "jobs")  # no projector wrote Redis: the log is folded
     assert meta["source"] == "log" and {d["job_id"] for d in docs} == ids
+
+
+async def test_a_platform_cancels_its_second_teams_jobs_without_naming_the_team(harness, people):  # noqa: F811
+    """A platform of nlp and research cancels its research jobs by id and by filter, each cancel
+    sent for its job's own team (its listing names it); before, all went for nlp, its first team,
+    and admission refused them. A cancel that does nothing prints no empty line."""
+    h, plat = harness, people["ra-plat"]
+    h.start("admission")
+    h.start("reader")
+    await h.ready("admission", "reader")
+    first = await _submit(h, plat, "research", ["sleep", "60"])
+    second = await _submit(h, plat, "research", ["sleep", "60"])
+    by_id = await acli(h, plat, "cancel", first)
+    assert (by_id.returncode, by_id.stdout) == (0, f"cancelled {first}\n"), by_id.stderr
+    by_filter = await acli(h, plat, "cancel", "--state", "pending")
+    assert (by_filter.returncode, by_filter.stdout) == (0, f"cancelled {second}\n"), by_filter.stderr
+    await h.wait_for("both cancelled", lambda s: {s.jobs[j].state for j in (first, second)} == {"cancelled"})
+    again = await acli(h, plat, "cancel", first)
+    assert again.returncode == 1 and again.stdout == "" and "already cancelled" in again.stderr
