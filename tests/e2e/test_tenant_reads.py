@@ -85,6 +85,7 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
         "b jobs": (b, "jobs", "--json"), "b show": (b, "show", alice, "--json"), "b logs": (b, "logs", alice),
         "b history": (b, "history", "--json"), "b asks nlp": (b, "jobs", "--team", "nlp"),
         "plat jobs": (plat, "jobs", "--json"), "plat show": (plat, "show", alice, "--json"),
+        "plat show none": (plat, "show", "j-00000000", "--json"),
         "audit jobs": (audit, "jobs", "--json", "--fold"),
     }
     got = dict(zip(calls, await asyncio.gather(*(acli(h, *argv) for argv in calls.values()))))
@@ -101,10 +102,12 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
     # bob (vision) reads none of it, and sees only his own job
     assert [d["job_id"] for d in ok_json(got["b jobs"])] == [bob]
     denied = got["b show"]
-    assert denied.returncode == 1 and json.loads(denied.stdout)["error"] == f"no job {alice} among team vision's jobs"
+    outside = f"permission denied: ra-bob (role tenant) reads team(s) vision only; no job {alice} among them"
+    assert denied.returncode == 1 and json.loads(denied.stdout)["error"] == outside  # who, which role, what it reads
     assert "alice-secret" not in denied.stdout
     nothing = got["b logs"]
     assert nothing.returncode == 1 and "alice-secret-output" not in nothing.stdout + nothing.stderr
+    assert nothing.stderr == f"gpusched logs: {outside}\n"
     assert [d["job_id"] for d in ok_json(got["b history"])] == [bob]
     asked = got["b asks nlp"]
     assert asked.returncode == 1 and "reads team(s) vision only, not nlp" in asked.stderr
@@ -112,6 +115,9 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
     # the platform reads its teams' jobs; the auditor (not scoped) everything, from the log
     assert [d["job_id"] for d in ok_json(got["plat jobs"])] == [alice]
     assert ok_json(got["plat show"])["job"]["job_id"] == alice
+    none = got["plat show none"]  # all its teams named, not only the last one asked
+    assert none.returncode == 1 and json.loads(none.stdout)["error"] == (
+        "permission denied: ra-plat (role platform) reads team(s) nlp, research only; no job j-00000000 among them")
     assert {d["job_id"] for d in ok_json(got["audit jobs"])} == {alice, bob}
 
     await _around_the_cli(h, b, alice)
