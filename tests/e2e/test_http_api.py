@@ -166,7 +166,8 @@ async def test_a_platform_of_several_teams_lists_shows_and_cancels_without_namin
         assert r.status == 200, await r.text()
         assert ((await r.json())["job"]["team"], (await r.json())["job"]["user"]) == ("cv", "dora")
     async with http.get("/v1/jobs/j-00000000", headers=bearer(api, "http-ci")) as r:
-        assert r.status == 404 and "no job j-00000000" in (await r.json())["error"]
+        assert r.status == 404 and (await r.json())["error"] == \
+            "http-ci (role platform) reads team(s) ml, cv only; no job j-00000000 among them"
     async with http.get("/v1/jobs?team=ml", headers=bearer(api, "http-ci")) as r:  # narrowed to one
         assert job_id not in {d["job_id"] for d in await r.json()}
     async with http.delete(f"/v1/jobs/{job_id}", headers=bearer(api, "http-ci")) as r:
