@@ -15,6 +15,10 @@ subject, as the dashboard may: it is trusted to act only for the caller it authe
     GET    /v1/jobs/{job_id}[?team=] the job, as `gpusched show --json` (through the reader)
     GET    /v1/jobs[?team=]          the caller's jobs, as `gpusched jobs --json` (through the reader)
 
+`?team=` narrows a platform's call to one of its teams; without it a call acts for all of them,
+as the CLI and `gpusched.client` do (the listing merged, the job looked up in each team, a cancel
+sent for the job's own team).
+
 A refusal is precise: 400 for a body that does not decode (msgspec's path to the bad field),
 401 without a valid credential, 403 naming the subject the identity may not use, 422 with
 admission's reason, 503 when the control plane does not answer.
@@ -85,16 +89,38 @@ class Api:
         return any(subject_matches(pattern, subject) for pattern in allow)
 
     @staticmethod
-    def team_of(caller: Caller, team: str | None) -> str | None:
-        """The team a tenant's or a platform's call names (its only one, unless it has several);
-        None for admin and auditors, whose subjects name no team."""
+    def teams_of(caller: Caller, team: str | None) -> list[str | None]:
+        """The teams a call acts for: the one it names (`?team=`), else every team of a tenant or
+        a platform; [None] for admin and auditors, whose subjects name no team."""
         p = caller.principal
         if p.role not in ("tenant", "platform"):
-            return None
-        team = team or (p.teams[0] if len(p.teams) == 1 else None)
-        if team is None:
-            raise web.HTTPBadRequest(text=f"{p.name} acts for several teams: name one (?team=)")
-        return team
+            return [None]
+        return [team] if team else list(p.teams) or [None]
+
+    @classmethod
+    def team_of(cls, caller: Caller, team: str | None) -> str | None:
+        """The one team a call acts for (a submit's spec names it; otherwise the caller's first)."""
+        return cls.teams_of(caller, team)[0]
+
+    async def find_job(self, caller: Caller, job_id: str, team: str | None) -> tuple[str | None, dict] | web.Response:
+        """The first of the call's teams whose reader answers for `job_id`, with that answer (as
+        `gpusched show --json`); else the last team's answer, its `error` saying no such job among
+        them. A platform of several teams need not name one: admission takes a cancel only on the
+        job's own team's subject."""
+        found: tuple[str | None, dict] | None = None
+        for t in self.teams_of(caller, team):
+            data = await self.read(caller, "show", t, {"job_id": job_id})
+            if isinstance(data, web.Response):
+                return data
+            found = (t, data)
+            if "error" not in data:
+                return found
+        assert found is not None
+        if found[0] is None:  # admin, auditors: the reader's own word
+            return found
+        p = caller.principal  # as the CLI says it: who, its role, every team it reads
+        return found[0], {**found[1], "error": f"{p.name} (role {p.role}) reads team(s) {', '.join(p.teams)} "
+                                               f"only; no job {job_id} among them"}
 
     def command_subject(self, caller: Caller, kind: str, team: str | None, on_behalf_of: str | None = None) -> str:
         """The subject the caller uses over NATS (`bus.control_client.Client.subject`): admin's form for
@@ -176,7 +202,13 @@ async def submit(request: web.Request, api: Api, caller: Caller, body: bytes) ->
 
 @_authenticated
 async def cancel(request: web.Request, api: Api, caller: Caller, body: bytes) -> web.Response:
-    subject = api.command_subject(caller, "cancel", request.query.get("team"))
+    team = request.query.get("team")
+    if len(api.teams_of(caller, team)) > 1:  # the job's own team (none of them: admission says why)
+        found = await api.find_job(caller, request.match_info["job_id"], team)
+        if isinstance(found, web.Response):
+            return found
+        team = found[0]
+    subject = api.command_subject(caller, "cancel", team)
     cmd = CancelJob(request_id=new_request_id(), job_id=request.match_info["job_id"],
                     reason=request.query.get("reason", f"cancelled through the HTTP API by {caller.principal.name}"))
     return await api.command(caller, subject, cmd, 200)
@@ -185,20 +217,23 @@ async def cancel(request: web.Request, api: Api, caller: Caller, body: bytes) ->
 @_authenticated
 async def show(request: web.Request, api: Api, caller: Caller, body: bytes) -> web.Response:
     job_id = request.match_info["job_id"]
-    data = await api.read(caller, "show", request.query.get("team"), {"job_id": job_id})
-    if isinstance(data, web.Response):
-        return data
-    if "error" in data:  # another team's job answers exactly like one that does not exist
-        return _error(404, data["error"])
-    return web.json_response(data)
+    found = await api.find_job(caller, job_id, request.query.get("team"))
+    if isinstance(found, web.Response):
+        return found
+    if "error" in found[1]:  # another team's job answers exactly like one that does not exist
+        return _error(404, found[1]["error"])
+    return web.json_response(found[1])
 
 
 @_authenticated
 async def jobs(request: web.Request, api: Api, caller: Caller, body: bytes) -> web.Response:
-    data = await api.read(caller, "jobs", request.query.get("team"), {})
-    if isinstance(data, web.Response):
-        return data
-    return web.json_response(data["docs"])
+    docs: list[dict] = []
+    for team in api.teams_of(caller, request.query.get("team")):  # a platform's teams, merged
+        data = await api.read(caller, "jobs", team, {})
+        if isinstance(data, web.Response):
+            return data
+        docs += data["docs"]
+    return web.json_response(sorted(docs, key=lambda d: (d["submitted_at"], d["job_id"])))
 
 
 async def healthz(request: web.Request) -> web.Response:

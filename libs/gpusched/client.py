@@ -52,7 +52,7 @@ class Gpusched:
     async def connect(cls, url: str | None = None, creds: str | None = None, team: str | None = None,
                       timeout: float = 5.0) -> Gpusched:
         """`url`, `creds`: as everywhere (explicit > environment > the client config); `team`: a
-        platform's team for commands that name none (cancel)."""
+        platform's team for commands that name none (cancel; default: each job's own)."""
         commands = await Client.connect(url, timeout=timeout, creds=creds, team=team, name="gpusched-py")
         if self_scoped(commands):
             return cls(commands, None)
@@ -83,7 +83,16 @@ class Gpusched:
         return reply.job_id
 
     async def cancel(self, job_id: str, reason: str = "cancelled by its platform") -> None:
-        reply = await self.commands.cancel(job_id, reason=reason)
+        """A platform of several teams (and no `team` at connect) sends it for the job's own team,
+        which the reader names; admission refuses one sent for another of them."""
+        team = None
+        ident = identity_of(self.commands.nc)
+        if self.commands.team is None and ident is not None and ident.role == "platform" and len(ident.teams) > 1:
+            try:
+                team = (await self._read("show", {"job_id": job_id}))["job"]["team"]
+            except KeyError:  # none of its teams' jobs: admission says why
+                pass
+        reply = await self.commands.cancel(job_id, reason=reason, team=team)
         if not reply.ok:
             raise Refused(reply.error)
 

@@ -56,7 +56,8 @@ def document() -> dict:
     show_doc = {"type": "object", "description": "as `gpusched show JOB --json`: `job` (its document), `history` "
                                                  "(its facts), `why_pending` / `preemptions` (the scheduler's reasons)"}
     team = {"name": "team", "in": "query", "required": False, "schema": {"type": "string"},
-            "description": "the team, for an identity of several (a platform)"}
+            "description": "only this one of the caller's teams (default: all of them; a platform of several "
+                           "need not name one)"}
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
     refused = ("403", "the identity may not use the subject this call needs (the NATS server's permissions)")
     down = ("503", "the control plane does not answer")

@@ -148,3 +148,28 @@ async def test_an_nkey_proof_opens_only_its_own_request_and_revocation_counts_at
         doc = await r.json()
     assert doc == json.loads(openapi.render()) and doc["openapi"] == "3.1.0"
     assert {"submitJob", "cancelJob"} <= {op["operationId"] for p in doc["paths"].values() for op in p.values()}
+
+
+async def test_a_platform_of_several_teams_lists_shows_and_cancels_without_naming_one(api):
+    """As the CLI and `gpusched.client` do: its second team's job is found without `?team=` (the
+    listing merged, the cancel sent for the job's own team); it was a 400 in plain text before."""
+    http, h = api["http"], api["harness"]
+    async with http.post("/v1/jobs", json={"spec": {"team": "cv", "gpus": 1}, "on_behalf_of": "dora"},
+                         headers=bearer(api, "http-ci")) as r:
+        assert r.status == 201, await r.text()
+        job_id = (await r.json())["job_id"]
+    await h.wait_for("the job in the log", lambda s: job_id in s.jobs)
+    async with http.get("/v1/jobs", headers=bearer(api, "http-ci")) as r:
+        assert r.status == 200, await r.text()
+        assert {d["job_id"]: d["team"] for d in await r.json()}[job_id] == "cv"
+    async with http.get(f"/v1/jobs/{job_id}", headers=bearer(api, "http-ci")) as r:
+        assert r.status == 200, await r.text()
+        assert ((await r.json())["job"]["team"], (await r.json())["job"]["user"]) == ("cv", "dora")
+    async with http.get("/v1/jobs/j-00000000", headers=bearer(api, "http-ci")) as r:
+        assert r.status == 404 and (await r.json())["error"] == \
+            "http-ci (role platform) reads team(s) ml, cv only; no job j-00000000 among them"
+    async with http.get("/v1/jobs?team=ml", headers=bearer(api, "http-ci")) as r:  # narrowed to one
+        assert job_id not in {d["job_id"] for d in await r.json()}
+    async with http.delete(f"/v1/jobs/{job_id}", headers=bearer(api, "http-ci")) as r:
+        assert r.status == 200, await r.text()
+    await h.wait_for("cancelled", lambda s: s.jobs[job_id].state == "cancelled")

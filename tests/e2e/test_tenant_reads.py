@@ -85,6 +85,7 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
         "b jobs": (b, "jobs", "--json"), "b show": (b, "show", alice, "--json"), "b logs": (b, "logs", alice),
         "b history": (b, "history", "--json"), "b asks nlp": (b, "jobs", "--team", "nlp"),
         "plat jobs": (plat, "jobs", "--json"), "plat show": (plat, "show", alice, "--json"),
+        "plat show none": (plat, "show", "j-00000000", "--json"),
         "audit jobs": (audit, "jobs", "--json", "--fold"),
     }
     got = dict(zip(calls, await asyncio.gather(*(acli(h, *argv) for argv in calls.values()))))
@@ -101,10 +102,12 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
     # bob (vision) reads none of it, and sees only his own job
     assert [d["job_id"] for d in ok_json(got["b jobs"])] == [bob]
     denied = got["b show"]
-    assert denied.returncode == 1 and json.loads(denied.stdout)["error"] == f"no job {alice} among team vision's jobs"
+    outside = f"permission denied: ra-bob (role tenant) reads team(s) vision only; no job {alice} among them"
+    assert denied.returncode == 1 and json.loads(denied.stdout)["error"] == outside  # who, which role, what it reads
     assert "alice-secret" not in denied.stdout
     nothing = got["b logs"]
     assert nothing.returncode == 1 and "alice-secret-output" not in nothing.stdout + nothing.stderr
+    assert nothing.stderr == f"gpusched logs: {outside}\n"
     assert [d["job_id"] for d in ok_json(got["b history"])] == [bob]
     asked = got["b asks nlp"]
     assert asked.returncode == 1 and "reads team(s) vision only, not nlp" in asked.stderr
@@ -112,6 +115,9 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
     # the platform reads its teams' jobs; the auditor (not scoped) everything, from the log
     assert [d["job_id"] for d in ok_json(got["plat jobs"])] == [alice]
     assert ok_json(got["plat show"])["job"]["job_id"] == alice
+    none = got["plat show none"]  # all its teams named, not only the last one asked
+    assert none.returncode == 1 and json.loads(none.stdout)["error"] == (
+        "permission denied: ra-plat (role platform) reads team(s) nlp, research only; no job j-00000000 among them")
     assert {d["job_id"] for d in ok_json(got["audit jobs"])} == {alice, bob}
 
     await _around_the_cli(h, b, alice)
@@ -163,3 +169,22 @@ async def test_admin_lists_every_team_from_the_reader_and_from_the_log_without_i
     h.kill9("reader")
     docs, meta = await reads.load(args, "jobs")  # no projector wrote Redis: the log is folded
     assert meta["source"] == "log" and {d["job_id"] for d in docs} == ids
+
+
+async def test_a_platform_cancels_its_second_teams_jobs_without_naming_the_team(harness, people):  # noqa: F811
+    """A platform of nlp and research cancels its research jobs by id and by filter, each cancel
+    sent for its job's own team (its listing names it); before, all went for nlp, its first team,
+    and admission refused them. A cancel that does nothing prints no empty line."""
+    h, plat = harness, people["ra-plat"]
+    h.start("admission")
+    h.start("reader")
+    await h.ready("admission", "reader")
+    first = await _submit(h, plat, "research", ["sleep", "60"])
+    second = await _submit(h, plat, "research", ["sleep", "60"])
+    by_id = await acli(h, plat, "cancel", first)
+    assert (by_id.returncode, by_id.stdout) == (0, f"cancelled {first}\n"), by_id.stderr
+    by_filter = await acli(h, plat, "cancel", "--state", "pending")
+    assert (by_filter.returncode, by_filter.stdout) == (0, f"cancelled {second}\n"), by_filter.stderr
+    await h.wait_for("both cancelled", lambda s: {s.jobs[j].state for j in (first, second)} == {"cancelled"})
+    again = await acli(h, plat, "cancel", first)
+    assert again.returncode == 1 and again.stdout == "" and "already cancelled" in again.stderr

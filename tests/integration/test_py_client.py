@@ -73,6 +73,8 @@ async def test_a_platform_submits_for_its_users_and_follows_the_job_through_the_
             await g.submit(JobSpec(team="vision", gpus=1), on_behalf_of="dana")
         own = await g.submit(JobSpec(team="research", gpus=1))  # its own job: recorded as the platform's
         assert (await g.show(own))["user"] == "pc-ci"
+        await g.cancel(own)  # its second team's job: sent for research, not for nlp (refused before)
+        assert (await g.show(own))["state"] == "cancelled"
     async with await Gpusched.connect(harness.nats_url, creds=vic) as other:
         with pytest.raises(NotPermitted, match="only a platform"):
             await other.submit(JobSpec(team="vision", gpus=1), on_behalf_of="dana")

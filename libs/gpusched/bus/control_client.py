@@ -81,10 +81,11 @@ class Client:
                       creds: str | None = None, team: str | None = None) -> Client:
         return cls(await connect(url, name=name, creds=creds), timeout, owns_connection=True, team=team)
 
-    def subject(self, command: Command, on_behalf_of: str | None = None) -> str:
+    def subject(self, command: Command, on_behalf_of: str | None = None, team: str | None = None) -> str:
         """Where this connection's identity may send the command: admin's form for admin (and
         the dashboard), else the tenant form naming the team and user the server allows;
-        `on_behalf_of` (a platform's submit): the form naming the platform and that user."""
+        `on_behalf_of` (a platform's submit): the form naming the platform and that user; `team`:
+        the one a platform's command about a job acts for (default `self.team`, else its first)."""
         if on_behalf_of is not None:
             return self._on_behalf(command, on_behalf_of)
         base = COMMAND_SUBJECTS[type(command)]
@@ -92,7 +93,7 @@ class Client:
         if ident is None or ident.role not in ("tenant", "platform"):
             return base if ident is None or ident.role not in ADMIN_FORM else f"{base}.{ident.name}"
         kind = base.rsplit(".", 1)[1]
-        team = command.spec.team if isinstance(command, SubmitJob) else (self.team or ident.team)
+        team = command.spec.team if isinstance(command, SubmitJob) else (team or self.team or ident.team)
         # the server would drop these silently (a permissions violation has no reply): say why now
         if kind not in subjects.TENANT_COMMANDS:
             raise NotPermitted(f"{type(command).__name__} needs the admin role; {ident.name} is a {ident.role}")
@@ -133,9 +134,9 @@ class Client:
         return msg.data
 
     async def send(self, command: Command, timeout: float | None = None,
-                   on_behalf_of: str | None = None) -> CommandReply:
+                   on_behalf_of: str | None = None, team: str | None = None) -> CommandReply:
         """Send any command to its subject and return admission's reply."""
-        data = await self.request_raw(self.subject(command, on_behalf_of), msgspec.json.encode(command), timeout)
+        data = await self.request_raw(self.subject(command, on_behalf_of, team), msgspec.json.encode(command), timeout)
         return _reply_decoder.decode(data)
 
     async def submit(self, spec: JobSpec, request_id: str | None = None,
@@ -163,8 +164,12 @@ class Client:
         return await self.send(LabelNode(request_id=request_id or new_request_id(), node=node,
                                          labels=labels or {}, remove=remove or []))
 
-    async def cancel(self, job_id: str, reason: str = "cancelled by user", request_id: str | None = None) -> CommandReply:
-        return await self.send(CancelJob(request_id=request_id or new_request_id(), job_id=job_id, reason=reason))
+    async def cancel(self, job_id: str, reason: str = "cancelled by user", request_id: str | None = None,
+                     team: str | None = None) -> CommandReply:
+        """`team`: the job's, for a platform of several teams (admission refuses a cancel sent for
+        another of them)."""
+        return await self.send(CancelJob(request_id=request_id or new_request_id(), job_id=job_id, reason=reason),
+                               team=team)
 
     async def set_quota(self, team: str, quota: TeamQuota, request_id: str | None = None,
                         only: list[str] | None = None) -> CommandReply:

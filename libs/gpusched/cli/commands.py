@@ -58,7 +58,9 @@ def _run(args: argparse.Namespace, call, ok_text) -> int:
     if getattr(args, "json", False):
         print(json.dumps(msgspec.to_builtins(getattr(reply, "replies", reply))))  # several: a list
     elif reply.ok or isinstance(reply, _Replies):  # several: the ones done, then the refusals
-        print(ok_text(reply))
+        text = ok_text(reply)
+        if text:  # none done: no empty line
+            print(text)
     if not reply.ok:
         if not getattr(args, "json", False):
             print(f"gpusched {args.command}: refused: {reply.error}", file=sys.stderr)
@@ -319,9 +321,26 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return 1
 
     async def each(client):
-        return _Replies(targets, [await client.cancel(j, reason=args.reason) for j in targets])
+        teams = await _job_teams(args, client, docs)
+        return _Replies(targets, [await client.cancel(j, reason=args.reason, team=teams.get(j)) for j in targets])
 
     return _run(args, each, lambda r: "\n".join(f"cancelled {j}" for j, x in zip(r.ids, r.replies) if x.ok))
+
+
+async def _job_teams(args: argparse.Namespace, client, docs: list[dict] | None) -> dict[str, str]:
+    """Each listed job's team (an array's id too), for a platform of several teams: admission
+    takes its cancel only on the job's own team's subject. Nobody else needs them: {}."""
+    from gpusched.bus.dial import identity_of
+
+    ident = identity_of(client.nc)
+    if ident is None or ident.role != "platform" or len(ident.teams) < 2:
+        return {}
+    if docs is None:
+        from gpusched.cli import scoped
+
+        docs, _ = await scoped.listing(args, ident, "jobs", client.nc)
+    teams = {d["array_job"]: d["team"] for d in docs if d.get("array_job")}
+    return {**teams, **{d["job_id"]: d["team"] for d in docs}}
 
 
 class _Replies:
@@ -577,7 +596,7 @@ def _register_cancel(sub, common: list) -> None:
     p.add_argument("job", nargs="*", help="the job id(s)")
     p.add_argument("--team", dest="as_team", default=None,
                    help="only this team's jobs (comma-separated; without ids: every live one); a platform's "
-                        "credentials: the team whose job it cancels (default: its first)")
+                        "cancels go for each job's own team")
     p.add_argument("--user", default=None, help="only jobs of these submitting users (comma-separated)")
     p.add_argument("--state", default=None,
                    help="only jobs in these states (comma-separated; default: pending,starting,running)")

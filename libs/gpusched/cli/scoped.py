@@ -158,19 +158,24 @@ async def unscoped_listing(args: argparse.Namespace, what: str) -> tuple[list[di
 
 async def _first_answer(nc, ident: Identity, kind: str, request: dict[str, Any]) -> Any:
     """Ask each of the caller's teams in turn (a platform's job is one of its teams'); the
-    first that holds the job answers, else the last refusal."""
+    first that holds the job answers. When none does, the refusal names who asks, its role and
+    the teams it may read (another team's job reads as one that does not exist: never which)."""
     failed: ReadFailed | None = None
+    data: Any = None
     for team in ident.teams:
         try:
             data = await ask(nc, ident, kind, team, request)
         except ReadFailed as err:
             failed = err
             continue
-        if not (kind == "show" and "error" in data and team != ident.teams[-1]):
+        if not (kind == "show" and "error" in data):
             return data
+    job_id = request.get("job_id")
+    outside = (f"permission denied: {ident.name} (role {ident.role}) reads team(s) {', '.join(ident.teams)} "
+               f"only; no job {job_id} among them")
     if failed is not None:
-        raise failed
-    return data
+        raise ReadFailed(outside) if str(failed).startswith(f"no job {job_id} among") else failed
+    return {**data, "error": outside}
 
 
 async def show(nats: str | None, ident: Identity, job_id: str, creds: str | None = None) -> dict[str, Any]:
