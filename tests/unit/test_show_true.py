@@ -37,7 +37,8 @@ after every cycle, takes each pending job's explanation from `explain_pending`, 
   predict starts exactly or not at all, never bound them; (4) it gives a yielding job its
   full checkpoint grace, the simulator 20 s, which is (3) again;
 - a job first in the policy's order that starts by preempting lower-priority teammates once
-  they ran `min_runtime_s` was told an ETA while it waited (not "unknown");
+  they ran `min_runtime_s` was told an ETA while it waited (not "unknown"), and that it waits
+  out their `min_runtime_s`;
 - a job requeued by a node loss says so while the node is lost;
 - a job that cannot fit without the nodes out of service names one of them.
 
@@ -293,6 +294,8 @@ def _min_runtime_foreseen(sim: Watched) -> None:
             if any(abs(tp - s.started_at[v] - min_run) <= TICK_S for v in victims):
                 assert s.why["eta_s"] is not None, (
                     f"t={s.at:g} {s.job}: waits out {victims}' min_runtime_s (preempted at {tp:g}): ETA unknown")
+                assert "min_runtime_s" in _text(s.why), (
+                    f"t={s.at:g} {s.job}: waits out {victims}' min_runtime_s, not said: {_text(s.why)}")
 
 
 def check(sim: Watched) -> None:
@@ -378,5 +381,7 @@ def test_a_reclaim_of_the_guarantee_is_foreseen():
     sim.run()
     first = next(s for s in sim.samples if s.job == "a1")
     assert first.why["eta_s"] == pytest.approx(290.0)
+    assert any("b1 (team b, over its guarantee) is reclaimed for it once it has run its back-off" in line
+               for line in first.why["unblock"])
     assert sim.start_after(first) <= first.at + first.why["eta_s"] + TICK_S
     check(sim)

@@ -133,12 +133,18 @@ def _freed_at(job: Job, h: Job, now: float, config: PolicyConfig, reclaims: bool
         if protected_until < end:
             return max(now, protected_until), "priority"
     if reclaims and h.spec.preemptible and h.preemption is None and h.spec.team != job.spec.team:
-        cap = config.preempt_backoff_max_s  # (`preemption.ran_back_off`; None: `min_runtime_s` alone)
-        back_off = config.min_runtime_s if cap is None else min(
-            max(config.min_runtime_s, cap), config.min_runtime_s * 2 ** min(h.preemptions, 32))
-        if started + back_off < end:
-            return max(now, started + back_off), "reclaim"
+        if started + _back_off(h, config) < end:
+            return max(now, started + _back_off(h, config)), "reclaim"
     return end, "end"
+
+
+def _back_off(h: Job, config: PolicyConfig) -> float:
+    """How long `h` runs before another team may take it (`preemption.ran_back_off`:
+    `min_runtime_s` doubled per preemption it had, at most `preempt_backoff_max_s`)."""
+    cap = config.preempt_backoff_max_s
+    if cap is None:
+        return config.min_runtime_s
+    return min(max(config.min_runtime_s, cap), config.min_runtime_s * 2 ** min(h.preemptions, 32))
 
 
 def _reclaims_within(state: ClusterState, job: Job, config: PolicyConfig) -> bool:
@@ -151,9 +157,10 @@ def _reclaims_within(state: ClusterState, job: Job, config: PolicyConfig) -> boo
             and t is not None and not t.quota.models and t.held + job.spec.gang_min <= t.quota.guaranteed)
 
 
-def _over_guarantee(state: ClusterState, team: str, held: float) -> bool:
+def _over_guarantee(state: ClusterState, team: str, held: float | None = None) -> bool:
+    """Whether the team, holding `held` (default: what it holds), is over its guarantee."""
     t = state.teams.get(team)
-    return t is not None and not t.quota.models and held > t.quota.guaranteed
+    return t is not None and not t.quota.models and (t.held if held is None else held) > t.quota.guaranteed
 
 
 def _limit_room_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
@@ -240,6 +247,31 @@ def _fit_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> 
     return best
 
 
+def _protected(state: ClusterState, job: Job, now: float, config: PolicyConfig, out: dict[str, Any]) -> list[str]:
+    """The holders the policy will preempt for the job once their protection ends (priority:
+    `min_runtime_s`; reclaim: the back-off), soonest first: what it waits out, and until when."""
+    if out["topology"]["fits_now_in"] or "impossible" in out["topology"]:
+        return []
+    reclaims = _reclaims_within(state, job, config)
+    waits = []
+    for jid in state.running:
+        h = state.jobs[jid]
+        at, how = _freed_at(job, h, now, config, reclaims)
+        if how == "end" or at <= now or (how == "reclaim" and not _over_guarantee(state, h.spec.team)):
+            continue
+        waits.append((at, jid, how, h))
+    lines = []
+    for at, jid, how, h in sorted(waits)[:TOP]:
+        if how == "priority":
+            lines.append(f"{jid} ({h.spec.priority}, team {h.spec.team}) is preempted for it once it has run "
+                         f"min_runtime_s ({config.min_runtime_s:g} s): in {at - now:.0f} s")
+        else:
+            lines.append(f"{jid} (team {h.spec.team}, over its guarantee) is reclaimed for it once it has run its "
+                         f"back-off ({_back_off(h, config):g} s since its start), if team {h.spec.team} "
+                         f"is still over its guarantee then: in {at - now:.0f} s")
+    return lines
+
+
 def _leaving(state: ClusterState, team: str) -> int:
     """GPUs of the team's jobs already asked to yield (their ends are their deadlines)."""
     return sum(len(j.gpus) for j in (state.jobs[x] for x in state.running)
@@ -279,7 +311,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     out["topology"] = _where(state, job)
     out.update(_holders(state, job, now, config, out["team_quota"]["under_guarantee"], out["pools"]))
     out["queue"] = _ahead(state, job_id, now, config)
-    out["unblock"] = _unblock(state, job, out)
+    out["unblock"] = _unblock(state, job, out) + _protected(state, job, now, config, out)
     eta, span = _policy_eta(job, now)
     if eta is None and not isinstance(job.pending_why, _NOT_GPUS) and out["queue"]["ahead_jobs"] == 0:
         # First in the policy's order: when its holders end (or are preempted for it), if
