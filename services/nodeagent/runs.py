@@ -42,7 +42,7 @@ class RunningJob:
     drain_until: float | None = None
     timeout_asked: bool = False
     ended: bool = False  # ProcessesEnded reported
-    acks: AckCoalescer | None = None
+    acks: AckCoalescer = field(kw_only=True)  # every run's, with its node's limits
     id: int = field(default_factory=lambda: next(_run_ids))
 
     @property
