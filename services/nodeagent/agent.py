@@ -338,6 +338,7 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
         """A live run: SIGKILL after the grace; a draining one stops once its checkpoint is
         complete; a time-limited one is asked to checkpoint before its limit."""
         if run.state == "stopping":
+            assert run.stop_at is not None, "`stop` sets it with the state; a run the fence keeper stopped is forgotten"
             if not run.sigkilled and now - run.stop_at >= self.cfg.kill_grace_s:
                 log.warning("job_sigkill", job=run.job_id, attempt=run.attempt, node=self.node)
                 run.proc.signal_group(signal.SIGKILL)

@@ -69,7 +69,8 @@ async def run_nodeagent(
     host.add(AgentConfig(node=node, rack=rack, block=block or None, address=address or host_address(),
                          nvlink=nvlink if backend == "sim" else "custom",
                          work_dir=Path(work_dir) if work_dir else default_work_dir(), kill_grace_s=kill_grace_s,
-                         checkpoint_root=checkpoint_root, log_dir=log_dir, labels=dict(labels or {}),
+                         checkpoint_root=Path(checkpoint_root) if checkpoint_root else None,
+                         log_dir=Path(log_dir) if log_dir else None, labels=dict(labels or {}),
                          **job_users(job_user, team_users), **(confinement or {}), **(resources or {})),
              gpu_backend)
     await host.start()
@@ -97,7 +98,8 @@ async def start_simulated_nodes(
         host.add(AgentConfig(node=name, rack=f"rack{rack_i:02d}",
                              block=f"block{rack_i // racks_per_block:02d}" if racks_per_block else None,
                              address=address, nvlink=nvlink, work_dir=root, kill_grace_s=kill_grace_s,
-                             checkpoint_root=checkpoint_root, labels=dict(labels or {}),
+                             checkpoint_root=Path(checkpoint_root) if checkpoint_root else None,
+                             labels=dict(labels or {}),
                              **job_users(job_user, team_users), **(confinement or {}), **(resources or {})),
                  SimBackend(name, gpus_per_node, nvlink, mig=mig, **_sim_model(models, i)))
     await host.start()
