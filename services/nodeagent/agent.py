@@ -101,27 +101,23 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
         """A GPU of this node got a MIG geometry: make its instances (NVML; the simulated
         backend's slices exist already). Only as the fold took it: on an idle GPU, and no run
         of this daemon on it."""
-        apply = getattr(self.backend, "apply_mig", None)
         node, index = split_gpu_id(e.gpu)
         rec = state.gpus.get(e.gpu)
-        if apply is None or node != self.node or rec is None:
+        if node != self.node or rec is None:
             return
         if list(rec.geometry) != list(e.profiles) or rec.occupied or self._gpus_busy([index]):
             log.warning("mig_geometry_not_applied", gpu=e.gpu, profiles=list(e.profiles),
                         error="the fold did not take it or the GPU is in use here")
             return
-        apply(index, list(e.profiles))
+        self.backend.apply_mig(index, list(e.profiles))
 
     def adopt_geometry(self, state: ClusterState) -> None:
         """At start: each MIG GPU's instances as they are where they are its geometry, else the
         geometry applied where the GPU is idle (`NvmlBackend.adopt_mig`)."""
-        adopt = getattr(self.backend, "adopt_mig", None)
-        if adopt is None:
-            return
         for g in self.gpu_info:
             rec = state.gpus.get(gpu_id(self.node, g.index))
             if g.mig is not None and g.mig.mode == "enabled" and rec is not None:
-                adopt(g.index, list(rec.geometry), not rec.occupied)
+                self.backend.adopt_mig(g.index, list(rec.geometry), not rec.occupied)
 
     def runs_of(self, job_id: str) -> list[RunningJob]:
         return [r for r in self.jobs.values() if r.job_id == job_id]
