@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 import structlog
+from redis.typing import EncodableT, FieldT
 
 from gpusched import metrics, readmodel, telemetry
 from gpusched.bus.log import EventLog, Record
@@ -243,7 +244,7 @@ class Projector:
         if fresh:
             pipe.rpush(K["shares"], *[_enc(x) for x in fresh])
             pipe.ltrim(K["shares"], -SHARES_LEN, -1)
-        meta = {"seq": seq, "at": state.now, "written_at": time.time()}
+        meta: dict[FieldT, EncodableT] = {"seq": seq, "at": state.now, "written_at": time.time()}
         if full:
             meta["rebuilt_at"] = time.time()
         pipe.hset(K["meta"], mapping=meta)
