@@ -132,23 +132,25 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
         checkpoint (collective), stop, and start again with the new world size."""
         job = state.jobs.get(job_id)
         mine = self.my_gpus(job)
-        current = (job.attempt, job.generation) if job is not None and job.holding else None
+        held = job if job is not None and job.holding else None  # the job while the fold runs an attempt of it
+        current = (held.attempt, held.generation) if held is not None else None
         for run in self.runs_of(job_id):
             if run.state in ("stopping", "draining"):
                 continue
             if current is not None and (run.attempt, run.generation) == current and mine == run.gpus:
                 continue
-            if current is not None and run.attempt == current[0] and run.generation < current[1]:
-                self._drain(run, job)
+            if held is not None and run.attempt == held.attempt and run.generation < held.generation:
+                self._drain(run, held)
             else:
                 self.stop(run, "released" if current is None else "attempt replaced")
-        if current is None:
+        if held is None:
             self.launched.pop(job_id, None)
             self.starter.forget(job_id)
         elif launch and mine and self.launched.get(job_id) != current:
-            self.launched[job_id] = current
-            self.deferred[(job_id, *current)] = time.monotonic() + self._backoff(job)
-            self._try_launch((job_id, *current), state)
+            key = (job_id, held.attempt, held.generation)
+            self.launched[job_id] = key[1:]
+            self.deferred[key] = time.monotonic() + self._backoff(held)
+            self._try_launch(key, state)
 
     def _backoff(self, job: Job) -> float:
         """A job requeued after failures restarts later each time (1, 2, 4 ... s, capped)."""
@@ -278,19 +280,19 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
         one that ended meanwhile is reported as ended (its exit too)."""
         for rec, key, proc in recorded_runs(self.records):
             job = state.jobs.get(key[0])
-            current = job is not None and job.holding and (job.attempt, job.generation) == key[1:]
+            held = job if job is not None and job.holding and (job.attempt, job.generation) == key[1:] else None
             if proc is None:
-                self._adopt_dead(rec, key, current)
+                self._adopt_dead(rec, key, held is not None)
                 continue
             run = RunningJob(key[0], key[1], tuple(rec.get("gpus", ())), int(rec.get("node_rank", 0)), proc,
                              generation=key[2], acks=AckCoalescer(self.limits))
             self._add_run(run)
             log.info("job_adopted", job=key[0], attempt=key[1], generation=key[2], node=self.node, pid=proc.pid)
-            if current:
+            if held is not None:  # the fold still runs this attempt
                 self.launched[key[0]] = key[1:]
-                if job.preemption is not None:
-                    self._request_checkpoint(run, f"pre-{job.attempt}", job.preemption.reason,
-                                             job.preemption.deadline, job.preemption.for_job)
+                if held.preemption is not None:
+                    self._request_checkpoint(run, f"pre-{held.attempt}", held.preemption.reason,
+                                             held.preemption.deadline, held.preemption.for_job)
             else:
                 self.converge(key[0], state, False)
 
@@ -350,7 +352,7 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
                 self.stop(run, "resize: every rank restarts")
             return
         limit = job.spec.time_limit_s if job is not None else None
-        if (limit is not None and not run.timeout_asked and job.started_at is not None
+        if (job is not None and limit is not None and not run.timeout_asked and job.started_at is not None
                 and time.time() >= job.started_at + limit - self.cfg.timeout_checkpoint_s):
             run.timeout_asked = True
             self._request_checkpoint(run, f"timeout-{run.attempt}", f"time limit of {limit:g} s",

@@ -14,7 +14,7 @@ import msgspec
 import structlog
 
 from gpusched.core.limits import size_mb
-from gpusched.core.model import nvlink_domains
+from gpusched.core.model import NvlinkLayout, nvlink_domains
 from gpusched.core.pools import parse_gpu_types, sim_memory_mb
 
 from .agent_config import AgentConfig, default_work_dir
@@ -53,7 +53,7 @@ async def _serve_until(host: NodeHost, stop: asyncio.Event | None, ready: asynci
 
 async def run_nodeagent(
     nats_url: str | None = None, *, node: str | None = None, backend: str = "nvml", rack: str = "rack0",
-    block: str | None = None, address: str = "", gpus: int = 8, nvlink: str = "all",
+    block: str | None = None, address: str = "", gpus: int = 8, nvlink: NvlinkLayout = "all",
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     log_dir: str | os.PathLike | None = None, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
     stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, job_user: str | None = None,
@@ -79,7 +79,7 @@ async def run_nodeagent(
 
 async def start_simulated_nodes(
     nats_url: str | None = None, count: int = 4, gpus_per_node: int = 8, nodes_per_rack: int = 4,
-    nvlink: str = "all", *, racks_per_block: int | None = None, prefix: str = "node",
+    nvlink: NvlinkLayout = "all", *, racks_per_block: int | None = None, prefix: str = "node",
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     heartbeat_s: float = 2.0, kill_grace_s: float = 5.0, poll_s: float = 0.2, address: str = "127.0.0.1",
     job_user: str | None = None, team_users: dict[str, str] | None = None, labels: dict[str, str] | None = None,
@@ -115,7 +115,7 @@ def _sim_model(models: list[str] | None, i: int) -> dict:
 
 async def run_simulated_nodes(
     nats_url: str | None = None, count: int = 4, gpus_per_node: int = 8, nodes_per_rack: int = 4,
-    nvlink: str = "all", *, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
+    nvlink: NvlinkLayout = "all", *, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
     keep_jobs: bool = False, **kwargs,
 ) -> None:
     """`start_simulated_nodes` until `stop` is set (what `gpusched up` runs)."""

@@ -7,6 +7,7 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gpusched.bus import subjects
 from gpusched.core import events as ev
@@ -32,8 +33,8 @@ class RunningJob:
     node_rank: int
     proc: RunProcess
     generation: int = 0
-    # running | draining (a resize: checkpoint, then stop) | stopping | exited (rank != 0 done)
-    state: str = "running"
+    # draining: a resize (checkpoint, then stop); exited: rank != 0 done, its GPUs still held
+    state: Literal["running", "draining", "stopping", "exited"] = "running"
     stop_at: float | None = None
     sigkilled: bool = False
     exit_code: int | None = None
