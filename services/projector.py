@@ -224,7 +224,8 @@ class Projector:
         self._drop_forgotten(pipe, state, full)
         for key, names, known, make in (("nodes", nodes, state.nodes, readmodel.node_doc),
                                          ("teams", teams, state.teams, readmodel.team_doc)):
-            docs = {name: _enc({**make(state, name), "seq": seq}) for name in names if name in known}
+            docs: dict[FieldT, EncodableT] = {name: _enc({**make(state, name), "seq": seq}) for name in names
+                                              if name in known}
             if docs:
                 pipe.hset(K[key], mapping=docs)
         if full or marks.queue:

@@ -55,7 +55,9 @@ from gpusched.services import partition
 from gpusched.services.runtime import FoldedLog, cancel_tasks, notify_ready
 
 if TYPE_CHECKING:
-    import redis.asyncio as aioredis  # imported where the usage view is written (`_write_usage`)
+    import redis.asyncio as aioredis
+    from nats.aio.subscription import Subscription
+  # imported where the usage view is written (`_write_usage`)
 
 log = structlog.get_logger()
 
@@ -406,7 +408,7 @@ class Reconciler:
         self._usage_at = 0.0
         self.own_log = own_log
         self.appended: list[ev.Event] = []
-        self._sub = None
+        self._sub: Subscription | None = None
         self._task: asyncio.Task | None = None
         self._kills: set[asyncio.Task] = set()
         self.ignored: dict[str, int] = {}  # heartbeats not remembered, by why
