@@ -564,7 +564,7 @@ def _submit(state: ClusterState, cmd: SubmitJob, now: float, config: AdmissionCo
         return Decision(CommandReply(ok=True, job_id=known, duplicate=True))
     problem = submit_problem(state, cmd, config, capacity)
     if problem is not None:
-        event = ev.JobRejected(at=now, request_id=rid, team=cmd.spec.team, reason=problem)
+        event: ev.Event = ev.JobRejected(at=now, request_id=rid, team=cmd.spec.team, reason=problem)
         return Decision(CommandReply(ok=False, error=problem), event, f"reject-{scope}")
     job_id = job_id_for(scope, state, taken)
     event = ev.JobSubmitted(at=now, job_id=job_id, spec=with_defaults(state, cmd.spec), request_id=rid,
@@ -672,7 +672,7 @@ def admit(state: ClusterState, cmd: Command, now: float, config: AdmissionConfig
         if job.state in TERMINAL:
             return Decision(CommandReply(ok=False, job_id=job.job_id,
                                          error=f"job {job.job_id} already {job.state} ({job.end_reason})"))
-        event = ev.JobCancelled(at=now, job_id=job.job_id, reason=cmd.reason)
+        event: ev.Event = ev.JobCancelled(at=now, job_id=job.job_id, reason=cmd.reason)
         return Decision(CommandReply(ok=True, job_id=job.job_id), event, f"cancel-{request_scope(cmd, caller)}")
     if isinstance(cmd, (HoldJob, UpdateJob)):
         return pending_job_command(state, cmd, now, caller)

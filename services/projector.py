@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 import structlog
+from redis.typing import EncodableT, FieldT
 
 from gpusched import metrics, readmodel, telemetry
 from gpusched.bus.log import EventLog, Record
@@ -223,7 +224,8 @@ class Projector:
         self._drop_forgotten(pipe, state, full)
         for key, names, known, make in (("nodes", nodes, state.nodes, readmodel.node_doc),
                                          ("teams", teams, state.teams, readmodel.team_doc)):
-            docs = {name: _enc({**make(state, name), "seq": seq}) for name in names if name in known}
+            docs: dict[FieldT, EncodableT] = {name: _enc({**make(state, name), "seq": seq}) for name in names
+                                              if name in known}
             if docs:
                 pipe.hset(K[key], mapping=docs)
         if full or marks.queue:
@@ -243,7 +245,7 @@ class Projector:
         if fresh:
             pipe.rpush(K["shares"], *[_enc(x) for x in fresh])
             pipe.ltrim(K["shares"], -SHARES_LEN, -1)
-        meta = {"seq": seq, "at": state.now, "written_at": time.time()}
+        meta: dict[FieldT, EncodableT] = {"seq": seq, "at": state.now, "written_at": time.time()}
         if full:
             meta["rebuilt_at"] = time.time()
         pipe.hset(K["meta"], mapping=meta)

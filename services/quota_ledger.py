@@ -31,7 +31,7 @@ TEAMS_META_KEY = "gpusched:teams:meta"
 
 class Standing(msgspec.Struct, frozen=True, kw_only=True):
     team: str
-    held: int
+    held: int | float  # whole GPUs plus fractional jobs' shares (TeamUsage.held)
     pending_gpus: int
     running_jobs: int
     pending_jobs: int

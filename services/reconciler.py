@@ -35,7 +35,9 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
@@ -51,6 +53,11 @@ from gpusched.core.rules import work_since_checkpoint
 from gpusched.core.state import ClusterState, Job
 from gpusched.services import partition
 from gpusched.services.runtime import FoldedLog, cancel_tasks, notify_ready
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+    from nats.aio.subscription import Subscription
+  # imported where the usage view is written (`_write_usage`)
 
 log = structlog.get_logger()
 
@@ -200,7 +207,7 @@ def decide(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerCo
 
 
 def _lost_nodes(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig, out: Decision,
-                skip: set[str] = frozenset()) -> set[str]:  # type: ignore[assignment]
+                skip: AbstractSet[str] = frozenset()) -> set[str]:
     lost: set[str] = set()
     for name, node in state.nodes.items():
         if node.lost or name in skip:
@@ -305,7 +312,7 @@ def _job_sample(state: ClusterState, obs: Observations, job: Job) -> tuple[list[
 
 
 def decide_idle(state: ClusterState, obs: Observations, now: float, cfg: ReconcilerConfig,
-                lost: set[str] = frozenset()) -> list[ev.Event]:
+                lost: AbstractSet[str] = frozenset()) -> list[ev.Event]:
     """JobIdle when every GPU of a running job stayed under the threshold for `idle_after_s`;
     JobBusy when a job the fold holds idle shows a GPU at or over it. Only on a change."""
     out: list[ev.Event] = []
@@ -397,11 +404,11 @@ class Reconciler:
         self.gpu_metrics = metrics.GpuMetrics()
         self.obs = Observations(started_at=time.time(), window_s=self.cfg.usage_window_s)
         self.redis_url = redis_url
-        self._redis = None
+        self._redis: aioredis.Redis | None = None  # connected at the first usage write
         self._usage_at = 0.0
         self.own_log = own_log
         self.appended: list[ev.Event] = []
-        self._sub = None
+        self._sub: Subscription | None = None
         self._task: asyncio.Task | None = None
         self._kills: set[asyncio.Task] = set()
         self.ignored: dict[str, int] = {}  # heartbeats not remembered, by why

@@ -13,7 +13,8 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 from nats.errors import ConnectionClosedError, NoServersError
@@ -27,7 +28,7 @@ from gpusched.services.runtime import FoldedLog
 
 log = structlog.get_logger()
 
-Serve = Callable[[argparse.Namespace, asyncio.Event], Awaitable[None]]
+Serve = Callable[[argparse.Namespace, asyncio.Event], Coroutine[Any, Any, None]]  # an `async def`: it runs as a task
 
 
 def common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,7 +126,8 @@ async def _main(serve: Serve, args: argparse.Namespace, service: str) -> int:
     connection.on_closed = lambda name, why: die(f"NATS connection {name} closed for good: {why}")
     task = asyncio.create_task(serve(args, stop), name=f"serve-{service}")
     stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({task, dead, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    first: set[asyncio.Future[Any]] = {task, dead, stopped}  # futures of different results: asyncio.wait's bound
+    await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
     code = 0
     if task.done():
         stopped.cancel()

@@ -45,7 +45,9 @@ class KubeApi:
         except OSError as err:
             raise KubeError(f"no service-account token ({err}): is automountServiceAccountToken off?") from None
         ca = ca_file if ca_file is not None else SA_DIR / "ca.crt"
-        self.tls = ssl.create_default_context(cafile=str(ca)) if self.api.startswith("https") else None
+        #: aiohttp's `ssl`: the cluster's CA for https; True (its default checks) otherwise.
+        self.tls: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if self.api.startswith("https") \
+            else True
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def call(self, method: str, path: str, body: dict | None = None) -> Any:

@@ -18,6 +18,7 @@ from .core.records import gpu_count
 if TYPE_CHECKING:  # the fold's types: a client that only prints documents never loads the fold
     from .core import events as ev
     from .core.state import ClusterState, Job
+    from .core.topology import Gpu
 
 _DIGITS = re.compile(r"(\d+)")
 
@@ -132,6 +133,16 @@ def gpu_status(state: ClusterState, g: str) -> str:
     return "free"
 
 
+def _mig_doc(rec: Gpu) -> dict[str, Any]:
+    """A GPU's MIG mode, profiles, geometry and slices. A geometry can exist without the MIG info
+    of a registration (an operator's own MigGeometrySet for a GPU that registered none: the fold
+    keeps it, admission would have refused it): mode and pending are then unknown (None)."""
+    info = rec.mig
+    return {"mode": info.mode if info is not None else None, "pending": info.pending if info is not None else None,
+            "profiles": [p.name for p in info.profiles] if info is not None else [], "geometry": list(rec.geometry),
+            "slices": {str(i): j for i, j in sorted(rec.slices.items())}}
+
+
 def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
     node = state.nodes[name]
     gpus = []
@@ -146,10 +157,7 @@ def node_doc(state: ClusterState, name: str) -> dict[str, Any]:
             "quarantined": rec.quarantined, "zombie_pids": rec.zombie_pids,
             "idle": holder is not None and holder.idle is not None,
             "shares": dict(rec.shares),
-            **({"mig": {"mode": rec.mig.mode, "pending": rec.mig.pending,
-                        "profiles": [p.name for p in rec.mig.profiles], "geometry": list(rec.geometry),
-                        "slices": {str(i): j for i, j in sorted(rec.slices.items())}}}
-               if rec.mig is not None or rec.geometry else {}),
+            **({"mig": _mig_doc(rec)} if rec.mig is not None or rec.geometry else {}),
         })
     return {
         "node": name, "rack": node.rack, "block": node.block, "nvlink": node.nvlink, "address": node.address,

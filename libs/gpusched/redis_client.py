@@ -23,7 +23,7 @@ import os
 import re
 import stat
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 #: redis-py imports the OpenTelemetry metrics SDK and API when they are installed (for its own
@@ -43,7 +43,12 @@ from redis.asyncio.sentinel import Sentinel  # noqa: E402 - after the guarded im
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 SENTINEL_SCHEME = "redis+sentinel://"
-TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+class _Timeouts(TypedDict):
+    socket_timeout: float
+    socket_connect_timeout: float
+
+
+TIMEOUTS: _Timeouts = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 PASSWORD_FILE_ENV = "GPUSCHED_REDIS_PASSWORD_FILE"
 
 _read: dict[str, str] = {}  # path -> its secret: an inherited pipe can be read only once

@@ -219,7 +219,7 @@ class SnapshotStore:
         except Exception as err:  # noqa: BLE001 - cannot check: do not trust
             raise Refused(f"its seal (seq {meta.seal_seq}) could not be read ({type(err).__name__})") from None
         try:
-            sealed = ev.decode_event(msg.data)
+            sealed = ev.decode_event(msg.data or b"")  # a message without data does not decode: refused
         except (msgspec.DecodeError, msgspec.ValidationError):
             sealed = None
         if msg.subject != snapshots.SEAL_SUBJECT or not isinstance(sealed, ev.SnapshotTaken):
@@ -278,7 +278,9 @@ async def load_snapshot(r: aioredis.Redis) -> ClusterState | None:
         return None
     if not raw or b"data" not in raw:
         return None
-    state = ClusterState.restore(raw[b"data"])
+    data = raw[b"data"]
+    assert isinstance(data, bytes), "a bytes client (redis_client.connect_redis): the snapshot is msgpack"
+    state = ClusterState.restore(data)
     if state.keep_whole != keeps_whole():
         return None  # another fold: it forgets other jobs
     state.last_seq = int(raw[b"seq"])

@@ -46,6 +46,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from structlog.typing import EventDict
 
 #: The header names the propagator writes (W3C trace context).
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -340,7 +341,7 @@ def mark_error(span_: Span, message: str) -> None:
 # --- logs --------------------------------------------------------------------------------------
 
 
-def add_trace_ids(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def add_trace_ids(logger: Any, method: str, event_dict: EventDict) -> EventDict:
     """structlog processor: the active span's trace_id and span_id (hex), and the service."""
     ctx = trace.get_current_span().get_span_context()
     if ctx.is_valid:

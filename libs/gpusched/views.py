@@ -29,6 +29,12 @@ def redis_client(url: str | None) -> aioredis.Redis:
     return connect_redis(url)
 
 
+def _text(name: object) -> str:
+    """A member or field name as the control plane's bytes client (`connect_redis`) returns it."""
+    assert isinstance(name, bytes), f"a bytes client answers bytes, not {type(name).__name__}"
+    return name.decode()
+
+
 class Views:
     """Read access to the read models. `available()` is False when Redis does not answer or no
     projector has written yet; callers then fold the log instead."""
@@ -85,7 +91,7 @@ class Views:
         return [msgspec.json.decode(v) for _, v in sorted(raw.items())]
 
     async def jobs(self) -> list[dict[str, Any]]:
-        ids = [j.decode() for j in await self.r.zrange(K["jobs:order"], 0, -1)]
+        ids = [_text(j) for j in await self.r.zrange(K["jobs:order"], 0, -1)]
         if not ids:
             return []
         raw = await self.r.hmget(K["jobs"], ids)
@@ -102,7 +108,7 @@ class Views:
         return await self._hash_docs(K["teams"])
 
     async def queue(self) -> list[dict[str, Any]]:
-        ids = [j.decode() for j in await self.r.zrange(K["queue"], 0, -1)]
+        ids = [_text(j) for j in await self.r.zrange(K["queue"], 0, -1)]
         if not ids:
             return []
         raw = await self.r.hmget(K["queue:docs"], ids)
@@ -124,7 +130,7 @@ class Views:
             raw = await self.r.hgetall(USAGE_KEY)
         except (aioredis.RedisError, OSError):
             return {}
-        return {k.decode(): msgspec.json.decode(v) for k, v in raw.items()}
+        return {_text(k): msgspec.json.decode(v) for k, v in raw.items()}
 
 
 __all__ = ["K", "PREFIX", "SHARES_LEN", "TAIL_LEN", "UPDATES_CHANNEL", "USAGE_KEY", "Views", "redis_client"]

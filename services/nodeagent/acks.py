@@ -122,7 +122,7 @@ class AckCoalescer:
         the interval has passed."""
         out = [a for a in self.recent.values() if a.step in partial_steps]
         answers = [a for a in self.recent.values() if request is not None and a.request == request and a not in out]
-        if answers and request not in self.answered:  # one answer per request
+        if request is not None and answers and request not in self.answered:  # one answer per request
             self.answered[request] = None
             out.append(max(answers, key=lambda a: a.step))
         rest = [a for a in self.recent.values() if a not in out]

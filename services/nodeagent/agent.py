@@ -101,27 +101,23 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
         """A GPU of this node got a MIG geometry: make its instances (NVML; the simulated
         backend's slices exist already). Only as the fold took it: on an idle GPU, and no run
         of this daemon on it."""
-        apply = getattr(self.backend, "apply_mig", None)
         node, index = split_gpu_id(e.gpu)
         rec = state.gpus.get(e.gpu)
-        if apply is None or node != self.node or rec is None:
+        if node != self.node or rec is None:
             return
         if list(rec.geometry) != list(e.profiles) or rec.occupied or self._gpus_busy([index]):
             log.warning("mig_geometry_not_applied", gpu=e.gpu, profiles=list(e.profiles),
                         error="the fold did not take it or the GPU is in use here")
             return
-        apply(index, list(e.profiles))
+        self.backend.apply_mig(index, list(e.profiles))
 
     def adopt_geometry(self, state: ClusterState) -> None:
         """At start: each MIG GPU's instances as they are where they are its geometry, else the
         geometry applied where the GPU is idle (`NvmlBackend.adopt_mig`)."""
-        adopt = getattr(self.backend, "adopt_mig", None)
-        if adopt is None:
-            return
         for g in self.gpu_info:
             rec = state.gpus.get(gpu_id(self.node, g.index))
             if g.mig is not None and g.mig.mode == "enabled" and rec is not None:
-                adopt(g.index, list(rec.geometry), not rec.occupied)
+                self.backend.adopt_mig(g.index, list(rec.geometry), not rec.occupied)
 
     def runs_of(self, job_id: str) -> list[RunningJob]:
         return [r for r in self.jobs.values() if r.job_id == job_id]
@@ -136,23 +132,25 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
         checkpoint (collective), stop, and start again with the new world size."""
         job = state.jobs.get(job_id)
         mine = self.my_gpus(job)
-        current = (job.attempt, job.generation) if job is not None and job.holding else None
+        held = job if job is not None and job.holding else None  # the job while the fold runs an attempt of it
+        current = (held.attempt, held.generation) if held is not None else None
         for run in self.runs_of(job_id):
             if run.state in ("stopping", "draining"):
                 continue
             if current is not None and (run.attempt, run.generation) == current and mine == run.gpus:
                 continue
-            if current is not None and run.attempt == current[0] and run.generation < current[1]:
-                self._drain(run, job)
+            if held is not None and run.attempt == held.attempt and run.generation < held.generation:
+                self._drain(run, held)
             else:
                 self.stop(run, "released" if current is None else "attempt replaced")
-        if current is None:
+        if held is None:
             self.launched.pop(job_id, None)
             self.starter.forget(job_id)
         elif launch and mine and self.launched.get(job_id) != current:
-            self.launched[job_id] = current
-            self.deferred[(job_id, *current)] = time.monotonic() + self._backoff(job)
-            self._try_launch((job_id, *current), state)
+            key = (job_id, held.attempt, held.generation)
+            self.launched[job_id] = key[1:]
+            self.deferred[key] = time.monotonic() + self._backoff(held)
+            self._try_launch(key, state)
 
     def _backoff(self, job: Job) -> float:
         """A job requeued after failures restarts later each time (1, 2, 4 ... s, capped)."""
@@ -282,19 +280,19 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
         one that ended meanwhile is reported as ended (its exit too)."""
         for rec, key, proc in recorded_runs(self.records):
             job = state.jobs.get(key[0])
-            current = job is not None and job.holding and (job.attempt, job.generation) == key[1:]
+            held = job if job is not None and job.holding and (job.attempt, job.generation) == key[1:] else None
             if proc is None:
-                self._adopt_dead(rec, key, current)
+                self._adopt_dead(rec, key, held is not None)
                 continue
             run = RunningJob(key[0], key[1], tuple(rec.get("gpus", ())), int(rec.get("node_rank", 0)), proc,
                              generation=key[2], acks=AckCoalescer(self.limits))
             self._add_run(run)
             log.info("job_adopted", job=key[0], attempt=key[1], generation=key[2], node=self.node, pid=proc.pid)
-            if current:
+            if held is not None:  # the fold still runs this attempt
                 self.launched[key[0]] = key[1:]
-                if job.preemption is not None:
-                    self._request_checkpoint(run, f"pre-{job.attempt}", job.preemption.reason,
-                                             job.preemption.deadline, job.preemption.for_job)
+                if held.preemption is not None:
+                    self._request_checkpoint(run, f"pre-{held.attempt}", held.preemption.reason,
+                                             held.preemption.deadline, held.preemption.for_job)
             else:
                 self.converge(key[0], state, False)
 
@@ -338,6 +336,7 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
         """A live run: SIGKILL after the grace; a draining one stops once its checkpoint is
         complete; a time-limited one is asked to checkpoint before its limit."""
         if run.state == "stopping":
+            assert run.stop_at is not None, "`stop` sets it with the state; a run the fence keeper stopped is forgotten"
             if not run.sigkilled and now - run.stop_at >= self.cfg.kill_grace_s:
                 log.warning("job_sigkill", job=run.job_id, attempt=run.attempt, node=self.node)
                 run.proc.signal_group(signal.SIGKILL)
@@ -353,7 +352,7 @@ class NodeAgent(Registration, NodeControl, CheckpointHandshake):
                 self.stop(run, "resize: every rank restarts")
             return
         limit = job.spec.time_limit_s if job is not None else None
-        if (limit is not None and not run.timeout_asked and job.started_at is not None
+        if (job is not None and limit is not None and not run.timeout_asked and job.started_at is not None
                 and time.time() >= job.started_at + limit - self.cfg.timeout_checkpoint_s):
             run.timeout_asked = True
             self._request_checkpoint(run, f"timeout-{run.attempt}", f"time limit of {limit:g} s",

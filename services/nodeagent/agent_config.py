@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from gpusched.core.model import NvlinkLayout
 
 from .users import UserMap
 
@@ -19,7 +22,7 @@ class AgentConfig:
     rack: str = "rack0"
     block: str | None = None
     address: str = ""
-    nvlink: str = "custom"  # the layout name registered (informational)
+    nvlink: NvlinkLayout | Literal["custom"] = "custom"  # the layout name registered (informational)
     work_dir: Path = field(default_factory=default_work_dir)
     log_dir: Path | None = None  # default <work_dir>/logs: <log_dir>/<job>/<attempt>-<node>.log
     checkpoint_root: Path | None = None  # default <work_dir>/checkpoints/<job> (use a shared FS)

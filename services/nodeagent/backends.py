@@ -99,6 +99,14 @@ class GpuBackend(Protocol):
     def reset(self, index: int) -> str:
         """Reset a GPU whose memory leaked: "" on success, else why not."""
 
+    def apply_mig(self, index: int, profiles: list[str]) -> str:
+        """Make the GPU's MIG instances the geometry `profiles` (only ever for an idle GPU): ""
+        on success, else the error (NVML; a simulated GPU's slices are its geometry already)."""
+
+    def adopt_mig(self, index: int, profiles: list[str], idle: bool) -> str:
+        """After a restart: the GPU's instances as they are if they are the geometry, else it
+        applied (only if `idle`): "" or the error."""
+
     def close(self) -> None: ...
 
 
@@ -185,6 +193,13 @@ class SimBackend:
         if any(index in gpus for gpus in self._jobs.values()) or self._strays.get(index):
             return "refused: processes on the GPU"
         self._leaks.pop(index, None)
+        return ""
+
+    def apply_mig(self, index: int, profiles: list[str]) -> str:
+        """Nothing to make: a simulated MIG GPU's slices are the geometry the fold holds."""
+        return ""
+
+    def adopt_mig(self, index: int, profiles: list[str], idle: bool) -> str:
         return ""
 
     def inject_stray(self, index: int, pid: int) -> None:

@@ -70,6 +70,7 @@ class JobStarter:
     def spec(self, job: Job, mine: tuple[int, ...], state: ClusterState) -> launcher.Launch:
         """The launch of this node's rank of `job` on its GPUs `mine` (a fresh control dir)."""
         cfg, node = self.cfg, self.node
+        assert cfg.checkpoint_root is not None and cfg.log_dir is not None, "AgentConfig.__post_init__ defaults them"
         nodes = job_nodes(job)
         first = state.nodes.get(nodes[0])
         ck = job.checkpoint

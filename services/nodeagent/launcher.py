@@ -31,6 +31,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Literal
 
 from gpusched.core.mig import slice_uuid
 from gpusched.job import env as E
@@ -442,7 +443,7 @@ def resume_and_secrets(job) -> dict:
 class JobProcess:
     """A started OS process (the wrapper leading its own session), confined to its group."""
 
-    virtual = False
+    virtual: Literal[False] = False  # the tag that tells the process kinds apart (`RunProcess`)
 
     def __init__(self, launch: Launch, base_env: Mapping[str, str]):
         ids = _ids(launch)
@@ -527,7 +528,7 @@ class AdoptedProcess:
     """A job process started by an earlier daemon on this node, proven ours by its recorded
     pid, process group, start time and boot id. Its exit status comes from the wrapper's file."""
 
-    virtual = False
+    virtual: Literal[False] = False
     spawn_error = None
 
     def __init__(self, launch: Launch, group: JobGroup):
@@ -568,7 +569,7 @@ class VirtualProcess:
     """A placeholder that holds the job's GPUs without an OS process: exits after
     GPUSCHED_SIM_DURATION_S (if set in the spec's env) with GPUSCHED_SIM_EXIT_CODE (default 0)."""
 
-    virtual = True
+    virtual: Literal[True] = True
     spawn_error = None
 
     def __init__(self, launch: Launch, now: float | None = None):
@@ -621,9 +622,12 @@ def record(proc: JobProcess | AdoptedProcess | VirtualProcess) -> dict:
     """What a restarted daemon needs to prove and adopt this run (see `adopt`)."""
     out: dict = {"launch": proc.launch.to_json(), "virtual": proc.virtual}
     if proc.virtual:
-        out["started_wall"] = proc.started_wall  # type: ignore[union-attr]
+        out["started_wall"] = proc.started_wall
     else:
-        g = proc.group  # type: ignore[union-attr]
+        g = proc.group
+        # A JobProcess has no group only when nothing was spawned (`spawn_error`: `JobStarter.start`
+        # raises, nothing is recorded) or /proc has no stat for its own unreaped child (never on Linux).
+        assert g is not None, "a recorded run's process has a proven group"
         out.update(pid=g.pid, pgid=g.pgid, start_ticks=g.start_ticks, boot=g.boot)
     return out
 

@@ -14,7 +14,7 @@ import msgspec
 import structlog
 
 from gpusched.core.limits import size_mb
-from gpusched.core.model import nvlink_domains
+from gpusched.core.model import NvlinkLayout, nvlink_domains
 from gpusched.core.pools import parse_gpu_types, sim_memory_mb
 
 from .agent_config import AgentConfig, default_work_dir
@@ -53,7 +53,7 @@ async def _serve_until(host: NodeHost, stop: asyncio.Event | None, ready: asynci
 
 async def run_nodeagent(
     nats_url: str | None = None, *, node: str | None = None, backend: str = "nvml", rack: str = "rack0",
-    block: str | None = None, address: str = "", gpus: int = 8, nvlink: str = "all",
+    block: str | None = None, address: str = "", gpus: int = 8, nvlink: NvlinkLayout = "all",
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     log_dir: str | os.PathLike | None = None, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
     stop: asyncio.Event | None = None, ready: asyncio.Event | None = None, job_user: str | None = None,
@@ -69,7 +69,8 @@ async def run_nodeagent(
     host.add(AgentConfig(node=node, rack=rack, block=block or None, address=address or host_address(),
                          nvlink=nvlink if backend == "sim" else "custom",
                          work_dir=Path(work_dir) if work_dir else default_work_dir(), kill_grace_s=kill_grace_s,
-                         checkpoint_root=checkpoint_root, log_dir=log_dir, labels=dict(labels or {}),
+                         checkpoint_root=Path(checkpoint_root) if checkpoint_root else None,
+                         log_dir=Path(log_dir) if log_dir else None, labels=dict(labels or {}),
                          **job_users(job_user, team_users), **(confinement or {}), **(resources or {})),
              gpu_backend)
     await host.start()
@@ -78,7 +79,7 @@ async def run_nodeagent(
 
 async def start_simulated_nodes(
     nats_url: str | None = None, count: int = 4, gpus_per_node: int = 8, nodes_per_rack: int = 4,
-    nvlink: str = "all", *, racks_per_block: int | None = None, prefix: str = "node",
+    nvlink: NvlinkLayout = "all", *, racks_per_block: int | None = None, prefix: str = "node",
     work_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
     heartbeat_s: float = 2.0, kill_grace_s: float = 5.0, poll_s: float = 0.2, address: str = "127.0.0.1",
     job_user: str | None = None, team_users: dict[str, str] | None = None, labels: dict[str, str] | None = None,
@@ -97,7 +98,8 @@ async def start_simulated_nodes(
         host.add(AgentConfig(node=name, rack=f"rack{rack_i:02d}",
                              block=f"block{rack_i // racks_per_block:02d}" if racks_per_block else None,
                              address=address, nvlink=nvlink, work_dir=root, kill_grace_s=kill_grace_s,
-                             checkpoint_root=checkpoint_root, labels=dict(labels or {}),
+                             checkpoint_root=Path(checkpoint_root) if checkpoint_root else None,
+                             labels=dict(labels or {}),
                              **job_users(job_user, team_users), **(confinement or {}), **(resources or {})),
                  SimBackend(name, gpus_per_node, nvlink, mig=mig, **_sim_model(models, i)))
     await host.start()
@@ -113,7 +115,7 @@ def _sim_model(models: list[str] | None, i: int) -> dict:
 
 async def run_simulated_nodes(
     nats_url: str | None = None, count: int = 4, gpus_per_node: int = 8, nodes_per_rack: int = 4,
-    nvlink: str = "all", *, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
+    nvlink: NvlinkLayout = "all", *, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
     keep_jobs: bool = False, **kwargs,
 ) -> None:
     """`start_simulated_nodes` until `stop` is set (what `gpusched up` runs)."""

@@ -82,7 +82,9 @@ class NodeControl:
         process that is on none of its GPUs."""
         on_gpus = {pid for s in self.backend.sample() for pid in s.pids}
         own = {r.proc.pid for r in self.jobs.values() if r.state in ("running", "draining")}
-        killed, missing, refused = [], [], []
+        killed: list[int] = []
+        missing: list[int] = []
+        refused: list[int] = []
         for pid in req.pids:
             if pid in own:
                 refused.append(pid)
@@ -98,4 +100,5 @@ class NodeControl:
 
     def logs(self, data: bytes, state: ClusterState) -> LogReply:
         """Serve part of one rank's log of one attempt (`gpusched logs`)."""
+        assert self.cfg.log_dir is not None, "AgentConfig.__post_init__ defaults it to <work_dir>/logs"
         return serve_log(self.node, self.cfg.log_dir, data, state)

@@ -7,6 +7,7 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gpusched.bus import subjects
 from gpusched.core import events as ev
@@ -32,8 +33,8 @@ class RunningJob:
     node_rank: int
     proc: RunProcess
     generation: int = 0
-    # running | draining (a resize: checkpoint, then stop) | stopping | exited (rank != 0 done)
-    state: str = "running"
+    # draining: a resize (checkpoint, then stop); exited: rank != 0 done, its GPUs still held
+    state: Literal["running", "draining", "stopping", "exited"] = "running"
     stop_at: float | None = None
     sigkilled: bool = False
     exit_code: int | None = None
@@ -42,7 +43,7 @@ class RunningJob:
     drain_until: float | None = None
     timeout_asked: bool = False
     ended: bool = False  # ProcessesEnded reported
-    acks: AckCoalescer | None = None
+    acks: AckCoalescer = field(kw_only=True)  # every run's, with its node's limits
     id: int = field(default_factory=lambda: next(_run_ids))
 
     @property

@@ -88,3 +88,21 @@ def test_a_node_registers_the_mig_mode_and_profiles_of_its_mig_gpus_and_the_fold
     assert doc == {"mode": "enabled", "pending": "enabled",
                    "profiles": ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
                    "geometry": [], "slices": {}}  # not partitioned yet (`gpusched mig set`)
+
+
+def test_a_geometry_on_a_gpu_registered_without_mig_still_reads():
+    """The fold keeps a MigGeometrySet it is given for a GPU that registered no MIG info (an
+    operator's own append: admission refuses a GPU not in MIG mode). The node document once
+    raised AttributeError on it (`rec.mig.mode` with no `rec.mig`), so every projector flush of
+    that node failed; it shows the geometry with an unknown mode."""
+    from gpusched import readmodel
+    from gpusched.core import events as ev
+    from gpusched.core.state import ClusterState
+
+    st = ClusterState()
+    st.apply(ev.NodeRegistered(at=0, node="n0", rack="r0", gpus=SimBackend("n0", count=1).gpus()))
+    st.apply(ev.MigGeometrySet(at=1, gpu="n0/0", profiles=["3g.40gb"], reason="operator append"))
+    assert st.gpus["n0/0"].mig is None and st.gpus["n0/0"].geometry == ["3g.40gb"]
+    doc = readmodel.node_doc(st, "n0")["gpus"][0]
+    assert doc["status"] == "mig"
+    assert doc["mig"] == {"mode": None, "pending": None, "profiles": [], "geometry": ["3g.40gb"], "slices": {}}

@@ -358,6 +358,7 @@ class EventLog:
             else:
                 hdrs["Nats-Batch-Commit"] = "1"
                 reply = await self.nc.request(subject, payload, headers=hdrs, timeout=10)
+        assert reply is not None, "the last of the two or more facts (append_batch) is sent as a request"
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error:
@@ -433,7 +434,7 @@ class EventLog:
         stop = None if tail is None else (until if until is not None else tail)
         if stop is not None and stop < start:
             return
-        held = stop is not None and stop <= tail  # every message up to `stop` is stored already
+        held = stop is not None and tail is not None and stop <= tail  # every message up to `stop` is stored already
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start))
         sub = await self.js.subscribe(
             subject, stream=subjects.STREAM, ordered_consumer=True, config=config,

@@ -107,6 +107,7 @@ async def create(log) -> None:
 
 
 async def _keep_limits(js: JetStreamContext, config: StreamConfig) -> None:
+    assert config.name is not None, "configs() names every stream"
     current = (await js.stream_info(config.name)).config
     config.max_age, config.max_msgs, config.max_bytes = current.max_age, current.max_msgs, current.max_bytes
 

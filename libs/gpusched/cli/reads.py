@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from gpusched import readmodel
 
 if TYPE_CHECKING:  # only its type: a listing from the reader or Redis never loads the fold
+    from gpusched.bus.log import Record
     from gpusched.core.state import ClusterState
 
 from .output import display_now, iso
@@ -220,7 +221,7 @@ async def read_subject(event_log, subject: str) -> list[Any]:
     count = sum((info.state.subjects or {}).values())
     if count == 0:
         return []
-    out = []
+    out: list[Record] = []
     sub = await event_log.js.subscribe(subject, stream=subj.STREAM, ordered_consumer=True,
                                        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
     try:

@@ -200,7 +200,7 @@ class ClusterState(Struct):
         return msgspec.msgpack.encode(self)
 
     @classmethod
-    def restore(cls, data: bytes) -> ClusterState:
+    def restore(cls, data: bytes | memoryview) -> ClusterState:
         state = msgspec.msgpack.decode(data, type=cls)
         if not state.arrays:  # a snapshot from before the index: rebuild it from the tasks
             state.arrays = array_index(state)

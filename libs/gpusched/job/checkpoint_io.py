@@ -42,10 +42,12 @@ def _enc_hook(obj: Any) -> Any:
     try:
         import numpy as np
     except ImportError:  # numpy is optional
-        np = None
-    if np is not None and isinstance(obj, np.generic):
+        have_numpy = False
+    else:
+        have_numpy = True
+    if have_numpy and isinstance(obj, np.generic):
         return obj.item()
-    if np is not None and isinstance(obj, np.ndarray):
+    if have_numpy and isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:
             raise TypeError("numpy arrays of Python objects cannot be checkpointed safely")
         header = msgspec.msgpack.encode([obj.dtype.str, list(obj.shape)])

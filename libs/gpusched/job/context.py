@@ -83,7 +83,7 @@ class JobContext:
         self._request: str | None = None
         self._checked = 0.0
         if install_signal and self.control_dir is not None:
-            self._install_signal()
+            self._install_signal(self.control_dir)
 
     @property
     def must_checkpoint(self) -> bool:
@@ -94,6 +94,8 @@ class JobContext:
     def request_reason(self) -> str:
         """Why a checkpoint is asked for ("preempted for ...", "resize to N node(s)", "time
         limit ..."): after a resize the job restarts with the new WORLD_SIZE."""
+        if self.control_dir is None:
+            return ""
         try:
             return str(json.loads((self.control_dir / E.REQUEST).read_text())["reason"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -104,7 +106,7 @@ class JobContext:
         """True when a gpusched node daemon started this process."""
         return self.job_id is not None
 
-    def _install_signal(self) -> None:
+    def _install_signal(self, control: Path) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signals only reach the main thread; the control file still works
         previous = signal.getsignal(signal.SIGUSR1)
@@ -116,11 +118,13 @@ class JobContext:
 
         signal.signal(signal.SIGUSR1, on_usr1)
         try:
-            (self.control_dir / f"{E.SDK_PREFIX}{os.getpid()}").write_text("SIGUSR1\n")
+            (control / f"{E.SDK_PREFIX}{os.getpid()}").write_text("SIGUSR1\n")
         except OSError:
             pass
 
     def _read_request(self) -> str | None:
+        if self.control_dir is None:  # not started by a node daemon: nothing asks
+            return None
         try:
             return str(json.loads((self.control_dir / E.REQUEST).read_text())["id"])
         except (OSError, ValueError, KeyError, TypeError):

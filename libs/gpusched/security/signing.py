@@ -176,8 +176,9 @@ class Verifier:
         self._keys: dict[str, nacl.signing.VerifyKey | None] = {}
 
     def valid(self, public_key: str, data: bytes, sig: bytes) -> bool:
-        key = self._keys.get(public_key, False)
-        if key is False:
+        if public_key in self._keys:
+            key = self._keys[public_key]
+        else:
             try:
                 key = nacl.signing.VerifyKey(_public_bytes(public_key))
             except (ValueError, binascii.Error, nacl.exceptions.CryptoError):
