@@ -82,9 +82,10 @@ class QueueIndex:
         #: With fair share: per team, a heap of (queued at, job) of its waiting jobs (not the
         #: yielded ones), stale entries dropped when they reach the top (`oldest`).
         self.by_age: dict[str, list[tuple[float, str]]] = {}
-        #: With fair share: per team, a heap of (fewest GPUs it may start with, queued at, job) of
-        #: its waiting jobs, stale entries dropped when they reach the top (`smallest`).
-        self.by_size: dict[str, list[tuple[int, float, str]]] = {}
+        #: With fair share: per team, a heap of (fewest GPUs it may start with, sort key) of its
+        #: waiting whole-GPU jobs; stale entries are skipped, and dropped when they outnumber the
+        #: team's queue (`fitting`).
+        self.by_size: dict[str, list[tuple[int, tuple]]] = {}
         self.queued: dict[str, float] = {}  # waiting job -> when it entered the queue
         self._mean: tuple[float, float] | None = None  # (now, guaranteed teams' usage per GPU)
         self.calls = 0  # updates at a new fold version (`state.events`)
@@ -110,8 +111,7 @@ class QueueIndex:
             at = self.queued[job.job_id] = queued_at(job)
             heapq.heappush(self.by_age.setdefault(queue, []), (at, job.job_id))
             if not job.spec.shared:
-                heapq.heappush(self.by_size.setdefault(queue, []),
-                               (rules.gang_floor(job.spec, self.config.elastic), at, job.job_id))
+                heapq.heappush(self.by_size.setdefault(queue, []), (rules.gang_floor(job.spec, self.config.elastic), key))
 
     @property
     def shared(self) -> int:
@@ -141,16 +141,34 @@ class QueueIndex:
             heapq.heappop(heap)
         return None
 
-    def smallest(self, team: str) -> Job | None:
-        """The team's waiting whole-GPU job that may start with the fewest GPUs (the oldest of
-        those), or None."""
+    def fitting(self, team: str) -> Iterator[Job]:
+        """The team's waiting whole-GPU jobs by the fewest GPUs each may start with, then in the
+        team's own order (priority class, LAS level, submission), lazily: a caller that stops at
+        the first job too big for it visits only the smaller ones (and the heap's stale entries
+        among them, which are dropped once they outnumber the team's queue)."""
         heap = self.by_size.get(team)
-        while heap:
-            _, at, jid = heap[0]
-            if self.queued.get(jid) == at and self.queue_of.get(jid) == team:
-                return self.state.jobs[jid]
-            heapq.heappop(heap)
-        return None
+        if not heap:
+            return
+        if len(heap) > 2 * len(self.queues.get(team, ())) + 16:
+            heap[:] = list(dict.fromkeys(e for e in heap if self._current(team, e[1])))
+            heapq.heapify(heap)
+        frontier = [(heap[0], 0)] if heap else []
+        jobs, seen = self.state.jobs, set()
+        while frontier:  # the heap's entries in sorted order, without popping them
+            entry, i = heapq.heappop(frontier)
+            for c in (2 * i + 1, 2 * i + 2):
+                if c < len(heap):
+                    heapq.heappush(frontier, (heap[c], c))
+            jid = entry[1][-1]
+            if jid not in seen and self._current(team, entry[1]):  # a requeue may repeat a key
+                seen.add(jid)
+                yield jobs[jid]
+
+    def _current(self, team: str, key: tuple) -> bool:
+        """Whether `key` is the sort key a job of `team` waits with now (not a stale entry)."""
+        jid = key[-1]
+        e = self.entries.get(jid)
+        return e is not None and e[0] == key and self.queue_of.get(jid) == team
 
     def owed(self, team: str, now: float) -> bool:
         """With `fair_owed_after_s`: whether a team below its guarantee is owed (goes first and
