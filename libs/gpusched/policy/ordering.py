@@ -82,10 +82,10 @@ class QueueIndex:
         #: With fair share: per team, a heap of (queued at, job) of its waiting jobs (not the
         #: yielded ones), stale entries dropped when they reach the top (`oldest`).
         self.by_age: dict[str, list[tuple[float, str]]] = {}
-        #: With fair share: per team, a heap of (fewest GPUs it may start with, sort key) of its
-        #: waiting whole-GPU jobs; stale entries are skipped, and dropped when they outnumber the
-        #: team's queue (`fitting`).
-        self.by_size: dict[str, list[tuple[int, tuple]]] = {}
+        #: With fair share: per team, per class (fewest GPUs it may start with, priority, LAS
+        #: level), a heap of the sort keys of its waiting whole-GPU jobs (`fitting`); stale
+        #: entries are dropped when they reach the top, or when they outnumber the live ones.
+        self.by_size: dict[str, dict[tuple, list[tuple]]] = {}
         self.queued: dict[str, float] = {}  # waiting job -> when it entered the queue
         self._mean: tuple[float, float] | None = None  # (now, guaranteed teams' usage per GPU)
         self.calls = 0  # updates at a new fold version (`state.events`)
@@ -111,7 +111,8 @@ class QueueIndex:
             at = self.queued[job.job_id] = queued_at(job)
             heapq.heappush(self.by_age.setdefault(queue, []), (at, job.job_id))
             if not job.spec.shared:
-                heapq.heappush(self.by_size.setdefault(queue, []), (rules.gang_floor(job.spec, self.config.elastic), key))
+                cls = (rules.gang_floor(job.spec, self.config.elastic), *key[1:3])
+                heapq.heappush(self.by_size.setdefault(queue, {}).setdefault(cls, []), key)
 
     @property
     def shared(self) -> int:
@@ -141,26 +142,36 @@ class QueueIndex:
             heapq.heappop(heap)
         return None
 
-    def fitting(self, team: str) -> Iterator[Job]:
-        """The team's waiting whole-GPU jobs by the fewest GPUs each may start with, then in the
-        team's own order (priority class, LAS level, submission), lazily: a caller that stops at
-        the first job too big for it visits only the smaller ones (and the heap's stale entries
-        among them, which are dropped once they outnumber the team's queue)."""
-        heap = self.by_size.get(team)
-        if not heap:
+    def fitting(self, team: str) -> Iterator[tuple[int, Iterator[Job]]]:
+        """The team's waiting whole-GPU jobs by class, (fewest GPUs they may start with, the
+        class's jobs in the team's own order, lazily), classes by fewest GPUs, then priority,
+        then LAS level: a caller that stops at the first class too big for it, and leaves a
+        class at its first job it cannot serve, costs the classes it looks at, not the queue."""
+        classes = self.by_size.get(team)
+        if not classes:
             return
-        if len(heap) > 2 * len(self.queues.get(team, ())) + 16:
-            heap[:] = list(dict.fromkeys(e for e in heap if self._current(team, e[1])))
-            heapq.heapify(heap)
-        frontier = [(heap[0], 0)] if heap else []
+        for cls in sorted(classes):
+            heap = classes[cls]
+            while heap and not self._current(team, heap[0]):
+                heapq.heappop(heap)
+            if not heap:
+                del classes[cls]
+                continue
+            if len(heap) > 64 and len(heap) > 2 * len(self.queues.get(team, ())):
+                heap[:] = sorted(dict.fromkeys(k for k in heap if self._current(team, k)))
+            yield cls[0], self._lazily(team, heap)
+
+    def _lazily(self, team: str, heap: list[tuple]) -> Iterator[Job]:
+        """A heap's live entries in sorted order, without popping them."""
+        frontier = [(heap[0], 0)]
         jobs, seen = self.state.jobs, set()
-        while frontier:  # the heap's entries in sorted order, without popping them
-            entry, i = heapq.heappop(frontier)
+        while frontier:
+            key, i = heapq.heappop(frontier)
             for c in (2 * i + 1, 2 * i + 2):
                 if c < len(heap):
                     heapq.heappush(frontier, (heap[c], c))
-            jid = entry[1][-1]
-            if jid not in seen and self._current(team, entry[1]):  # a requeue may repeat a key
+            jid = key[-1]
+            if jid not in seen and self._current(team, key):  # a requeue may repeat a key
                 seen.add(jid)
                 yield jobs[jid]
 

@@ -79,22 +79,30 @@ def _within_guarantees(plan: CyclePlan, ctx: Context, acted: set[str], failed: s
     jobs: a team whose first jobs are gangs no reclaim can place (a node held partly by teams at
     their guarantee), or a team further down the order, never had its smaller jobs asked about,
     and stayed below its guarantee for days (issue 26: a team 8 GPUs short for 1.08M s on
-    1x16x8). Cost: per team, the jobs it can start (at most its shortfall) and one failed
-    victim search per shape of job (`failed`)."""
+    1x16x8). Cost: per team, the jobs it gets GPUs for (at most its shortfall) and, per class of
+    job (size, priority, LAS level), the first it cannot serve, which ends that class's turn
+    this cycle (a team's thousands of 1-GPU jobs, each asked every cycle, tripled the time of
+    a saturated run; ending the whole team's pass there left a job waiting 1.4M s)."""
     st, now = ctx.state, ctx.now
     idx = ctx.indexes.queue(st, ctx.config)
     for team in list(idx.by_size):
         t = st.teams.get(team)
         if t is None or plan.held(team) >= t.quota.guaranteed or not idx.owed(team, now):
             continue
-        for job in idx.fitting(team):
-            lo = ctx.floor(job)
+        for lo, jobs in idx.fitting(team):
             if plan.held(team) + plan.incoming.get(team, 0) + lo > t.quota.guaranteed:
                 break  # the rest ask for at least as many GPUs
-            if job.job_id in acted or job.job_id in plan.status or job.spec.partial or not_eligible(st, job, now):
-                continue
-            acted.add(job.job_id)
-            _act(plan, ctx, job, failed)
+            for job in jobs:
+                if plan.held(team) + plan.incoming.get(team, 0) + lo > t.quota.guaranteed:
+                    break
+                if job.job_id in acted or job.job_id in plan.status or job.spec.partial \
+                        or not_eligible(st, job, now):
+                    continue
+                acted.add(job.job_id)
+                before = (len(plan.events), plan.incoming.get(team, 0))
+                _act(plan, ctx, job, failed)
+                if (len(plan.events), plan.incoming.get(team, 0)) == before:
+                    break  # nothing for it: none for its class (size, priority, LAS level) this cycle
 
 
 def _preempt(plan: CyclePlan, ctx: Context, job: Job, lo: int, fits: Callable[[Pool], bool],
