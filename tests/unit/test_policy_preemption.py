@@ -248,11 +248,15 @@ CASES = {
         _reclaim_named("vision"), FULL_INSTANT, [("preempt", "n1", "v")]),
     "reclaim tie under full, named zvision: the same": (
         _reclaim_named("zvision"), FULL_INSTANT, [("preempt", "n1", "v")]),
+    # each 4-GPU victim of the team over its share serves four 1-GPU jobs; chat gets its whole
+    # guarantee in one cycle (reclaim asks for every job within it, not only the walk's first four)
     "chaos flood: one 4-GPU victim of the team over its share serves four 1-GPU jobs": (
         _chaos_flood, "fairshare", [("preempt", "v0", "c00"), ("release", "v0", True), ("grant", "c00"),
-                                    ("grant", "c01"), ("grant", "c02"), ("grant", "c03")]),
+                                    ("grant", "c01"), ("grant", "c02"), ("grant", "c03"),
+                                    ("preempt", "v1", "c04"), ("release", "v1", True), ("grant", "c04"),
+                                    ("grant", "c05"), ("grant", "c06"), ("grant", "c07")]),
     "chaos flood with checkpoints: GPUs being freed cover the other blocked jobs": (
-        _chaos_flood, "full", [("preempt", "v0", "c00")]),
+        _chaos_flood, "full", [("preempt", "v0", "c00"), ("preempt", "v1", "c04")]),
 }
 
 

@@ -109,7 +109,8 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     min_runtime_s: float = 300.0
     #: Anti-thrash across teams: a job may be taken for another team (reclaim, or priority
     #: across teams) only after running `min_runtime_s * 2**preemptions` since its (re)start,
-    #: at most this long (None: off; `min_runtime_s` alone applies). `full`: one week.
+    #: at most this long (None: off; `min_runtime_s` alone applies). `full`: one fair-share
+    #: horizon (`fairshare_horizon_s`, 1 h): the bound on how long such a job shields a guarantee.
     preempt_backoff_max_s: float | None = None
     #: How long a preempted job has to checkpoint before its GPUs are taken back.
     checkpoint_grace_s: float = 60.0
@@ -185,10 +186,15 @@ _FULL_LAS: dict = {"las_preempt": True, "las_queues_gpu_s": [3250.0, 7200.0, 180
                    "las_backoff_max_s": 1800.0}
 
 #: `full`'s preemption restraint (issue 12, docs/policy.md "Preemptions"): the exchange test on
-#: predicted run times, and the back-off across teams doubling per preemption with no cap below
-#: fair share's own memory (its usage half-life): a job is taken for other teams at most about
-#: log2(its run / `min_runtime_s`) times.
-_FULL_RESTRAINT: dict = {"preempt_predicted": True, "preempt_backoff_max_s": 7 * 24 * 3600.0}
+#: predicted run times, and the back-off across teams doubling per preemption, capped at one
+#: fair-share horizon (`fairshare_horizon_s`: the hour fair share already counts a holding as
+#: future usage). A job taken over and over for other teams is then taken at most once per
+#: horizon once its back-off reaches the cap, so it pays at most one checkpoint and restore per
+#: hour of its run (90 s at the realistic costs: 2.5%), and a team below its guarantee whose
+#: GPUs are held by such jobs gets them back within the cap plus the checkpoint grace. The cap
+#: was fair share's usage half-life (a week): on saturated clusters a team then stayed below its
+#: guarantee for days behind jobs shielded that long (issue 26).
+_FULL_RESTRAINT: dict = {"preempt_predicted": True, "preempt_backoff_max_s": PolicyConfig().fairshare_horizon_s}
 
 _FIFO = PolicyConfig(
     gang=False, topology=False, strict_fifo=True, priority=False, preemption=False,

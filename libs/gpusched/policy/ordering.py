@@ -82,9 +82,10 @@ class QueueIndex:
         #: With fair share: per team, a heap of (queued at, job) of its waiting jobs (not the
         #: yielded ones), stale entries dropped when they reach the top (`oldest`).
         self.by_age: dict[str, list[tuple[float, str]]] = {}
-        #: With fair share: per team, a heap of (fewest GPUs it may start with, queued at, job) of
-        #: its waiting jobs, stale entries dropped when they reach the top (`smallest`).
-        self.by_size: dict[str, list[tuple[int, float, str]]] = {}
+        #: With fair share: per team, per class (fewest GPUs it may start with, priority, LAS
+        #: level), a heap of the sort keys of its waiting whole-GPU jobs (`fitting`); stale
+        #: entries are dropped when they reach the top, or when they outnumber the live ones.
+        self.by_size: dict[str, dict[tuple, list[tuple]]] = {}
         self.queued: dict[str, float] = {}  # waiting job -> when it entered the queue
         self._mean: tuple[float, float] | None = None  # (now, guaranteed teams' usage per GPU)
         self.calls = 0  # updates at a new fold version (`state.events`)
@@ -110,8 +111,8 @@ class QueueIndex:
             at = self.queued[job.job_id] = queued_at(job)
             heapq.heappush(self.by_age.setdefault(queue, []), (at, job.job_id))
             if not job.spec.shared:
-                heapq.heappush(self.by_size.setdefault(queue, []),
-                               (rules.gang_floor(job.spec, self.config.elastic), at, job.job_id))
+                cls = (rules.gang_floor(job.spec, self.config.elastic), *key[1:3])
+                heapq.heappush(self.by_size.setdefault(queue, {}).setdefault(cls, []), key)
 
     @property
     def shared(self) -> int:
@@ -141,16 +142,44 @@ class QueueIndex:
             heapq.heappop(heap)
         return None
 
-    def smallest(self, team: str) -> Job | None:
-        """The team's waiting whole-GPU job that may start with the fewest GPUs (the oldest of
-        those), or None."""
-        heap = self.by_size.get(team)
-        while heap:
-            _, at, jid = heap[0]
-            if self.queued.get(jid) == at and self.queue_of.get(jid) == team:
-                return self.state.jobs[jid]
-            heapq.heappop(heap)
-        return None
+    def fitting(self, team: str) -> Iterator[tuple[int, Iterator[Job]]]:
+        """The team's waiting whole-GPU jobs by class, (fewest GPUs they may start with, the
+        class's jobs in the team's own order, lazily), classes by fewest GPUs, then priority,
+        then LAS level: a caller that stops at the first class too big for it, and leaves a
+        class at its first job it cannot serve, costs the classes it looks at, not the queue."""
+        classes = self.by_size.get(team)
+        if not classes:
+            return
+        for cls in sorted(classes):
+            heap = classes[cls]
+            while heap and not self._current(team, heap[0]):
+                heapq.heappop(heap)
+            if not heap:
+                del classes[cls]
+                continue
+            if len(heap) > 64 and len(heap) > 2 * len(self.queues.get(team, ())):
+                heap[:] = sorted(dict.fromkeys(k for k in heap if self._current(team, k)))
+            yield cls[0], self._lazily(team, heap)
+
+    def _lazily(self, team: str, heap: list[tuple]) -> Iterator[Job]:
+        """A heap's live entries in sorted order, without popping them."""
+        frontier = [(heap[0], 0)]
+        jobs, seen = self.state.jobs, set()
+        while frontier:
+            key, i = heapq.heappop(frontier)
+            for c in (2 * i + 1, 2 * i + 2):
+                if c < len(heap):
+                    heapq.heappush(frontier, (heap[c], c))
+            jid = key[-1]
+            if jid not in seen and self._current(team, key):  # a requeue may repeat a key
+                seen.add(jid)
+                yield jobs[jid]
+
+    def _current(self, team: str, key: tuple) -> bool:
+        """Whether `key` is the sort key a job of `team` waits with now (not a stale entry)."""
+        jid = key[-1]
+        e = self.entries.get(jid)
+        return e is not None and e[0] == key and self.queue_of.get(jid) == team
 
     def owed(self, team: str, now: float) -> bool:
         """With `fair_owed_after_s`: whether a team below its guarantee is owed (goes first and

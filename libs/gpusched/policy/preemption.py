@@ -29,10 +29,11 @@ Across teams (reclaim, or priority) preemption must converge:
   the next walk and take the freed GPUs straight back (often with the victim itself), and the
   blocked job would ask again: the same job preempted every `min_runtime_s`, each round
   costing a checkpoint and a restore. The same holds for borrowers yielding on demand (`due`).
-- (`preempt_backoff_max_s`, `full`: one week) the victim has run `min_runtime_s *
-  2**preemptions` since its (re)start, at most that long: a job taken over and over is left
-  alone longer each time, so it is taken for other teams about log2(its run / min_runtime_s)
-  times at most (docs/policy.md, "Preemptions").
+- (`preempt_backoff_max_s`, `full`: one fair-share horizon, 1 h) the victim has run
+  `min_runtime_s * 2**preemptions` since its (re)start, at most that long: a job taken over and
+  over is left alone longer each time, up to the cap, which bounds both how often it is taken
+  (once per cap at most, once there) and how long it shields a guarantee (docs/policy.md,
+  "Preemptions").
 
 With `preempt_predicted` (`full`), LAS, reclaim and a borrower's yielding also ask the run-time
 predictions: a victim predicted to end before the blocked job would, by more than its checkpoint

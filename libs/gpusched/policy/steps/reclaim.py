@@ -1,6 +1,7 @@
-"""For the first blocked jobs, in order: start on GPUs freed earlier in this cycle; else claim
-GPUs already coming free (preemptions in flight); else shrink elastic jobs; else preempt.
-Without a checkpoint handshake the freed GPUs are granted at once.
+"""For the first blocked jobs, in order, then (with fair share) for every team below its
+guarantee the waiting jobs that fit within it (`_within_guarantees`): start on GPUs freed
+earlier in this cycle; else claim GPUs already coming free (preemptions in flight); else shrink
+elastic jobs; else preempt. Without a checkpoint handshake the freed GPUs are granted at once.
 
 Reclaim counts what is already coming free: the GPUs of preemptions in flight (asked in an
 earlier cycle or earlier in this one) form a second pool (`plan.coming`) from which blocked jobs
@@ -26,19 +27,20 @@ from .victims import victims
 
 
 def run(plan: CyclePlan, ctx: Context) -> None:
-    if not plan.blocked:
+    if not plan.blocked and not ctx.state.pending:
         return
     max_tries = 1 if ctx.strict else ctx.config.max_preemptors_per_cycle
     tries = 0
     failed: set[tuple] = set()  # jobs alike in what a victim search reads fail alike
+    acted: set[str] = set()
     plan.coming = _coming(plan, ctx)
     for job in list(plan.blocked):
         if tries >= max_tries:
             break
+        acted.add(job.job_id)
         tries += _act(plan, ctx, job, failed)
-    if not ctx.strict and ctx.config.fair_owed_after_s is not None:
-        for job in _owed_within(plan, ctx):  # one each: beyond the blocked jobs' budget
-            _act(plan, ctx, job, failed)
+    if not ctx.strict and ctx.config.fairshare:
+        _within_guarantees(plan, ctx, acted, failed)
 
 
 def _act(plan: CyclePlan, ctx: Context, job: Job, failed: set[tuple]) -> bool:
@@ -69,26 +71,38 @@ def _act(plan: CyclePlan, ctx: Context, job: Job, failed: set[tuple]) -> bool:
     return True
 
 
-def _owed_within(plan: CyclePlan, ctx: Context) -> list[Job]:
-    """Per owed team below its guarantee (`QueueIndex.owed`), its smallest waiting job, if that
-    fits within the guarantee and the walk did not hand it to reclaim: the walk stops after a
-    few blocked jobs, and a team whose first ones are gangs no reclaim can place (a whole node
-    held partly by teams at their guarantee) would otherwise never get back the GPUs its small
-    jobs could use (issue 26: a team 8 GPUs short for 1.08M s on 1x16x8)."""
+def _within_guarantees(plan: CyclePlan, ctx: Context, acted: set[str], failed: set[tuple]) -> None:
+    """Every team below its guarantee (and owed, `QueueIndex.owed`) reclaims for its waiting jobs
+    that fit within it, beyond the blocked jobs the walk handed over: fewest GPUs first, then in
+    the team's own order, while its holding plus what is coming to it leaves room. The walk
+    stops after `max_preemptors_per_cycle` blocked jobs, and those are the first teams' first
+    jobs: a team whose first jobs are gangs no reclaim can place (a node held partly by teams at
+    their guarantee), or a team further down the order, never had its smaller jobs asked about,
+    and stayed below its guarantee for days (issue 26: a team 8 GPUs short for 1.08M s on
+    1x16x8). Cost: per team, the jobs it gets GPUs for (at most its shortfall) and, per class of
+    job (size, priority, LAS level), the first it cannot serve, which ends that class's turn
+    this cycle (a team's thousands of 1-GPU jobs, each asked every cycle, tripled the time of
+    a saturated run; ending the whole team's pass there left a job waiting 1.4M s)."""
     st, now = ctx.state, ctx.now
     idx = ctx.indexes.queue(st, ctx.config)
-    blocked = {j.job_id for j in plan.blocked}
-    out = []
-    for team in idx.by_size:
+    for team in list(idx.by_size):
         t = st.teams.get(team)
         if t is None or plan.held(team) >= t.quota.guaranteed or not idx.owed(team, now):
             continue
-        job = idx.smallest(team)
-        if job is None or job.job_id in blocked or job.job_id in plan.status or not_eligible(st, job, now):
-            continue
-        if plan.held(team) + plan.incoming.get(team, 0) + ctx.floor(job) <= t.quota.guaranteed:
-            out.append(job)
-    return out
+        for lo, jobs in idx.fitting(team):
+            if plan.held(team) + plan.incoming.get(team, 0) + lo > t.quota.guaranteed:
+                break  # the rest ask for at least as many GPUs
+            for job in jobs:
+                if plan.held(team) + plan.incoming.get(team, 0) + lo > t.quota.guaranteed:
+                    break
+                if job.job_id in acted or job.job_id in plan.status or job.spec.partial \
+                        or not_eligible(st, job, now):
+                    continue
+                acted.add(job.job_id)
+                before = (len(plan.events), plan.incoming.get(team, 0))
+                _act(plan, ctx, job, failed)
+                if (len(plan.events), plan.incoming.get(team, 0)) == before:
+                    break  # nothing for it: none for its class (size, priority, LAS level) this cycle
 
 
 def _preempt(plan: CyclePlan, ctx: Context, job: Job, lo: int, fits: Callable[[Pool], bool],

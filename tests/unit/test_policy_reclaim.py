@@ -1,0 +1,97 @@
+"""Reclaim to a guarantee (issue 26): every team below its guarantee with a waiting job that fits
+within it gets GPUs back, not only the teams whose jobs lead the walk, and a job taken for other
+teams over and over is shielded for at most `preempt_backoff_max_s`. Each row but the contract's
+failed on the code before: the walk handed reclaim only its first few blocked jobs, and the
+back-off grew to a week."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.policy.config import PRESETS
+
+from .policy_helpers import Scenario, gpus
+from .test_policy_preemption import summary
+
+N0, N1 = gpus("r0n0", *range(8)), gpus("r0n1", *range(8))
+FULL = PRESETS["full"]
+
+
+def _pinned_nodes(s, a=8, b=4, c=4, d=0):
+    # c holds 2 GPUs on each node at its guarantee (not preemptible); b borrows the other 12
+    # (preemptible 1-GPU jobs, running since 0): no node can be freed whole for a
+    for name, g in (("a", a), ("b", b), ("c", c), ("d", d)):
+        s.team(name, guaranteed=g)
+    s.run("c0", gpus("r0n0", 0, 1), team="c", at=0)
+    s.run("c1", gpus("r0n1", 0, 1), team="c", at=0)
+    for i, g in enumerate(gpus("r0n0", *range(2, 8)) + gpus("r0n1", *range(2, 8))):
+        s.run(f"b{i:02d}", [g], team="b", at=0, preemptible=True)
+
+
+def _gangs_first(s, **quotas):
+    # a, with none of its 8, first asks for four whole nodes (the walk's blocked jobs), then 1 GPU
+    _pinned_nodes(s, **quotas)
+    for i in range(4):
+        s.submit(f"g{i}", 8, team="a", at=1000, required="node", preemptible=True)
+    s.submit("small", 1, team="a", at=1001, preemptible=True)
+
+
+def _later_team(s):
+    # a (0 of 6) leads the order with the same four gangs; d (0 of 2) waits behind with 1 GPU
+    _pinned_nodes(s, a=6, d=2)
+    for i in range(4):
+        s.submit(f"g{i}", 8, team="a", at=1000, required="node", preemptible=True)
+    s.submit("d1", 1, team="d", at=1001, preemptible=True)
+
+
+def _beyond_guarantee(s):
+    # a holds 7 of its 8: its later 2-GPU job would take it past its guarantee
+    _pinned_nodes(s, a=8, b=4, c=4)
+    s.finish("b00", 500)
+    for i in range(1, 7):
+        s.finish(f"b{i:02d}", 500)
+    s.run("a0", gpus("r0n0", *range(2, 8)) + gpus("r0n1", 2), team="a", at=500)
+    for i in range(4):
+        s.submit(f"g{i}", 8, team="a", at=1000, required="node", preemptible=True)
+    s.submit("two", 2, team="a", at=1001, preemptible=True)
+
+
+def _taken_often(s, times=10, restarted=10000.0):
+    # b borrows the whole cluster with two 8-GPU jobs, each taken `times` times for a's job x (a
+    # holds none of its 8) and last restarted at `restarted`; x still waits
+    s.team("a", guaranteed=8)
+    s.team("b", guaranteed=8)
+    s.submit("x", 1, team="a", at=0, preemptible=True)
+    for k in range(times):
+        at = 500.0 * k
+        s.run("bb1", N0, team="b", at=at, preemptible=True)
+        s.run("bb2", N1, team="b", at=at, preemptible=True)
+        s.preempt("bb1", "x", at + 400)
+        s.preempt("bb2", "x", at + 400)
+    s.run("bb1", N0, team="b", at=restarted, preemptible=True)
+    s.run("bb2", N1, team="b", at=restarted, preemptible=True)
+
+
+# name: (setup, now, want decisions)
+CASES = {
+    "a team under its guarantee whose first jobs cannot be placed reclaims for a later job that fits": (
+        _gangs_first, 1001, [("preempt", "b00", "small")]),
+    "a team under its guarantee behind the walk's blocked jobs reclaims too": (
+        _later_team, 1001, [("preempt", "b00", "d1")]),
+    "no reclaim for a job beyond the guarantee": (_beyond_guarantee, 1001, []),
+    "contract: a team at its guarantee is never preempted for another team's later job": (
+        lambda s: _gangs_first(s, a=8, b=12, c=4), 1001, []),
+    "a job taken for other teams ten times is shielded one fair-share horizon, not a week": (
+        _taken_often, 10000 + FULL.fairshare_horizon_s + 1, [("preempt", "bb1", "x")]),
+    "... and within it, it is left alone": (_taken_often, 10000 + FULL.fairshare_horizon_s - 1, []),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_reclaim(name):
+    setup, now, want = CASES[name]
+    s = Scenario(racks=1, nodes=2)
+    setup(s)
+    out = s.cycle(FULL, now=now)
+    assert [d for d in summary(out) if d[0] != "release"] == want
+    assert s.state.violations() == []
