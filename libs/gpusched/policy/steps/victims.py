@@ -16,6 +16,7 @@ from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
 from ..pools import choices, pool_of_gpus
+from ..predict import Estimate
 from ..preemption import Remaining, VictimSearch, admitted, choose_cpu_victims, choose_victims
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
@@ -75,11 +76,20 @@ def owed(ctx: Context, team: str) -> bool:
 def remaining(ctx: Context, at: float | None = None) -> Remaining | None:
     """With `preempt_predicted`, a job's predicted remaining run time at `now` (or `at`; policy/predict.py:
     the median of what is left of the run times of completed jobs like it that ran longer than
-    it already has); else None."""
+    it already has); else None. Each answer is asked once a cycle (`Context.estimates`): a
+    borrower or a victim is weighed again for every blocked job the cycle searches for."""
     if not ctx.config.preempt_predicted:
         return None
     predictor, now = ctx.indexes.predictor(ctx.state), ctx.now if at is None else at
-    return lambda job: predictor.estimate(job, now)
+    memo = ctx.estimates
+
+    def left(job: Job) -> Estimate:
+        key = (job.job_id, now)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = predictor.estimate(job, now)
+        return got
+    return left
 
 
 def _las_level(ctx: Context, job: Job) -> float | None:
