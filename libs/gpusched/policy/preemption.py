@@ -167,20 +167,26 @@ def choose_victims(search: VictimSearch, pool: Pool, need: int, candidates: list
     # Then: can any group free enough from the candidates the rules admit at all? Taking more
     # from a team never makes another of its jobs admissible (`_Rule.admits` is monotone in the
     # set), so one refused with nothing taken from its team is in no set: left out, it changes
-    # no set, and most searches end here, before anything is sorted.
+    # no set, and most searches end here, before anything is sorted. Predictions cost most and
+    # only ever refuse: the rules are asked first without them (`_Rule.hopeful`).
     rule = _Rule(search)
-    admissible = [(v, per) for v, per in zip(candidates, spread)
-                  if not feasible.isdisjoint(per) and rule.admits(v, {})[0]]
-    reach: dict[object, int] = {}  # the admissible candidates' GPUs per group
-    for _, per in admissible:
-        for key, k in per.items():
-            reach[key] = reach.get(key, 0) + k
-    feasible = {key for key in feasible if reach.get(key, 0) + base.get(key, 0) >= need}
-    if not feasible:
-        return None
+    within = [(v, per) for v, per in zip(candidates, spread) if not feasible.isdisjoint(per)]
+    passes: list[Callable[[Job], bool]] = [lambda v: rule.admits(v, {})[0]]
+    if rule.left is not None:
+        passes.insert(0, rule.hopeful)
+    for admit in passes:
+        within = [(v, per) for v, per in within if admit(v)]
+        reach: dict[object, int] = {}  # those candidates' GPUs per group
+        for _, per in within:
+            for key, k in per.items():
+                reach[key] = reach.get(key, 0) + k
+        feasible = {key for key in feasible if reach.get(key, 0) + base.get(key, 0) >= need}
+        if not feasible:
+            return None
+        within = [(v, per) for v, per in within if not feasible.isdisjoint(per)]
     # Only the candidates with GPUs in a feasible group are weighed (the same order, fewer to sort).
     within = [(v, per if per.keys() <= feasible else {key: k for key, k in per.items() if key in feasible})
-              for v, per in admissible if not feasible.isdisjoint(per)]
+              for v, per in within]
     lost: dict[str, float] = {}  # work each loses since its last checkpoint
     groups: dict[object, list[tuple[Job, int]]] = {}  # per feasible group, its candidates in order
     for v, per in _in_order(state, within, now, config, search.held, search.leaving, lost):
@@ -295,11 +301,22 @@ class _Rule:
         self._after: dict[tuple[str, float], bool] = {}  # (team, holding) -> `keeps_order` on totals
         self._by_pool: dict[str, bool] = {}  # team -> judged on its GPU pool (`judged_pool`)
         self._for_standing: rules.Standing | None = None  # the job's team's on totals
+        self._hoping = False  # `hopeful` is asking: every prediction is taken as favourable
+
+    def hopeful(self, v: Job) -> bool:
+        """Whether `admits` may take `v` with nothing taken from its team, every prediction taken
+        as favourable: `admits` asks `outlasts` only where a yes lets it take the victim, so one
+        refused here is refused there, without a prediction asked."""
+        self._hoping = True
+        try:
+            return self._admits(v, {})[0]
+        finally:
+            self._hoping = False
 
     def outlasts(self, v: Job) -> bool:
         """With predictions (`preempt_predicted`), whether `v` is predicted to outlast the job by
         more than its checkpoint and restore (`outlasts`); without, always."""
-        if self.left is None:
+        if self.left is None or self._hoping:
             return True
         if self._for_left is None:
             self._for_left = self.left(self.job)
