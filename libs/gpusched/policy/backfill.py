@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from msgspec import Struct
 
-from ..core.model import GpuId
+from ..core.model import LEVEL_RANK, GpuId
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
 from .eligibility import constrained, matching, restrict
@@ -73,6 +73,10 @@ def reserve(state: ClusterState, pool: Pool, job: Job, need: int, now: float, co
     hyp = pool.copy()
     owner: dict[GpuId, tuple[float, str]] = {}
     gi = state.gpus
+    # A set no wider than a node lies on one node, and whether one fits there reads that node
+    # alone: once a try failed, only a node a holder just freed GPUs on can make the next one
+    # succeed, and only if it now holds `need` free GPUs (the placer's filters only narrow).
+    on_one_node = LEVEL_RANK[required] <= LEVEL_RANK["node"] and not job.spec.partial
     for end, h, gpus in holders:
         if ok is not None:
             gpus = [g for g in gpus if gi[g].node in ok]
@@ -84,6 +88,10 @@ def reserve(state: ClusterState, pool: Pool, job: Job, need: int, now: float, co
             owner[g] = (end, h.job_id)
         if hyp.count < need:
             continue
+        if on_one_node:
+            cnt, index = hyp.node_counts(), hyp.topo.index
+            if all(cnt[index[gi[g].node]] < need for g in gpus):
+                continue
         p = fit(hyp)
         if p is not None:
             held_by: dict[str, float] = {}

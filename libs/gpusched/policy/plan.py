@@ -31,6 +31,7 @@ from .mig import SliceIndex
 from .placement import Placement, Pool
 from .placer import Placer
 from .pools import PoolFirm, choices, pool_of_gpus, restrict_to, room_on
+from .predict import Estimate
 from .resources import asks, busy_reason, by_resources, hold, short_nodes
 from .running import RunningIndex
 from .sharing import SharePick
@@ -44,7 +45,7 @@ _SETTLED: frozenset[str] = frozenset({"released", "preempting", "shrunk"})
 class Context:
     """What a cycle reads and never changes."""
 
-    __slots__ = ("state", "now", "config", "placer", "indexes", "running", "strict", "grace")
+    __slots__ = ("state", "now", "config", "placer", "indexes", "running", "strict", "grace", "estimates")
 
     def __init__(self, state: ClusterState, now: float, config: PolicyConfig, placer: Placer,
                  running: RunningIndex | None = None, indexes: Indexes | None = None) -> None:
@@ -55,6 +56,9 @@ class Context:
         self.strict = config.strict_fifo or not config.gang
         #: How long a job asked to yield may take to checkpoint.
         self.grace = config.checkpoint_grace_s if config.checkpoint else 0.0
+        #: Predicted remaining run times asked this cycle, by (job, as of): the state and the
+        #: predictor's history stay as they are for the whole cycle (`victims.remaining`).
+        self.estimates: dict[tuple[str, float], Estimate] = {}
 
     def floor(self, job: Job) -> int:
         """The fewest GPUs `job` may start with under this config."""

@@ -85,13 +85,13 @@ def elapsed(job: Job, now: float) -> float:
     return job.attained_gpu_s(now) / max(1, job.spec.gpus)
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    """The `q` quantile of sorted `xs` (linear interpolation)."""
-    pos = q * (len(xs) - 1)
+def _quantile(xs: list[float], q: float, first: int = 0) -> float:
+    """The `q` quantile of sorted `xs[first:]` (linear interpolation; no copy of the slice)."""
+    pos = q * (len(xs) - first - 1)
     i = int(pos)
-    if i + 1 >= len(xs):
+    if i + 1 >= len(xs) - first:
         return xs[-1]
-    return xs[i] + (xs[i + 1] - xs[i]) * (pos - i)
+    return xs[first + i] + (xs[first + i + 1] - xs[first + i]) * (pos - i)
 
 
 class RuntimeHistory:
@@ -180,12 +180,12 @@ class RuntimeHistory:
                 if d is None:
                     continue
                 xs = self._sorted[key] = sorted(d)
-            first = bisect_right(xs, ran)
-            longer = xs[first:]
+            first = bisect_right(xs, ran)  # xs[first:]: the run times longer than it ran
+            longer = len(xs) - first
             need = 1 if key[0] == 5 else self.min_samples
-            if len(longer) >= need:
-                answer = Estimate(_quantile(longer, 0.5) - ran, _quantile(longer, self.low_q) - ran,
-                                  _quantile(longer, self.high_q) - ran, len(longer), _LEVELS[key[0]])
+            if longer >= need:
+                answer = Estimate(_quantile(xs, 0.5, first) - ran, _quantile(xs, self.low_q, first) - ran,
+                                  _quantile(xs, self.high_q, first) - ran, longer, _LEVELS[key[0]])
                 break
         if answer is None:
             guess = max(ran, 60.0)

@@ -167,15 +167,34 @@ def choose_victims(search: VictimSearch, pool: Pool, need: int, candidates: list
     feasible = {key for key, t in totals.items() if t + base.get(key, 0) >= need}
     if not feasible:
         return None
+    # Then: can any group free enough from the candidates the rules admit at all? Taking more
+    # from a team never makes another of its jobs admissible (`_Rule.admits` is monotone in the
+    # set), so one refused with nothing taken from its team is in no set: left out, it changes
+    # no set, and most searches end here, before anything is sorted. Predictions cost most and
+    # only ever refuse: the rules are asked first without them (`_Rule.hopeful`).
+    rule = _Rule(search)
+    within = [(v, per) for v, per in zip(candidates, spread) if not feasible.isdisjoint(per)]
+    passes: list[Callable[[Job], bool]] = [lambda v: rule.admits(v, {})[0]]
+    if rule.left is not None:
+        passes.insert(0, rule.hopeful)
+    for admit in passes:
+        within = [(v, per) for v, per in within if admit(v)]
+        reach: dict[object, int] = {}  # those candidates' GPUs per group
+        for _, per in within:
+            for key, k in per.items():
+                reach[key] = reach.get(key, 0) + k
+        feasible = {key for key in feasible if reach.get(key, 0) + base.get(key, 0) >= need}
+        if not feasible:
+            return None
+        within = [(v, per) for v, per in within if not feasible.isdisjoint(per)]
     # Only the candidates with GPUs in a feasible group are weighed (the same order, fewer to sort).
     within = [(v, per if per.keys() <= feasible else {key: k for key, k in per.items() if key in feasible})
-              for v, per in zip(candidates, spread) if not feasible.isdisjoint(per)]
+              for v, per in within]
     lost: dict[str, float] = {}  # work each loses since its last checkpoint
     groups: dict[object, list[tuple[Job, int]]] = {}  # per feasible group, its candidates in order
     for v, per in _in_order(state, within, now, config, search.held, search.leaving, lost):
         for key, k in per.items():
             groups.setdefault(key, []).append((v, k))
-    rule = _Rule(search)
     options = []
     for key, group in groups.items():
         got = _greedy(rule, group, need - base.get(key, 0), lost)
@@ -285,11 +304,26 @@ class _Rule:
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
         self.left = search.left
         self._for_left: Estimate | None = None
+        self._alone: dict[str, tuple[bool, bool]] = {}  # job -> `admits` with nothing taken from its team
+        self._after: dict[tuple[str, float], bool] = {}  # (team, holding) -> `keeps_order` on totals
+        self._by_pool: dict[str, bool] = {}  # team -> judged on its GPU pool (`judged_pool`)
+        self._for_standing: rules.Standing | None = None  # the job's team's on totals
+        self._hoping = False  # `hopeful` is asking: every prediction is taken as favourable
+
+    def hopeful(self, v: Job) -> bool:
+        """Whether `admits` may take `v` with nothing taken from its team, every prediction taken
+        as favourable: `admits` asks `outlasts` only where a yes lets it take the victim, so one
+        refused here is refused there, without a prediction asked."""
+        self._hoping = True
+        try:
+            return self._admits(v, {})[0]
+        finally:
+            self._hoping = False
 
     def outlasts(self, v: Job) -> bool:
         """With predictions (`preempt_predicted`), whether `v` is predicted to outlast the job by
         more than its checkpoint and restore (`outlasts`); without, always."""
-        if self.left is None:
+        if self.left is None or self._hoping:
             return True
         if self._for_left is None:
             self._for_left = self.left(self.job)
@@ -344,7 +378,11 @@ class _Rule:
             self._for_rank = team_rank(st, self.team, self.for_held, st.team_usage(self.team, self.now), config,
                                        owed=self.owed)
         # the victim's team as if owed: if it would then lead, the freed GPUs may go back to it
-        return team_rank(st, team, after, st.team_usage(team, self.now), config) > self._for_rank
+        got = self._after.get((team, after))
+        if got is None:  # the same for every victim of that team and size
+            got = self._after[(team, after)] = (team_rank(st, team, after, st.team_usage(team, self.now), config)
+                                                > self._for_rank)
+        return got
 
     def victim_held(self, team: str, drop: Drop) -> float:
         return self.held(team) - self.leaving.get(team, 0) - drop.get(team, 0)
@@ -358,9 +396,13 @@ class _Rule:
     def judged_pool(self, v: Job) -> str | None:
         """The GPU pool `v` is judged on: its one pool where the job's or the victim's team has
         per-model terms (None: the teams' totals, as before pools)."""
-        if self.pool_view is None or not (self.pooled or has_models(_quota(self.state, v.spec.team))):
+        if self.pool_view is None:
             return None
-        return rules.pool_of(self.state, v.gpus)
+        team = v.spec.team
+        by_pool = self._by_pool.get(team)
+        if by_pool is None:
+            by_pool = self._by_pool[team] = self.pooled or has_models(_quota(self.state, team))
+        return rules.pool_of(self.state, v.gpus) if by_pool else None
 
     def standings(self, v: Job, drop: Drop) -> tuple[rules.Standing, rules.Standing, float]:
         """(the victim's team's standing before `v` is taken, the job's team's, the victim's
@@ -369,7 +411,9 @@ class _Rule:
         vh = self.victim_held(team, drop)
         pool = self.judged_pool(v)
         if pool is None:
-            return standing(st, team, vh), standing(st, self.team, self.for_held), vh
+            if self._for_standing is None:
+                self._for_standing = standing(st, self.team, self.for_held)
+            return standing(st, team, vh), self._for_standing, vh
         assert self.pool_view is not None
         held, leaving, _ = self.pool_view(team, pool)
         f_held, _, f_incoming = self.pool_view(self.team, pool)
@@ -390,7 +434,19 @@ class _Rule:
     def admits(self, v: Job, drop: Drop) -> tuple[bool, bool]:
         """(may take it, its team is at or below its guarantee before it is taken), given what
         the set already takes (`drop`). Guarantees are judged on the victim's GPU pool where
-        per-model terms apply (`standings`), else on the teams' totals."""
+        per-model terms apply (`standings`), else on the teams' totals. It reads `drop` only for
+        the victim's team, and taking more from that team only lowers its standing (and its rank,
+        `keeps_order`): a victim refused with nothing taken from its team is refused in every set.
+        The answer with nothing taken from the team is the common one, and is remembered."""
+        team = v.spec.team
+        if team in drop:
+            return self._admits(v, drop)
+        got = self._alone.get(v.job_id)
+        if got is None:
+            got = self._alone[v.job_id] = self._admits(v, drop)
+        return got
+
+    def _admits(self, v: Job, drop: Drop) -> tuple[bool, bool]:
         team = v.spec.team
         if team == self.team and not self.due:
             # Within a team the fold's rule always allows, and no guarantee protects: the ranks decide.

@@ -16,6 +16,7 @@ from ..ordering import las_queue
 from ..placement import Pool
 from ..plan import Context, CyclePlan
 from ..pools import choices, pool_of_gpus
+from ..predict import Estimate
 from ..preemption import Remaining, VictimSearch, admitted, choose_cpu_victims, choose_victims
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
@@ -75,11 +76,20 @@ def owed(ctx: Context, team: str) -> bool:
 def remaining(ctx: Context, at: float | None = None) -> Remaining | None:
     """With `preempt_predicted`, a job's predicted remaining run time at `now` (or `at`; policy/predict.py:
     the median of what is left of the run times of completed jobs like it that ran longer than
-    it already has); else None."""
+    it already has); else None. Each answer is asked once a cycle (`Context.estimates`): a
+    borrower or a victim is weighed again for every blocked job the cycle searches for."""
     if not ctx.config.preempt_predicted:
         return None
     predictor, now = ctx.indexes.predictor(ctx.state), ctx.now if at is None else at
-    return lambda job: predictor.estimate(job, now)
+    memo = ctx.estimates
+
+    def left(job: Job) -> Estimate:
+        key = (job.job_id, now)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = predictor.estimate(job, now)
+        return got
+    return left
 
 
 def _las_level(ctx: Context, job: Job) -> float | None:
@@ -102,24 +112,31 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     for_held = plan.held(job.team) + plan.incoming.get(job.team, 0)
     under = config.fairshare and over_share(st, job.team, for_held) < 0 and owed(ctx, job.team)
     pooled = _pooled(st, job.team)
+    las = config.las and config.las_preempt  # judged per job (`_Rule.las_after`)
+    las_across = las and not config.fairshare  # with fair share, LAS never preempts across teams
     found = []
-    shares: dict[str, tuple[float, float]] = {}  # team -> (GPUs it holds less those leaving, over its share)
+    # Per team, once for all its buckets: (GPUs it holds less those leaving, over its share,
+    # may give whatever the classes), and whether the fold's rule lets it give to the job's team.
+    shares: dict[str, tuple[float, float, bool]] = {}
+    fair: dict[str, bool] = {}
     for (team, r), bucket in ctx.running.preemptible.items():
         if not bucket:
             continue  # nothing to take
         share = shares.get(team)
         if share is None:
             vh = plan.held(team) - plan.leaving.get(team, 0)
-            share = shares[team] = (vh, over_share(st, team, vh))
-        vh, over = share
+            over = over_share(st, team, vh)
+            share = shares[team] = (vh, over, pooled or _pooled(st, team) or (under and over > 0))
+        vh, over, gives = share
         lower = config.priority and r < rank
-        las = config.las and config.las_preempt  # judged per job (`_Rule.las_after`)
         if team == job.team:
             ok = lower or las
-        else:  # with fair share, LAS never preempts across teams
-            las = las and not config.fairshare
-            ok = (pooled or _pooled(st, team) or (under and over > 0)
-                  or ((lower or las) and may_preempt(st, team, vh, job.team, for_held)))
+        else:
+            ok = gives
+            if not ok and (lower or las_across):
+                if team not in fair:
+                    fair[team] = may_preempt(st, team, vh, job.team, for_held)
+                ok = fair[team]
         if ok:
             found.append((-over, r, next(iter(bucket), ""), bucket))
     found.sort(key=lambda b: b[:3])  # equal buckets: by their oldest job's id, never by team name
