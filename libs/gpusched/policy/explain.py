@@ -34,6 +34,7 @@ from .eligibility import not_eligible
 from .guarantee import Firm
 from .ordering import ordered
 from .pools import choices, pool_rows
+from .preemption import back_off_s
 
 #: How many holders / domains an explanation lists (the rest are summed up).
 TOP = 8
@@ -133,18 +134,16 @@ def _freed_at(job: Job, h: Job, now: float, config: PolicyConfig, reclaims: bool
         if protected_until < end:
             return max(now, protected_until), "priority"
     if reclaims and h.spec.preemptible and h.preemption is None and h.spec.team != job.spec.team:
-        if started + _back_off(h, config) < end:
-            return max(now, started + _back_off(h, config)), "reclaim"
+        protected_until = started + _back_off(h, config)
+        if protected_until < end:
+            return max(now, protected_until), "reclaim"
     return end, "end"
 
 
 def _back_off(h: Job, config: PolicyConfig) -> float:
-    """How long `h` runs before another team may take it (`preemption.ran_back_off`:
-    `min_runtime_s` doubled per preemption it had, at most `preempt_backoff_max_s`)."""
-    cap = config.preempt_backoff_max_s
-    if cap is None:
-        return config.min_runtime_s
-    return min(max(config.min_runtime_s, cap), config.min_runtime_s * 2 ** min(h.preemptions, 32))
+    """How long `h` runs before another team may take it (`preemption.back_off_s`; without a
+    cap, `min_runtime_s` alone, as `_Rule.backed_off`)."""
+    return back_off_s(h, config.min_runtime_s, config.preempt_backoff_max_s or config.min_runtime_s)
 
 
 def _reclaims_within(state: ClusterState, job: Job, config: PolicyConfig) -> bool:
@@ -155,12 +154,6 @@ def _reclaims_within(state: ClusterState, job: Job, config: PolicyConfig) -> boo
     t = state.teams.get(job.spec.team)
     return (config.fairshare and config.preemption and config.fair_owed_after_s is None and not config.preempt_predicted
             and t is not None and not t.quota.models and t.held + job.spec.gang_min <= t.quota.guaranteed)
-
-
-def _over_guarantee(state: ClusterState, team: str, held: float | None = None) -> bool:
-    """Whether the team, holding `held` (default: what it holds), is over its guarantee."""
-    t = state.teams.get(team)
-    return t is not None and not t.quota.models and (t.held if held is None else held) > t.quota.guaranteed
 
 
 def _limit_room_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> float | None:
@@ -210,7 +203,7 @@ def _fit_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> 
     grace = config.checkpoint_grace_s if config.checkpoint else 0.0
     level, domains = _domain_keys(state, job.spec.topology.required)
     reclaims = _reclaims_within(state, job, config)
-    teams_held = {name: t.held - _leaving(state, name) for name, t in state.teams.items()} if reclaims else {}
+    teams_held = _held_not_leaving(state) if reclaims else {}
     best: float | None = None
     for nodes in domains.values():
         held = dict(teams_held)
@@ -231,7 +224,7 @@ def _fit_at(state: ClusterState, job: Job, now: float, config: PolicyConfig) -> 
                 break
             if how == "reclaim":  # taken only while its team stays over its guarantee
                 team = state.jobs[h].spec.team
-                if not _over_guarantee(state, team, held[team]):
+                if not _taken_on_totals(state, team, held.get(team, 0.0)):  # (an unknown team: never)
                     heapq.heappush(ends, (expected_end(state.jobs[h], now, config), "end", count, h))
                     continue
                 held[team] -= len(state.jobs[h].gpus)
@@ -257,7 +250,7 @@ def _protected(state: ClusterState, job: Job, now: float, config: PolicyConfig, 
     for jid in state.running:
         h = state.jobs[jid]
         at, how = _freed_at(job, h, now, config, reclaims)
-        if how == "end" or at <= now or (how == "reclaim" and not _over_guarantee(state, h.spec.team)):
+        if how == "end" or at <= now or (how == "reclaim" and not _taken_on_totals(state, h.spec.team)):
             continue
         waits.append((at, jid, how, h))
     lines = []
@@ -272,10 +265,15 @@ def _protected(state: ClusterState, job: Job, now: float, config: PolicyConfig, 
     return lines
 
 
-def _leaving(state: ClusterState, team: str) -> int:
-    """GPUs of the team's jobs already asked to yield (their ends are their deadlines)."""
-    return sum(len(j.gpus) for j in (state.jobs[x] for x in state.running)
-               if j.spec.team == team and j.preemption is not None)
+def _held_not_leaving(state: ClusterState) -> dict[str, float]:
+    """Each team's GPUs less those of its jobs already asked to yield (their ends are their
+    deadlines)."""
+    held = {name: float(t.held) for name, t in state.teams.items()}
+    for jid in state.running:
+        j = state.jobs[jid]
+        if j.preemption is not None and j.spec.team in held:
+            held[j.spec.team] -= len(j.gpus)
+    return held
 
 
 def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
@@ -561,9 +559,17 @@ def _judged(t, pool: str) -> rules.Standing:
     return rules.judged_on(t.quota, t.held, t.pool_held, pool)
 
 
-def _over_share(state: ClusterState, team: str) -> bool:
+def _over_share(state: ClusterState, team: str, held: float | None = None) -> bool:
+    """Whether the team, holding `held` (default: what it holds), is over its guarantee."""
     t = state.teams.get(team)
-    return t is not None and t.held > t.quota.guaranteed
+    return t is not None and (t.held if held is None else held) > t.quota.guaranteed
+
+
+def _taken_on_totals(state: ClusterState, team: str, held: float | None = None) -> bool:
+    """Whether reclaim may take from the team as the explanation foresees it: over its guarantee
+    on the totals (a team with per-model terms is judged per pool, where no ETA is worked out)."""
+    t = state.teams.get(team)
+    return t is not None and not t.quota.models and _over_share(state, team, held)
 
 
 def _limited_everywhere(x: dict[str, Any]) -> list[str]:

@@ -102,14 +102,18 @@ def outlasts(victim: Estimate, job: Estimate, config: PolicyConfig, weights: tup
     return wj * victim.remaining_s > wv * (job.remaining_s + config.checkpoint_cost_s + config.restore_cost_s)
 
 
+def back_off_s(v: Job, min_runtime_s: float, cap_s: float) -> float:
+    """How long `v` must run since its (re)start before it may be taken again: `min_runtime_s`
+    doubled per preemption it has had, at most `cap_s` (and never less than `min_runtime_s`)."""
+    return min(max(min_runtime_s, cap_s), min_runtime_s * 2 ** min(v.preemptions, 32))
+
+
 def ran_back_off(v: Job, now: float, min_runtime_s: float, cap_s: float) -> bool:
-    """Whether `v` has run since its (re)start at least `min_runtime_s` doubled per preemption
-    it has had, at most `cap_s` (and never less than `min_runtime_s`): a job taken over and over
-    is left alone longer each time. A job not started has nothing to back off from."""
+    """Whether `v` has run its back-off (`back_off_s`) since its (re)start: a job taken over and
+    over is left alone longer each time. A job not started has nothing to back off from."""
     if v.started_at is None:
         return True
-    cap = max(min_runtime_s, cap_s)
-    return now - v.started_at >= min(cap, min_runtime_s * 2 ** min(v.preemptions, 32))
+    return now - v.started_at >= back_off_s(v, min_runtime_s, cap_s)
 
 
 def las_worth(v: Job, attained: float, for_attained: float, now: float, config: PolicyConfig) -> bool:
