@@ -35,6 +35,18 @@ def _text(name: object) -> str:
     return name.decode()
 
 
+def _meta_doc(raw: dict) -> dict[str, Any] | None:
+    """The projector's meta hash as a document (None: no projector has written)."""
+    if not raw:
+        return None
+    return {"seq": int(raw[b"seq"]), "at": float(raw[b"at"]), "written_at": float(raw[b"written_at"])}
+
+
+def _decoded(raw: dict) -> list[dict[str, Any]]:
+    """A hash of JSON documents, in the order of its fields."""
+    return [msgspec.json.decode(v) for _, v in sorted(raw.items())]
+
+
 class Views:
     """Read access to the read models. `available()` is False when Redis does not answer or no
     projector has written yet; callers then fold the log instead."""
@@ -54,9 +66,7 @@ class Views:
             raw = await self.r.hgetall(K["meta"])
         except (aioredis.RedisError, OSError):
             return None
-        if not raw:
-            return None
-        return {"seq": int(raw[b"seq"]), "at": float(raw[b"at"]), "written_at": float(raw[b"written_at"])}
+        return _meta_doc(raw)
 
     async def listing(self, what: str, with_usage: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any],
                                                                          dict[str, dict[str, Any]] | None] | None:
@@ -74,11 +84,11 @@ class Views:
         if with_usage:
             pipe.hgetall(USAGE_KEY)
         raw_meta, found, *used = await pipe.execute()
-        if not raw_meta:
+        meta = _meta_doc(raw_meta)
+        if meta is None:
             return None
-        meta = {"seq": int(raw_meta[b"seq"]), "at": float(raw_meta[b"at"]), "written_at": float(raw_meta[b"written_at"])}
         if not ordered:
-            docs = [msgspec.json.decode(v) for _, v in sorted(found.items())]
+            docs = _decoded(found)
         elif found:
             docs = [msgspec.json.decode(v) for v in await self.r.hmget(K[ordered[1]], found) if v is not None]
         else:
@@ -87,8 +97,7 @@ class Views:
         return docs, meta, usage
 
     async def _hash_docs(self, key: str) -> list[dict[str, Any]]:
-        raw = await self.r.hgetall(key)
-        return [msgspec.json.decode(v) for _, v in sorted(raw.items())]
+        return _decoded(await self.r.hgetall(key))
 
     async def jobs(self) -> list[dict[str, Any]]:
         ids = [_text(j) for j in await self.r.zrange(K["jobs:order"], 0, -1)]
