@@ -42,6 +42,7 @@ from gpusched.bus.memory import subject_matches
 from gpusched.core.commands import CancelJob, CommandReply, SubmitJob
 from gpusched.openapi import SubmitRequest
 from gpusched.security import authz, httpauth, keyring, signing
+from gpusched.security.roles import no_such_job_among
 from gpusched.services.runtime import notify_ready
 
 log = structlog.get_logger()
@@ -118,9 +119,8 @@ class Api:
         assert found is not None
         if found[0] is None:  # admin, auditors: the reader's own word
             return found
-        p = caller.principal  # as the CLI says it: who, its role, every team it reads
-        return found[0], {**found[1], "error": f"{p.name} (role {p.role}) reads team(s) {', '.join(p.teams)} "
-                                               f"only; no job {job_id} among them"}
+        p = caller.principal  # as the CLI says it
+        return found[0], {**found[1], "error": no_such_job_among(p.name, p.role, p.teams, job_id)}
 
     def command_subject(self, caller: Caller, kind: str, team: str | None, on_behalf_of: str | None = None) -> str:
         """The subject the caller uses over NATS (`bus.control_client.Client.subject`): admin's form for

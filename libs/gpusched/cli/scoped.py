@@ -170,9 +170,10 @@ async def _first_answer(nc, ident: Identity, kind: str, request: dict[str, Any])
             continue
         if not (kind == "show" and "error" in data):
             return data
+    from gpusched.security.roles import no_such_job_among
+
     job_id = request.get("job_id")
-    outside = (f"permission denied: {ident.name} (role {ident.role}) reads team(s) {', '.join(ident.teams)} "
-               f"only; no job {job_id} among them")
+    outside = f"permission denied: {no_such_job_among(ident.name, ident.role, ident.teams, str(job_id))}"
     if failed is not None:
         raise ReadFailed(outside) if str(failed).startswith(f"no job {job_id} among") else failed
     return {**data, "error": outside}

@@ -65,3 +65,10 @@ def may_write(role: str, event_type: str) -> bool:
 def kinds_of(role: str) -> frozenset[str]:
     """The event kinds a role may append."""
     return frozenset(kind for kind, roles in EVENT_WRITERS.items() if role in roles)
+
+
+def no_such_job_among(name: str, role: str, teams: list[str] | tuple[str, ...], job_id: str) -> str:
+    """A job none of a tenant's or platform's teams holds, as the CLI and the HTTP API say it:
+    who asks, its role, every team it reads (another team's job reads as one that does not
+    exist: never which team holds it)."""
+    return f"{name} (role {role}) reads team(s) {', '.join(teams)} only; no job {job_id} among them"
