@@ -24,12 +24,12 @@ FAIR = "tiresias+fairshare=true"
 #: `full` with fairness over a horizon (docs/policy.md), opt-in, in the same run
 HORIZON = "full+fair_owed_after_s=3600+reserve_after_s=86400"
 RUNS = f"fifo,tiresias,{FAIR},full,{HORIZON}"
-#: The saved runs of issue 26 were made while `full` carried the horizon knobs: the same two
-#: configurations under the names they had then (`relabel`).
-_THEN = {"full": HORIZON, "full+fair_owed_after_s=none+reserve_after_s=none": "full"}
-#: `full`'s knobs of fairness over a horizon, each at -50% and +50% of its default
-#: (`--variants`; the older knobs' table, issue 26's first pass, is kept on the page)
-KNOBS = {"fair_owed_after_s": 3600.0, "reserve_after_s": 86400.0}
+#: `full`'s knobs that trade fairness against JCT, each at -50% and +50% of its default
+#: (`--variants`); how each default was chosen is in docs/policy.md. Not here: the LAS queue
+#: limits (a list, Tiresias's published defaults) and `max_preemptors_per_cycle` (a rate, not a
+#: trade-off: issue 26's first pass moved avg JCT by under 1.5% at ±50%).
+KNOBS = {"fairshare_horizon_s": 3600.0, "preempt_backoff_max_s": 3600.0, "half_life_s": 604800.0,
+         "min_runtime_s": 300.0, "checkpoint_grace_s": 60.0, "las_backoff_max_s": 1800.0}
 MODES = {"peer": ["--topology", "any", "--runtime-model", "ideal"], "def": []}
 
 
@@ -81,17 +81,6 @@ def table(key: str, runs: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def relabel(runs: dict[str, dict]) -> dict[str, dict]:
-    """A saved run's presets under today's names (`_THEN`)."""
-    if HORIZON in runs:
-        return runs
-    return {_THEN.get(name, name).replace("full+fair_owed_after_s=1800.0", HORIZON.replace("3600", "1800"))
-            .replace("full+fair_owed_after_s=5400.0", HORIZON.replace("3600", "5400"))
-            .replace("full+reserve_after_s=43200.0", HORIZON.replace("86400", "43200"))
-            .replace("full+reserve_after_s=129600.0", HORIZON.replace("86400", "129600")): r
-            for name, r in runs.items()}
-
-
 def checks(key: str, runs: dict[str, dict], name: str = "full") -> list[tuple[str, str, bool]]:
     """The issue's targets on one run, for `name`: (target, figure, met)."""
     full, las, fair, fifo = runs[name], runs["tiresias"], runs[FAIR], runs["fifo"]
@@ -132,12 +121,7 @@ def summary(saved: dict[str, dict[str, dict]]) -> str:
 
 def variants() -> str:
     """The compare list of the sensitivity runs: full, then each knob at 0.5x and 1.5x."""
-    out = ["full", HORIZON]
-    for knob, v in KNOBS.items():
-        for f in (0.5, 1.5):
-            x = v * f
-            out.append(HORIZON.replace(f"{knob}={v:g}", f"{knob}={x:g}"))
-    return ",".join(out)
+    return ",".join(["full"] + [f"full+{knob}={v * f:g}" for knob, v in KNOBS.items() for f in (0.5, 1.5)])
 
 
 def sensitivity(saved: dict[str, dict[str, dict]]) -> str:
@@ -148,8 +132,8 @@ def sensitivity(saved: dict[str, dict[str, dict]]) -> str:
     for name in names:
         cells = []
         for k in keys:
-            base, r = saved[k][HORIZON], saved[k][name]
-            if name in ("full", HORIZON):
+            base, r = saved[k]["full"], saved[k][name]
+            if name == "full":
                 cells.append(f"{r['avg_jct_s']:,.0f} s, Jain {r['jain_fairness']:.3f}")
             else:
                 cells.append(f"{r['avg_jct_s'] / base['avg_jct_s'] - 1:+.1%}, {r['jain_fairness'] - base['jain_fairness']:+.3f}")
@@ -178,7 +162,7 @@ def frontier(saved: dict[str, dict[str, dict]], path: Path, sens: dict[str, dict
             continue
         for name, r in runs.items():
             ax.scatter(r["avg_jct_s"] / ref["tiresias"]["avg_jct_s"], r["jain_fairness"], marker="x", c="grey",
-                       s=16, label="horizon, a knob ±50%" if first else None)
+                       s=16, label="full, a knob ±50%" if first else None)
             first = False
     ax.axvline(1.25, ls="--", lw=0.8)
     ax.axhline(0.95, ls="--", lw=0.8)
@@ -201,10 +185,23 @@ def main() -> None:
                     help="with --from: the saved runs are `--compare` of `variants()` (print it with --variants)")
     ap.add_argument("--variants", action="store_true", help="print the sensitivity compare list and exit")
     ap.add_argument("--sens", type=Path, help="with --md: a folder of saved sensitivity runs (one per week)")
+    ap.add_argument("--sens-out", type=Path, help="run the sensitivity compare on each week (2x32x8, the peer's "
+                    "assumptions), saving DIR/<week>.json")
     ap.add_argument("--md", type=Path, help="write the results page here")
     args = ap.parse_args()
     if args.variants:
         print(variants())
+        return
+    if args.sens_out:
+        args.sens_out.mkdir(parents=True, exist_ok=True)
+        weeks = {k.removesuffix("_2x32x8"): o for k, o in scenarios(args.shared, args.weeks.split(","), args.sens_out).items()
+                 if k.endswith("_2x32x8")}
+        for week, opts in weeks.items():
+            cmd = [sys.executable, "-m", "gpusched.cli.main", "sim", "--compare", variants(), "--json", *opts, *MODES["peer"]]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode == 0:
+                (args.sens_out / f"{week}.json").write_text(done.stdout)
+            print(f"sensitivity {week}: rc={done.returncode}", flush=True)
         return
     folder = args.src or args.out
     if folder is None:
@@ -218,14 +215,14 @@ def main() -> None:
                 if done.returncode == 0:
                     (args.out / f"{key}_{mode}.json").write_text(done.stdout)
                 print(f"{key}_{mode}: rc={done.returncode}  {' '.join(cmd[3:])}", flush=True)
-    saved = {p.stem: relabel(json.loads(p.read_text())["runs"]) for p in sorted(folder.glob("*.json"))
+    saved = {p.stem: json.loads(p.read_text())["runs"] for p in sorted(folder.glob("*.json"))
              if p.read_text().strip()}
     if args.sensitivity:
         print(sensitivity(saved))
     elif not args.md:
         for key, runs in saved.items():
             print(table(key, runs))
-    sens = ({p.stem: relabel(json.loads(p.read_text())["runs"]) for p in sorted(args.sens.glob("*.json"))
+    sens = ({p.stem: json.loads(p.read_text())["runs"] for p in sorted(args.sens.glob("*.json"))
              if p.read_text().strip()} if args.sens else {})
     if args.plot and saved:
         frontier(saved, args.plot, sens)
