@@ -51,6 +51,18 @@ def _weights(s: Scenario) -> None:
     s.submit("heavy-1", 1, team="heavy", at=2)
 
 
+def _borrowing(s: Scenario) -> None:
+    # big has held its 4 guaranteed GPUs for five half-lives; tiny, guaranteed none, ran 1 GPU
+    # for 1,000 s. Both at or over their guarantee now, each asks for one more GPU.
+    s.team("big", guaranteed=4)
+    s.team("tiny", guaranteed=0)
+    s.run("b", gpus("r0n0", 0, 1, 2, 3), team="big", at=0)
+    s.run("t", gpus("r0n0", 4), team="tiny", at=16000)
+    s.finish("t", at=17000)
+    s.submit("tiny-1", 1, team="tiny", at=18001)
+    s.submit("big-1", 1, team="big", at=18002)
+
+
 def _requeued(s: Scenario) -> None:
     s.submit("old", 1, at=1)
     s.submit("new", 1, at=5)
@@ -78,6 +90,10 @@ CASES = {
         _teams, "fairshare", {}, ["poor-2", "poor-lo", "rich-hi"]),
     "then the team with the least decayed usage": (_usage, "fairshare", {}, ["fresh-1", "used-1", "used-2"]),
     "usage is divided by the team's weight": (_weights, "fairshare", {}, ["heavy-1", "light-1"]),
+    "a team's guaranteed GPUs cost it nothing in the order: borrowing beyond it is what counts": (
+        _borrowing, "fairshare", {}, ["big-1", "tiny-1"]),
+    "... all of its usage with fairshare_by=usage": (_borrowing, "fairshare", {"fairshare_by": "usage"},
+                                                       ["tiny-1", "big-1"]),
     "a requeued job keeps its submission time": (_requeued, "topo", {}, ["old", "new"]),
     "least attained service first among equal jobs": (_las, "topo", {"las": True}, ["new", "served"]),
     "without LAS, submission order": (_las, "topo", {}, ["served", "new"]),

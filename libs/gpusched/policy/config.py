@@ -86,6 +86,10 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: Fair share: a team's current holding counts as this many seconds of future usage, so that
     #: grants made within one cycle move the team down the order.
     fairshare_horizon_s: float = 3600.0
+    #: Fair share: what orders the teams at or over their guarantee, per unit of weight:
+    #: "borrowed" (decayed usage and holding beyond the guarantee, `fairshare.borrowed`: the
+    #: entitlement's split of what guarantees leave) or "usage" (all of it, the rule before).
+    fairshare_by: Literal["borrowed", "usage"] = "borrowed"
     #: Fairness over a horizon (issue 26, docs/policy.md "Fairness over a horizon"): instead of
     #: every team below its guarantee going first and reclaiming at once, teams take turns by
     #: the LAS level of their next job, then by decayed usage relative to their entitlement (the

@@ -1,4 +1,5 @@
-"""Which team goes next: a team below its guaranteed share first, then the least weighted usage.
+"""Which team goes next: a team below its guaranteed share first, then the least weighted
+usage beyond the guarantee (`borrowed`).
 
 Usage is the fold's decayed GPU-seconds (`state.team_usage`); a team's current holding counts as
 `fairshare_horizon_s` of future usage, so GPUs granted earlier in the same cycle move a team down
@@ -12,6 +13,8 @@ victim's team with the beneficiary's is not made (`preemption._Rule.keeps_order`
 """
 
 from __future__ import annotations
+
+import math
 
 from ..core import rules
 from ..core.state import ClusterState
@@ -33,10 +36,24 @@ def team_rank(state: ClusterState, team: str, held: float, usage: float, config:
     h, guaranteed = on if on is not None else (held, q.guaranteed if q is not None else 0)
     if 0 < guaranteed and h < guaranteed and (owed or config.fair_owed_after_s is None):
         return (0, h / guaranteed, h - guaranteed)
-    used = usage + held * config.fairshare_horizon_s
     if config.fair_owed_after_s is not None:
-        return (1, level, used / entitlement(q))
-    return (1, used / (q.weight if q is not None else 1.0), 0)
+        return (1, level, (usage + held * config.fairshare_horizon_s) / entitlement(q))
+    if config.fairshare_by == "usage":
+        return (1, (usage + held * config.fairshare_horizon_s) / (q.weight if q is not None else 1.0), 0)
+    return (1, borrowed(state, q, usage, held, config) / (q.weight if q is not None else 1.0), 0)
+
+
+def borrowed(state: ClusterState, quota, usage: float, held: float, config: PolicyConfig) -> float:
+    """A team's decayed usage beyond its guarantee, and its holding beyond it as
+    `fairshare_horizon_s` of future usage: what teams at or over their guarantee share by weight
+    (the entitlement's water-filling of what guarantees leave). A team's guaranteed GPUs cost it
+    nothing in the order: counted, they put a big team's borrowing behind every small team's,
+    and on saturated clusters teams guaranteed nothing took the GPUs gangs could not use, at
+    4.75x their entitlement (issue 26). The guarantee's own usage is its steady state (held
+    for ever, decayed: `guaranteed * half_life / ln 2`); without decay nothing is credited."""
+    g = quota.guaranteed if quota is not None else 0
+    credit = g * state.half_life_s / math.log(2) if state.half_life_s is not None else 0.0
+    return max(0.0, usage - credit) + max(0.0, held - g) * config.fairshare_horizon_s
 
 
 def entitlement(quota) -> float:
