@@ -348,10 +348,12 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
         w.append(f"dependencies: {', '.join(why['dependency'])}")
     tq = why["team_quota"]
     lim = "none" if tq["limit"] is None else tq["limit"]
+    # what the preemption rules would take from other teams for it now (policy/explain._takeable)
+    reclaims = any(n for t, n in (why.get("reclaimable_by_team") or {}).items() if t != why["team"])
     w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
              + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
              + ("  (under its guarantee: may reclaim from over-share teams)"
-                if tq["under_guarantee"] and why.get("reclaimable_gpus") else ""))
+                if tq["under_guarantee"] and reclaims else ""))
     if why.get("pools"):
         gp = why["pools"]
         w.append("GPU pools: " + "  ".join(f"{p} {r['free']}/{r['gpus']} free" for p, r in gp["rows"].items())
@@ -360,7 +362,7 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
                  + (f"; team {why['team']} held/guar<=limit: {pool_text(gp['rows'])}" if gp["terms"] else "")
                  + (f"  [red]per-model limit stops it on {', '.join(gp['at_limit'])}[/]" if gp.get("at_limit") else "")
                  + (f"  (under its per-model guarantee on {', '.join(gp['under_guarantee'])}: may reclaim there)"
-                    if gp.get("under_guarantee") and why.get("reclaimable_gpus") else ""))
+                    if gp.get("under_guarantee") and reclaims else ""))
     topo = why["topology"]
     w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
              f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"
