@@ -40,6 +40,7 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "name": spec.name,
         "team": spec.team,
         "user": job.user,
+        "via": job.via or None,  # the platform that submitted it on behalf of `user` (None: the user itself)
         "state": job.state,
         "priority": spec.priority,
         "gpus_requested": spec.gpus,

@@ -435,7 +435,8 @@ def print_show(data: dict[str, Any]) -> None:
     d = data["job"]
     now = data["now"]
     head = (f"[bold]{d['job_id']}[/] {d['name']}  team [bold]{d['team']}[/]"
-            + (f" user [bold]{d['user']}[/]" if d.get("user") else "") + f"  {d['priority']}  "
+            + (f" user [bold]{d['user']}[/]" if d.get("user") else "")
+            + (f" (via {d['via']})" if d.get("via") else "") + f"  {d['priority']}  "
             f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {_wants(d)}"
             + (f" (min {d['min_gpus']})" if d["min_gpus"] != d["gpus_requested"] else "")
             + _per_node(d.get("cpus"), d.get("memory_mb"))
