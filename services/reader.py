@@ -98,13 +98,6 @@ def mask_foreign(payload: bytes, state: ClusterState, team: str | None, asked: s
     return JOB_ID.sub(mask, payload)
 
 
-def cluster_totals(state: ClusterState) -> dict[str, Any]:
-    """What a tenant may know of the whole cluster: sizes, not other teams' work."""
-    return {"total_gpus": state.total_gpus, "held_gpus": sum(t.held for t in state.teams.values()),
-            "nodes": len(state.nodes), "teams": len(state.teams), "pending_jobs": len(state.pending),
-            "running_jobs": len(state.running)}
-
-
 class JobDocs:
     """Job documents kept between answers (1,000 of them cost ~30 ms to build): rebuilt only for
     the jobs a record named since, as the projector's dirty marks do, and all of them after a
@@ -210,10 +203,11 @@ class Reader:
             await self._views.close()
 
     async def read_teams(self, asker: Asker, request: dict) -> dict:
+        from gpusched import readmodel
         from gpusched.cli.reads import docs_from_state
 
         state = self.state
-        return {"docs": docs_from_state(state, "teams", team=asker.team), "cluster": cluster_totals(state),
+        return {"docs": docs_from_state(state, "teams", team=asker.team), "cluster": readmodel.cluster_totals(state),
                 "meta": {"source": "reader", "seq": state.last_seq, "at": state.now}}
 
     async def read_show(self, asker: Asker, request: dict) -> dict:

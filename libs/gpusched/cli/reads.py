@@ -124,7 +124,8 @@ async def _views(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]
     if read is None:
         return None
     docs, meta, used = read
-    return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"], **({} if used is None else {"usage": used})}
+    return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"], **({} if used is None else {"usage": used}),
+                  **({"cluster": meta["cluster"]} if what == "teams" and "cluster" in meta else {})}
 
 
 def _policy(args):
@@ -153,13 +154,19 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     if at is not None:  # the past: always a fold of the log up to the cut
         state = await fold_state(args.nats, args.redis, at=at, creds=creds)
         return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now,
-                                                       "past": True}
+                                                       "past": True, **_totals(state, what)}
     read = None if config is not None and what == "queue" else await _views(args, what)
     if read is not None:
         return read
     state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False),
                              creds=creds)
-    return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now}
+    return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now,
+                                                   **_totals(state, what)}
+
+
+def _totals(state: ClusterState, what: str) -> dict[str, Any]:
+    """`teams` carries the cluster's totals (`readmodel.cluster_totals`), as the reader answers them."""
+    return {"cluster": readmodel.cluster_totals(state)} if what == "teams" else {}
 
 
 async def usage(redis: str | None) -> dict[str, dict[str, Any]]:

@@ -98,11 +98,16 @@ def _panel(text: str, **kw):
 
 def _caption(meta: dict[str, Any]) -> str:
     text = f"from {meta['source']} at log seq {meta['seq']}"
-    c = meta.get("cluster")  # a tenant's `teams`: the cluster's totals beside its own team
-    if c:
-        text += (f"; cluster: {c['total_gpus']} GPUs on {c['nodes']} nodes, {c['held_gpus']} held, "
-                 f"{c['running_jobs']} running and {c['pending_jobs']} pending jobs in {c['teams']} teams")
-    return text
+    c = meta.get("cluster")  # `teams`: the cluster's totals beside the teams' rows
+    return text + f"; {cluster_text(c)}" if c else text
+
+
+def cluster_text(c: dict[str, Any]) -> str:
+    """The cluster's totals (`readmodel.cluster_totals`) in words: the table's caption, the
+    plain output's last line."""
+    free = f"{c['free_gpus']} free, " if "free_gpus" in c else ""  # (a reader from before it)
+    return (f"cluster: {c['total_gpus']} GPUs on {c['nodes']} nodes, {free}{c['held_gpus']:g} held, "
+            f"{c['running_jobs']} running and {c['pending_jobs']} pending jobs in {c['teams']} teams")
 
 
 STATE_STYLE = {"pending": "yellow", "starting": "cyan", "running": "green", "completed": "dim",
