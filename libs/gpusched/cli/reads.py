@@ -292,9 +292,11 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
         await event_log.close()
 
 
-async def show_from(event_log, state: ClusterState, job_id: str, config, used: dict | None = None) -> dict[str, Any]:
+async def show_from(event_log, state: ClusterState, job_id: str, config, used: dict | None = None,
+                    indexes=None) -> dict[str, Any]:
     """`show_data` over a fold at hand (the CLI's own, or the reader service's live one): the
-    job's history comes from the log, filtered by subject."""
+    job's history comes from the log, filtered by subject. `indexes`: the fold's, kept by a
+    service across answers (`explain_pending`)."""
     from gpusched.policy.explain import explain_pending, explain_preemptions
 
     if job_id in state.forgotten:
@@ -317,7 +319,7 @@ async def show_from(event_log, state: ClusterState, job_id: str, config, used: d
                              and r.event.job_id != job_id],
     }
     if job.state == "pending":
-        data["why_pending"] = explain_pending(state, job_id, config=config)
+        data["why_pending"] = explain_pending(state, job_id, config=config, indexes=indexes)
     data["partitioned_nodes"] = sorted({state.gpus[g].node for g in job.gpus if state.nodes[state.gpus[g].node].partitioned})
     return data
 

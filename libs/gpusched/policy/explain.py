@@ -279,9 +279,10 @@ def _held_not_leaving(state: ClusterState) -> dict[str, float]:
 
 
 def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
-                    config: PolicyConfig = DEFAULT) -> dict[str, Any]:
+                    config: PolicyConfig = DEFAULT, indexes: Indexes | None = None) -> dict[str, Any]:
     """A structured explanation of why `job_id` waits (see the module docstring), under the
-    running policy `config`."""
+    running policy `config`. `indexes`: the caller's indexes of `state`, kept across calls (the
+    reader's), so that the run-time predictor is not learned again from every completed job."""
     now = state.now if now is None else now
     job = state.jobs[job_id]
     spec = job.spec
@@ -309,7 +310,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     out["team_quota"] = _team_standing(state, job)
     out["pools"] = _pools_standing(state, job)
     out["topology"] = _where(state, job)
-    out.update(_holders(state, job, now, config, out["pools"]))
+    out.update(_holders(state, job, now, config, out["pools"], indexes or Indexes()))
     out["queue"] = _ahead(state, job_id, now, config)
     out["unblock"] = _unblock(state, job, out) + _protected(state, job, now, config, out)
     eta, span = _policy_eta(job, now)
@@ -444,7 +445,7 @@ def _where(state: ClusterState, job: Job) -> dict[str, Any]:
 
 
 def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig,
-             pools: dict[str, Any] | None = None) -> dict[str, Any]:
+             pools: dict[str, Any] | None, indexes: Indexes) -> dict[str, Any]:
     """Who holds GPUs (biggest first), per team, and how many the policy may reclaim for it."""
     holders: list[dict[str, Any]] = []
     by_team: dict[str, int] = {}
@@ -461,7 +462,7 @@ def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig,
         })
     holders.sort(key=lambda h: (-h["gpus"], h["job_id"]))
     taken: dict[str, int] = {}
-    for v in _takeable(state, job, now, config, pools):
+    for v in _takeable(state, job, now, config, pools, indexes):
         taken[v.spec.team] = taken.get(v.spec.team, 0) + len(v.gpus)
     return {"holders": holders[:TOP], "held_by_team": dict(sorted(by_team.items(), key=lambda kv: (-kv[1], kv[0]))),
             "reclaimable_gpus": sum(taken.values()),
@@ -469,7 +470,7 @@ def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig,
 
 
 def _takeable(state: ClusterState, job: Job, now: float, config: PolicyConfig,
-              pools: dict[str, Any] | None) -> list[Job]:
+              pools: dict[str, Any] | None, indexes: Indexes) -> list[Job]:
     """The running jobs the policy's preemption rules would take for `job` now
     (`preemption.takeable`), as a cycle's candidates (`steps/victims`): preemptible whole-GPU
     jobs not yielding already, past `min_runtime_s`, holding GPUs of a pool the job is tried on;
@@ -495,7 +496,6 @@ def _takeable(state: ClusterState, job: Job, now: float, config: PolicyConfig,
         t = state.teams.get(team)
         return (t.pool_held.get(pool, 0) if t is not None else 0), leaving.get((team, pool), 0), 0
 
-    indexes = Indexes()
     owed = config.fair_owed_after_s is None or indexes.queue(state, config).owed(job.spec.team, now)
     left = None
     if config.preempt_predicted:
