@@ -9,7 +9,7 @@ log sequence it covers, and `gpusched:v:meta` says which sequence the whole view
 here is a source of truth: `rebuild_views` wipes it all and derives it again from the log.
 
 Keys (all under `gpusched:v:`):
-    meta            hash   seq, at (log time), written_at, rebuilt_at
+    meta            hash   seq, at (log time), written_at, rebuilt_at, cluster (the totals `teams` shows)
     jobs            hash   job id -> job document
     jobs:order      zset   job id scored by submission time
     nodes           hash   node -> node document (its GPUs with holders and teams)
@@ -245,7 +245,8 @@ class Projector:
         if fresh:
             pipe.rpush(K["shares"], *[_enc(x) for x in fresh])
             pipe.ltrim(K["shares"], -SHARES_LEN, -1)
-        meta: dict[FieldT, EncodableT] = {"seq": seq, "at": state.now, "written_at": time.time()}
+        meta: dict[FieldT, EncodableT] = {"seq": seq, "at": state.now, "written_at": time.time(),
+                                          "cluster": _enc(readmodel.cluster_totals(state))}
         if full:
             meta["rebuilt_at"] = time.time()
         pipe.hset(K["meta"], mapping=meta)

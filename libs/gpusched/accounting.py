@@ -122,7 +122,7 @@ def job_record(job: Job, run_s: float, gpu_s: float, now: float, by_pool: dict[s
     spec = job.spec
     rec: dict[str, Any] = {
         "job_id": job.job_id, "name": spec.name, "team": spec.team, "user": job.user or None,
-        "priority": spec.priority, "gpus": spec.gpus, "min_gpus": spec.gang_min, "state": job.state,
+        "via": job.via or None, "priority": spec.priority, "gpus": spec.gpus, "min_gpus": spec.gang_min, "state": job.state,
         "submitted_at": job.submitted_at, "started_at": job.first_started_at, "finished_at": job.finished_at,
         "wait_s": round(_wait(job, now), 3), "run_s": round(run_s, 3), "gpu_s": round(gpu_s, 3),
         "gpu_hours": round(gpu_s / 3600.0, 4), "attempts": job.attempt, "preemptions": job.preemptions,

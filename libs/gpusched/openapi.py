@@ -52,7 +52,8 @@ def document() -> dict:
     _, components = msgspec.json.schema_components([SubmitRequest, CommandReply, Error],
                                                         ref_template="#/components/schemas/{name}")
     job_doc = {"type": "object", "description": "a job's document, as `gpusched jobs --json` prints each "
-                                                "(state, attempt, GPUs, team, user, times)"}
+                                                "(state, attempt, GPUs, team, user, times; `via`: the platform "
+                                                "that submitted it on behalf of `user`, null if none)"}
     show_doc = {"type": "object", "description": "as `gpusched show JOB --json`: `job` (its document), `history` "
                                                  "(its facts), `why_pending` / `preemptions` (the scheduler's reasons)"}
     team = {"name": "team", "in": "query", "required": False, "schema": {"type": "string"},

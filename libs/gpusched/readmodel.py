@@ -40,6 +40,7 @@ def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
         "name": spec.name,
         "team": spec.team,
         "user": job.user,
+        "via": job.via or None,  # the platform that submitted it on behalf of `user` (None: the user itself)
         "state": job.state,
         "priority": spec.priority,
         "gpus_requested": spec.gpus,
@@ -188,6 +189,15 @@ def team_doc(state: ClusterState, name: str) -> dict[str, Any]:
     }
 
 
+def cluster_totals(state: ClusterState) -> dict[str, Any]:
+    """The whole cluster's totals beside the teams' rows (`gpusched teams`): sizes, not other
+    teams' work, so a tenant may read them too. The reader answers them, the projector writes
+    them in its meta, a fold of the log computes them: the same figures whoever asks."""
+    return {"total_gpus": state.total_gpus, "free_gpus": state.free_count,
+            "held_gpus": sum(t.held for t in state.teams.values()), "nodes": len(state.nodes),
+            "teams": len(state.teams), "pending_jobs": len(state.pending), "running_jobs": len(state.running)}
+
+
 def queue_docs(state: ClusterState, config=None) -> list[dict[str, Any]]:
     """Pending jobs in the order the running policy (`config`, a PolicyConfig; default: the
     default preset) considers them, with the reason it recorded."""
@@ -295,4 +305,4 @@ def event_line(seq: int, event: ev.Event) -> dict[str, Any]:
             "text": describe(event)}
 
 
-__all__ = ["natural_key", "accounting", "job_doc", "node_doc", "team_doc", "queue_docs", "health_doc", "event_line", "describe", "attempt_text", "gpu_ref"]
+__all__ = ["natural_key", "accounting", "job_doc", "node_doc", "team_doc", "cluster_totals", "queue_docs", "health_doc", "event_line", "describe", "attempt_text", "gpu_ref"]

@@ -39,7 +39,10 @@ def _meta_doc(raw: dict) -> dict[str, Any] | None:
     """The projector's meta hash as a document (None: no projector has written)."""
     if not raw:
         return None
-    return {"seq": int(raw[b"seq"]), "at": float(raw[b"at"]), "written_at": float(raw[b"written_at"])}
+    doc: dict[str, Any] = {"seq": int(raw[b"seq"]), "at": float(raw[b"at"]), "written_at": float(raw[b"written_at"])}
+    if b"cluster" in raw:  # the cluster's totals as of `seq` (`readmodel.cluster_totals`)
+        doc["cluster"] = msgspec.json.decode(raw[b"cluster"])
+    return doc
 
 
 def _decoded(raw: dict) -> list[dict[str, Any]]:

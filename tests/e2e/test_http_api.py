@@ -69,6 +69,10 @@ async def test_a_tenant_submits_to_its_team_only_and_cancels(api):
         assert (await r.json())["job"]["state"] == "pending"
     async with http.get(f"/v1/jobs/{theirs}", headers=bearer(api, "http-alice")) as r:
         assert r.status == 404  # another team's job reads as no job at all
+    async with http.get(f"/v1/jobs/{theirs}", headers=bearer(api, "http-ci")) as r:  # the job's document: both
+        assert r.status == 200, await r.text()
+        doc = (await r.json())["job"]
+    assert (doc["user"], doc["via"]) == ("carol", "http-ci")
     async with http.get("/v1/jobs", headers=bearer(api, "http-alice")) as r:
         assert r.status == 200
         listed = {d["job_id"]: d["team"] for d in await r.json()}

@@ -17,9 +17,11 @@ import sys
 import msgspec
 import pytest
 
+from gpusched import readmodel
 from gpusched.bus import subjects
 from gpusched.bus.control_client import Client
 from gpusched.bus.log import connect
+from gpusched.cli.render import cluster_text
 from gpusched.core.model import JobSpec
 
 from .harness import harness  # noqa: F401
@@ -81,7 +83,8 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
     carol, b, plat, audit = (people[n] for n in ("ra-carol", "ra-bob", "ra-plat", "ra-audit"))
     calls = {
         "jobs": (carol, "jobs", "--json"), "show": (carol, "show", alice, "--json"), "logs": (carol, "logs", alice),
-        "history": (carol, "history", "--json"), "teams": (carol, "teams", "--json"),
+        "history": (carol, "history", "--json"), "teams": (carol, "teams", "--json"), "teams piped": (carol, "teams"),
+        "plat teams": (plat, "teams", "--json"), "audit teams": (audit, "teams", "--json"),
         "b jobs": (b, "jobs", "--json"), "b show": (b, "show", alice, "--json"), "b logs": (b, "logs", alice),
         "b history": (b, "history", "--json"), "b asks nlp": (b, "jobs", "--team", "nlp"),
         "plat jobs": (plat, "jobs", "--json"), "plat show": (plat, "show", alice, "--json"),
@@ -98,6 +101,14 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
     assert got["logs"].returncode == 0 and "alice-secret-output" in got["logs"].stdout, got["logs"].stderr
     assert [(d["job_id"], d["user"]) for d in ok_json(got["history"])] == [(alice, "ra-alice")]
     assert [d["team"] for d in ok_json(got["teams"])] == ["nlp"]
+    # ... and the cluster's totals beside it, in JSON and piped, as everyone reads them
+    totals = readmodel.cluster_totals(h.state)
+    assert totals["total_gpus"] == 4 and totals["free_gpus"] == 4 and totals["nodes"] == 1
+    assert [d["cluster"] for d in ok_json(got["teams"])] == [totals]
+    assert got["teams piped"].stdout.splitlines()[-1] == cluster_text(totals), got["teams piped"].stdout
+    assert "cluster: 4 GPUs on 1 nodes, 4 free, 0 held" in got["teams piped"].stdout
+    assert {d["team"]: d["cluster"] for d in ok_json(got["plat teams"])} == {"nlp": totals}  # (research: no row yet)
+    assert all(d["cluster"] == totals for d in ok_json(got["audit teams"]))
 
     # bob (vision) reads none of it, and sees only his own job
     assert [d["job_id"] for d in ok_json(got["b jobs"])] == [bob]

@@ -64,7 +64,7 @@ async def test_a_platform_submits_for_its_users_and_follows_the_job_through_the_
 
         watching = asyncio.ensure_future(follow())
         doc = await g.show(job_id)
-        assert (doc["job_id"], doc["user"], doc["team"]) == (job_id, "dana", "nlp")
+        assert (doc["job_id"], doc["user"], doc["via"], doc["team"]) == (job_id, "dana", "pc-ci", "nlp")  # both
         await g.cancel(job_id)
         await asyncio.wait_for(watching, 15)
         assert isinstance(seen[0], ev.JobSubmitted) and isinstance(seen[-1], ev.JobCancelled)
@@ -72,7 +72,7 @@ async def test_a_platform_submits_for_its_users_and_follows_the_job_through_the_
         with pytest.raises(NotPermitted, match="acts for team"):  # not one of its teams
             await g.submit(JobSpec(team="vision", gpus=1), on_behalf_of="dana")
         own = await g.submit(JobSpec(team="research", gpus=1))  # its own job: recorded as the platform's
-        assert (await g.show(own))["user"] == "pc-ci"
+        assert ((shown := await g.show(own))["user"], shown["via"]) == ("pc-ci", None)
         await g.cancel(own)  # its second team's job: sent for research, not for nlp (refused before)
         assert (await g.show(own))["state"] == "cancelled"
     async with await Gpusched.connect(harness.nats_url, creds=vic) as other:

@@ -64,6 +64,9 @@ def test_views_from_redis_equal_fold_and_rebuild(nats_url, redis_url, capsys, mo
         from_log = _cli_json(capsys, what, "--json", "--nats", nats_url, "--fold")
         assert from_redis == from_log, what
         assert all(d["seq"] == 14 for d in from_redis)
+        if what == "teams":  # the cluster's totals, the projector's (its meta) as the fold's
+            assert from_redis and all((d["cluster"]["nodes"], d["cluster"]["teams"], d["cluster"]["pending_jobs"])
+                                      == (summary["nodes"], summary["teams"], summary["queue"]) for d in from_redis)
 
     jobs = {d["job_id"]: d for d in _cli_json(capsys, "jobs", "--json", "--nats", nats_url, "--redis", redis_url)}
     assert jobs["mid"]["state"] == "starting"

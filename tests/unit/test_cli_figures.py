@@ -37,6 +37,31 @@ def test_the_bill_records_the_submitting_user():
     assert {r["job_id"]: r["user"] for r in job_records(state, ledger)} == {"a": "bob", "b": None}
 
 
+def test_a_platforms_submit_on_behalf_of_a_user_reads_as_both(capsys):
+    """A platform's submit for bob is bob's job sent via the platform: the job document (`show
+    --json`, `jobs --json`, the client's and the HTTP API's show), `show`'s text and the bill
+    say both, an array's tasks too; a job its user sent says no `via`."""
+    from gpusched import readmodel
+    from gpusched.cli import render
+    from gpusched.core.model import ArraySpec
+
+    t0 = 1_700_000_000.0
+    records = [(1, ev.JobSubmitted(at=t0, job_id="a", spec=JobSpec(team="t1", gpus=1), user="bob", via="ci")),
+               (2, ev.JobSubmitted(at=t0, job_id="arr", spec=JobSpec(team="t1", gpus=1, array=ArraySpec(0, 1)),
+                                   user="bob", via="ci")),
+               (3, ev.JobSubmitted(at=t0, job_id="b", spec=JobSpec(team="t1", gpus=1), user="bob"))]
+    state, ledger = account(records)
+    docs = {j: readmodel.job_doc(state, state.jobs[j]) for j in ("a", "arr_0", "b")}
+    assert {j: (d["user"], d["via"]) for j, d in docs.items()} == {"a": ("bob", "ci"), "arr_0": ("bob", "ci"),
+                                                                  "b": ("bob", None)}
+    assert {r["job_id"]: r["via"] for r in job_records(state, ledger)} == {"a": "ci", "arr_0": "ci", "arr_1": "ci",
+                                                                          "b": None}
+    render.print_show({"job": docs["a"], "now": t0, "seq": 1, "preemptions": [], "preempted_for_it": [], "history": []})
+    assert "user bob (via ci)" in " ".join(capsys.readouterr().out.split())
+    render.print_show({"job": docs["b"], "now": t0, "seq": 3, "preemptions": [], "preempted_for_it": [], "history": []})
+    assert "via" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("text, seconds", [
     ("300", 300), ("90m", 5400), ("2h", 7200), ("1d2h", 93600), ("1h30m15s", 5415), ("1.5h", 5400),
     ("1w", 604800), ("PT2H", 7200), ("P1DT2H", 93600), ("pt90s", 90), ("P1W", 604800),

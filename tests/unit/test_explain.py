@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gpusched.cli.render import _why_lines
 from gpusched.core import events as ev
 from gpusched.core.model import GpuInfo, JobSpec, TeamQuota, TopologyConstraint
 from gpusched.core.state import fold
+from gpusched.policy.config import PRESETS
 from gpusched.policy.explain import explain_pending, explain_preemptions
 
 
@@ -69,3 +71,40 @@ def test_explain_preemptions_names_beneficiary_checkpoint_and_loss():
     first, second = explain_preemptions(history)
     assert (first["for_job"], first["checkpoint"]["step"], first["checkpoint"]["on_request"], first["lost_gpu_s"]) == ("hi", 12, True, 2.0)
     assert (second["for_job"], second["forced"], second["checkpoint"]["step"], second["checkpoint"]["on_request"]) == ("hi2", True, 12, False)
+
+
+# --- "may reclaim N": what the policy's preemption rules would take, no more ------------------
+
+def _reclaim_case(b_jobs):
+    """Team a, under its guarantee of 4, waits for 4 (`w`; 5 with two b jobs); team b, guaranteed 4,
+    runs `b_jobs` (preemptible, sizes), team c the rest of the 8 GPUs, not preemptible."""
+    gpus, events = [f"n{n}/{g}" for n in range(2) for g in range(4)], []
+    for i, size in enumerate(b_jobs):
+        events += _run(f"b{i}", "b", size, 1, preemptible=True, on=gpus[:size])
+        gpus = gpus[size:]
+    events += _run("c0", "c", len(gpus), 1, on=gpus)
+    return fold([*_cluster(), *(ev.TeamQuotaSet(at=0, team=t, quota=TeamQuota(guaranteed=4)) for t in "abc"),
+                 *events, ev.JobSubmitted(at=2, job_id="w", spec=JobSpec(team="a", gpus=5 if len(b_jobs) > 1 else 4))])
+
+
+def test_a_team_at_its_guarantee_is_not_reclaimable():
+    # b holds exactly its guarantee: reclaim takes nothing from it (the old count said 4, and
+    # `show` "under its guarantee: may reclaim from over-share teams")
+    x = explain_pending(_reclaim_case([4]), "w", now=1000.0)
+    assert x["team_quota"]["under_guarantee"] and x["reclaimable_gpus"] == 0 and x["reclaimable_by_team"] == {}
+    lines = " ".join(_why_lines(x, {"state": "pending", "submitted_at": 2.0}, 1000.0))
+    assert "may reclaim" not in lines and "reclaimable GPU" not in " ".join(x["unblock"])
+
+
+def test_reclaim_counts_one_set_not_each_victim_alone():
+    # b holds 6 of its 4 in two 3-GPU jobs: taking one leaves b under its guarantee, so the
+    # rule takes the second no more (each alone, both were takeable: the old count said 6)
+    x = explain_pending(_reclaim_case([3, 3]), "w", now=1000.0)
+    assert x["reclaimable_gpus"] == 3 and x["reclaimable_by_team"] == {"b": 3}
+    lines = " ".join(_why_lines(x, {"state": "pending", "submitted_at": 2.0}, 1000.0))
+    assert "under its guarantee: may reclaim from over-share teams" in lines
+
+
+def test_nothing_is_reclaimable_where_the_policy_never_preempts():
+    x = explain_pending(_reclaim_case([3, 3]), "w", now=1000.0, config=PRESETS["fifo"])
+    assert x["reclaimable_gpus"] == 0

@@ -14,6 +14,7 @@ from gpusched.core.model import JobSpec, ModelQuota, TeamQuota
 from gpusched.core.pools import canonical_model, parse_gpu_types
 from gpusched.core.state import ClusterState
 from gpusched.decider import PLACEMENT_KINDS, PREEMPTOR_KINDS, own_decisions
+from gpusched.policy.config import DEFAULT
 from gpusched.policy.explain import explain_pending
 from gpusched.services.admission import AdmissionConfig, Capacity, admit
 from gpusched.sim.pools import parse_mix, types_of
@@ -389,12 +390,14 @@ def test_show_names_the_per_model_limit_that_stops_a_job_and_what_would_unblock_
 
 def test_show_counts_what_may_be_reclaimed_per_model():
     # a is at its total guarantee but under on H100: b's H100s are reclaimable for an H100 job,
-    # b's A100s never are (the job does not accept them), whatever the totals say
+    # b's A100s never are (the job does not accept them), whatever the totals say; and only
+    # once b1 has run `min_runtime_s`, as the rule takes it
     s = mixed(("a", SPLIT), ("b", A100_ONLY))
     s.run("mine", ["a0/0", "a0/1", "a0/2", "a0/3"], team="a", preemptible=True)
     s.run("b1", ["h0/0", "h0/1"], team="b", preemptible=True)
     s.submit("j", 2, team="a", gpu_type="H100")
-    x = explain_pending(s.state, "j")
+    assert explain_pending(s.state, "j")["reclaimable_gpus"] == 0
+    x = explain_pending(s.state, "j", now=s.state.now + DEFAULT.min_runtime_s)
     assert x["reclaimable_gpus"] == 2 and x["pools"]["under_guarantee"] == ["H100"]
 
 

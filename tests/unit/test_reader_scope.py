@@ -103,3 +103,39 @@ def test_kept_job_documents_are_the_fresh_ones_after_every_record():
                 assert accounting(g, state.now) == accounting(f, state.now)
     assert {d["job_id"] for d in kept.of(state, "nlp")} == {"j-0000000a", "j-0000000c_0", "j-0000000c_1",
                                                               "j-0000000c_2"}
+
+
+def test_shows_predictor_kept_between_answers_learns_what_ended_meanwhile():
+    """The reader keeps `show`'s run-time predictor between answers (`Reader.indexes`): a job
+    granted and completed between two answers is learned as a fresh predictor learns it."""
+    from types import SimpleNamespace
+
+    from gpusched.bus.log import Record
+    from gpusched.cli.stack import simulated_nodes
+    from gpusched.policy.predict import RuntimePredictor
+    from gpusched.services.reader import Reader
+
+    state = ClusterState()
+    folded = SimpleNamespace(listeners=[], state=state, log=None)
+    reader = Reader(folded, config=None)  # type: ignore[arg-type]
+    seq = 0
+
+    def apply(*events):
+        nonlocal seq
+        for e in events:
+            seq += 1
+            state.apply(e, seq)
+            for listener in folded.listeners:
+                listener(Record(seq, e, "", None), state)
+
+    def run(job_id: str, at: float):
+        apply(ev.JobSubmitted(at=at, job_id=job_id, spec=JobSpec(team="nlp", gpus=1)),
+              ev.GpusGranted(at=at, job_id=job_id, attempt=1, gpus=["node00/0"]),
+              ev.JobStarted(at=at, job_id=job_id, attempt=1, node="node00"),
+              ev.JobCompleted(at=at + 100.0, job_id=job_id, attempt=1))
+
+    apply(*simulated_nodes(1, 1, 1, "pairs", at=1.0))
+    run("j-0000000a", 2.0)
+    assert reader.indexes().predictor(state).history.learned == 1  # the first answer: learned from the fold
+    run("j-0000000b", 200.0)  # started and ended between two answers
+    assert reader.indexes().predictor(state).history.learned == RuntimePredictor(state).history.learned == 2

@@ -30,6 +30,7 @@ JOB_FIELDS = [
     Field("attempts", "ATTEMPTS", _s("attempts"), right=True),
     Field("lost_gpu_s", "LOST_GPU_S", _s("lost_gpu_s", lambda x: f"{x:.0f}"), right=True),
     Field("name", "NAME", _s("name"), wide=True), Field("priority", "PRIO", _s("priority"), wide=True),
+    Field("via", "VIA", _s("via"), wide=True),
     Field("started", "STARTED", _s("started_at", iso), wide=True),
     Field("finished", "FINISHED", _s("finished_at", iso), wide=True),
     Field("preemptions", "PREEMPTED", _s("preemptions"), wide=True),

@@ -13,7 +13,7 @@ from gpusched import readmodel
 
 from .output import AT, CONNECTION, FILTERS, columns, display_now, emit, filter_docs, output_parent
 from .reads import _policy, load, show_data, usage, with_accounting
-from .render import FIELDS, PRINTERS, print_show
+from .render import FIELDS, PRINTERS, cluster_text, print_show
 
 
 def _listing(what: str):
@@ -31,7 +31,11 @@ def _listing(what: str):
             docs = [d for d in docs if d.get("state") in ("pending", "starting", "running")]
         used = meta["usage"] if "usage" in meta else asyncio.run(usage(args.redis)) if what == "jobs" else None
         docs = with_accounting(what, docs, display_now(meta), used)
-        emit(docs, FIELDS[what], args, display_now(meta), lambda: PRINTERS[what](docs, meta))
+        cluster = meta.get("cluster") if what == "teams" else None
+        if cluster:  # each team's row carries the cluster's totals, as the table's caption shows them
+            docs = [{**d, "cluster": cluster} for d in docs]
+        emit(docs, FIELDS[what], args, display_now(meta), lambda: PRINTERS[what](docs, meta),
+             footer=cluster_text(cluster) if cluster else None)
         return 0
 
     return run

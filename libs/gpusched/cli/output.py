@@ -270,8 +270,10 @@ def plain_wanted(args: argparse.Namespace) -> bool:
 
 
 def emit(docs: list[dict[str, Any]], fields: list[Field], args: argparse.Namespace, now: float,
-         rich_print: Callable[[], None] | None = None) -> None:
-    """Print documents in the format asked for."""
+         rich_print: Callable[[], None] | None = None, footer: str | None = None) -> None:
+    """Print documents in the format asked for. `footer`: a line under the plain table (what
+    the rich table's caption says), left out with `--no-header` (a script's rows only) and in
+    CSV and JSON (there the documents carry it)."""
     mode = getattr(args, "output", "table")
     if getattr(args, "json", False) or mode == "json":
         json.dump(docs, sys.stdout, indent=None if getattr(args, "compact", False) else 2, default=str)
@@ -290,6 +292,8 @@ def emit(docs: list[dict[str, Any]], fields: list[Field], args: argparse.Namespa
         return
     headers = None if getattr(args, "no_header", False) else [f.header for f in cols]
     sys.stdout.write(plain_table(rows, headers, [f.right for f in cols]))
+    if footer and headers is not None:
+        sys.stdout.write(footer + "\n")
 
 
 __all__ = ["CONNECTION", "FILTERS", "AT", "output_parent", "Field", "emit", "filter_docs", "parse_time",

@@ -124,7 +124,8 @@ async def _views(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]
     if read is None:
         return None
     docs, meta, used = read
-    return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"], **({} if used is None else {"usage": used})}
+    return docs, {"source": "redis", "seq": meta["seq"], "at": meta["at"], **({} if used is None else {"usage": used}),
+                  **({"cluster": meta["cluster"]} if what == "teams" and "cluster" in meta else {})}
 
 
 def _policy(args):
@@ -153,13 +154,19 @@ async def load(args, what: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     if at is not None:  # the past: always a fold of the log up to the cut
         state = await fold_state(args.nats, args.redis, at=at, creds=creds)
         return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now,
-                                                       "past": True}
+                                                       "past": True, **_totals(state, what)}
     read = None if config is not None and what == "queue" else await _views(args, what)
     if read is not None:
         return read
     state = await fold_state(args.nats, args.redis, use_snapshot=not getattr(args, "redis_failed", False),
                              creds=creds)
-    return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now}
+    return docs_from_state(state, what, config), {"source": "log", "seq": state.last_seq, "at": state.now,
+                                                   **_totals(state, what)}
+
+
+def _totals(state: ClusterState, what: str) -> dict[str, Any]:
+    """`teams` carries the cluster's totals (`readmodel.cluster_totals`), as the reader answers them."""
+    return {"cluster": readmodel.cluster_totals(state)} if what == "teams" else {}
 
 
 async def usage(redis: str | None) -> dict[str, dict[str, Any]]:
@@ -285,9 +292,11 @@ async def show_data(nats: str | None, redis: str | None, job_id: str, config=Non
         await event_log.close()
 
 
-async def show_from(event_log, state: ClusterState, job_id: str, config, used: dict | None = None) -> dict[str, Any]:
+async def show_from(event_log, state: ClusterState, job_id: str, config, used: dict | None = None,
+                    indexes=None) -> dict[str, Any]:
     """`show_data` over a fold at hand (the CLI's own, or the reader service's live one): the
-    job's history comes from the log, filtered by subject."""
+    job's history comes from the log, filtered by subject. `indexes`: the fold's, kept by a
+    service across answers (`explain_pending`)."""
     from gpusched.policy.explain import explain_pending, explain_preemptions
 
     if job_id in state.forgotten:
@@ -310,7 +319,7 @@ async def show_from(event_log, state: ClusterState, job_id: str, config, used: d
                              and r.event.job_id != job_id],
     }
     if job.state == "pending":
-        data["why_pending"] = explain_pending(state, job_id, config=config)
+        data["why_pending"] = explain_pending(state, job_id, config=config, indexes=indexes)
     data["partitioned_nodes"] = sorted({state.gpus[g].node for g in job.gpus if state.nodes[state.gpus[g].node].partitioned})
     return data
 

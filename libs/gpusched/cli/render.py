@@ -98,11 +98,16 @@ def _panel(text: str, **kw):
 
 def _caption(meta: dict[str, Any]) -> str:
     text = f"from {meta['source']} at log seq {meta['seq']}"
-    c = meta.get("cluster")  # a tenant's `teams`: the cluster's totals beside its own team
-    if c:
-        text += (f"; cluster: {c['total_gpus']} GPUs on {c['nodes']} nodes, {c['held_gpus']} held, "
-                 f"{c['running_jobs']} running and {c['pending_jobs']} pending jobs in {c['teams']} teams")
-    return text
+    c = meta.get("cluster")  # `teams`: the cluster's totals beside the teams' rows
+    return text + f"; {cluster_text(c)}" if c else text
+
+
+def cluster_text(c: dict[str, Any]) -> str:
+    """The cluster's totals (`readmodel.cluster_totals`) in words: the table's caption, the
+    plain output's last line."""
+    free = f"{c['free_gpus']} free, " if "free_gpus" in c else ""  # (a reader from before it)
+    return (f"cluster: {c['total_gpus']} GPUs on {c['nodes']} nodes, {free}{c['held_gpus']:g} held, "
+            f"{c['running_jobs']} running and {c['pending_jobs']} pending jobs in {c['teams']} teams")
 
 
 STATE_STYLE = {"pending": "yellow", "starting": "cyan", "running": "green", "completed": "dim",
@@ -348,10 +353,12 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
         w.append(f"dependencies: {', '.join(why['dependency'])}")
     tq = why["team_quota"]
     lim = "none" if tq["limit"] is None else tq["limit"]
+    # what the preemption rules would take from other teams for it now (policy/explain._takeable)
+    reclaims = any(n for t, n in (why.get("reclaimable_by_team") or {}).items() if t != why["team"])
     w.append(f"team {why['team']}: holds {tq['held']}, guaranteed {tq['guaranteed']}, limit {lim}"
              + ("  [red]limit stops it[/]" if tq["limit_blocks"] else "")
              + ("  (under its guarantee: may reclaim from over-share teams)"
-                if tq["under_guarantee"] and why.get("reclaimable_gpus") else ""))
+                if tq["under_guarantee"] and reclaims else ""))
     if why.get("pools"):
         gp = why["pools"]
         w.append("GPU pools: " + "  ".join(f"{p} {r['free']}/{r['gpus']} free" for p, r in gp["rows"].items())
@@ -360,7 +367,7 @@ def _why_lines(why: dict[str, Any], d: dict[str, Any], now: float) -> list[str]:
                  + (f"; team {why['team']} held/guar<=limit: {pool_text(gp['rows'])}" if gp["terms"] else "")
                  + (f"  [red]per-model limit stops it on {', '.join(gp['at_limit'])}[/]" if gp.get("at_limit") else "")
                  + (f"  (under its per-model guarantee on {', '.join(gp['under_guarantee'])}: may reclaim there)"
-                    if gp.get("under_guarantee") and why.get("reclaimable_gpus") else ""))
+                    if gp.get("under_guarantee") and reclaims else ""))
     topo = why["topology"]
     w.append(f"needs {why['needs']['min_gpus']} GPU(s) within one {topo['level']}: {topo['free_total']} of "
              f"{topo['gpus_total']} free in the cluster; {topo['domains_considered']} {topo['level']}(s) considered"
@@ -433,7 +440,8 @@ def print_show(data: dict[str, Any]) -> None:
     d = data["job"]
     now = data["now"]
     head = (f"[bold]{d['job_id']}[/] {d['name']}  team [bold]{d['team']}[/]"
-            + (f" user [bold]{d['user']}[/]" if d.get("user") else "") + f"  {d['priority']}  "
+            + (f" user [bold]{d['user']}[/]" if d.get("user") else "")
+            + (f" (via {d['via']})" if d.get("via") else "") + f"  {d['priority']}  "
             f"[{STATE_STYLE.get(d['state'], '')}]{d['state']}[/]  wants {_wants(d)}"
             + (f" (min {d['min_gpus']})" if d["min_gpus"] != d["gpus_requested"] else "")
             + _per_node(d.get("cpus"), d.get("memory_mb"))

@@ -113,6 +113,7 @@ class Job(Struct):
     idle_requeues: int = 0
     yielded_idle: bool = False  # requeued by an idle timeout: waits behind the queue until granted
     user: str = ""
+    via: str = ""  # the platform that submitted it on behalf of `user` ("": the user itself)
     hold: str | None = None  # held (`gpusched hold`): who held it and why; None: not held
     updates: int = 0  # `JobUpdated` applied (the queue index re-sorts a job whose count moved)
     array_job: str = ""  # a task of a job array: the array's id (the task's id is `<array>_<index>`)

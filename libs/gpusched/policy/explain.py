@@ -32,9 +32,11 @@ from .backfill import expected_end
 from .config import DEFAULT, PolicyConfig
 from .eligibility import not_eligible
 from .guarantee import Firm
+from .memo import Indexes
 from .ordering import ordered
-from .pools import choices, pool_rows
-from .preemption import back_off_s
+from .pools import choices, pool_of_gpus, pool_rows
+from .predict import Estimate
+from .preemption import VictimSearch, back_off_s, takeable
 
 #: How many holders / domains an explanation lists (the rest are summed up).
 TOP = 8
@@ -277,9 +279,10 @@ def _held_not_leaving(state: ClusterState) -> dict[str, float]:
 
 
 def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
-                    config: PolicyConfig = DEFAULT) -> dict[str, Any]:
+                    config: PolicyConfig = DEFAULT, indexes: Indexes | None = None) -> dict[str, Any]:
     """A structured explanation of why `job_id` waits (see the module docstring), under the
-    running policy `config`."""
+    running policy `config`. `indexes`: the caller's indexes of `state`, kept across calls (the
+    reader's), so that the run-time predictor is not learned again from every completed job."""
     now = state.now if now is None else now
     job = state.jobs[job_id]
     spec = job.spec
@@ -307,7 +310,7 @@ def explain_pending(state: ClusterState, job_id: str, now: float | None = None,
     out["team_quota"] = _team_standing(state, job)
     out["pools"] = _pools_standing(state, job)
     out["topology"] = _where(state, job)
-    out.update(_holders(state, job, now, config, out["team_quota"]["under_guarantee"], out["pools"]))
+    out.update(_holders(state, job, now, config, out["pools"], indexes or Indexes()))
     out["queue"] = _ahead(state, job_id, now, config)
     out["unblock"] = _unblock(state, job, out) + _protected(state, job, now, config, out)
     eta, span = _policy_eta(job, now)
@@ -441,8 +444,8 @@ def _where(state: ClusterState, job: Job) -> dict[str, Any]:
     return topology
 
 
-def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig, under_guarantee: bool,
-             pools: dict[str, Any] | None = None) -> dict[str, Any]:
+def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig,
+             pools: dict[str, Any] | None, indexes: Indexes) -> dict[str, Any]:
     """Who holds GPUs (biggest first), per team, and how many the policy may reclaim for it."""
     holders: list[dict[str, Any]] = []
     by_team: dict[str, int] = {}
@@ -458,16 +461,50 @@ def _holders(state: ClusterState, job: Job, now: float, config: PolicyConfig, un
             "preempting": h.preemption is not None,
         })
     holders.sort(key=lambda h: (-h["gpus"], h["job_id"]))
-    spec, rank = job.spec, PRIORITY_RANK[job.spec.priority]
-    # Preemptible holders the policy may reclaim for it: in its own team, lower priority ones;
-    # in other teams (priority orders work only within a team's entitlement), those of a team
-    # over its share, or any while its own team is under its guarantee (the fold's fairness rule).
-    # Where per-model terms judge (either team has them), on the holder's pool (`rules.judged_on`).
-    reclaimable = [h for h in holders if h["preemptible"] and not h["preempting"] and (
-        PRIORITY_RANK[h["priority"]] < rank if h["team"] == spec.team
-        else _reclaimable(state, job, state.jobs[h["job_id"]], under_guarantee, pools))]
+    taken: dict[str, int] = {}
+    for v in _takeable(state, job, now, config, pools, indexes):
+        taken[v.spec.team] = taken.get(v.spec.team, 0) + len(v.gpus)
     return {"holders": holders[:TOP], "held_by_team": dict(sorted(by_team.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "reclaimable_gpus": sum(h["gpus"] for h in reclaimable)}
+            "reclaimable_gpus": sum(taken.values()),
+            "reclaimable_by_team": dict(sorted(taken.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
+def _takeable(state: ClusterState, job: Job, now: float, config: PolicyConfig,
+              pools: dict[str, Any] | None, indexes: Indexes) -> list[Job]:
+    """The running jobs the policy's preemption rules would take for `job` now
+    (`preemption.takeable`), as a cycle's candidates (`steps/victims`): preemptible whole-GPU
+    jobs not yielding already, past `min_runtime_s`, holding GPUs of a pool the job is tried on;
+    teams' holdings less what is already asked to yield. None without preemption."""
+    if not config.preemption:
+        return []
+    accepts = set(pools["accepts"]) if pools is not None and pools["accepts"] else None
+    cands = [h for h in (state.jobs[j] for j in state.running)
+             if h.gpus and h.spec.preemptible and not h.spec.partial and h.preemption is None
+             and (h.started_at is None or now - h.started_at >= config.min_runtime_s)
+             and (accepts is None or not accepts.isdisjoint(pool_of_gpus(state, h.gpus)))]
+    if not cands:
+        return []
+    leaving: dict[Any, float] = {}  # team, and (team, GPU pool) -> GPUs of its jobs asked to yield
+    for jid in state.running:
+        y = state.jobs[jid]
+        if y.preemption is not None:
+            leaving[y.spec.team] = leaving.get(y.spec.team, 0) + len(y.gpus)
+            for p, n in pool_of_gpus(state, y.gpus).items():
+                leaving[(y.spec.team, p)] = leaving.get((y.spec.team, p), 0) + n
+
+    def pool_view(team: str, pool: str) -> tuple[float, float, int]:
+        t = state.teams.get(team)
+        return (t.pool_held.get(pool, 0) if t is not None else 0), leaving.get((team, pool), 0), 0
+
+    owed = config.fair_owed_after_s is None or indexes.queue(state, config).owed(job.spec.team, now)
+    left = None
+    if config.preempt_predicted:
+        def left(v: Job) -> Estimate:  # the predictor learns the completed jobs only if asked
+            return indexes.predictor(state).estimate(v, now)
+    search = VictimSearch(state, job, now, config, lambda t: state.teams[t].held, lambda _: True,
+                          {k: n for k, n in leaving.items() if isinstance(k, str)}, left=left,
+                          pool_view=pool_view, owed=owed)
+    return takeable(search, cands)
 
 
 def _ahead(state: ClusterState, job_id: str, now: float, config: PolicyConfig) -> dict[str, Any]:
@@ -537,26 +574,6 @@ def _slices_unblock(state: ClusterState, job: Job) -> str:
     held = f": held by {', '.join(holders[:5])}" if holders else ""
     return (f"{spec.mig_count} free {spec.mig} slice(s) on one GPU{held}, or an admin's `gpusched mig set` "
             f"with {spec.mig} slices on an idle MIG GPU")
-
-
-def _reclaimable(state: ClusterState, job: Job, holder: Job, under_guarantee: bool, pools: dict[str, Any] | None) -> bool:
-    """Another team's preemptible holder the policy may reclaim for `job`: its team over its
-    share, or the job's under its own; on the holder's GPU pool where per-model terms judge."""
-    mine, theirs = state.teams.get(job.spec.team), state.teams.get(holder.spec.team)
-    pool = rules.pool_of(state, holder.gpus)
-    if pool is None or not ((mine is not None and mine.quota.models) or (theirs is not None and theirs.quota.models)):
-        return _over_share(state, holder.spec.team) or under_guarantee
-    if pools is not None and pools["accepts"] and pool not in pools["accepts"]:
-        return False  # it frees nothing the job is tried on
-    vh, vg = _judged(theirs, pool)
-    fh, fg = _judged(mine, pool)
-    return vh > vg or fh < fg
-
-
-def _judged(t, pool: str) -> rules.Standing:
-    if t is None:
-        return 0, 0
-    return rules.judged_on(t.quota, t.held, t.pool_held, pool)
 
 
 def _over_share(state: ClusterState, team: str, held: float | None = None) -> bool:

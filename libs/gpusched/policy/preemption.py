@@ -496,6 +496,31 @@ def admitted(search: VictimSearch, v: Job, gone: list[Job]) -> bool:
     return rule.admits(v, drop)[0]
 
 
+def takeable(search: VictimSearch, candidates: list[Job]) -> list[Job]:
+    """The candidates one victim set may take for the search's job, wherever their GPUs lie:
+    in the order sets take them (`_in_order`), those of teams at or below their guarantee last
+    (`_greedy`), each judged with the ones before it gone (taking from a team lowers its
+    standing: the rules may refuse its next job). What `show` counts as reclaimable
+    (`policy.explain`), by the rules themselves, not a second copy of them."""
+    rule = _Rule(search)
+    drop: Drop = {}
+    taken: list[Job] = []
+    later: list[Job] = []
+    within: list[tuple[Job, dict[object, int]]] = [(v, {}) for v in candidates]
+    for v, _ in _in_order(search.state, within, search.now, search.config, search.held, search.leaving, {}):
+        ok, protected = rule.admits(v, drop)
+        if ok and protected:
+            later.append(v)
+        elif ok:
+            taken.append(v)
+            rule.take(v, drop)
+    for v in later:
+        if rule.admits(v, drop)[0]:
+            taken.append(v)
+            rule.take(v, drop)
+    return taken
+
+
 def _greedy(rule: _Rule, group: list[tuple[Job, int]], want: int, lost) -> tuple[list[Job], int] | None:
     """Take victims in order until they free `want` GPUs in the group, never one the rules
     forbid; victims of teams at or below their guarantee only after every other candidate; then

@@ -68,7 +68,8 @@ def submit_array(st: ClusterState, e: ev.JobSubmitted) -> None:
         env = {**e.spec.env, "GPUSCHED_ARRAY_JOB_ID": e.job_id, "GPUSCHED_ARRAY_INDEX": str(i),
                "SLURM_ARRAY_JOB_ID": e.job_id, "SLURM_ARRAY_TASK_ID": str(i)}
         spec = msgspec.structs.replace(e.spec, env=env)
-        st.jobs[jid] = Job(jid, spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user, array_job=e.job_id)
+        st.jobs[jid] = Job(jid, spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user,
+                           via=e.via, array_job=e.job_id)
         st.pending[jid] = None
     if e.request_id:
         st.requests[e.request_id] = e.job_id

@@ -52,7 +52,7 @@ def on_submitted(st: ClusterState, e: ev.JobSubmitted) -> None:
     if e.job_id in st.jobs or e.job_id in st.forgotten:
         violate(st, "duplicate_job", f"job {e.job_id} submitted twice", [e.job_id])
         return
-    st.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user)
+    st.jobs[e.job_id] = Job(e.job_id, e.spec, e.at, held_since=e.at, request_id=e.request_id, user=e.user, via=e.via)
     st.pending[e.job_id] = None
     if e.request_id:
         st.requests[e.request_id] = e.job_id
