@@ -23,7 +23,8 @@ from pathlib import Path
 FAIR = "tiresias+fairshare=true"
 #: `full` with fairness over a horizon (docs/policy.md), opt-in, in the same run
 HORIZON = "full+fair_owed_after_s=3600+reserve_after_s=86400"
-RUNS = f"fifo,tiresias,{FAIR},full,{HORIZON}"
+#: Every preset of a scenario's compare; `--with-horizon` adds HORIZON (opt-in, a fifth of the time).
+RUNS = f"fifo,tiresias,{FAIR},full"
 #: `full`'s knobs that trade fairness against JCT, each at -50% and +50% of its default
 #: (`--variants`); how each default was chosen is in docs/policy.md. Not here: the LAS queue
 #: limits (a list, Tiresias's published defaults) and `max_preemptors_per_cycle` (a rate, not a
@@ -174,6 +175,22 @@ def frontier(saved: dict[str, dict[str, dict]], path: Path, sens: dict[str, dict
     fig.savefig(path, dpi=110)
 
 
+def run_all(outs: dict[Path, list[str]], presets: str, jobs: int) -> None:
+    """One `gpusched sim --compare PRESETS --json OPTS` per output file, `jobs` at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item: tuple[Path, list[str]]) -> None:
+        out, opts = item
+        cmd = [sys.executable, "-m", "gpusched.cli.main", "sim", "--compare", presets, "--json", *opts]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode == 0:
+            out.write_text(done.stdout)
+        print(f"{out.stem}: rc={done.returncode}  {' '.join(cmd[3:])}", flush=True)
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        list(pool.map(one, outs.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="src", type=Path, help="render the saved runs of this folder")
@@ -188,6 +205,8 @@ def main() -> None:
     ap.add_argument("--sens-out", type=Path, help="run the sensitivity compare on each week (2x32x8, the peer's "
                     "assumptions), saving DIR/<week>.json")
     ap.add_argument("--md", type=Path, help="write the results page here")
+    ap.add_argument("--jobs", type=int, default=1, help="compare runs at once (each one process)")
+    ap.add_argument("--with-horizon", action="store_true", help=f"with --out: add {HORIZON} to each compare")
     args = ap.parse_args()
     if args.variants:
         print(variants())
@@ -208,13 +227,10 @@ def main() -> None:
         ap.error("--from DIR or --out DIR")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        for key, opts in scenarios(args.shared, args.weeks.split(","), args.out).items():
-            for mode, extra in MODES.items():
-                cmd = [sys.executable, "-m", "gpusched.cli.main", "sim", "--compare", RUNS, "--json", *opts, *extra]
-                done = subprocess.run(cmd, capture_output=True, text=True)
-                if done.returncode == 0:
-                    (args.out / f"{key}_{mode}.json").write_text(done.stdout)
-                print(f"{key}_{mode}: rc={done.returncode}  {' '.join(cmd[3:])}", flush=True)
+        runs = RUNS + (f",{HORIZON}" if args.with_horizon else "")
+        run_all({args.out / f"{key}_{mode}.json": [*opts, *extra]
+                 for key, opts in scenarios(args.shared, args.weeks.split(","), args.out).items()
+                 for mode, extra in MODES.items()}, runs, args.jobs)
     saved = {p.stem: json.loads(p.read_text())["runs"] for p in sorted(folder.glob("*.json"))
              if p.read_text().strip()}
     if args.sensitivity:
