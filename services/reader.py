@@ -222,11 +222,12 @@ class Reader:
 
     async def read_teams(self, asker: Asker, request: dict) -> dict:
         from gpusched import readmodel
-        from gpusched.cli.reads import docs_from_state
+        from gpusched.cli.reads import docs_from_state, fold_state
 
-        state = self.state
+        at = request.get("at")  # `teams --at`: the standing then, as `jobs --at` reads the jobs then
+        state = self.state if at is None else await fold_state(self.nats, None, at=str(at))
         return {"docs": docs_from_state(state, "teams", team=asker.team), "cluster": readmodel.cluster_totals(state),
-                "meta": {"source": "reader", "seq": state.last_seq, "at": state.now}}
+                "meta": {"source": "reader", "seq": state.last_seq, "at": state.now, **({"past": True} if at else {})}}
 
     async def read_show(self, asker: Asker, request: dict) -> dict:
         from gpusched.cli.reads import show_from

@@ -22,6 +22,7 @@ from gpusched.bus import subjects
 from gpusched.bus.control_client import Client
 from gpusched.bus.log import connect
 from gpusched.cli.render import cluster_text
+from gpusched.core.events import GpusGranted
 from gpusched.core.model import JobSpec
 
 from .harness import harness  # noqa: F401
@@ -81,7 +82,10 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
 
     # every read at once (they are independent; 14 CLI starts one after another take long)
     carol, b, plat, audit = (people[n] for n in ("ra-carol", "ra-bob", "ra-plat", "ra-audit"))
+    await h.sync()
+    granted = next(seq for seq, e in h.records if isinstance(e, GpusGranted) and e.job_id == alice)
     calls = {
+        "teams then": (carol, "teams", "--json", "--at", str(granted)),
         "jobs": (carol, "jobs", "--json"), "show": (carol, "show", alice, "--json"), "logs": (carol, "logs", alice),
         "history": (carol, "history", "--json"), "teams": (carol, "teams", "--json"), "teams piped": (carol, "teams"),
         "plat teams": (plat, "teams", "--json"), "audit teams": (audit, "teams", "--json"),
@@ -109,6 +113,9 @@ async def test_a_tenant_reads_its_team_and_nothing_of_another(harness, people): 
     assert "cluster: 4 GPUs on 1 nodes, 4 free, 0 held" in got["teams piped"].stdout
     assert {d["team"]: d["cluster"] for d in ok_json(got["plat teams"])} == {"nlp": totals}  # (research: no row yet)
     assert all(d["cluster"] == totals for d in ok_json(got["audit teams"]))
+    # ... and as it stood when alice's job was granted (`--at`), not as it stands now
+    then = ok_json(got["teams then"])
+    assert [(d["team"], d["held"], d["seq"]) for d in then] == [("nlp", 1, granted)], then
 
     # bob (vision) reads none of it, and sees only his own job
     assert [d["job_id"] for d in ok_json(got["b jobs"])] == [bob]
