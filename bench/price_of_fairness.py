@@ -185,7 +185,8 @@ def run_all(outs: dict[Path, list[str]], presets: str, jobs: int) -> None:
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode == 0:
             out.write_text(done.stdout)
-        print(f"{out.stem}: rc={done.returncode}  {' '.join(cmd[3:])}", flush=True)
+        print(f"{out.stem}: rc={done.returncode}  {' '.join(cmd[3:])}" + (f"\n{done.stderr[-2000:]}" if done.returncode else ""),
+              flush=True)
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         list(pool.map(one, outs.items()))

@@ -362,6 +362,20 @@ def test_tiresias_preempts_a_job_of_a_later_las_queue():
     assert s.state.violations() == []
 
 
+def test_a_job_granted_at_this_instant_is_not_taken_at_it():
+    """`back` attained 8000 GPU-s (queue 2), was preempted and granted again at t=1000; a new job
+    (queue 0) comes at 1000. With min_runtime_s 0 (tiresias) it was taken at once, and on the
+    Philly week of 2017-10-30 (fair share, free checkpoints) a 4-GPU gang freed 1-GPU jobs that
+    the jobs behind it took at the same instant, 1,000 cycles without time moving on."""
+    s = Scenario(racks=1, nodes=1)
+    s.run("back", N0, at=0, preemptible=True)
+    s.apply(ev.GpusReleased(at=1000, job_id="back", reason="preempted"))
+    s.run("back", N0, at=1000)
+    s.submit("new", 8, at=1000)
+    assert summary(s.cycle("tiresias", now=1000)) == []
+    assert summary(s.cycle("tiresias", now=1001))[0] == ("preempt", "back", "new")
+
+
 def test_tiresias_does_not_preempt_within_a_queue():
     s = Scenario(racks=1, nodes=2)
     s.run("a", N0, at=800, preemptible=True)  # 1600 GPU-s by t=1000: queue 0, as the new job
