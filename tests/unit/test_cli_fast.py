@@ -42,3 +42,23 @@ def test_the_quick_paths_import_no_client_library(argv):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stderr.strip().splitlines()[-1]) == []
     assert "gpusched" in proc.stdout
+
+
+def test_a_command_run_as_the_process_leaves_without_collecting_again_and_one_called_in_process_does_not():
+    """`gpusched` (main() with this process's arguments) freezes the collector when the command is
+    done, so the interpreter's exit does not walk every object again; main(argv), called by a
+    test or a program that goes on, leaves the collector as it was."""
+    proc = subprocess.run([sys.executable, "-c", """
+import gc, json, sys
+from gpusched.cli.main import main
+def frozen_after(call):
+    try:
+        call()
+    except SystemExit:
+        pass
+    return gc.get_freeze_count() > 0
+in_process = frozen_after(lambda: main(["--version"]))
+sys.argv = ["gpusched", "--version"]
+print(json.dumps([in_process, frozen_after(main)]), file=sys.stderr)
+"""], capture_output=True, text=True, timeout=60)
+    assert json.loads(proc.stderr.strip().splitlines()[-1]) == [False, True], proc.stderr

@@ -167,6 +167,25 @@ def _add_creds(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command `argv` names (None: this process's arguments, and this process is the command)."""
+    try:
+        return _main(argv)
+    finally:
+        if argv is None:  # the process ends with the command: nothing after it needs the collector
+            _leave_quickly()
+
+
+def _leave_quickly() -> None:
+    """Move every object to the collector's permanent generation, so that the interpreter's exit
+    does not walk them all again (its collections at exit were a sixth of admin's `jobs` from
+    Redis, 1,000 jobs: tens of ms of CPU). Objects are still freed by reference counting;
+    only cycles are left to the process's end, and `atexit` runs as before."""
+    import gc
+
+    gc.freeze()
+
+
+def _main(argv: list[str] | None) -> int:
     from gpusched.cli.ownership import refusal
 
     if (why := refusal()) is not None:  # another distribution owns `gpusched` too
