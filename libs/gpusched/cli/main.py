@@ -9,9 +9,16 @@ distribution installs the `gpusched` package too (`cli.ownership`), 130 interrup
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
+
+#: argparse translates each of its own words (a parser's "options", each "-h" help: about a
+#: hundred at every start, one per stand-in command) with gettext, which looks for a catalogue
+#: on disk at every call (65 us each on this machine: half of building the parser). A process's
+#: translation of a word does not change, so each is looked up once.
+argparse._ = functools.cache(argparse._)  # type: ignore[attr-defined]
 
 #: Modules that add subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
