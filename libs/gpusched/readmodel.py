@@ -12,9 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .core.model import split_gpu_id
-from .core.records import gpu_count
-
 if TYPE_CHECKING:  # the fold's types: a client that only prints documents never loads the fold
     from .core import events as ev
     from .core.state import ClusterState, Job
@@ -29,11 +26,15 @@ def natural_key(name: str) -> tuple:
 
 
 def gpu_ref(g: str) -> dict[str, Any]:
+    from .core.model import split_gpu_id  # here: a client that only prints documents never loads the model
+
     node, index = split_gpu_id(g)
     return {"gpu": g, "node": node, "index": index}
 
 
 def job_doc(state: ClusterState, job: Job) -> dict[str, Any]:
+    from .core.records import gpu_count
+
     spec = job.spec
     doc: dict[str, Any] = {
         "job_id": job.job_id,

@@ -69,10 +69,12 @@ def test_creds_given_on_the_command_line_are_used_and_the_environment_is_left_as
     assert again == 2 and "cannot reach the reader service at gpusched.read.jobs.cv.hal" in proc.stderr, proc.stderr
 
 
-#: What a listing through the reader never needs: JetStream's client, the fold and its events,
-#: importlib.metadata (nats-py's version is read from its dist-info's name), rich (a pipe).
+#: What a listing through the reader never needs: JetStream's client, the fold and its events, the
+#: model's types (readmodel loads them only to build documents from a fold), importlib.metadata
+#: (nats-py's version is read from its dist-info's name), rich (a pipe).
 NOT_FOR_A_READER_LISTING = ("nats.js", "nats.js.api", "gpusched.core.state", "gpusched.core.events",
-                            "importlib.metadata", "rich", "redis", "gpusched.bus.log")
+                            "gpusched.core.model", "gpusched.core.records", "importlib.metadata", "rich", "redis",
+                            "gpusched.bus.log")
 
 
 def test_a_tenants_jobs_through_the_reader_loads_no_jetstream_nor_fold(trust, nats_server, redis_url, tmp_path):

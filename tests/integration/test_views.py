@@ -99,6 +99,34 @@ def test_jobs_from_redis_reads_the_views_and_the_usage_on_one_connection(nats_ur
     assert connections == 1
 
 
+#: What admin's `jobs` from the read models (no reader service: its request answered 503 "no
+#: responders") never needs: JetStream's client, importlib.metadata, the fold and its events.
+NOT_FOR_A_REDIS_LISTING = ("nats.js", "nats.js.api", "importlib.metadata", "gpusched.core.state",
+                           "gpusched.core.events", "gpusched.bus.log")
+
+
+def test_admins_jobs_without_a_reader_reads_redis_loading_no_jetstream_nor_metadata(nats_url, redis_url, capsys):
+    """Admin asks the reader first (the live fold); with no reader running it reads the read models
+    in Redis, the same jobs as a fold of the log, without loading JetStream's client (nats-py
+    looked up the 503's status header in it) or importlib.metadata (redis-py reads its own
+    version with it): a fifth of such a call's start."""
+    import subprocess
+    import sys
+
+    asyncio.run(_append_all(nats_url, _scenario()))
+    asyncio.run(projector.rebuild_views(nats_url, redis_url))
+    code = ("import json, sys\nfrom gpusched.cli.main import main\nrc = main(%r)\n"
+            "print(json.dumps([rc, sorted(m for m in %r if m in sys.modules)]), file=sys.stderr)"
+            % (["jobs", "--json", "--nats", nats_url, "--redis", redis_url], NOT_FOR_A_REDIS_LISTING))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    rc, loaded = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert rc == 0, proc.stderr
+    from_log = _cli_json(capsys, "jobs", "--json", "--nats", nats_url, "--fold")
+    assert [(d["job_id"], d["state"], d["seq"]) for d in json.loads(proc.stdout)] == \
+        [(d["job_id"], d["state"], d["seq"]) for d in from_log]
+    assert loaded == []
+
+
 def test_projector_follows_live(nats_url, redis_url):
     async def scenario():
         events = _scenario()

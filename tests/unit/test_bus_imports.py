@@ -40,3 +40,36 @@ print(json.dumps({{"before": before, "after": type(real).__name__,
     assert seen["before"] == ["Deferred", False, False, False]
     assert seen["after"] == "module" and seen["one"] and seen["stream"] == "nats.js.client"
     assert seen["version"] == version("nats-py")  # what the client tells the server in CONNECT
+
+
+def test_the_status_headers_answered_without_jetstream_are_every_one_nats_py_reads():
+    """nats-py's client reads `nats.js.api.Header.NAME` of a message with a status (a request's 503
+    "no responders"): `gpusched.bus.StatusHeader` answers those names without loading JetStream's
+    package, so it must hold every name the client reads, with the real header's value."""
+    import re
+    from pathlib import Path
+
+    import nats.aio.client
+    import nats.js.api
+
+    from gpusched.bus import StatusHeader
+
+    read = set(re.findall(r"nats\.js\.api\.Header\.([A-Z_]+)", Path(nats.aio.client.__file__).read_text()))
+    assert read and read <= set(StatusHeader.__members__), read - set(StatusHeader.__members__)
+    assert {h.name: h.value for h in StatusHeader} == {n: nats.js.api.Header[n].value for n in StatusHeader.__members__}
+
+
+
+def test_redis_loads_without_importlib_metadata_and_still_tells_the_server_its_version():
+    """redis-py imports importlib.metadata at its start to read its own version when it connects:
+    it loads with a stand-in, and every connection is given the version its dist-info names (what
+    CLIENT SETINFO says); redis-py's own lookup still works, loading the real module then."""
+    seen = _run("""
+import json, sys
+from gpusched import redis_client
+before = 'importlib.metadata' in sys.modules
+import redis.utils
+print(json.dumps([before, redis_client.DRIVER.lib_version, redis.utils.get_lib_version(),
+                  type(sys.modules['importlib.metadata']).__name__]))
+""")
+    assert seen == [False, version("redis"), version("redis"), "module"]

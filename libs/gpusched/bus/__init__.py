@@ -9,21 +9,26 @@ So nats is first imported here without them, each loaded as usual by whoever nee
 - its JetStream package `nats.js` (some fifty dataclasses): the client refers to it as
   `nats.js.…` only when it handles a status header or makes a JetStream context, so it stands in
   as `Deferred` until then (`bus.log` imports it at once: every user of the log has it as before).
+  Of a status header (a request's 503 "no responders": admin's `jobs` when no reader runs) it
+  reads only the three names of `StatusHeader`, so those are answered without loading it.
 """
 
+import enum as _enum
 import os as _os
 import sys as _sys
 import types as _types
 
+from gpusched.deferred import Deferred
+from gpusched.deferred import dist_version as _dist_version
 
-class Deferred(_types.ModuleType):
-    """Stands in for a package as its parent's attribute: the first name asked of it imports the
-    real package (the usual way: `sys.modules`, the parent's attribute) and is read from it."""
 
-    def __getattr__(self, name: str):  # only names this stand-in does not have
-        import importlib
+class StatusHeader(str, _enum.Enum):
+    """The names of `nats.js.api.Header` that nats-py's client reads of a message with a status
+    (tests/unit/test_bus_imports.py checks them against nats-py's source and values)."""
 
-        return getattr(importlib.import_module(self.__name__), name)
+    STATUS = "Status"
+    DESCRIPTION = "Description"
+    CONSUMER_STALLED = "Nats-Consumer-Stalled"
 
 
 def _hidden(names: list[str]) -> list[str]:
@@ -32,16 +37,6 @@ def _hidden(names: list[str]) -> list[str]:
     for n in hidden:
         _sys.modules[n] = None  # type: ignore[assignment]
     return hidden
-
-
-def _dist_version(package_dir: str, dist: str) -> str:
-    """A distribution's version from its `NAME-VERSION.dist-info` beside its package."""
-    site = _os.path.dirname(package_dir)
-    prefix = dist.replace("-", "_") + "-"
-    for name in _os.listdir(site):
-        if name.startswith(prefix) and name.endswith(".dist-info"):
-            return name[len(prefix):-len(".dist-info")]
-    return "0.0.0"
 
 
 if "nats" not in _sys.modules:
@@ -56,6 +51,8 @@ if "nats" not in _sys.modules:
         if _spec is not None:
             _deferred = Deferred(_spec.name)
             _deferred.__spec__ = _spec  # what `import nats.js` reads of a module already there
+            _deferred.api = Deferred(_spec.name + ".api")  # type: ignore[attr-defined] # any other name: the real one
+            _deferred.api.Header = StatusHeader  # type: ignore[attr-defined]
             _sys.modules[_spec.name] = _deferred
         import nats.aio.client  # noqa: F401 - its imports of the hidden fail softly
     finally:
