@@ -30,7 +30,7 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     priority: bool = True
     #: Preempt preemptible running jobs for blocked higher-priority (or under-share) jobs.
     preemption: bool = True
-    #: Order teams by fair share (guaranteed share first, then weighted decayed usage).
+    #: Order teams by fair share (guaranteed share first, then decayed borrowing beyond it ÷ weight).
     fairshare: bool = True
     #: Preemption asks the job to checkpoint and waits `checkpoint_grace_s`; else it kills at once.
     checkpoint: bool = True
@@ -219,7 +219,7 @@ PRESETS: dict[str, PolicyConfig] = {
     "topo": _FIFO.replace(strict_fifo=False, gang=True, topology=True),
     # + priority classes and preemption of preemptible lower-priority jobs (killed at once).
     "preempt": _FIFO.replace(strict_fifo=False, gang=True, topology=True, priority=True, preemption=True),
-    # + team fair share: guaranteed share first, weighted decayed usage, hard limits, reclaim.
+    # + team fair share: guaranteed share first, decayed borrowing ÷ weight, hard limits, reclaim.
     "fairshare": _FIFO.replace(
         strict_fifo=False, gang=True, topology=True, priority=True, preemption=True, fairshare=True
     ),
