@@ -63,6 +63,21 @@ def _borrowing(s: Scenario) -> None:
     s.submit("big-1", 1, team="big", at=18002)
 
 
+def _credit(s: Scenario) -> None:
+    # low (guaranteed 4, held none for hours, now its 4) borrowed 1 GPU for 400 s; tiny,
+    # guaranteed none, held 1 GPU for 200 s. low's hours below its guarantee are its credit:
+    # what it left unused it may borrow first (a team guaranteed nothing has none to leave).
+    s.team("low", guaranteed=4)
+    s.team("tiny", guaranteed=0)
+    s.run("base", gpus("r0n0", 0, 1, 2, 3), team="low", at=20000)
+    s.run("l", gpus("r0n0", 4), team="low", at=20000)
+    s.run("t", gpus("r0n0", 5), team="tiny", at=20000)
+    s.finish("t", at=20200)
+    s.finish("l", at=20400)
+    s.submit("low-1", 1, team="low", at=20401)
+    s.submit("tiny-1", 1, team="tiny", at=20402)
+
+
 def _requeued(s: Scenario) -> None:
     s.submit("old", 1, at=1)
     s.submit("new", 1, at=5)
@@ -94,6 +109,8 @@ CASES = {
         _borrowing, "fairshare", {}, ["big-1", "tiny-1"]),
     "... all of its usage with fairshare_by=usage": (_borrowing, "fairshare", {"fairshare_by": "usage"},
                                                        ["tiny-1", "big-1"]),
+    "time below a guarantee is credit: a team borrows first what it left unused": (
+        _credit, "fairshare", {}, ["low-1", "tiny-1"]),
     "a requeued job keeps its submission time": (_requeued, "topo", {}, ["old", "new"]),
     "least attained service first among equal jobs": (_las, "topo", {"las": True}, ["new", "served"]),
     "without LAS, submission order": (_las, "topo", {}, ["served", "new"]),
