@@ -590,11 +590,17 @@ READING = """## Reading
   preempt and fairshare kill victims at once and lose {pre_lost:.0f} and {fs_lost:.0f} GPU-hours
   of work since the victims' last checkpoints. full asks victims to checkpoint and waits: it made
   {full_pre} preemptions and lost {full_lost:.0f} GPU-hours; the save/restore overhead was
-  {full_ovh:.0f} GPU-hours. One job was preempted {full_maxpre} times: in the runs we inspected,
-  fair-share preemption picks the same long job of an over-share team again each time it has run
-  `min_runtime_s` (300 s), and every round costs a checkpoint save and restore.
+  {full_ovh:.0f} GPU-hours. One job was preempted {full_maxpre} times: a long job of a team over
+  its guarantee is the one reclaim takes, again once it has run its back-off (`min_runtime_s`,
+  300 s, doubled per preemption up to one hour), and every round costs a checkpoint save and
+  restore.
 - **Fair share** lifts Jain's index from {gang_jain:.3f} (gang) and {pre_jain:.3f} (preempt, which
   lets priority override teams) to {fs_jain:.3f} (fairshare) and {full_jain:.3f} (full).
+- **Start estimates and the borrowing order.** Teams at or over their guarantee are ordered by
+  what they borrow beyond it (docs/policy.md, "Borrowing"), a rank that moves with every GPU
+  granted or released beyond a guarantee, where decayed usage moved slowly: the plan of the queue
+  is then wrong more often, and the ETA error target is met or missed by the draw (two draws of
+  each order are in policy.md's "Borrowing" section).
 - **Speed.** The simulator itself is a small part of the wall time; the policy cycle dominates.
   The Philly week under full took {full_wall:.1f} s when timed alone (the wall column of the tables
   is measured beside other workers and is noisier); `python bench/bench_sim.py` gives every preset
