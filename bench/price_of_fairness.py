@@ -321,7 +321,11 @@ share counts a holding as, and the back-off cap tied to it), `half_life_s` a wee
 default decay), `min_runtime_s` five minutes, `checkpoint_grace_s` a minute, `las_backoff_max_s`
 one periodic checkpoint interval (30 min). Not varied: the LAS queue limits (Tiresias's
 published defaults) and `max_preemptors_per_cycle` (a rate: issue 26's first pass moved avg JCT
-by under 1.5% at ±50%).
+by under 1.5% at ±50%). Not in this table: the saturated clusters (1x32x8, 1x16x8), where one
+run takes minutes per knob setting here and a perturbation as small as `min_runtime_s=290`
+already moves avg JCT by 1.6%, more than any knob above moves these weeks' (the bundled week,
+1x32x8, defaults: 40,627 s / Jain 0.890 / team shortfall max 328,501 s, and with it 39,985 s /
+0.893 / 176,942 s).
 
 """
 
