@@ -168,8 +168,10 @@ def _claim(plan: CyclePlan, ctx: Context, job: Job, lo: int, own: bool = False) 
     if mine:
         plan.note(job, WaitingForCheckpoint(list(mine)))
     else:
-        gi = ctx.state.gpus
-        plan.note(job, ComingFree(sorted({h for g in p.gpus if (h := gi[g].holder) is not None})))
+        gi, status = ctx.state.gpus, plan.status
+        # the holders still to yield: a GPU released earlier in this cycle is free, not coming
+        plan.note(job, ComingFree(sorted({h for g in p.gpus if (h := gi[g].holder) is not None
+                                          and status.get(h) != "released"})))
     return True
 
 
