@@ -36,7 +36,7 @@ from .memo import Indexes
 from .ordering import ordered
 from .pools import choices, pool_of_gpus, pool_rows
 from .predict import Estimate
-from .preemption import VictimSearch, back_off_s, takeable
+from .preemption import VictimSearch, back_off_s, takeable, too_young
 
 #: How many holders / domains an explanation lists (the rest are summed up).
 TOP = 8
@@ -473,14 +473,14 @@ def _takeable(state: ClusterState, job: Job, now: float, config: PolicyConfig,
               pools: dict[str, Any] | None, indexes: Indexes) -> list[Job]:
     """The running jobs the policy's preemption rules would take for `job` now
     (`preemption.takeable`), as a cycle's candidates (`steps/victims`): preemptible whole-GPU
-    jobs not yielding already, past `min_runtime_s`, holding GPUs of a pool the job is tried on;
+    jobs not yielding already, not `too_young`, holding GPUs of a pool the job is tried on;
     teams' holdings less what is already asked to yield. None without preemption."""
     if not config.preemption:
         return []
     accepts = set(pools["accepts"]) if pools is not None and pools["accepts"] else None
     cands = [h for h in (state.jobs[j] for j in state.running)
              if h.gpus and h.spec.preemptible and not h.spec.partial and h.preemption is None
-             and (h.started_at is None or now - h.started_at >= config.min_runtime_s)
+             and not too_young(h, now, config.min_runtime_s)
              and (accepts is None or not accepts.isdisjoint(pool_of_gpus(state, h.gpus)))]
     if not cands:
         return []

@@ -108,6 +108,15 @@ def back_off_s(v: Job, min_runtime_s: float, cap_s: float) -> float:
     return min(max(min_runtime_s, cap_s), min_runtime_s * 2 ** min(v.preemptions, 32))
 
 
+def too_young(v: Job, now: float, min_runtime_s: float) -> bool:
+    """`v` is no victim yet: it has not run `min_runtime_s` since its (re)start, or it was
+    granted at this very instant (with `min_runtime_s` 0 and free checkpoints, the tiresias
+    preset's, a gang freed GPUs the jobs behind it took at once, then freed them again, time
+    standing still). The cycle's candidates (`steps/victims`) and `show`'s count of what may be
+    reclaimed (`policy/explain`) ask the same."""
+    return v.started_at is not None and (now - v.started_at < min_runtime_s or v.started_at >= now)
+
+
 def ran_back_off(v: Job, now: float, min_runtime_s: float, cap_s: float) -> bool:
     """Whether `v` has run its back-off (`back_off_s`) since its (re)start: a job taken over and
     over is left alone longer each time. A job not started has nothing to back off from."""

@@ -17,7 +17,7 @@ from ..placement import Pool
 from ..plan import Context, CyclePlan
 from ..pools import choices, pool_of_gpus
 from ..predict import Estimate
-from ..preemption import Remaining, VictimSearch, admitted, choose_cpu_victims, choose_victims
+from ..preemption import Remaining, VictimSearch, admitted, choose_cpu_victims, choose_victims, too_young
 
 #: How many candidate victims a preemption decision chooses from (bounds its cost).
 VICTIM_POOL = 48
@@ -47,10 +47,8 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
     for bucket in buckets:
         for jid in bucket:
             v = st.jobs[jid]
-            if v.started_at is not None and (now - v.started_at < config.min_runtime_s or v.started_at >= now):
-                break  # start order: the rest are younger still (one granted at this instant is never
-                # taken at it: with min_runtime_s 0 and free checkpoints, the tiresias preset's, a gang
-                # freed GPUs the jobs behind it took at once, then freed them again, time standing still)
+            if too_young(v, now, config.min_runtime_s):
+                break  # start order: the rest are younger still
             if not plan.touchable(v) or (mine is not None and las_queue(v.attained_gpu_s(now), config) <= mine):
                 continue
             if useful is not None and useful.isdisjoint(pool_of_gpus(st, v.gpus)):
