@@ -190,12 +190,20 @@ class Reader:
             reply = _json.encode({"ok": False, "error": f"{type(err).__name__}: {err}"})
         await msg.respond(reply)
 
-    async def read_jobs(self, asker: Asker, request: dict) -> dict:
-        from gpusched.cli.reads import docs_from_state, fold_state
+    async def _cut(self, request: dict) -> tuple[ClusterState, dict]:
+        """The state a listing answers from, and its meta: the live fold, or with `at` (`--at`)
+        a fold of the log up to that cut."""
+        from gpusched.cli.reads import fold_state
 
         at = request.get("at")
         state = self.state if at is None else await fold_state(self.nats, None, at=str(at))
-        meta = {"source": "reader", "seq": state.last_seq, "at": state.now, **({"past": True} if at else {})}
+        return state, {"source": "reader", "seq": state.last_seq, "at": state.now, **({"past": True} if at else {})}
+
+    async def read_jobs(self, asker: Asker, request: dict) -> dict:
+        from gpusched.cli.reads import docs_from_state
+
+        at = request.get("at")
+        state, meta = await self._cut(request)
         docs = self.job_docs.of(state, asker.team) if at is None else docs_from_state(state, "jobs", team=asker.team)
         return {"docs": docs, "meta": meta, "usage": await self._usage(docs) if at is None else {}}
 
@@ -222,12 +230,11 @@ class Reader:
 
     async def read_teams(self, asker: Asker, request: dict) -> dict:
         from gpusched import readmodel
-        from gpusched.cli.reads import docs_from_state, fold_state
+        from gpusched.cli.reads import docs_from_state
 
-        at = request.get("at")  # `teams --at`: the standing then, as `jobs --at` reads the jobs then
-        state = self.state if at is None else await fold_state(self.nats, None, at=str(at))
+        state, meta = await self._cut(request)  # `teams --at`: the standing then, as `jobs --at` reads the jobs then
         return {"docs": docs_from_state(state, "teams", team=asker.team), "cluster": readmodel.cluster_totals(state),
-                "meta": {"source": "reader", "seq": state.last_seq, "at": state.now, **({"past": True} if at else {})}}
+                "meta": meta}
 
     async def read_show(self, asker: Asker, request: dict) -> dict:
         from gpusched.cli.reads import show_from
