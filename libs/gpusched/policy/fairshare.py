@@ -36,11 +36,12 @@ def team_rank(state: ClusterState, team: str, held: float, usage: float, config:
     h, guaranteed = on if on is not None else (held, q.guaranteed if q is not None else 0)
     if 0 < guaranteed and h < guaranteed and (owed or config.fair_owed_after_s is None):
         return (0, h / guaranteed, h - guaranteed)
+    used = usage + held * config.fairshare_horizon_s
     if config.fair_owed_after_s is not None:
-        return (1, level, (usage + held * config.fairshare_horizon_s) / entitlement(q))
-    if config.fairshare_by == "usage":
-        return (1, (usage + held * config.fairshare_horizon_s) / (q.weight if q is not None else 1.0), 0)
-    return (1, borrowed(state, q, usage, held, config) / (q.weight if q is not None else 1.0), 0)
+        return (1, level, used / entitlement(q))
+    if config.fairshare_by == "borrowed":
+        used = borrowed(state, q, usage, held, config)
+    return (1, used / (q.weight if q is not None else 1.0), 0)
 
 
 def borrowed(state: ClusterState, quota, usage: float, held: float, config: PolicyConfig) -> float:
