@@ -25,6 +25,7 @@ import msgspec
 import structlog
 
 from gpusched.bus import subjects
+from gpusched.cli.output import UsageError
 from gpusched.core.events import GpusGranted, JobSubmitted, encode_event
 from gpusched.core.state import TERMINAL, ClusterState
 from gpusched.services.runtime import FoldedLog, notify_ready
@@ -183,7 +184,7 @@ class Reader:
             data = await getattr(self, f"read_{asker.kind}")(asker, request)
             asked = request.get("job_id") if isinstance(request.get("job_id"), str) else None
             reply = mask_foreign(_json.encode({"ok": True, "data": data}), self.state, asker.team, asked)
-        except (ReadError, msgspec.DecodeError, ValueError, TypeError) as err:
+        except (ReadError, UsageError, msgspec.DecodeError, ValueError, TypeError) as err:  # the asker's mistake
             reply = _json.encode({"ok": False, "error": str(err)})
         except Exception as err:  # noqa: BLE001 - one bad request must not end the service
             log.exception("read_failed", subject=msg.subject)

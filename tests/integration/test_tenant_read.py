@@ -129,3 +129,30 @@ async def test_the_reader_reads_usage_through_one_redis_client(redis_url):
         assert await reader._usage(held) == {"j-0000aaaa": window} and reader._views is client
     finally:
         await reader.close()
+
+
+def test_a_bad_cut_through_the_reader_is_a_one_line_refusal_and_no_traceback(trust, nats_server, redis_url,
+                                                                             tmp_path):
+    """`--at` is parsed where the log is folded, in the reader: a time it cannot read is the
+    asker's mistake, answered as such, not a failure the reader logs with a traceback."""
+    from gpusched.cli.stack import spawn_service, stop_processes
+
+    creds = tmp_path / "fay.nk"
+    assert main(["user", "add", "fay", "--team", "nlp", "--out", str(creds), "--trust", str(trust.dir)]) == 0
+    log_path = tmp_path / "reader.log"
+    reader = spawn_service("reader", nats_server.url, redis_url, log_path=log_path, creds=trust.creds("reader"))
+    try:
+        deadline = time.monotonic() + 60
+        while '"reader_ready"' not in (log_path.read_text() if log_path.exists() else ""):
+            assert reader.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        for _ in range(100):  # the reload that admits fay lands within milliseconds
+            proc = _gpusched("jobs", "--nats", nats_server.url, "--creds", str(creds), "--at", "soonish")
+            if "authorization violation" not in proc.stderr:
+                break
+            time.sleep(0.05)
+    finally:
+        stop_processes([reader], timeout=5)
+    assert proc.returncode == 1, proc.stderr
+    assert "--at 'soonish'" in proc.stderr and "UsageError" not in proc.stderr, proc.stderr
+    assert "read_failed" not in log_path.read_text()
