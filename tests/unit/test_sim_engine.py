@@ -25,6 +25,19 @@ def job(job_id, submit, duration, gpus, team, priority="normal", preemptible=Fal
     return TraceJob(job_id, submit, duration, gpus, team, priority, preemptible, **kw)
 
 
+def test_a_team_given_more_than_its_entitlement_counts_as_served_in_jain_shortfall():
+    """4 GPUs. a (1 GPU) and b (3 GPUs) run 0..100 while b's 4-GPU job waits. b has 700 of the
+    800 GPU-s: guaranteed 3, a none; the GPU left is split between them, so a is entitled to
+    0.5 and holds 1 (x = 2), b to 3.5 and holds 3. Jain counts a's surplus against it;
+    `jain_shortfall` only b's shortfall."""
+    jobs = [job("a", 0, 100, 1, "a"), job("b", 0, 100, 3, "b"), job("b2", 0, 100, 4, "b")]
+    m = Simulation(jobs, Cluster.parse("1x1x4"), PRESETS["fifo"], IDEAL, policy_name="fifo").run()
+    assert m["team_share_ratio"] == {"a": 2.0, "b": pytest.approx(3 / 3.5, abs=1e-4)}
+    assert m["jain_fairness"] == pytest.approx(jain([2.0, 3 / 3.5]), abs=1e-4)
+    assert m["jain_shortfall"] == pytest.approx(jain([1.0, 3 / 3.5]), abs=1e-4)
+    assert m["jain_shortfall"] > m["jain_fairness"]
+
+
 def test_hand_made_trace_under_fifo():
     """8 GPUs (1 rack x 2 nodes x 4). a (4 GPUs, 100 s) starts at 0; b (8 GPUs) waits for a;
     c (2 GPUs, at 10 s) waits behind b (strict FIFO) and runs 150..170."""

@@ -15,8 +15,10 @@ victim's team with the beneficiary's is not made (`preemption._Rule.keeps_order`
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from ..core import rules
+from ..core.model import TeamQuota
 from ..core.state import ClusterState
 from .config import PolicyConfig
 
@@ -63,6 +65,35 @@ def entitlement(quota) -> float:
     if quota is None:
         return 1.0
     return float(quota.guaranteed) if quota.guaranteed > 0 else max(quota.weight, 1e-9)
+
+
+def fair_shares(capacity: float, demand: Mapping[str, float], quotas: Mapping[str, TeamQuota]) -> dict[str, float]:
+    """Each team's fair share of `capacity` now (KAI's fair share, Kueue's with borrowing): its
+    guarantee first, capped by its demand (the GPUs its unfinished jobs ask for), then what
+    guarantees leave, water-filled by weight, capped by demand and hard limit. The entitlement
+    `docs/results.md` measures Jain against."""
+    default = TeamQuota()
+    cap = {}
+    for team, d in demand.items():
+        if d > 0:
+            q = quotas.get(team, default)
+            cap[team] = min(d, q.limit if q.limit is not None else capacity)
+    give = {team: float(min(c, quotas.get(team, default).guaranteed)) for team, c in cap.items()}
+    left = capacity - sum(give.values())
+    active = sorted(t for t in cap if give[t] < cap[t])
+    while left > 1e-9 and active:
+        weights = {t: quotas.get(t, default).weight for t in active}
+        total_w = sum(weights.values())
+        sated = [t for t in active if cap[t] - give[t] <= left * weights[t] / total_w]
+        if not sated:
+            for t in active:
+                give[t] += left * weights[t] / total_w
+            break
+        for t in sated:
+            left -= cap[t] - give[t]
+            give[t] = float(cap[t])
+        active = [t for t in active if t not in sated]
+    return give
 
 
 def over_share(state: ClusterState, team: str, held: float) -> float:

@@ -10,6 +10,10 @@
   over the busy windows. A team's entitlement at an instant is its guaranteed share (capped by
   its demand) plus a weighted water-filling share of the rest, capped by demand and hard limit;
   demand is the GPUs its unfinished jobs ask for.
+- jain_shortfall: Jain's index over min(x, 1), beside jain_fairness (never instead): how evenly
+  the teams short of their entitlement are short. A team given more than its entitlement counts
+  as served: GPUs no other team's waiting job could use, or one whole GPU to a team entitled to
+  less than one, lower jain_fairness but left no team short (issue 26).
 - lost_gpu_hours: GPU time spent on work that a forced release threw away (since the last
   checkpoint). overhead_gpu_hours: GPU time spent saving and restoring checkpoints on
   preemption. gpu_hours: the trace's work (duration x GPUs).
@@ -21,6 +25,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..core.model import LEVEL_RANK, LEVELS, TeamQuota
+from ..policy.fairshare import fair_shares as entitlements  # the one water-filling: the policy's fair share
 
 if TYPE_CHECKING:
     from .world import Cluster, _Run
@@ -55,33 +60,6 @@ def jain(xs: list[float]) -> float:
         return 1.0
     s, s2 = sum(xs), sum(x * x for x in xs)
     return (s * s) / (len(xs) * s2) if s2 > 0 else 1.0
-
-
-def entitlements(capacity: int, demand: dict[str, int], quotas: dict[str, TeamQuota]) -> dict[str, float]:
-    """Each team's fair allocation now: guarantee first, then weighted water-filling."""
-    default = TeamQuota()
-    cap = {}
-    for team, d in demand.items():
-        if d > 0:
-            q = quotas.get(team, default)
-            cap[team] = min(d, q.limit if q.limit is not None else capacity)
-    give = {team: float(min(c, quotas.get(team, default).guaranteed)) for team, c in cap.items()}
-    left = capacity - sum(give.values())
-    active = sorted(t for t in cap if give[t] < cap[t])
-    while left > 1e-9 and active:
-        weights = {t: quotas.get(t, default).weight for t in active}
-        total_w = sum(weights.values())
-        sated = [t for t in active if cap[t] - give[t] <= left * weights[t] / total_w]
-        if not sated:
-            for t in active:
-                give[t] += left * weights[t] / total_w
-            break
-        for t in sated:
-            left -= cap[t] - give[t]
-            give[t] = float(cap[t])
-        active = [t for t in active if t not in sated]
-    return give
-
 
 
 def _by_priority(runs) -> dict[str, float]:
@@ -187,6 +165,7 @@ class Recorder:
             "multi_gpu_grants": len(multi),
             "locality_levels": {lvl: n for lvl in LEVELS if (n := sum(1 for _, level in multi if level == lvl))},
             "jain_fairness": _r(jain(xs), 4),
+            "jain_shortfall": _r(jain([min(x, 1.0) for x in xs]), 4),
             "team_share_ratio": {t: _r(self.alloc_gpu_s[t] / self.entitled_gpu_s[t], 4)
                                  for t in self.teams if self.entitled_gpu_s.get(t, 0) > 0},
             "preemptions": sum(j.preemptions for j in state.jobs.values()),
