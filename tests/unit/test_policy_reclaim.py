@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpusched.core.model import DEFAULT_HALF_LIFE_S
 from gpusched.policy.config import PRESETS
 
 from .policy_helpers import Scenario, gpus
@@ -72,6 +73,34 @@ def _taken_often(s, times=10, restarted=10000.0):
     s.run("bb2", N1, team="b", at=restarted, preemptible=True)
 
 
+def _zero_share_holds_two(s):
+    # a and b at their guarantees of 7 with a 1-GPU job waiting each; z, guaranteed none, took
+    # the two GPUs guarantees leave: fair shares a 7.67, b 7.67, z 0.67 (counted as one)
+    for name, g in (("a", 7), ("b", 7), ("z", 0)):
+        s.team(name, guaranteed=g)
+    s.run("a0", N0[:7], team="a", at=0)
+    s.run("b0", N1[:7], team="b", at=0)
+    s.run("z0", N0[7:], team="z", at=0, preemptible=True)
+    s.run("z1", N1[7:], team="z", at=0, preemptible=True)
+    s.submit("a1", 1, team="a", at=1000, preemptible=True)
+    s.submit("b1", 1, team="b", at=1000, preemptible=True)
+
+
+def _zero_share_holds_one(s):
+    # z holds one GPU only (its first: not over a share of 0.67); b borrows one beyond its 7, as
+    # far over its fair share as a would be with its job started
+    for name, g in (("a", 7), ("b", 7), ("z", 0)):
+        s.team(name, guaranteed=g)
+    s.run("a0", N0[:7], team="a", at=0)
+    s.run("b0", N1[:7], team="b", at=0)
+    s.run("b2", N1[7:], team="b", at=0, preemptible=True)
+    s.run("z0", N0[7:], team="z", at=0, preemptible=True)
+    s.submit("a1", 1, team="a", at=1000, preemptible=True)
+    s.submit("b1", 1, team="b", at=1000, preemptible=True)
+
+
+SHARE = FULL.replace(reclaim_to="share")
+
 # name: (setup, now, want decisions)
 CASES = {
     "a team under its guarantee whose first jobs cannot be placed reclaims for a later job that fits": (
@@ -85,6 +114,26 @@ CASES = {
         _taken_often, 10000 + FULL.fairshare_horizon_s + 1, [("preempt", "bb1", "x")]),
     "... and within it, it is left alone": (_taken_often, 10000 + FULL.fairshare_horizon_s - 1, []),
 }
+
+
+#: `reclaim_to="share"`: name -> (setup, want under it, want under `full`'s reclaim to guarantees)
+SHARE_CASES = {
+    "a team at its guarantee, below its fair share, takes from a team far over its own, once": (
+        _zero_share_holds_two, [("preempt", "z0", "a1")], []),
+    "contract: a team owed less than one GPU is not over its share for holding its first": (
+        _zero_share_holds_one, [], []),
+}
+
+
+@pytest.mark.parametrize("name", list(SHARE_CASES))
+def test_reclaim_to_fair_shares(name):
+    setup, want, want_full = SHARE_CASES[name]
+    for config, expected in ((SHARE, want), (FULL, want_full)):
+        s = Scenario(racks=1, nodes=2, half_life_s=DEFAULT_HALF_LIFE_S)  # the fold's default: ranks credit guarantees
+        setup(s)
+        out = s.cycle(config, now=1001)
+        assert [d for d in summary(out) if d[0] != "release"] == expected
+        assert s.state.violations() == []
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -90,6 +90,12 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: "borrowed" (decayed usage and holding beyond the guarantee, `fairshare.borrowed`: the
     #: entitlement's split of what guarantees leave) or "usage" (all of it, the rule before).
     fairshare_by: Literal["borrowed", "usage"] = "borrowed"
+    #: Fair share: what reclaim restores. "guarantee": a team below its guaranteed share takes
+    #: GPUs back from teams over theirs. "share": also, a team below its fair share (guarantee,
+    #: then the rest water-filled by weight over the teams' demand: `fairshare.fair_shares`,
+    #: KAI's fair share) takes from a team over its own fair share, if that team ends less far
+    #: below its share than the taking team is now (the reclaim rule's own convergence).
+    reclaim_to: Literal["guarantee", "share"] = "guarantee"
     #: Fairness over a horizon (issue 26, docs/policy.md "Fairness over a horizon"): instead of
     #: every team below its guarantee going first and reclaiming at once, teams take turns by
     #: the LAS level of their next job, then by decayed usage relative to their entitlement (the

@@ -71,7 +71,7 @@ def fair_shares(capacity: float, demand: Mapping[str, float], quotas: Mapping[st
     """Each team's fair share of `capacity` now (KAI's fair share, Kueue's with borrowing): its
     guarantee first, capped by its demand (the GPUs its unfinished jobs ask for), then what
     guarantees leave, water-filled by weight, capped by demand and hard limit. The entitlement
-    `docs/results.md` measures Jain against."""
+    `docs/results.md` measures Jain against, and what `reclaim_to="share"` reclaims to."""
     default = TeamQuota()
     cap = {}
     for team, d in demand.items():
@@ -94,6 +94,19 @@ def fair_shares(capacity: float, demand: Mapping[str, float], quotas: Mapping[st
             give[t] = float(cap[t])
         active = [t for t in active if t not in sated]
     return give
+
+
+def takes_share(shares: Mapping[str, float], team: str, after: float, victim_team: str, before: float) -> bool:
+    """(`reclaim_to="share"`) Whether `team`, holding `after` once it gains the GPUs, may take
+    from `victim_team`, holding `before`: the victim's team holds more than its fair share, and
+    more of it, as a ratio, than the taking team will (Kueue's fair-sharing preemption,
+    LessThanInitialShare). Ratios, because Jain and users judge a team by its share's fraction:
+    a team owed 0.4 GPU holding one is at 2.5x, one owed 90 holding 91 at 1.01x. The larger
+    ratio of the two only falls, so no GPU ping-pongs between them. A share counts as at least
+    one GPU: a team owed 0.4 is never over it for holding its first GPU (GPUs come whole), else
+    the teams owed less than one would wait for every other team's last waiting job."""
+    mine, theirs = max(shares.get(team, 0.0), 1.0), max(shares.get(victim_team, 0.0), 1.0)
+    return before > theirs and mine > 0 and after * theirs < before * mine
 
 
 def over_share(state: ClusterState, team: str, held: float) -> float:

@@ -25,7 +25,7 @@ from ..core import rules
 from ..core.model import PRIORITY_RANK
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
-from .fairshare import entitlement, team_rank
+from .fairshare import entitlement, fair_shares, team_rank
 from .predict import FrozenEstimates, RuntimePredictor, queued_at
 
 #: Every this many updates to a new fold version the index forgets which reasons it has seen
@@ -88,6 +88,10 @@ class QueueIndex:
         self.by_size: dict[str, dict[tuple, list[tuple]]] = {}
         self.queued: dict[str, float] = {}  # waiting job -> when it entered the queue
         self._mean: tuple[float, float] | None = None  # (now, guaranteed teams' usage per GPU)
+        #: GPUs the waiting jobs ask for, per team, and each job's part of it (`fair_shares`).
+        self.asked: dict[str, float] = {}
+        self.ask_of: dict[str, tuple[str, float]] = {}
+        self._shares: tuple[int, dict[str, float]] | None = None  # (fold version, the shares)
         self.calls = 0  # updates at a new fold version (`state.events`)
         self.seen = -1
 
@@ -107,6 +111,9 @@ class QueueIndex:
             self.preemptible[job.job_id] = None
         if job.spec.partial:
             self.shares[job.job_id] = None
+        team, n = job.spec.team, job.spec.gpus if not job.spec.partial else job.spec.gpu_fraction or 1.0
+        self.ask_of[job.job_id] = (team, n)
+        self.asked[team] = self.asked.get(team, 0.0) + n
         if queue is not None and queue != _YIELDED:
             at = self.queued[job.job_id] = queued_at(job)
             heapq.heappush(self.by_age.setdefault(queue, []), (at, job.job_id))
@@ -131,6 +138,25 @@ class QueueIndex:
         self.preemptible.pop(job_id, None)
         self.shares.pop(job_id, None)
         self.queued.pop(job_id, None)
+        team, n = self.ask_of.pop(job_id)
+        self.asked[team] -= n
+
+    def reclaim_shares(self) -> dict[str, float] | None:
+        """The fair shares reclaim restores (`reclaim_to="share"`, with fair share); else None."""
+        config = self.config
+        return self.fair_shares() if config.fairshare and config.reclaim_to == "share" else None
+
+    def fair_shares(self) -> dict[str, float]:
+        """Each team's fair share of the cluster now (`fairshare.fair_shares`): its demand is
+        what it holds plus what its waiting jobs ask for. Once per fold version."""
+        st = self.state
+        if self._shares is None or self._shares[0] != st.events:
+            teams = st.teams
+            demand = {t: (teams[t].held if t in teams else 0.0) + self.asked.get(t, 0.0)
+                      for t in teams.keys() | self.asked.keys()}
+            quotas = {t: u.quota for t, u in teams.items()}
+            self._shares = (st.events, fair_shares(st.total_gpus, demand, quotas))
+        return self._shares[1]
 
     def oldest(self, team: str) -> tuple[float, str] | None:
         """(when it entered the queue, job) of the team's longest-waiting job (None: none waits)."""

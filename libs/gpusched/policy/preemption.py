@@ -13,6 +13,9 @@ for the blocked job when
   big job between two teams near their guarantees), or the blocked job, started, stays within
   its team's guarantee (nothing can reclaim it back, and the hand-over gives it the GPUs: a
   guarantee is reclaimable even from a gang bigger than its owner's guarantee), or
+- (`reclaim_to="share"`, opt-in) the victim's team holds more than its fair share
+  (`fairshare.fair_shares`) and, as a fraction of it, more than the blocked job's team will
+  once it starts (`fairshare.takes_share`), or
 - (priority) it is of a lower priority class and the fold's fairness rule allows it, or
 - (`las_preempt`, as Tiresias's 2D-LAS) it sits in a later least-attained-service queue than
   the blocked job, and is of the same team (with fair share: across teams only the fair-share
@@ -54,7 +57,7 @@ taking least from teams at or below their guarantee, then the cheapest, wins.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -64,7 +67,7 @@ from ..core.model import PRIORITY_RANK, TeamQuota
 from ..core.pools import has_models
 from ..core.state import ClusterState, Job
 from .config import PolicyConfig
-from .fairshare import over_share, standing, team_rank
+from .fairshare import over_share, standing, takes_share, team_rank
 from .memo import GpuGroups
 from .ordering import las_queue
 from .placement import Pool
@@ -162,6 +165,8 @@ class VictimSearch:
     #: The job's team, if below its guarantee, may reclaim now (`QueueIndex.owed`, fairness
     #: over a horizon; always without `fair_owed_after_s`).
     owed: bool = True
+    #: With `reclaim_to="share"`: each team's fair share now (`QueueIndex.fair_shares`).
+    shares: Mapping[str, float] | None = None
 
 
 def choose_victims(search: VictimSearch, pool: Pool, need: int, candidates: list[Job],
@@ -309,6 +314,7 @@ class _Rule:
         self.team = job.spec.team
         self.for_held = held(self.team) + incoming.get(self.team, 0)
         self.owed = search.owed
+        self.shares = search.shares
         quota = _quota(state, self.team)
         # The job, started, leaves its team within its guarantee: nothing can reclaim those
         # GPUs from it, and what its victims free is handed to it (`steps/handover`).
@@ -483,6 +489,8 @@ class _Rule:
         under = self.config.fairshare and fs[0] < fs[1] and self.owed
         owned = self.within and on is None  # (per-model terms judge on the pool: the shortfall rule)
         reclaim = under and not at_or_under and (vs[0] - n - vs[1] > fs[0] - fs[1] or owned)
+        if not reclaim and self.shares is not None and on is None and self.config.fairshare:
+            reclaim = takes_share(self.shares, self.team, self.for_held + self.job.spec.gang_min, team, vh)
         if not (lower or reclaim):
             return False, at_or_under
         # Hysteresis across teams: never preempt what the victim's team would win straight back

@@ -10,7 +10,7 @@ from ...core.model import PRIORITY_RANK
 from ...core.pools import has_models
 from ...core.reasons import NoFreeCpuMem
 from ...core.state import Job
-from ..fairshare import may_preempt, over_share
+from ..fairshare import may_preempt, over_share, takes_share
 from ..memo import GpuGroups
 from ..ordering import las_queue
 from ..placement import Pool
@@ -62,10 +62,18 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
     if gathered < want:
         return None
     search = VictimSearch(st, job, now, config, plan.held, fits, plan.leaving, plan.incoming, left=remaining(ctx),
-                          pool_view=plan.pool_view, owed=owed(ctx, job.team))
+                          pool_view=plan.pool_view, owed=owed(ctx, job.team), shares=fair_shares_now(ctx))
     if isinstance(plan.reason_of(job), NoFreeCpuMem):  # its GPUs fit: victims that free CPUs or memory
         return choose_cpu_victims(search, plan.pool, cands)
     return choose_victims(search, plan.pool, need, cands, scope(ctx, job))
+
+
+def fair_shares_now(ctx: Context) -> dict[str, float] | None:
+    """With fair share and `reclaim_to="share"`, each team's fair share now; else None."""
+    config = ctx.config
+    if not (config.fairshare and config.reclaim_to == "share"):
+        return None  # (asked for every victim search: the index is not looked up for nothing)
+    return ctx.indexes.queue(ctx.state, config).reclaim_shares()
 
 
 def owed(ctx: Context, team: str) -> bool:
@@ -104,7 +112,9 @@ def _las_level(ctx: Context, job: Job) -> float | None:
 def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     """Buckets of preemptible running jobs (by team and priority) that may give to `job`, teams
     furthest over their share first: of its own team, lower priority; of another team, reclaim
-    (any priority) from a team over its share, or priority, fairly. Where per-model terms judge
+    (any priority) from a team over its share (with `reclaim_to="share"`, also from a team
+    further over its fair share than the job's team will be: `fairshare.takes_share`), or
+    priority, fairly. Where per-model terms judge
     (either team has them), a team's totals say nothing of its standing on one pool: its
     buckets are all candidates, and the rule judges each victim on its pool (`preemption._Rule`)."""
     st, config = ctx.state, ctx.config
@@ -114,6 +124,7 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     pooled = _pooled(st, job.team)
     las = config.las and config.las_preempt  # judged per job (`_Rule.las_after`)
     las_across = las and not config.fairshare  # with fair share, LAS never preempts across teams
+    entitled = fair_shares_now(ctx)
     found = []
     # Per team, once for all its buckets: (GPUs it holds less those leaving, over its share,
     # may give whatever the classes), and whether the fold's rule lets it give to the job's team.
@@ -126,7 +137,10 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
         if share is None:
             vh = plan.held(team) - plan.leaving.get(team, 0)
             over = over_share(st, team, vh)
-            share = shares[team] = (vh, over, pooled or _pooled(st, team) or (under and over > 0))
+            gives = pooled or _pooled(st, team) or (under and over > 0)
+            if entitled is not None and not gives and team != job.team:
+                gives = takes_share(entitled, job.team, for_held + job.spec.gang_min, team, vh)
+            share = shares[team] = (vh, over, gives)
         vh, over, gives = share
         lower = config.priority and r < rank
         if team == job.team:
