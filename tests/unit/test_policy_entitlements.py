@@ -80,6 +80,15 @@ def _limit_head_due(s):
     s.finish("big", 120)
 
 
+def _reserved_head_room(s):
+    # nlp --limit 8: its 8-GPU head H (one node) reserves r0n0 (o1 ends at 120); a later 4-GPU
+    # job of nlp with no time limit fits outside the reserved GPUs, but would leave H at its limit
+    s.team("nlp", limit=8)
+    s.run("o1", NODES[0], team="other", at=0, time_limit_s=120)
+    s.run("o2", NODES[1] + NODES[2] + gpus("r0n3", 0, 1, 2, 3), team="other", at=0)
+    s.submit("H", 8, team="nlp", at=1, required="node")
+    s.submit("long", 4, team="nlp", at=2)
+
 def _entitled_past_reservation(s):
     # free (guarantee 0) leads the queue with a 16-GPU head and reserves 16 GPUs; prod, at its
     # guarantee, submits an interactive 4-GPU job: the borrowing head does not hold it off
@@ -123,6 +132,8 @@ CASES = {
     "a job at its team's hard limit keeps its team's room: a later job that outlasts it waits": (
         _limit_head, 63, []),
     "... and it starts when the room comes": (_limit_head_due, 120, [("grant", "H")]),
+    "a reserved head keeps its team's room too: a later job of its team that outlasts it waits": (
+        _reserved_head_room, 3, []),
     "a reservation does not outrank an entitlement": (_entitled_past_reservation, 20, [("grant", "inter")]),
     "a guarantee is reclaimable from a borrowing gang bigger than its own team's guarantee": (
         _big_borrower, 1000, [("preempt", "b1", "a1")]),

@@ -301,7 +301,7 @@ def _backfill_fit(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> 
     if _entitled_past(plan, ctx, job, plan.head):
         return plan.fit(job, plan.pool, room)
     if plan.outside.count >= lo:
-        q = plan.fit(job, plan.outside, room)
+        q = plan.fit(job, plan.outside, _head_room_kept(plan, ctx, job, room))
         if q is not None:
             return q
     if res.known and spec.time_limit_s is not None and ctx.now + spec.time_limit_s <= res.at:
@@ -315,6 +315,18 @@ def _backfill_fit(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> 
         if job.team == plan.head.team or plan.held(job.team) + lo > guaranteed:
             return plan.fit(job, plan.pool, room)  # it yields when the head could start
     return None
+
+
+def _head_room_kept(plan: CyclePlan, ctx: Context, job: Job, room: int | None) -> int | None:
+    """What a job of the head's team may take outside the reserved GPUs: its `room` less what the
+    head needs of their team's hard limit. The reservation owes the head that room as well as its
+    GPUs, or the head, its GPUs free, waits behind its team's limit (one that ends first, below, may)."""
+    assert plan.head is not None
+    left = plan.room(job.team)
+    if job.team != plan.head.team or left is None:
+        return room
+    keep = left - ctx.floor(plan.head)
+    return keep if room is None else min(room, keep)
 
 
 def _entitled_past(plan: CyclePlan, ctx: Context, job: Job, head: Job) -> bool:
