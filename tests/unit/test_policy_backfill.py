@@ -276,3 +276,25 @@ def test_a_budget_of_tail_reasons_explains_the_queue_over_several_cycles_to_the_
     assert sizes[-1] == 0  # all explained: nothing changes any more
     assert {j: (job.pending_reason, job.pending_blockers) for j, job in budgeted.state.jobs.items()} == \
         {j: (job.pending_reason, job.pending_blockers) for j, job in full.state.jobs.items()}
+
+
+@pytest.mark.parametrize("setup", [_known_ends, _unknown_ends, _being_freed])
+def test_the_holders_of_some_jobs_are_the_same_entries_in_the_same_order_as_among_all(setup):
+    """`freed_at` asks `holders` for the reserved set's holders only (`only`): the entries and
+    their order must be those of every holder, filtered (the order decides which borrower the
+    head evicts first)."""
+    from gpusched.policy import cycle as cycle_mod
+    from gpusched.policy.steps.reservation import holders
+
+    s = Scenario(racks=1, nodes=4)
+    setup(s)
+    s.submit("borrow", 4, at=2, preemptible=True)
+    s.run("late", gpus("r0n3", 0, 1), at=3, time_limit_s=30.0)
+    s.run("later", gpus("r0n3", 2, 3), at=4)
+    plan = cycle_mod.decide(s.state, 10.0, FULL)
+    every = [(end, job.job_id, gpus) for end, job, gpus in holders(plan, plan.ctx)]
+    assert len(every) >= 4
+    ids = [jid for _, jid, _ in every]
+    for only in ({ids[0]}, {ids[-1]}, set(ids[1::2]), set(ids), {"not-a-holder"}):
+        assert [(end, job.job_id, gpus) for end, job, gpus in holders(plan, plan.ctx, only)] == \
+            [h for h in every if h[1] in only]

@@ -7,6 +7,8 @@ from ..plan import Context, CyclePlan
 
 
 def run(plan: CyclePlan, ctx: Context) -> None:
+    if not ctx.running.timed:
+        return  # no running job has a time limit (the index holds exactly those): nothing to scan
     st, now = ctx.state, ctx.now
     for jid in list(st.running):
         job = st.jobs[jid]

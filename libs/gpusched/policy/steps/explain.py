@@ -59,13 +59,18 @@ def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
     age = math.inf if f is None else now - f.made_at
     if every is not None and f is not None and 0.0 <= age < min(every, NEW_JOB_REPLAN_S):
         return f
+    stale_after = cfg.eta_replan_stale_s
+    # The plan still holds unless it is old or stale; the queue's head (`first`, a walk of the
+    # ordered queue every cycle) is asked only where it decides: a plan that planned nothing.
+    kept = f if f is not None and every is not None and 0.0 <= age < every \
+        and not (stale_after is not None and age >= stale_after and _stale(f, st, now)) else None
+    if kept is not None and kept.first:
+        return kept
     started = {job.job_id for job, _ in plan.started}
     queue = idx.queue(st, cfg).ordered(now, lambda t: st.teams[t].held if t in st.teams else 0)
     first = [j.job_id for j in islice((j for j in queue if j.job_id not in started), cfg.eta_plan_jobs)]
-    stale_after = cfg.eta_replan_stale_s
-    if f is not None and every is not None and 0.0 <= age < every and (f.first or not first) \
-            and not (stale_after is not None and age >= stale_after and _stale(f, st, now)):
-        return f
+    if kept is not None and not first:
+        return kept
     if not first:  # nothing waits: nothing to plan (no copy made)
         f = idx.forecast_ = Forecast(made_at=now, first=[], starts={}, cycles=0, complete=True, pending=0,
                                      running=len(st.running))

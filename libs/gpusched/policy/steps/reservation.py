@@ -14,13 +14,15 @@ from ..plan import Context, CyclePlan
 from .victims import yields
 
 
-def holders(plan: CyclePlan, ctx: Context) -> Iterator[tuple[float, Job, list[GpuId]]]:
+def holders(plan: CyclePlan, ctx: Context, only: set[str] | None = None,
+            ) -> Iterator[tuple[float, Job, list[GpuId]]]:
     """Every job holding GPUs as this cycle sees it, soonest expected end first: known ends
     (time limits, preemption deadlines, borrowers) sorted, then unknown ends in start order.
     A borrower yields on demand, so its GPUs count as free within one checkpoint grace: the
     head's reservation stays on the set it lent (counted as an unknown end, the newest of
     all, the set would move to older holders when the rest of it frees, and the loan and
-    the GPUs next to it would be taken for good)."""
+    the GPUs next to it would be taken for good). `only`: just these jobs, in the same order
+    (the others are never built)."""
     st, now, config = ctx.state, ctx.now, ctx.config
     known: list[tuple[float, int, Job, list[GpuId]]] = []
     unknown: list[tuple[float, int, Job, list[GpuId]]] = []
@@ -28,18 +30,20 @@ def holders(plan: CyclePlan, ctx: Context) -> Iterator[tuple[float, Job, list[Gp
     lent = ctx.running.borrowers
     soon = now + ctx.grace
     for i, jid in enumerate(lent):
-        if status.get(jid) not in ("released", "preempting"):
+        if status.get(jid) not in ("released", "preempting") and (only is None or jid in only):
             job = st.jobs[jid]
             known.append((min(soon, expected_end(job, now, config)), (1 << 30) + i, job, job.gpus))
     for i, jid in enumerate(ctx.running.timed):
-        if status.get(jid) not in ("released", "preempting") and jid not in lent:
+        if status.get(jid) not in ("released", "preempting") and jid not in lent and (only is None or jid in only):
             job = st.jobs[jid]
             known.append((expected_end(job, now, config), i, job, job.gpus))
     for i, jid in enumerate(inflight):
-        if status.get(jid) != "released":
+        if status.get(jid) != "released" and (only is None or jid in only):
             job = st.jobs[jid]
             known.append((expected_end(job, now, config), -1 - i, job, job.gpus))
     for i, (job, gpus) in enumerate(plan.started):
+        if only is not None and job.job_id not in only:
+            continue
         end = expected_end(job, now, config) if job.spec.time_limit_s is not None else math.inf
         if status.get(job.job_id) == "borrowed":
             end = min(end, soon)
@@ -47,7 +51,7 @@ def holders(plan: CyclePlan, ctx: Context) -> Iterator[tuple[float, Job, list[Gp
     timed = ctx.running.timed
     lazy: Iterator[Job] = (st.jobs[jid] for jid in st.running
                            if jid not in timed and status.get(jid) not in ("released", "preempting")
-                           and jid not in lent)
+                           and jid not in lent and (only is None or jid in only))
     if config.unknown_runtime_s is not None:  # every end is known: one sorted list
         known.extend((expected_end(j, now, config), (1 << 20) + i, j, j.gpus) for i, j in enumerate(lazy))
         known.extend(unknown)
@@ -89,7 +93,7 @@ def freed_at(plan: CyclePlan, ctx: Context, res: Reservation) -> float:
     now, head, held = ctx.now, plan.head, set(res.holders)
     assert head is not None
     lent = ctx.running.borrowers
-    ends = [(end, job) for end, job, _ in holders(plan, ctx) if job.job_id in held]
+    ends = [(end, job) for end, job, _ in holders(plan, ctx, held)]
     borrowed = [job for _, job in ends if job.job_id in lent or plan.status.get(job.job_id) == "borrowed"]
     rest = [(end, job) for end, job in ends if job not in borrowed]
     gone = [job for _, job in rest]
