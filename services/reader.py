@@ -26,9 +26,9 @@ import structlog
 
 from gpusched.bus import subjects
 from gpusched.cli.output import UsageError
-from gpusched.core.events import GpusGranted, JobSubmitted, encode_event
+from gpusched.core.events import JobSubmitted, encode_event
 from gpusched.core.state import TERMINAL, ClusterState
-from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.services.runtime import ExplainIndexes, FoldedLog, notify_ready
 from gpusched.services.shell import common_arguments, policy_arguments, policy_of
 
 log = structlog.get_logger()
@@ -145,25 +145,8 @@ class Reader:
         self._tasks: set[asyncio.Task] = set()
         self.job_docs = JobDocs()
         self._views: Any = None  # gpusched.views.Views, opened on the first answer that needs it
-        self._indexes: Any = None  # gpusched.policy.memo.Indexes of the fold, for `show` (its run-time predictor)
         folded.listeners.append(self.job_docs.listener)
-        folded.listeners.append(self._granted)
-
-    def indexes(self) -> Any:
-        """The fold's indexes for `show` (`explain_pending`), made at the first: a run-time
-        predictor learned once from every completed job, then as jobs end, not per answer (75 ms
-        at 2,900 completed jobs)."""
-        if self._indexes is None:
-            from gpusched.policy.memo import Indexes
-
-            self._indexes = Indexes()
-        return self._indexes
-
-    def _granted(self, rec, state: ClusterState) -> None:
-        """The predictor of `show`'s indexes watches each job granted, as a placement cycle's
-        does (`Indexes.started`): one that ends before the next `show` is learned all the same."""
-        if self._indexes is not None and isinstance(rec.event, GpusGranted):
-            self._indexes.started([rec.event.job_id])
+        self.indexes = ExplainIndexes(folded)  # `show`'s, kept for the fold's life
 
     def on_message(self, msg) -> None:
         """Each request in a task of its own: a history fold must not hold up a `jobs`."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -19,6 +20,9 @@ from gpusched.bus import subjects
 from gpusched.bus.log import EventLog, Record
 from gpusched.core import events as ev
 from gpusched.core.state import ClusterState
+
+if TYPE_CHECKING:
+    from gpusched.policy.memo import Indexes
 
 log = structlog.get_logger()
 
@@ -216,6 +220,30 @@ class FoldedLog:
             return False
         finally:
             self.changed.clear()
+
+
+class ExplainIndexes:
+    """The indexes of a live fold for explaining pending jobs (`explain_pending`), made at the
+    first explanation and kept for the fold's life: their run-time predictor learns every
+    completed job once, then watches each grant as a placement cycle's does (`Indexes.started`),
+    instead of learning them all again per answer (75 ms at 2,900 completed jobs). The reader's
+    `show` and the dashboard's job view use it."""
+
+    def __init__(self, folded: FoldedLog):
+        self._indexes: Indexes | None = None
+        folded.listeners.append(self._granted)
+
+    def __call__(self) -> Indexes:
+        if self._indexes is None:
+            from gpusched.policy.memo import Indexes
+
+            self._indexes = Indexes()
+        return self._indexes
+
+    def _granted(self, rec: Record, state: ClusterState) -> None:
+        """A job granted and ended before the next explanation is learned all the same."""
+        if self._indexes is not None and isinstance(rec.event, ev.GpusGranted):
+            self._indexes.started([rec.event.job_id])
 
 
 class SharedRead:

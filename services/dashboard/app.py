@@ -4,9 +4,10 @@ The server folds the log itself (the same fold every service runs, so it is righ
 Redis or the projector is down). A page loads the whole model once with its version, then gets
 what changed over Server-Sent Events, at most a few times a second, as deltas keyed by version
 (`delta.py`; at 1,000 nodes a grant is ~5 kB where the whole model is ~2 MB). Documents come from `gpusched.readmodel`, explanations
-from `policy.explain`. Controls go through the control plane: submitting and flooding through
-admission (request/reply), stopping and starting placement through the supervisor's control
-subject (`gpusched.ctl.placement`, see `control.py`).
+from `policy.explain` under the running policy (`--policy`, as the reader's `show` takes it).
+Controls go through the control plane: submitting and flooding through admission
+(request/reply), stopping and starting placement through the supervisor's control subject
+(`gpusched.ctl.placement`, see `control.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from gpusched import metrics, readmodel, telemetry
 from gpusched.bus.log import EventLog, Record
 from gpusched.core.model import JobSpec, TopologyConstraint
 from gpusched.core.state import ClusterState
-from gpusched.services.runtime import FoldedLog, notify_ready
+from gpusched.policy.config import DEFAULT, PolicyConfig
+from gpusched.services.runtime import ExplainIndexes, FoldedLog, notify_ready
+from gpusched.services.shell import policy_arguments, policy_of
 
 from . import control
 from .delta import SERIES, Versions
@@ -95,10 +98,12 @@ class Series:
 
 
 class Dashboard:
-    def __init__(self, event_log: EventLog):
+    def __init__(self, event_log: EventLog, config: PolicyConfig = DEFAULT):
         self.log = event_log
+        self.config = config  # the running policy: a pending job is explained under it
         self.folded = FoldedLog(event_log)
         self.folded.listeners.append(self._on_record)
+        self.indexes = ExplainIndexes(self.folded)
         self.tail: deque[dict[str, Any]] = deque(maxlen=TAIL)
         self.series = Series()
         self.version = 0
@@ -236,7 +241,7 @@ async def api_job(request: web.Request) -> web.Response:
         raise web.HTTPNotFound(text=json.dumps({"error": f"no job {job_id}"}), content_type="application/json")
     out: dict[str, Any] = {"job": _accounted(readmodel.job_doc(state, job), state.now)}
     if job.state == "pending":
-        out["why_pending"] = explain_pending(state, job_id)
+        out["why_pending"] = explain_pending(state, job_id, config=dash.config, indexes=dash.indexes())
     return web.json_response(out)
 
 
@@ -376,14 +381,15 @@ def make_app(dash: Dashboard, stop: asyncio.Event, guard: Guard) -> web.Applicat
 
 async def run(nats_url: str | None, redis_url: str | None, host: str = "127.0.0.1", port: int = 8080,
               stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
-              guard: Guard | None = None) -> None:
+              guard: Guard | None = None, config: PolicyConfig = DEFAULT) -> None:
     """Serve the dashboard until `stop` is set (the entry point `gpusched up` uses). `guard`:
-    the login token and allowed hosts (default: `GPUSCHED_DASHBOARD_TOKEN` or a new token)."""
+    the login token and allowed hosts (default: `GPUSCHED_DASHBOARD_TOKEN` or a new token);
+    `config`: the running policy, which explains a pending job."""
     guard = guard or Guard.from_env(port, [] if host in ("127.0.0.1", "0.0.0.0", "::") else [host])
     telemetry.set_service("dashboard")
     stop = stop or asyncio.Event()
     event_log = await EventLog.open(nats_url, name="gpusched-dashboard")
-    dash = Dashboard(event_log)  # `redis_url`: kept for its callers; the dashboard reads no Redis
+    dash = Dashboard(event_log, config)  # `redis_url`: kept for its callers; the dashboard reads no Redis
     metrics.attach(dash.folded)
     await dash.folded.start()
     app = make_app(dash, stop, guard)
@@ -414,9 +420,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--allow-host", action="append", default=[], metavar="NAME[:PORT]",
                         help="another Host the dashboard is reached as (behind a proxy); repeatable")
+    policy_arguments(parser)  # a pending job is explained under the running policy
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     guard = Guard.from_env(args.port, [*getattr(args, "allow_host", []),
                                        *([] if args.host in ("127.0.0.1", "0.0.0.0", "::") else [args.host])])
-    await run(getattr(args, "nats", None), getattr(args, "redis", None), args.host, args.port, stop, guard=guard)
+    await run(getattr(args, "nats", None), getattr(args, "redis", None), args.host, args.port, stop, guard=guard,
+              config=policy_of(args))

@@ -257,3 +257,18 @@ def test_up_passes_keep_jobs_and_the_reconciler_timings_and_starts_the_reconcile
     assert argv[argv.index("--node-timeout-s") + 1] == "45" and argv[argv.index("--no-process-grace-s") + 1] == "90"
     alone = planned("--services", "admission,placement,reconciler")  # no node agents: nothing to wait for
     assert alone.children["reconciler"].after is None
+
+
+def test_up_passes_the_running_policy_to_the_dashboard_as_to_the_reader(tmp_path):
+    """The dashboard explains a pending job as `show` does: under the policy `up` runs."""
+    from gpusched.cli.main import build_parser
+    from gpusched.cli.stack import Stack
+
+    args = build_parser().parse_args(["up", "--data-dir", str(tmp_path), "--dashboard-port", "0",
+                                      "--policy", "tiresias", "--policy-set", "min_runtime_s=60"])
+    stack = Stack(args, tmp_path)
+    stack.plan()
+    stack.notify.close()
+    policy = ["--policy", "tiresias", "--policy-set=min_runtime_s=60"]
+    argv = stack.children["dashboard"].argv_extra
+    assert argv[-len(policy):] == policy == stack.children["reader"].argv_extra

@@ -192,3 +192,46 @@ def test_show_explains_pending_and_preempted(nats_url, capsys):
     assert "why is it pending?" in out and "limit" in out
     assert main(["jobs", "--nats", nats_url, "--fold"]) == 0
     assert "n1[0-5]" in capsys.readouterr().out
+
+
+async def test_dashboard_explains_a_pending_job_under_the_running_policy(nats_url, monkeypatch):
+    """`gpusched dashboard --policy fifo` orders the queue as fifo does: `wait` behind the
+    preempted `big` only, where the default (`full`) puts the later high-priority `urgent`
+    ahead of it too."""
+    import argparse
+
+    import aiohttp
+
+    from gpusched.bus.servers import free_port
+    from gpusched.services import dashboard
+
+    await _append_all(nats_url, [*_scenario(), ev.JobSubmitted(at=11, job_id="urgent",
+                                                                spec=JobSpec(team="nlp", gpus=4, priority="high"))])
+    monkeypatch.setenv("GPUSCHED_DASHBOARD_TOKEN", "views-token")
+    parser = argparse.ArgumentParser()
+    dashboard.add_arguments(parser)
+    port = free_port()
+    args = parser.parse_args(["--port", str(port), "--policy", "fifo"])
+    args.nats = nats_url
+    stop = asyncio.Event()
+    task = asyncio.create_task(dashboard.serve(args, stop))
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer views-token"}) as http:
+            for _ in range(150):  # until it serves
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.1)
+            answers = []
+            for _ in range(2):  # the second from the indexes the first made
+                async with http.get(f"http://127.0.0.1:{port}/api/job/wait") as resp:
+                    assert resp.status == 200
+                    answers.append((await resp.json())["why_pending"])
+        assert answers[0]["queue"]["ahead"] == ["big"] and answers[0]["queue"]["of"] == 3
+        assert answers[1]["queue"] == answers[0]["queue"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

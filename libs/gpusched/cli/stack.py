@@ -303,7 +303,7 @@ class Stack:
             from gpusched.services.dashboard.guard import new_token
 
             port = choose_port(a.dashboard_port, 8080, "--dashboard-port")
-            extra["dashboard"] = ["--port", str(port)]
+            extra["dashboard"] = ["--port", str(port), *policy]  # its job view explains under the running policy
             token = os.environ.get("GPUSCHED_DASHBOARD_TOKEN") or new_token()  # the login, as Jupyter's
             env["dashboard"] = {"GPUSCHED_DASHBOARD_TOKEN": token,  # admins may also sign in with their nkey
                                 "GPUSCHED_KEYS": str(self.data_dir / "trust" / "keys.json")}
