@@ -137,8 +137,8 @@ def test_a_bad_cut_through_the_reader_is_a_one_line_refusal_and_no_traceback(tru
     asker's mistake, answered as such, not a failure the reader logs with a traceback."""
     from gpusched.cli.stack import spawn_service, stop_processes
 
-    creds = tmp_path / "fay.nk"
-    assert main(["user", "add", "fay", "--team", "nlp", "--out", str(creds), "--trust", str(trust.dir)]) == 0
+    creds = tmp_path / "ida.nk"
+    assert main(["user", "add", "ida", "--team", "nlp", "--out", str(creds), "--trust", str(trust.dir)]) == 0
     log_path = tmp_path / "reader.log"
     reader = spawn_service("reader", nats_server.url, redis_url, log_path=log_path, creds=trust.creds("reader"))
     try:
@@ -146,7 +146,7 @@ def test_a_bad_cut_through_the_reader_is_a_one_line_refusal_and_no_traceback(tru
         while '"reader_ready"' not in (log_path.read_text() if log_path.exists() else ""):
             assert reader.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.1)
-        for _ in range(100):  # the reload that admits fay lands within milliseconds
+        for _ in range(100):  # the reload that admits ida lands within milliseconds
             proc = _gpusched("jobs", "--nats", nats_server.url, "--creds", str(creds), "--at", "soonish")
             if "authorization violation" not in proc.stderr:
                 break
