@@ -77,28 +77,38 @@ NOT_FOR_A_READER_LISTING = ("nats.js", "nats.js.api", "gpusched.core.state", "gp
                             "gpusched.bus.log")
 
 
-def test_a_tenants_jobs_through_the_reader_loads_no_jetstream_nor_fold(trust, nats_server, redis_url, tmp_path):
+def _through_the_reader(trust, nats_server, redis_url, tmp_path, user: str, call) -> tuple:
+    """(what `call(creds)` returned, the reader's log) for a new tenant `user` of team nlp, with
+    a real reader service up: retried while the server's reload that admits the user is on its way."""
     from gpusched.cli.stack import spawn_service, stop_processes
 
-    creds = tmp_path / "fay.nk"
-    assert main(["user", "add", "fay", "--team", "nlp", "--out", str(creds), "--trust", str(trust.dir)]) == 0
+    creds = tmp_path / f"{user}.nk"
+    assert main(["user", "add", user, "--team", "nlp", "--out", str(creds), "--trust", str(trust.dir)]) == 0
     log_path = tmp_path / "reader.log"
     reader = spawn_service("reader", nats_server.url, redis_url, log_path=log_path, creds=trust.creds("reader"))
-    code = ("import json, sys\nfrom gpusched.cli.main import main\nrc = main(%r)\n"
-            "print(json.dumps([rc, sorted(m for m in %r if m in sys.modules)]), file=sys.stderr)"
-            % (["jobs", "--nats", nats_server.url, "--creds", str(creds), "--json"], NOT_FOR_A_READER_LISTING))
     try:
         deadline = time.monotonic() + 60
         while '"reader_ready"' not in (log_path.read_text() if log_path.exists() else ""):
             assert reader.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.1)
-        for _ in range(100):  # the reload that admits fay lands within milliseconds
-            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        for _ in range(100):  # the reload that admits the user lands within milliseconds
+            proc = call(creds)
             if "authorization violation" not in proc.stderr:
                 break
             time.sleep(0.05)
     finally:
         stop_processes([reader], timeout=5)
+    return proc, log_path.read_text()
+
+
+def test_a_tenants_jobs_through_the_reader_loads_no_jetstream_nor_fold(trust, nats_server, redis_url, tmp_path):
+    def listing(creds):
+        code = ("import json, sys\nfrom gpusched.cli.main import main\nrc = main(%r)\n"
+                "print(json.dumps([rc, sorted(m for m in %r if m in sys.modules)]), file=sys.stderr)"
+                % (["jobs", "--nats", nats_server.url, "--creds", str(creds), "--json"], NOT_FOR_A_READER_LISTING))
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    proc, _ = _through_the_reader(trust, nats_server, redis_url, tmp_path, "fay", listing)
     rc, loaded = json.loads(proc.stderr.strip().splitlines()[-1])
     assert rc == 0, proc.stderr
     assert json.loads(proc.stdout) == []  # the reader answered: an empty log lists no jobs
@@ -135,24 +145,8 @@ def test_a_bad_cut_through_the_reader_is_a_one_line_refusal_and_no_traceback(tru
                                                                              tmp_path):
     """`--at` is parsed where the log is folded, in the reader: a time it cannot read is the
     asker's mistake, answered as such, not a failure the reader logs with a traceback."""
-    from gpusched.cli.stack import spawn_service, stop_processes
-
-    creds = tmp_path / "ida.nk"
-    assert main(["user", "add", "ida", "--team", "nlp", "--out", str(creds), "--trust", str(trust.dir)]) == 0
-    log_path = tmp_path / "reader.log"
-    reader = spawn_service("reader", nats_server.url, redis_url, log_path=log_path, creds=trust.creds("reader"))
-    try:
-        deadline = time.monotonic() + 60
-        while '"reader_ready"' not in (log_path.read_text() if log_path.exists() else ""):
-            assert reader.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
-        for _ in range(100):  # the reload that admits ida lands within milliseconds
-            proc = _gpusched("jobs", "--nats", nats_server.url, "--creds", str(creds), "--at", "soonish")
-            if "authorization violation" not in proc.stderr:
-                break
-            time.sleep(0.05)
-    finally:
-        stop_processes([reader], timeout=5)
+    proc, logged = _through_the_reader(trust, nats_server, redis_url, tmp_path, "ida", lambda creds: _gpusched(
+        "jobs", "--nats", nats_server.url, "--creds", str(creds), "--at", "soonish"))
     assert proc.returncode == 1, proc.stderr
     assert "--at 'soonish'" in proc.stderr and "UsageError" not in proc.stderr, proc.stderr
-    assert "read_failed" not in log_path.read_text()
+    assert "read_failed" not in logged

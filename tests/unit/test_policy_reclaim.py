@@ -73,30 +73,29 @@ def _taken_often(s, times=10, restarted=10000.0):
     s.run("bb2", N1, team="b", at=restarted, preemptible=True)
 
 
-def _zero_share_holds_two(s):
-    # a and b at their guarantees of 7 with a 1-GPU job waiting each; z, guaranteed none, took
-    # the two GPUs guarantees leave: fair shares a 7.67, b 7.67, z 0.67 (counted as one)
+def _zero_share(s, last_of_n1: str):
+    # a and b at their guarantees of 7 (non-preemptible jobs), a 1-GPU job of each waiting; z,
+    # guaranteed none, holds N0's last GPU, and `last_of_n1` (z or b) holds N1's. Fair shares:
+    # a 7.67, b 7.67, z 0.67 (counted as one)
     for name, g in (("a", 7), ("b", 7), ("z", 0)):
         s.team(name, guaranteed=g)
     s.run("a0", N0[:7], team="a", at=0)
     s.run("b0", N1[:7], team="b", at=0)
     s.run("z0", N0[7:], team="z", at=0, preemptible=True)
-    s.run("z1", N1[7:], team="z", at=0, preemptible=True)
+    s.run({"z": "z1", "b": "b2"}[last_of_n1], N1[7:], team=last_of_n1, at=0, preemptible=True)
     s.submit("a1", 1, team="a", at=1000, preemptible=True)
     s.submit("b1", 1, team="b", at=1000, preemptible=True)
+
+
+def _zero_share_holds_two(s):
+    # z took both GPUs the guarantees leave
+    _zero_share(s, "z")
 
 
 def _zero_share_holds_one(s):
-    # z holds one GPU only (its first: not over a share of 0.67); b borrows one beyond its 7, as
-    # far over its fair share as a would be with its job started
-    for name, g in (("a", 7), ("b", 7), ("z", 0)):
-        s.team(name, guaranteed=g)
-    s.run("a0", N0[:7], team="a", at=0)
-    s.run("b0", N1[:7], team="b", at=0)
-    s.run("b2", N1[7:], team="b", at=0, preemptible=True)
-    s.run("z0", N0[7:], team="z", at=0, preemptible=True)
-    s.submit("a1", 1, team="a", at=1000, preemptible=True)
-    s.submit("b1", 1, team="b", at=1000, preemptible=True)
+    # z holds its first GPU only (not over a share of 0.67); b borrows one beyond its 7, as far
+    # over its fair share as a would be with its job started
+    _zero_share(s, "b")
 
 
 SHARE = FULL.replace(reclaim_to="share")
