@@ -23,7 +23,7 @@ from gpusched.bus.servers import start_nats, start_redis
 from gpusched.cli.stack import register_simulated_nodes, spawn_service, stop_processes
 from gpusched.core import limits as L
 from gpusched.core.commands import CommandReply
-from gpusched.core.model import JobSpec
+from gpusched.core.model import JobSpec, TeamQuota
 
 # --- strategies -------------------------------------------------------------------------------
 
@@ -199,6 +199,10 @@ def test_after_the_fuzz_every_service_is_alive_and_answers(live):
     live.call(live.client.nc.flush())
     time.sleep(1.5)  # a reconciler tick over whatever it kept
     live.alive()
+    # team a exists whatever the fuzz drew (a random draw without a valid SetTeamQuota for it
+    # left the submit refused: "unknown team 'a'"), with terms the fuzz may have made anything
+    quota = live.call(live.client.set_quota("a", TeamQuota()))
+    assert quota.ok, quota.error
     reply = live.call(live.client.submit(JobSpec(team="a", gpus=1, command=["true"])))
     assert reply.ok, reply.error
     one_mb = {"type": "SubmitJob", "request_id": "big", "spec": {"team": "a", "gpus": 1, "command": ["x" * 1_000_000]}}
