@@ -115,6 +115,29 @@ CASES = {
 }
 
 
+def _gangs_then_small(s):
+    # a (all 16 GPUs its own) waits with four whole-node gangs no victim set can free (a
+    # non-preemptible job on each node), then a 1-GPU job that may take a's long-running job (LAS)
+    s.team("a", guaranteed=16)
+    s.run("pin0", N0[:1], team="a", at=0)
+    s.run("pin1", N1[:1], team="a", at=0)
+    s.run("long", N0[1:] + N1[1:], team="a", at=0, preemptible=True)
+    for i in range(4):
+        s.submit(f"g{i}", 8, team="a", at=1000, required="node", preemptible=True)
+    s.submit("small", 1, team="a", at=1001, preemptible=True)
+
+
+@pytest.mark.parametrize("searches, want", [(None, []), (16, [("preempt", "long", "small")])])
+def test_failed_searches_leave_the_triggers_to_jobs_that_can_act(searches, want):
+    """With `max_victim_searches_per_cycle`, a search that finds nothing does not use one of the
+    cycle's `max_preemptors_per_cycle` triggers: the short job behind the gangs gets its turn."""
+    s = Scenario(racks=1, nodes=2)
+    _gangs_then_small(s)
+    out = s.cycle(FULL.replace(max_victim_searches_per_cycle=searches), now=1001)
+    assert [d for d in summary(out) if d[0] != "release"] == want
+    assert s.state.violations() == []
+
+
 #: `reclaim_to="share"`: name -> (setup, want under it, want under `full`'s reclaim to guarantees)
 SHARE_CASES = {
     "a team at its guarantee, below its fair share, takes from a team far over its own, once": (

@@ -133,6 +133,11 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     move_off_unhealthy: bool = True
     #: How many blocked jobs per cycle may trigger preemption (bounds the cost of a cycle).
     max_preemptors_per_cycle: int = 4
+    #: How many blocked jobs per cycle reclaim may search victims for, and the walk hands it
+    #: (None: `max_preemptors_per_cycle`, so a failed search uses a trigger's turn). Larger, a
+    #: cycle's triggers go to the blocked jobs that can act, not the first teams' gangs no set
+    #: frees (docs/policy.md, "Saturated clusters").
+    max_victim_searches_per_cycle: int | None = None
     #: Backfill: treat a running job without a time limit as ending after this long (None: never).
     unknown_runtime_s: float | None = None
     #: A blocked head that must run within one node, while enough GPUs are free but scattered,

@@ -24,21 +24,26 @@ from ..placement import Pool
 from ..plan import Context, CyclePlan
 from ..resources import asks, hold
 from .victims import victims
+from .walk import searches_per_cycle
 
 
 def run(plan: CyclePlan, ctx: Context) -> None:
     if not plan.blocked and not ctx.state.pending:
         return
     max_tries = 1 if ctx.strict else ctx.config.max_preemptors_per_cycle
-    tries = 0
+    max_searches = 1 if ctx.strict else searches_per_cycle(ctx.config)
+    tries = searches = 0  # blocked jobs that triggered a preemption or shrink; victim searches
     failed: set[tuple] = set()  # jobs alike in what a victim search reads fail alike
     acted: set[str] = set()
     plan.coming = _coming(plan, ctx)
     for job in list(plan.blocked):
-        if tries >= max_tries:
+        if tries >= max_tries or searches >= max_searches:
             break
         acted.add(job.job_id)
-        tries += _act(plan, ctx, job, failed)
+        before = len(plan.events)
+        if _act(plan, ctx, job, failed):
+            searches += 1
+            tries += len(plan.events) > before or ctx.config.max_victim_searches_per_cycle is None
     if not ctx.strict and ctx.config.fairshare:
         _within_guarantees(plan, ctx, acted, failed)
 
