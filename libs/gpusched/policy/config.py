@@ -186,6 +186,12 @@ class PolicyConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: behind the jobs waiting: the default) or "end" (the job fails with the idle reason).
     idle_action: dict[Priority, Literal["requeue", "end"]] = {}
 
+    def searches_per_cycle(self) -> int:
+        """How many blocked jobs reclaim may search victims for in one cycle (the walk hands it
+        that many): `max_victim_searches_per_cycle`, never below `max_preemptors_per_cycle`."""
+        n = self.max_victim_searches_per_cycle
+        return self.max_preemptors_per_cycle if n is None else max(n, self.max_preemptors_per_cycle)
+
     def replace(self, **changes) -> PolicyConfig:
         return structs.replace(self, **changes)
 

@@ -504,7 +504,7 @@ def _takeable(state: ClusterState, job: Job, now: float, config: PolicyConfig,
     search = VictimSearch(state, job, now, config, lambda t: state.teams[t].held, lambda _: True,
                           {k: n for k, n in leaving.items() if isinstance(k, str)}, left=left,
                           pool_view=pool_view, owed=owed,
-                          shares=indexes.queue(state, config).reclaim_shares())
+                          shares=indexes.reclaim_shares(state, config))
     return takeable(search, cands)
 
 

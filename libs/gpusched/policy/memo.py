@@ -76,6 +76,14 @@ class Indexes:
         idx.update()
         return idx
 
+    def reclaim_shares(self, state: ClusterState, config: PolicyConfig) -> dict[str, float] | None:
+        """The fair shares reclaim restores under `config` (`reclaim_to="share"`, with fair
+        share: `QueueIndex.fair_shares`); else None, without building or updating the index
+        (every victim search and every `show` asks)."""
+        if not (config.fairshare and config.reclaim_to == "share"):
+            return None
+        return self.queue(state, config).fair_shares()
+
     def running(self, state: ClusterState) -> RunningIndex:
         """The (updated) index of the running jobs of `state`."""
         idx = self.running_

@@ -141,11 +141,6 @@ class QueueIndex:
         team, n = self.ask_of.pop(job_id)
         self.asked[team] -= n
 
-    def reclaim_shares(self) -> dict[str, float] | None:
-        """The fair shares reclaim restores (`reclaim_to="share"`, with fair share); else None."""
-        config = self.config
-        return self.fair_shares() if config.fairshare and config.reclaim_to == "share" else None
-
     def fair_shares(self) -> dict[str, float]:
         """Each team's fair share of the cluster now (`fairshare.fair_shares`): its demand is
         what it holds plus what its waiting jobs ask for. Once per fold version."""

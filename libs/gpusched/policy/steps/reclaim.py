@@ -24,14 +24,13 @@ from ..placement import Pool
 from ..plan import Context, CyclePlan
 from ..resources import asks, hold
 from .victims import victims
-from .walk import searches_per_cycle
 
 
 def run(plan: CyclePlan, ctx: Context) -> None:
     if not plan.blocked and not ctx.state.pending:
         return
     max_tries = 1 if ctx.strict else ctx.config.max_preemptors_per_cycle
-    max_searches = 1 if ctx.strict else searches_per_cycle(ctx.config)
+    max_searches = 1 if ctx.strict else ctx.config.searches_per_cycle()
     tries = searches = 0  # blocked jobs that triggered a preemption or shrink; victim searches
     failed: set[tuple] = set()  # jobs alike in what a victim search reads fail alike
     acted: set[str] = set()
@@ -43,7 +42,7 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         before = len(plan.events)
         if _act(plan, ctx, job, failed):
             searches += 1
-            tries += len(plan.events) > before or ctx.config.max_victim_searches_per_cycle is None
+            tries += len(plan.events) > before
     if not ctx.strict and ctx.config.fairshare:
         _within_guarantees(plan, ctx, acted, failed)
 

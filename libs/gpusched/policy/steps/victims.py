@@ -62,18 +62,10 @@ def victims(plan: CyclePlan, ctx: Context, job: Job, need: int, fits: Callable[[
     if gathered < want:
         return None
     search = VictimSearch(st, job, now, config, plan.held, fits, plan.leaving, plan.incoming, left=remaining(ctx),
-                          pool_view=plan.pool_view, owed=owed(ctx, job.team), shares=fair_shares_now(ctx))
+                          pool_view=plan.pool_view, owed=owed(ctx, job.team), shares=ctx.indexes.reclaim_shares(st, config))
     if isinstance(plan.reason_of(job), NoFreeCpuMem):  # its GPUs fit: victims that free CPUs or memory
         return choose_cpu_victims(search, plan.pool, cands)
     return choose_victims(search, plan.pool, need, cands, scope(ctx, job))
-
-
-def fair_shares_now(ctx: Context) -> dict[str, float] | None:
-    """With fair share and `reclaim_to="share"`, each team's fair share now; else None."""
-    config = ctx.config
-    if not (config.fairshare and config.reclaim_to == "share"):
-        return None  # (asked for every victim search: the index is not looked up for nothing)
-    return ctx.indexes.queue(ctx.state, config).reclaim_shares()
 
 
 def owed(ctx: Context, team: str) -> bool:
@@ -124,7 +116,7 @@ def _buckets(plan: CyclePlan, ctx: Context, job: Job) -> list[dict[str, None]]:
     pooled = _pooled(st, job.team)
     las = config.las and config.las_preempt  # judged per job (`_Rule.las_after`)
     las_across = las and not config.fairshare  # with fair share, LAS never preempts across teams
-    entitled = fair_shares_now(ctx)
+    entitled = ctx.indexes.reclaim_shares(st, config)
     found = []
     # Per team, once for all its buckets: (GPUs it holds less those leaving, over its share,
     # may give whatever the classes), and whether the fold's rule lets it give to the job's team.

@@ -39,7 +39,7 @@ def run(plan: CyclePlan, ctx: Context) -> None:
     st, config, pool = ctx.state, ctx.config, plan.pool
     idx = ctx.indexes.queue(st, config)
     processed: dict[str, None] = {}
-    reclaimers = searches_per_cycle(config) if (config.preemption or config.elastic) else 0
+    reclaimers = config.searches_per_cycle() if (config.preemption or config.elastic) else 0
     limit_stop = False
     claimants = 0  # blocked jobs that reclaim may act for (those behind the reservation it skips)
     shares_only = False  # nothing whole may start any more: only fractional jobs, while shared GPUs have room
@@ -66,12 +66,6 @@ def run(plan: CyclePlan, ctx: Context) -> None:
         if not shares_only:
             return _tail(plan, ctx, idx, processed, complete=True)
     _tail(plan, ctx, idx, processed, complete=False)
-
-
-def searches_per_cycle(config) -> int:
-    """How many blocked jobs reclaim may search victims for in one cycle."""
-    n = config.max_victim_searches_per_cycle
-    return config.max_preemptors_per_cycle if n is None else max(n, config.max_preemptors_per_cycle)
 
 
 def _consider(plan: CyclePlan, ctx: Context, job: Job) -> bool:
