@@ -192,7 +192,7 @@ class NodeHost:
 
     def _logs_cb(self, agent: NodeAgent):
         async def cb(msg) -> None:
-            reply = agent.logs(msg.data, self.folded.state) if not agent.crashed else \
+            reply = await agent.logs(msg.data, self.folded) if not agent.crashed else \
                 LogReply(ok=False, node=agent.node, error="node is down (simulated crash)")
             if msg.reply:
                 await msg.respond(msgspec.json.encode(reply))

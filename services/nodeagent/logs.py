@@ -4,19 +4,30 @@ Each rank's output of each attempt is kept in one file on the node; the fold kno
 (`JobStarted.log`). A request names the job, attempt, rank (and optionally generation) and
 a byte range; the daemon serves only files under its own log directory that the fold lists
 for this node, in chunks well under NATS's max payload.
+
+The asker's fold can be ahead of the daemon's: the daemon appends `JobStarted` and folds it back
+a moment later, and `logs -f` asks as soon as its own fold shows the start. So a miss first
+catches the daemon's fold up to the stream's head (bounded), then looks again.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from gpusched.core.heartbeat import LogReply, LogRequest
 from gpusched.core.state import ClusterState
 
+if TYPE_CHECKING:
+    from gpusched.services.runtime import FoldedLog
+
 _decoder = msgspec.json.Decoder(LogRequest)
+#: How long a miss waits for the daemon's fold to reach the stream's head: under the CLI's
+#: default request timeout (5 s), so the asker hears "no log" rather than a timeout.
+CATCH_UP_S = 2.0
 
 
 def find_log(state: ClusterState, node: str, req: LogRequest) -> str | None:
@@ -30,12 +41,18 @@ def find_log(state: ClusterState, node: str, req: LogRequest) -> str | None:
     return max(refs, key=lambda r: r.generation).path if refs else None
 
 
-def serve_log(node: str, log_dir: Path, data: bytes, state: ClusterState) -> LogReply:
+async def serve_log(node: str, log_dir: Path, data: bytes, folded: FoldedLog) -> LogReply:
     try:
         req = _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as err:
         return LogReply(ok=False, node=node, error=str(err))
-    path = find_log(state, node, req)
+    path = find_log(folded.state, node, req)
+    if path is None:
+        try:
+            await folded.catch_up(CATCH_UP_S)
+        except Exception:  # noqa: BLE001 - the log out of reach or slow: answer from what is folded
+            pass
+        path = find_log(folded.state, node, req)
     if path is None:
         return LogReply(ok=False, node=node, error=f"no log of {req.job_id} attempt {req.attempt} rank {req.rank} "
                                                    f"on node {node}")

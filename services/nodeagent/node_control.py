@@ -19,12 +19,13 @@ from gpusched.core.heartbeat import (
     SimulateCrash,
     decode_request,
 )
-from gpusched.core.state import ClusterState
 
 from .backends import SimBackend, process_alive
 from .logs import serve_log
 
 if TYPE_CHECKING:
+    from gpusched.services.runtime import FoldedLog
+
     from .agent_config import AgentConfig
     from .backends import GpuBackend
     from .host import NodeHost
@@ -98,7 +99,7 @@ class NodeControl:
                     reason=req.reason)
         return NodeReply(ok=True, node=self.node, killed=killed, missing=missing, refused=refused)
 
-    def logs(self, data: bytes, state: ClusterState) -> LogReply:
+    async def logs(self, data: bytes, folded: FoldedLog) -> LogReply:
         """Serve part of one rank's log of one attempt (`gpusched logs`)."""
         assert self.cfg.log_dir is not None, "AgentConfig.__post_init__ defaults it to <work_dir>/logs"
-        return serve_log(self.node, self.cfg.log_dir, data, state)
+        return await serve_log(self.node, self.cfg.log_dir, data, folded)

@@ -9,11 +9,16 @@ import asyncio
 import io
 import time
 
+import msgspec
+
 from gpusched.cli.commands import register as register_client
 from gpusched.cli.commands import spec_from_args
 from gpusched.cli.logs import run_logs
 from gpusched.core import events as ev
+from gpusched.core.heartbeat import LogRequest
 from gpusched.core.model import JobSpec
+from gpusched.services.nodeagent.logs import serve_log
+from gpusched.services.runtime import FoldedLog
 
 from .node_helpers import PY, Cluster
 
@@ -94,6 +99,33 @@ async def test_logs_follow_waits_for_a_job_not_yet_started(nats_url, tmp_path):
         assert await asyncio.wait_for(follow, 30) == 0
         assert "MARKER-later" in out.getvalue()
         assert "later attempt 1 on z0" in out.getvalue()  # the log's header: an integer, not `1.0`
+
+
+async def test_a_daemon_whose_fold_lags_the_asker_still_serves_the_log(nats_url, tmp_path):
+    """`logs -f` asks as soon as its fold shows the start; the daemon that appended it may not
+    have folded it back yet (a CI failure): a miss catches the daemon's fold up, then looks again."""
+    log_dir = tmp_path / "logs"
+    (log_dir / "j").mkdir(parents=True)
+    path = log_dir / "j" / "r0.log"
+    path.write_text("MARKER-lagging\n")
+    async with Cluster(nats_url, tmp_path) as c:
+        daemon = FoldedLog(c.log)
+        await daemon.start()
+        await daemon.stop()  # it stops following: the daemon's fold is behind from here on
+        await c.submit("j", JobSpec(team="t", gpus=1, command=["x"]))
+        await c.grant("j", ["n0/0"])
+        await c.append(ev.JobStarted(at=time.time(), job_id="j", attempt=1, node="n0", log=str(path)))
+        assert c.state.jobs["j"].logs and "j" not in daemon.state.jobs
+
+        async def resume_following() -> None:
+            await asyncio.sleep(0.3)
+            await daemon.start()
+
+        ask = msgspec.json.encode(LogRequest(job_id="j", attempt=1))
+        reply, _ = await asyncio.gather(serve_log("n0", log_dir, ask, daemon), resume_following())
+        await daemon.stop()
+        assert reply.ok, reply.error
+        assert reply.data == "MARKER-lagging\n"
 
 
 async def test_time_limit_asks_for_a_checkpoint_before_the_end(nats_url, tmp_path):
