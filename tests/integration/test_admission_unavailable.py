@@ -34,6 +34,9 @@ async def test_submit_survives_a_frozen_log(nats_server, nats_url):
     config = AdmissionConfig(auto_create_teams=True, placeholders="any")
     patient, impatient = Admission(folded, config), Admission(folded, config)
     impatient.append_patience_s = 0.5
+    # patient enough for two publish timeouts past the freeze: with the default 10 s, a loaded
+    # machine's reconnect after SIGCONT could lose the retry that spans it (a CI rehearsal)
+    patient.append_patience_s = 30.0
     try:
         for _ in range(50):
             if "node00" in folded.state.nodes:
