@@ -86,6 +86,36 @@ def by(rendered: list[dict], kind: str) -> dict[str, dict]:
     return {d["metadata"]["name"]: d for d in rendered if d["kind"] == kind}
 
 
+#: The services that decide or explain under a policy: each must be given the same one, so that
+#: `show` and the dashboard explain a wait under the policy that placement runs.
+UNDER_A_POLICY = ("placement", "preemptor", "projector", "reader", "dashboard")
+
+
+def policies_given(commands: list[list[str]]) -> dict[str, str | None]:
+    """Service -> the `--policy` its `service run NAME ...` command names (None: none)."""
+    out: dict[str, str | None] = {}
+    for argv in commands:
+        if argv[:2] != ["service", "run"]:
+            continue
+        given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--policy"]
+        given += [a.partition("=")[2] for a in argv if a.startswith("--policy=")]
+        out[argv[2]] = given[-1] if given else None
+    return out
+
+
+def assert_one_policy(commands: list[list[str]]) -> None:
+    given = policies_given(commands)
+    assert set(UNDER_A_POLICY) <= set(given)
+    policies = {name: given[name] for name in UNDER_A_POLICY}
+    assert None not in policies.values() and len(set(policies.values())) == 1, policies
+
+
+def test_every_service_under_a_policy_is_given_the_same_one(rendered):
+    assert_one_policy([c.get("args", []) for d in rendered for c in containers(d)])
+    compose = yaml.safe_load((ROOT / "deploy" / "compose" / "docker-compose.yml").read_text())
+    assert_one_policy([s.get("command", [])[1:] for s in compose["services"].values()])
+
+
 def test_kustomization_reads_only_its_own_folder(rendered, tmp_path):
     assert {d["kind"] for d in rendered} >= {"Namespace", "StatefulSet", "DaemonSet", "Deployment", "ConfigMap"}
     shutil.copytree(K8S, tmp_path / "k8s", ignore=shutil.ignore_patterns("secrets"))

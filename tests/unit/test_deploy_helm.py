@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .test_deploy_files import assert_one_policy, containers
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpusched"
 KUBE_VERSION = "1.37"
@@ -114,6 +116,11 @@ def test_default_render_validates_and_forms_a_cluster():
     assert not {name for _, name in off} & {"api", "api-http"}
     ranks = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "nodeagent-ranks")
     assert {"protocol": "TCP", "port": 29500, "endPort": 39499} in ranks["spec"]["ingress"][0]["ports"]
+
+
+@needs_helm
+def test_every_service_under_a_policy_is_given_the_same_one():
+    assert_one_policy([c.get("args", []) for d in _render() for c in containers(d)])
 
 
 @needs_helm
