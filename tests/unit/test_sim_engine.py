@@ -204,6 +204,17 @@ def test_cli_compare_and_errors(tmp_path):
     assert rc == 2 and "RxNxG" in err
 
 
+def test_cli_jitter_replays_another_path_the_same_way_per_seed():
+    """`--jitter SEED` (bench/seeds.py): a saturated replay of the jittered trace takes another
+    path, and the same seed takes the same one."""
+    base = ("sim", "--limit", "200", "--cluster", "1x2x8", "--policy", "full", "--json")
+    runs = [run_cli(*base, *extra) for extra in ((), ("--jitter", "1"), ("--jitter", "1"), ("--jitter", "2"))]
+    assert [rc for rc, _, _ in runs] == [0] * 4
+    plain, one, again, two = ({k: v for k, v in json.loads(out).items() if k != "sim_wall_s"} for _, out, _ in runs)
+    assert one == again and one["jobs"] == plain["jobs"] == 200
+    assert len({plain["avg_jct_s"], one["avg_jct_s"], two["avg_jct_s"]}) == 3
+
+
 @pytest.mark.slow
 def test_philly_week_under_full():
     """The whole bundled week on 2x32x8 (about 5-15 s): the targets that the design can meet."""

@@ -13,6 +13,7 @@ from gpusched.sim.traces import (
     burst_jobs,
     default_class,
     guess_format,
+    jittered,
     load_trace,
     parse_burst,
 )
@@ -37,6 +38,18 @@ def test_bundled_week_has_teams_from_the_vc_file():
     assert sum(j.gpu_s for j in jobs) / 3600 == pytest.approx(124066, abs=1)
     assert len({j.team for j in jobs}) == 11
     assert all(a.submit_s <= b.submit_s for a, b in zip(jobs, jobs[1:]))
+
+
+def test_jitter_moves_each_submission_later_by_under_a_second_the_same_way_per_seed():
+    jobs = load_trace(limit=500)
+    one, again, other = jittered(jobs, 1), jittered(jobs, 1), jittered(jobs, 2)
+    assert one == again and one != other
+    assert all(a.submit_s <= b.submit_s for a, b in zip(one, one[1:]))
+    moved = {j.job_id: j.submit_s for j in one}
+    assert all(0 <= moved[j.job_id] - j.submit_s < 1 for j in jobs)
+    assert len({round(moved[j.job_id] - j.submit_s, 6) for j in jobs}) > 400  # not one shift for all
+    assert [j.duration_s for j in sorted(one, key=lambda j: int(j.job_id))] == \
+        [j.duration_s for j in sorted(jobs, key=lambda j: int(j.job_id))]
 
 
 def test_limit_and_time_zero():

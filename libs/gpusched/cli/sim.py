@@ -72,6 +72,9 @@ def register(sub) -> None:
                    help="with --services: placement decides nothing from START to END seconds (the fallback places)")
     p.add_argument("--tick", type=float, help="also run the policy every TICK seconds while jobs wait")
     p.add_argument("--limit", type=int, help="only the first N jobs of the trace")
+    p.add_argument("--jitter", type=int, metavar="SEED",
+                   help="move each submission later by under a second (seeded): replays of a few seeds show "
+                        "what one run's figures are worth (bench/seeds.py)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument("--out", type=Path, help="write summary.json and jobs.csv here, and PNG plots when matplotlib is installed")
     p.set_defaults(func=run)
@@ -80,7 +83,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..sim.engine import Cluster, SimStalled, SimViolation
     from ..sim.report import load_jobs, parse_overrides, rich_table, runtime_model, simulate, write_out
-    from ..sim.traces import TraceError, load_quotas
+    from ..sim.traces import TraceError, jittered, load_quotas
 
     plots = bool(args.out)
     if args.out:  # say it before a long run, not after it
@@ -102,6 +105,8 @@ def run(args) -> int:
                               checkpoint_s=args.checkpoint_s, restore_s=args.restore_s)
         overrides = parse_overrides(args.set)
         jobs, burst = load_jobs(args.trace, args.format, args.limit, args.interactive_burst)
+        if args.jitter is not None:
+            jobs = jittered(jobs, args.jitter)
         quotas = load_quotas(args.quotas) if args.quotas else None
         job_types = None
         if args.gpu_type_mix:

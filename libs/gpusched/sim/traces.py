@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
-from msgspec import Struct
+from msgspec import Struct, structs
 
 from ..core.model import PRIORITY_RANK, TeamQuota
 
@@ -279,6 +279,16 @@ def load_trace(path: str | Path | None = None, fmt: str | None = None, limit: in
         if t0:
             jobs = [TraceJob(j.job_id, j.submit_s - t0, *_rest(j)) for j in jobs]
     return jobs
+
+
+def jittered(jobs: list[TraceJob], seed: int, spread_s: float = 1.0) -> list[TraceJob]:
+    """The trace with each submission moved later by under `spread_s` (crc32 of the seed and the
+    job id), in submit order. A schedule of a saturated cluster is chaotic: a change this small
+    takes a replay down another path, so the spread of a figure over seeds is what one run's
+    figure is worth, and a knob compared on the same seeds is compared on the same traces."""
+    moved = [structs.replace(j, submit_s=j.submit_s + spread_s * zlib.crc32(f"{seed}/{j.job_id}".encode()) / 2**32)
+             for j in jobs]
+    return sorted(moved, key=lambda j: j.submit_s)
 
 
 def _rest(j: TraceJob) -> tuple:
