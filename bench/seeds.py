@@ -21,8 +21,11 @@ FIGURES = [
     ("avg JCT s", lambda r: r["avg_jct_s"], "{:,.0f}"),
     ("Jain", lambda r: r["jain_fairness"], "{:.3f}"),
     ("Jain of shortfalls", lambda r: r["jain_shortfall"], "{:.3f}"),
+    ("guarantee wait p99 s", lambda r: r["guarantee_wait"]["p99_s"], "{:,.0f}"),
     ("team shortfall max s", lambda r: r["guarantee_wait"]["team_shortfall"]["max_s"], "{:,.0f}"),
     (">8-GPU queue s", lambda r: r["avg_queue_s_by_size"][">8"], "{:,.0f}"),
+    ("preemptions", lambda r: r["preemptions"], "{:,.0f}"),
+    ("sim wall s", lambda r: r["sim_wall_s"], "{:.0f}"),
 ]
 
 
