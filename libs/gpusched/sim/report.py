@@ -135,6 +135,7 @@ TABLE = (
     ("util", "utilization", lambda v: f"{v:.3f}"),
     ("locality", "locality", lambda v: f"{v:.3f}"),
     ("Jain", "jain_fairness", lambda v: f"{v:.3f}"),
+    ("Jain of shortfalls", "jain_shortfall", lambda v: f"{v:.3f}"),
     ("preempt", "preemptions", str),
     ("lost GPU-h", "lost_gpu_hours", lambda v: f"{v:.1f}"),
     ("makespan d", "makespan_s", lambda v: f"{v / 86400:.1f}"),
