@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
+from pathlib import Path
+
+from price_of_fairness import run_all  # bench/ is the script's own folder: on sys.path
 
 #: (label, how to read it from one run's summary, format)
 FIGURES = [
@@ -30,19 +32,12 @@ FIGURES = [
 
 
 def run_seeds(compare: str, seeds: list[int], sim_args: list[str], jobs: int) -> dict[int, dict[str, dict]]:
-    """seed -> variant -> summary; a seed whose run failed is left out (and said)."""
-    def one(seed: int) -> tuple[int, dict | None]:
-        cmd = [sys.executable, "-m", "gpusched.cli.main", "sim", "--compare", compare, "--json",
-               "--jitter", str(seed), *sim_args]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        print(f"seed {seed}: rc={done.returncode}", file=sys.stderr, flush=True)
-        if done.returncode != 0:
-            print(done.stderr[-2000:], file=sys.stderr)
-            return seed, None
-        return seed, json.loads(done.stdout)["runs"]
-
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        return {seed: runs for seed, runs in pool.map(one, seeds) if runs is not None}
+    """seed -> variant -> summary, through price_of_fairness's runner (a seed whose run failed is
+    left out; the runner says so)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = {Path(tmp) / f"seed{seed}.json": [*sim_args, "--jitter", str(seed)] for seed in seeds}
+        run_all(outs, compare, jobs)
+        return {seed: json.loads(out.read_text())["runs"] for seed, out in zip(seeds, outs) if out.exists()}
 
 
 def report(by_seed: dict[int, dict[str, dict]]) -> str:
