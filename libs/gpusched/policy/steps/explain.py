@@ -45,6 +45,8 @@ def run(plan: CyclePlan, ctx: Context, cycle: Cycle | None = None) -> None:
 #: once: arrivals come in bursts). Other new jobs wait for the periodic plan: each plan costs
 #: up to `eta_plan_jobs` cycles, and a plan per arrival would cost more than the policy itself.
 NEW_JOB_REPLAN_S = 300.0
+#: The steps a plan's cycles do not run (`cycle.decide`'s `skip`).
+_FORK_SKIPS = ("explain",)
 
 
 def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
@@ -78,7 +80,10 @@ def _plan_of(plan: CyclePlan, ctx: Context, cycle: Cycle) -> Forecast:
     predictor = idx.predictor(st)
     fork_idx = Indexes.for_plan(predictor)
     quiet = cfg.replace(eta_plan_every_s=None, predict_runtimes=False)
-    f = idx.forecast_ = forecast(st, now, quiet, predictor, lambda s, t, c: cycle(s, t, c, fork_idx),
+    # The plan reads only the fork's grants, preemptions and resizes: its cycles skip this step
+    # (a fork's reasons and ETAs, which no decision reads, were a sixteenth of the plan's cost).
+    f = idx.forecast_ = forecast(st, now, quiet, predictor,
+                                 lambda s, t, c: cycle(s, t, c, fork_idx, skip=_FORK_SKIPS),
                                  first, plan.events, max_cycles=cfg.eta_plan_jobs,
                                  horizon_s=cfg.eta_plan_horizon_s)
     return f
