@@ -189,3 +189,37 @@ def test_the_same_start_said_again_is_scored_once():
     sim._shown(ev.GpusGranted(at=150.0, job_id="b", attempt=2, gpus=["r0n0/0"]), 150.0)
     assert sim.eta_errors == [pytest.approx(50.0), pytest.approx(-70.0)]
     assert sim.eta_first == [pytest.approx(50.0)] and sim.eta_ahead == [100.0, 200.0]
+
+
+
+def test_a_plan_skips_the_explain_step_and_plans_the_same_starts(monkeypatch):
+    """A plan's cycles skip `explain` (their reasons and ETAs feed no decision): on a saturated
+    slice of the Philly week every ETA said, and every decision, is what plans whose cycles
+    explain give."""
+    from gpusched.policy.steps import explain
+    from gpusched.sim.traces import load_trace
+
+    jobs = load_trace(limit=600)
+    explain_run = explain.run
+
+    def run() -> tuple[list, int]:
+        events: list = []
+        forked = [0]  # explain steps run on a plan's copy of the state
+        sim = Simulation(jobs, Cluster.parse("1x4x8"), FULL, IDEAL)
+        apply = sim._apply
+
+        def counting(plan, ctx, cycle=None):
+            forked[0] += ctx.state is not sim.state
+            return explain_run(plan, ctx, cycle)
+        monkeypatch.setattr(explain, "run", counting)
+        monkeypatch.setattr(sim, "_apply", lambda e: (events.append(e), apply(e))[1])
+        sim.run()
+        return events, forked[0]
+
+    skipped, forked = run()
+    assert forked == 0
+    monkeypatch.setattr(explain, "_FORK_SKIPS", ())
+    explained, forked = run()
+    assert forked > 20  # the plans' cycles explained
+    etas = [e for e in skipped if isinstance(e, ev.JobPending) and e.eta_s is not None]
+    assert len(etas) > 20 and skipped == explained
