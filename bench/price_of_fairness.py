@@ -318,8 +318,13 @@ bench/bench_sim.py` measures the speed target.
   order), the bundled week under the defaults went from 372,148 s / Jain 0.852 to 196,366 s /
   0.892 on 1x16x8 and from 46,730 s / 0.776 to 40,627 s / 0.890 on 1x32x8, and the week of
   2017-11-06 at 2x32x8 keeps Jain 0.997.
-- **Alibaba (1x8x8)** barely queues: every preset ends within 0.1% of 30,860 s, and Jain
-  0.93–0.99 is the trace's (even `fifo` 0.946).
+- **Alibaba (1x8x8)** barely queues: every preset ends within 0.1% of 30,860 s. Its Jain under
+  fair share is one wait: a non-preemptible 1-GPU job of team Guaranteed (guarantee 1) waits
+  51,673 s with GPUs idle under `full` and fair 2D-LAS alike, both assumptions ("not
+  preemptible: team Guaranteed would exceed its guarantee 1 ... only preemptible jobs may
+  borrow", the rule that keeps every guarantee reclaimable, [policy.md](policy.md#the-team-contract-issue-26-four-promises-each-a-rule)),
+  and that wait is almost all of the run's busy time (about 52 ks; 1.2 ks under 2D-LAS, defaults), so
+  Jain is 0.930–0.938 against 2D-LAS's 0.979–0.986 (it has no teams) and `fifo`'s 0.942–0.946.
 """
 
 SENS_HEAD = """## Sensitivity: `full`'s knobs at ±50%
