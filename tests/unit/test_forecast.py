@@ -199,7 +199,7 @@ def test_a_plan_skips_the_explain_step_and_plans_the_same_starts(monkeypatch):
     from gpusched.policy.steps import explain
     from gpusched.sim.traces import load_trace
 
-    jobs = load_trace(limit=600)
+    jobs = load_trace(limit=300)
     explain_run = explain.run
 
     def run() -> tuple[list, int]:
