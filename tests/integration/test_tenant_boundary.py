@@ -5,6 +5,7 @@ log; every job is a shell script (the jobs' uids cannot reach a Python under /ro
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shutil
@@ -99,6 +100,18 @@ async def test_a_tenant_cannot_read_another_tenants_environ(nats_url, site):
         assert c.state.jobs["victim"].state == "running"  # untouched
 
 
+async def _cmdline(pid: int, want: bytes, within_s: float = 5.0) -> bytes:
+    """The process's command line once it shows `want` (or after `within_s`): at the instant the
+    job runs, its process may still be in the confinement's wrapper (`unshare`, the /proc mount)
+    or between two execs (an empty /proc/PID/cmdline: a CI rehearsal read b'')."""
+    path, deadline = Path(f"/proc/{pid}/cmdline"), time.monotonic() + within_s
+    got = path.read_bytes()
+    while want not in got and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        got = path.read_bytes()
+    return got
+
+
 async def test_a_tenant_cannot_see_another_tenants_command_line_or_pid(nats_url, site):
     """Each job has its own /proc (`hidepid=2` in its own mount namespace): another tenant's
     processes are not there at all, its command line with them; the job's own are."""
@@ -107,7 +120,7 @@ async def test_a_tenant_cannot_see_another_tenants_command_line_or_pid(nats_url,
         victim = sh("sleep 30; echo --api-key=hf_cmdline_secret", team="a")
         await _run(c, "victim", victim, "r0/0", done=False)
         pid = host.agents["r0"].current("victim").proc.pid
-        assert b"hf_cmdline_secret" in Path(f"/proc/{pid}/cmdline").read_bytes()  # the host sees it
+        assert b"hf_cmdline_secret" in await _cmdline(pid, b"hf_cmdline_secret")  # the host sees it
         script = (f"cat /proc/{pid}/cmdline > {OUT} 2>&1; cat /proc/[0-9]*/cmdline >> {OUT} 2>/dev/null; "
                   f"ls /proc | grep -x {pid} >> {OUT}; echo own $(cat /proc/$$/cmdline | tr '\\0' ' ') >> {OUT}; true")
         job = await _run(c, "spy", sh(script, team="b"), "r0/1")
