@@ -13,6 +13,7 @@ CPU time (`time.process_time()` around the run) moves less with the load than th
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from gpusched.policy.config import PRESETS
@@ -41,18 +42,18 @@ def main() -> None:
           f"trace load {load_s:.2f} s")
     print(f"{'preset':<10} {'wall s':>8} {'vs fifo':>8} {'cpu s':>8} {'vs fifo':>8} {'events':>8} {'cycles':>7} "
           f"{'ev/s':>9}")
-    best: dict[str, tuple[float, float, Simulation]] = {}  # preset -> (wall, cpu, its run), each the least
+    walls: dict[str, float] = {}  # preset -> its least wall time over the rounds
+    cpus: dict[str, float] = {}  # preset -> its least CPU time
+    sims: dict[str, Simulation] = {}  # preset -> a run (every round decides the same)
     for _ in range(args.repeat):
         for name in names:
             cpu = time.process_time()
-            sim = simulate(jobs, cluster, name, model)
-            cpu = time.process_time() - cpu
-            was = best.get(name)
-            best[name] = (min(sim.wall_s, was[0]), min(cpu, was[1]), sim) if was else (sim.wall_s, cpu, sim)
-    base_wall, base_cpu, _ = best["fifo"]
+            sim = sims[name] = simulate(jobs, cluster, name, model)
+            cpus[name] = min(cpus.get(name, math.inf), time.process_time() - cpu)
+            walls[name] = min(walls.get(name, math.inf), sim.wall_s)
     for name in names:
-        wall, cpu, sim = best[name]
-        print(f"{name:<10} {wall:8.2f} {wall / base_wall:7.2f}x {cpu:8.2f} {cpu / base_cpu:7.2f}x "
+        wall, cpu, sim = walls[name], cpus[name], sims[name]
+        print(f"{name:<10} {wall:8.2f} {wall / walls['fifo']:7.2f}x {cpu:8.2f} {cpu / cpus['fifo']:7.2f}x "
               f"{sim.state.events:8d} {sim.cycles:7d} {sim.state.events / wall:9.0f}"
               + ("   (targets: < 10 s, <= 3x fifo)" if name == "full" else ""))
 

@@ -12,9 +12,10 @@ from gpusched.policy.cycle import cycle
 from gpusched.policy.forecast import forecast
 from gpusched.policy.memo import Indexes
 from gpusched.policy.predict import RuntimePredictor
+from gpusched.policy.steps import explain
 from gpusched.sim.engine import Cluster, Simulation
 from gpusched.sim.runtime_model import IDEAL
-from gpusched.sim.traces import TraceJob
+from gpusched.sim.traces import TraceJob, load_trace
 
 from .policy_helpers import Scenario, gpus
 
@@ -191,14 +192,10 @@ def test_the_same_start_said_again_is_scored_once():
     assert sim.eta_first == [pytest.approx(50.0)] and sim.eta_ahead == [100.0, 200.0]
 
 
-
 def test_a_plan_skips_the_explain_step_and_plans_the_same_starts(monkeypatch):
     """A plan's cycles skip `explain` (their reasons and ETAs feed no decision): on a saturated
     slice of the Philly week every ETA said, and every decision, is what plans whose cycles
     explain give."""
-    from gpusched.policy.steps import explain
-    from gpusched.sim.traces import load_trace
-
     jobs = load_trace(limit=300)
     explain_run = explain.run
 
