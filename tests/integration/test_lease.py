@@ -21,6 +21,8 @@ from gpusched.bus import subjects
 from gpusched.bus.log import connect
 from gpusched.services.lease import PLACEMENT_LEASE_KEY, Lease, Watch, open_bucket, owner_id
 
+from .verdicts import Attacker
+
 TTL_MS = 400
 ATTACKERS = {"alice": ("tenant", ["nlp"], None), "gpu01": ("node", [], "node01")}
 
@@ -73,31 +75,6 @@ async def test_a_lease_is_taken_renewed_kept_from_others_and_taken_over_once_it_
         await nc2.close()
 
 
-class Attacker:
-    """A fresh connection per attempt (the client closes one the server refused), and the
-    server's own verdict: its `Permissions Violation` for that subject, not a guess from silence."""
-
-    def __init__(self, url: str, creds: str):
-        self.url, self.creds = url, creds
-
-    async def refused(self, subject: str, act) -> bool:
-        seen = asyncio.Event()
-
-        async def on_error(err: Exception) -> None:
-            if f'permissions violation for publish to "{subject.lower()}"' in str(err).lower():
-                seen.set()
-
-        nc = await connect(self.url, name="attacker", creds=self.creds, error_cb=on_error)
-        try:
-            attempt = asyncio.ensure_future(act(raw_bucket(nc), nc))
-            await asyncio.wait({attempt, asyncio.ensure_future(seen.wait())}, timeout=5,
-                               return_when=asyncio.FIRST_COMPLETED)
-            attempt.cancel()
-            return seen.is_set()
-        finally:
-            await nc.close()
-
-
 @pytest.mark.parametrize("who", ["alice", "gpu01", "admission", "fallback", "dashboard"])
 async def test_no_other_credential_can_forge_delete_or_purge_the_placement_lease(who, nats_url, creds):
     holder_nc, kv = await bucket_as(nats_url, creds("placement"))
@@ -119,7 +96,8 @@ async def test_no_other_credential_can_forge_delete_or_purge_the_placement_lease
             subject = f"$JS.API.STREAM.{api}.{subjects.LEASE_STREAM}"
             attempts[api] = (subject, lambda b, nc, s=subject: nc.request(s, b"{}", timeout=5))
         attacker = Attacker(nats_url, creds(who))
-        allowed = [name for name, (subject, act) in attempts.items() if not await attacker.refused(subject, act)]
+        allowed = [name for name, (subject, act) in attempts.items()
+                   if not await attacker.refused(subject, lambda nc, act=act: act(raw_bucket(nc), nc))]
         assert allowed == []
         assert await Watch(kv, PLACEMENT_LEASE_KEY, 60_000).holder() == lease.owner
         assert await lease.tick() and (await kv.get(PLACEMENT_LEASE_KEY)).revision == lease.revision

@@ -20,6 +20,8 @@ from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog
 from gpusched.store import KEEP, Refused, SnapshotStore, fold_log
 
+from .verdicts import Attacker
+
 
 def submitted(i: int) -> ev.JobSubmitted:
     return ev.JobSubmitted(at=float(i), job_id=f"j-{i}", spec=JobSpec(team="t", gpus=1), user="u")
@@ -130,6 +132,11 @@ async def test_a_process_refuses_to_start_when_aged_out_facts_are_covered_by_no_
         await folded.close()
 
 
+async def _forged_put(nc) -> None:
+    bucket = await nc.jetstream().object_store(subjects.SNAPSHOT_BUCKET)
+    await bucket.put("fold-9", b"forged", meta=ObjectMeta(name="fold-9"))
+
+
 async def test_readers_read_snapshots_and_only_the_projector_writes_them(event_log, nats_url, trust):
     await append_jobs(event_log, 0, 5)
     projector = await EventLog.open(nats_url, name="projector", creds=trust.creds("projector"))
@@ -143,11 +150,10 @@ async def test_readers_read_snapshots_and_only_the_projector_writes_them(event_l
             store = SnapshotStore(reader)
             state = await store.load((await store.metas())[0], 1, await reader.last_seq())
             assert state.last_seq == meta.seq and len(state.jobs) == 5
-            bucket = await reader.js.object_store(subjects.SNAPSHOT_BUCKET)
-            with pytest.raises(Exception):  # noqa: B017 - no permission: no ack ever comes
-                await bucket.put("fold-9", b"forged", meta=ObjectMeta(name="fold-9"))
         finally:
             await reader.close()
+        forge = Attacker(nats_url, str(trust.creds(who)))
+        assert await forge.refused(f"$O.{subjects.SNAPSHOT_BUCKET}.C.", _forged_put, prefix=True)
     assert [m.name for m in await SnapshotStore(event_log).metas()] == [meta.name]
 
 
