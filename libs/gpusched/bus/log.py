@@ -85,6 +85,13 @@ DEAD_STREAM_FULL = 10027  # "maximum messages exceeded"
 #: so the bounded dead-letter stream keeps room for everyone else's.
 DEAD_PER_WRITER = 50
 DEAD_WINDOW_S = 60.0
+#: Idle heartbeat of the log's ordered consumers, in seconds. A restarted server has lost them
+#: (they live in its memory), and nats-py re-creates one only once two heartbeats went missing,
+#: checked every two intervals: at its default of 5 s every service was deaf for 10-20 s after
+#: a NATS restart (a job submitted then waited 17.5 s to be placed). At 1 s they resume within
+#: 2-4 s. A needless re-creation (the event loop busy for over 2 s) resumes from the next
+#: sequence, so nothing is lost or read twice; the cost is one heartbeat a second per reader.
+READ_HEARTBEAT_S = 1.0
 
 
 def _telemetry():
@@ -437,7 +444,7 @@ class EventLog:
         held = stop is not None and tail is not None and stop <= tail  # every message up to `stop` is stored already
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start))
         sub = await self.js.subscribe(
-            subject, stream=subjects.STREAM, ordered_consumer=True, config=config,
+            subject, stream=subjects.STREAM, ordered_consumer=True, config=config, idle_heartbeat=READ_HEARTBEAT_S,
             pending_msgs_limit=0, pending_bytes_limit=0,
         )
         try:
