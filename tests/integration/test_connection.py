@@ -111,3 +111,19 @@ async def test_a_follower_reads_on_within_seconds_of_a_nats_restart(nats_server)
     finally:
         await writer.close()
         await folded.close()
+
+
+async def test_closing_a_log_whose_server_just_died_takes_the_drain_bound_not_a_grace(nats_server):
+    """A drain waits for the server's PONG: with the server killed the instant before, it waited
+    10 s and then raised, and a stopping service sat in it until the shell's 8-s grace ended it.
+    `close` gives a drain `CLOSE_DRAIN_S`, then closes the connection."""
+    from gpusched.bus.log import CLOSE_DRAIN_S, EventLog
+
+    log = await EventLog.open(nats_server.url, name="leaving")
+    nats_server.proc.kill()
+    nats_server.proc.wait()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await log.close()
+    assert loop.time() - began < CLOSE_DRAIN_S + 2.0
+    assert log.nc.is_closed
