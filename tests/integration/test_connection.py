@@ -98,14 +98,14 @@ async def test_a_follower_reads_on_within_seconds_of_a_nats_restart(nats_server)
         nats_server.proc.kill()
         nats_server.proc.wait()
         nats_server.restart()
-        seq = 0
-        for _ in range(50):  # the writer reconnects and JetStream recovers its streams first
+        seq, loop = 0, asyncio.get_running_loop()
+        deadline = loop.time() + 30.0
+        while not seq:  # the writer reconnects and JetStream recovers its streams first (~4 s here)
             try:
                 seq = await writer.append(ev.JobSubmitted(at=2.0, job_id="after", spec=JobSpec(team="t", gpus=1)))
-                break
             except NatsError:
+                assert loop.time() < deadline, "the restarted server never took the append"
                 await asyncio.sleep(0.2)
-        assert seq
         await folded.wait_seq(seq, timeout=8.0)  # twice the worst case at a 1-s heartbeat
         assert "after" in folded.state.jobs
     finally:
