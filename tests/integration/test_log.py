@@ -122,6 +122,17 @@ async def test_concurrent_writers_never_double_book(nats_url):
     await setup.close()
 
 
+async def test_a_fold_starts_once(nats_url):
+    """`FoldedLog.open` starts the fold: a second start would leave a follower nothing stops."""
+    folded = await FoldedLog.open(nats_url, name="started-once")
+    try:
+        with pytest.raises(RuntimeError, match="already started"):
+            await folded.start()
+    finally:
+        await folded.close()
+    assert folded._task is not None and folded._task.done()
+
+
 async def test_bad_messages_go_to_the_dead_letter_stream_and_followers_keep_going(event_log, nats_url):
     folded = FoldedLog(await EventLog.open(nats_url, name="follower"))
     await folded.start()
