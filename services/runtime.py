@@ -102,10 +102,11 @@ class FoldedLog:
     async def start(self, snapshot: ClusterState | None = None) -> None:
         """Replay what exists, then keep following in the background. A snapshot (the fold as of
         its `last_seq`, e.g. the projector's in Redis) makes a restart replay only the tail; one
-        from beyond the end of this stream (a stream created anew) is ignored. Once only: a
-        second start would leave the first follower folding into the same state, unstoppable."""
-        if self._task is not None:
-            raise RuntimeError("this fold is already started (FoldedLog.open starts it)")
+        from beyond the end of this stream (a stream created anew) is ignored. Not while it
+        follows (after `stop` it may start again): a second follower would fold into the same
+        state, and nothing would stop the first."""
+        if self._task is not None and not self._task.done():
+            raise RuntimeError("this fold is already following the log (FoldedLog.open starts it)")
         if metrics.ENABLED:
             metrics.attach(self)
         info = (await self.log.js.stream_info(subjects.STREAM)).state

@@ -122,15 +122,22 @@ async def test_concurrent_writers_never_double_book(nats_url):
     await setup.close()
 
 
-async def test_a_fold_starts_once(nats_url):
-    """`FoldedLog.open` starts the fold: a second start would leave a follower nothing stops."""
+async def test_a_fold_does_not_start_twice_while_it_follows(nats_url):
+    """`FoldedLog.open` starts the fold: a second start would leave a follower nothing stops.
+    After `stop` it may start again, and reads on from where it was."""
     folded = await FoldedLog.open(nats_url, name="started-once")
     try:
-        with pytest.raises(RuntimeError, match="already started"):
+        with pytest.raises(RuntimeError, match="already following"):
             await folded.start()
+        await folded.stop()
+        writer = await EventLog.open(nats_url, name="writer")
+        seq = await writer.append(submit("after-stop"))
+        await writer.close()
+        await folded.start()
+        await folded.wait_seq(seq)
+        assert "after-stop" in folded.state.jobs
     finally:
         await folded.close()
-    assert folded._task is not None and folded._task.done()
 
 
 async def test_bad_messages_go_to_the_dead_letter_stream_and_followers_keep_going(event_log, nats_url):
