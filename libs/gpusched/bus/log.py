@@ -94,9 +94,10 @@ DEAD_WINDOW_S = 60.0
 #: sequence, so nothing is lost or read twice; the cost is one heartbeat a second per reader.
 READ_HEARTBEAT_S = 1.0
 #: How long `close` lets a drain run (the messages delivered to subscriptions handled, then the
-#: pending publishes flushed) before it closes the connection anyway. With the server gone or
-#: hung a drain waits out nats-py's 30-s drain timeout, so a stopping service sat in it until
-#: the shell's grace ended it (8 s: the reader of a killed `gpusched up` took 9.4 s to go).
+#: pending publishes flushed) before it closes the connection anyway. With the server just gone
+#: a drain waited 10 s for an answer and then raised, so a stopping service sat in it until the
+#: shell's 8-s grace ended it (the reader of a killed `gpusched up` took 9.4 s to go). A hung
+#: server still takes the grace: nats-py's drain swallows the cancellation and flushes on.
 CLOSE_DRAIN_S = 2.0
 
 
