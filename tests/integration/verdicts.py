@@ -30,10 +30,10 @@ class Attacker:
 
         nc = await connect(self.url, name="attacker", creds=self.creds, error_cb=on_error)
         try:
-            attempt = asyncio.ensure_future(act(nc))
-            await asyncio.wait({attempt, asyncio.ensure_future(seen.wait())}, timeout=5,
-                               return_when=asyncio.FIRST_COMPLETED)
+            attempt, verdict = asyncio.ensure_future(act(nc)), asyncio.ensure_future(seen.wait())
+            await asyncio.wait({attempt, verdict}, timeout=5, return_when=asyncio.FIRST_COMPLETED)
             attempt.cancel()
+            verdict.cancel()
             return seen.is_set()
         finally:
             await nc.close()
