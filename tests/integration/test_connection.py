@@ -68,8 +68,7 @@ async def test_dead_letters_are_stored_once_whoever_reads_them(event_log, nats_u
 async def test_an_outage_logs_one_line_per_period_not_a_traceback_per_retry(nats_server, capfd):
     nc = await connect(nats_server.url, name="patient")
     capfd.readouterr()
-    nats_server.proc.kill()
-    nats_server.proc.wait()
+    nats_server.kill()
     await asyncio.sleep(4.0)  # ~8 reconnect attempts at 0.5 s
     # Either stream: a plain line on stderr where structlog is not configured (a CLI), else
     # structlog's (on stdout by default, and so once any earlier test's `capture_logs` ran).
@@ -97,8 +96,7 @@ async def test_a_follower_reads_on_within_seconds_of_a_nats_restart(nats_server)
     try:
         seq = await writer.append(ev.JobSubmitted(at=1.0, job_id="before", spec=JobSpec(team="t", gpus=1)))
         await folded.wait_seq(seq)
-        nats_server.proc.kill()
-        nats_server.proc.wait()
+        nats_server.kill()
         nats_server.restart()
         seq, loop = 0, asyncio.get_running_loop()
         deadline = loop.time() + 30.0
@@ -122,8 +120,7 @@ async def test_closing_a_log_whose_server_just_died_takes_the_drain_bound_not_a_
     from gpusched.bus.log import CLOSE_DRAIN_S, EventLog
 
     log = await EventLog.open(nats_server.url, name="leaving")
-    nats_server.proc.kill()
-    nats_server.proc.wait()
+    nats_server.kill()
     loop = asyncio.get_running_loop()
     began = loop.time()
     await log.close()
