@@ -21,7 +21,7 @@ from gpusched.bus import subjects
 from gpusched.bus.log import connect
 from gpusched.services.lease import PLACEMENT_LEASE_KEY, Lease, Watch, open_bucket, owner_id
 
-from .verdicts import Attacker
+from ..verdicts import Attacker
 
 TTL_MS = 400
 ATTACKERS = {"alice": ("tenant", ["nlp"], None), "gpu01": ("node", [], "node01")}

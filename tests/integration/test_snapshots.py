@@ -20,7 +20,7 @@ from gpusched.core.state import ClusterState
 from gpusched.services.runtime import FoldedLog
 from gpusched.store import KEEP, Refused, SnapshotStore, fold_log
 
-from .verdicts import Attacker
+from ..verdicts import Attacker
 
 
 def submitted(i: int) -> ev.JobSubmitted:
