@@ -117,12 +117,29 @@ async def test_closing_a_log_whose_server_just_died_takes_the_drain_bound_not_a_
     """A drain waits for the server's PONG: with the server killed the instant before, it waited
     10 s and then raised, and a stopping service sat in it until the shell's 8-s grace ended it.
     `close` gives a drain `CLOSE_DRAIN_S`, then closes the connection."""
-    from gpusched.bus.log import CLOSE_DRAIN_S, EventLog
+    from gpusched.bus.log import EventLog
 
     log = await EventLog.open(nats_server.url, name="leaving")
     nats_server.kill()
     loop = asyncio.get_running_loop()
     began = loop.time()
     await log.close()
-    assert loop.time() - began < CLOSE_DRAIN_S + 2.0
+    assert loop.time() - began < connection.CLOSE_DRAIN_S + 2.0
     assert log.nc.is_closed
+
+
+async def test_a_command_client_whose_server_just_died_closes_within_the_drain_bound(nats_server):
+    """The CLI's client closed with an unbounded drain: once it had asked something (its reply
+    inbox is a subscription to drain) and NATS went, it sat 10 s and then raised. It closes as
+    the log does (`connection.close`)."""
+    from gpusched.bus.control_client import Client
+
+    client = await Client.connect(nats_server.url, name="cli")
+    with pytest.raises(NatsError):  # nobody answers: the reply inbox stays subscribed
+        await client.nc.request("gpusched.nobody", b"", timeout=1.0)
+    nats_server.kill()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await client.close()
+    assert loop.time() - began < connection.CLOSE_DRAIN_S + 2.0
+    assert client.nc.is_closed

@@ -75,6 +75,34 @@ def expect_close(nc: object) -> None:
     _closing.add(id(nc))
 
 
+#: How long `close` lets a drain run (the messages delivered to subscriptions handled, then the
+#: pending publishes flushed) before it closes the connection anyway. With the server just gone
+#: a drain waited 10 s for an answer and then raised, so a stopping service sat in it until the
+#: shell's 8-s grace ended it (the reader of a killed `gpusched up` took 9.4 s to go), and a CLI
+#: command sat 10 s after its answer. A hung server still takes the grace: nats-py's drain
+#: swallows the cancellation and flushes on.
+CLOSE_DRAIN_S = 2.0
+
+
+async def close(nc) -> None:
+    """Close a connection on purpose: drain it for at most `CLOSE_DRAIN_S`, then close it (the
+    server gone or reconnecting: nothing more will reach it)."""
+    from nats.errors import Error as NatsError
+
+    expect_close(nc)
+    try:
+        await asyncio.wait_for(nc.drain(), CLOSE_DRAIN_S)
+    except (TimeoutError, NatsError):
+        await nc.close()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the caller is cancelled, not the drain
+        # nats-py's own teardown on the lost connection cancelled the drain's wait for the
+        # socket to close: it is closing anyway
+        await nc.close()
+
+
 def callbacks(name: str) -> tuple[dict[str, Callable], dict[str, object]]:
     """nats-py connection callbacks for the connection `name`, and a holder whose "nc" the
     caller sets to the connection once made."""

@@ -114,8 +114,7 @@ class Client:
 
     async def close(self) -> None:
         if self._owns:
-            connection.expect_close(self.nc)
-            await self.nc.drain()
+            await connection.close(self.nc)
 
     async def __aenter__(self) -> Client:
         return self

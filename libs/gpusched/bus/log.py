@@ -30,7 +30,6 @@ from datetime import datetime, timezone
 
 import msgspec
 from nats.aio.client import Client as NATS
-from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import (
     ConsumerConfig,
@@ -93,12 +92,6 @@ DEAD_WINDOW_S = 60.0
 #: 2-4 s. A needless re-creation (the event loop busy for over 2 s) resumes from the next
 #: sequence, so nothing is lost or read twice; the cost is one heartbeat a second per reader.
 READ_HEARTBEAT_S = 1.0
-#: How long `close` lets a drain run (the messages delivered to subscriptions handled, then the
-#: pending publishes flushed) before it closes the connection anyway. With the server just gone
-#: a drain waited 10 s for an answer and then raised, so a stopping service sat in it until the
-#: shell's 8-s grace ended it (the reader of a killed `gpusched up` took 9.4 s to go). A hung
-#: server still takes the grace: nats-py's drain swallows the cancellation and flushes on.
-CLOSE_DRAIN_S = 2.0
 
 
 def _telemetry():
@@ -238,11 +231,7 @@ class EventLog:
         return log
 
     async def close(self) -> None:
-        connection.expect_close(self.nc)
-        try:
-            await asyncio.wait_for(self.nc.drain(), CLOSE_DRAIN_S)
-        except (TimeoutError, NatsError):  # gone or reconnecting: nothing more will reach it
-            await self.nc.close()
+        await connection.close(self.nc)
 
     @property
     def identity(self) -> Identity | None:

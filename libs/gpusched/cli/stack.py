@@ -495,13 +495,13 @@ def cluster_shape(size: int, replicas: int | None) -> tuple[int, int]:
     return size, replicas
 
 
-async def close_quietly(nc, timeout: float = 2.0) -> None:
-    """Drain a connection, but never hang or fail the shutdown on it (NATS may be down)."""
+async def close_quietly(nc) -> None:
+    """Close a connection (`connection.close`), but never hang or fail the shutdown on it (NATS
+    may be down, or hung: then even the close after the drain's bound may wait)."""
     from gpusched.bus import connection
 
-    connection.expect_close(nc)
     try:
-        await asyncio.wait_for(nc.drain(), timeout)
+        await asyncio.wait_for(connection.close(nc), connection.CLOSE_DRAIN_S + 1.0)
     except Exception:
         pass
 
