@@ -113,19 +113,24 @@ async def test_a_follower_reads_on_within_seconds_of_a_nats_restart(nats_server)
         await folded.close()
 
 
+async def _closes_within_the_drain_bound(server, closer) -> None:
+    """Kill the server, then close `closer` (a log or a command client): it takes the drain's
+    bound, not a grace, and leaves its connection closed."""
+    server.kill()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await closer.close()
+    assert loop.time() - began < connection.CLOSE_DRAIN_S + 2.0
+    assert closer.nc.is_closed
+
+
 async def test_closing_a_log_whose_server_just_died_takes_the_drain_bound_not_a_grace(nats_server):
     """A drain waits for the server's PONG: with the server killed the instant before, it waited
     10 s and then raised, and a stopping service sat in it until the shell's 8-s grace ended it.
     `close` gives a drain `CLOSE_DRAIN_S`, then closes the connection."""
     from gpusched.bus.log import EventLog
 
-    log = await EventLog.open(nats_server.url, name="leaving")
-    nats_server.kill()
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    await log.close()
-    assert loop.time() - began < connection.CLOSE_DRAIN_S + 2.0
-    assert log.nc.is_closed
+    await _closes_within_the_drain_bound(nats_server, await EventLog.open(nats_server.url, name="leaving"))
 
 
 async def test_a_command_client_whose_server_just_died_closes_within_the_drain_bound(nats_server):
@@ -137,9 +142,4 @@ async def test_a_command_client_whose_server_just_died_closes_within_the_drain_b
     client = await Client.connect(nats_server.url, name="cli")
     with pytest.raises(NatsError):  # nobody answers: the reply inbox stays subscribed
         await client.nc.request("gpusched.nobody", b"", timeout=1.0)
-    nats_server.kill()
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    await client.close()
-    assert loop.time() - began < connection.CLOSE_DRAIN_S + 2.0
-    assert client.nc.is_closed
+    await _closes_within_the_drain_bound(nats_server, client)
