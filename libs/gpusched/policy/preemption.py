@@ -323,32 +323,31 @@ class _Rule:
         self.las_level = las_queue(job.service_gpu_s, config) if config.las_preempt and config.las else None
         self.left = search.left
         self._for_left: Estimate | None = None
-        self._alone: dict[str, tuple[bool, bool]] = {}  # job -> `admits` with nothing taken from its team
+        self._alone: dict[str, tuple[bool, bool, bool]] = {}  # job -> `_verdict` with nothing taken from its team
+        self._outlasts: dict[str, bool] = {}  # job -> `outlasts`
         self._after: dict[tuple[str, float], bool] = {}  # (team, holding) -> `keeps_order` on totals
         self._by_pool: dict[str, bool] = {}  # team -> judged on its GPU pool (`judged_pool`)
         self._for_standing: rules.Standing | None = None  # the job's team's on totals
-        self._hoping = False  # `hopeful` is asking: every prediction is taken as favourable
 
     def hopeful(self, v: Job) -> bool:
-        """Whether `admits` may take `v` with nothing taken from its team, every prediction taken
-        as favourable: `admits` asks `outlasts` only where a yes lets it take the victim, so one
-        refused here is refused there, without a prediction asked."""
-        self._hoping = True
-        try:
-            return self._admits(v, {})[0]
-        finally:
-            self._hoping = False
+        """Whether `admits` may take `v` with nothing taken from its team if its prediction says
+        so: one refused here is refused there, without a prediction asked."""
+        outright, if_outlasts, _ = self._verdict_alone(v)
+        return outright or if_outlasts
 
     def outlasts(self, v: Job) -> bool:
         """With predictions (`preempt_predicted`), whether `v` is predicted to outlast the job by
         more than its checkpoint and restore (`outlasts`); without, always."""
-        if self.left is None or self._hoping:
+        if self.left is None:
             return True
-        if self._for_left is None:
-            self._for_left = self.left(self.job)
-        # a borrower (`due`) and the head are weighed by their gangs: the head's whole reserved set waits with it
-        weights = (len(v.gpus), self.job.spec.gpus) if self.due else (1, 1)
-        return outlasts(self.left(v), self._for_left, self.config, weights)
+        got = self._outlasts.get(v.job_id)
+        if got is None:
+            if self._for_left is None:
+                self._for_left = self.left(self.job)
+            # a borrower (`due`) and the head are weighed by their gangs: the head's whole reserved set waits with it
+            weights = (len(v.gpus), self.job.spec.gpus) if self.due else (1, 1)
+            got = self._outlasts[v.job_id] = outlasts(self.left(v), self._for_left, self.config, weights)
+        return got
 
     def las_after(self, v: Job) -> bool:
         """With `las_preempt`: `v` sits in a later LAS queue than the job (it attained more), and
@@ -439,16 +438,16 @@ class _Rule:
         return (standing(st, team, vh, pool, held - leaving - drop.get((team, pool), 0)),
                 standing(st, self.team, self.for_held, pool, f_held + f_incoming), vh)
 
-    def lower(self, v: Job, las_allowed: bool) -> bool:
-        """Whether `v` ranks below the job: a lower priority class, or, where LAS may preempt
-        (`las_allowed`), a later LAS queue (`las_after`, backed off if LAS alone decides),
-        predicted to outlast the job."""
+    def lower(self, v: Job, las_allowed: bool) -> tuple[bool, bool]:
+        """(`v` ranks below the job outright: a lower priority class; it does if it is predicted
+        to outlast the job: where LAS may preempt (`las_allowed`), a later LAS queue
+        (`las_after`, backed off as LAS alone decides))."""
+        if self.priority and PRIORITY_RANK[v.spec.priority] < self.rank:
+            return True, False
         las = las_allowed and self.las_after(v)
-        by_class = self.priority and PRIORITY_RANK[v.spec.priority] < self.rank
-        if las and not by_class and self.config.las_backoff_max_s is not None:
+        if las and self.config.las_backoff_max_s is not None:
             las = self.backed_off(v, self.config.las_backoff_max_s)  # LAS alone: anti-thrash
-        las = las and self.outlasts(v)
-        return by_class or las
+        return False, las
 
     def admits(self, v: Job, drop: Drop) -> tuple[bool, bool]:
         """(may take it, its team is at or below its guarantee before it is taken), given what
@@ -457,29 +456,33 @@ class _Rule:
         the victim's team, and taking more from that team only lowers its standing (and its rank,
         `keeps_order`): a victim refused with nothing taken from its team is refused in every set.
         The answer with nothing taken from the team is the common one, and is remembered."""
-        team = v.spec.team
-        if team in drop:
-            return self._admits(v, drop)
+        outright, if_outlasts, at_or_under = self._verdict(v, drop) if v.spec.team in drop else self._verdict_alone(v)
+        return outright or (if_outlasts and self.outlasts(v)), at_or_under
+
+    def _verdict_alone(self, v: Job) -> tuple[bool, bool, bool]:
         got = self._alone.get(v.job_id)
         if got is None:
-            got = self._alone[v.job_id] = self._admits(v, drop)
+            got = self._alone[v.job_id] = self._verdict(v, {})
         return got
 
-    def _admits(self, v: Job, drop: Drop) -> tuple[bool, bool]:
+    def _verdict(self, v: Job, drop: Drop) -> tuple[bool, bool, bool]:
+        """`admits` before any prediction is asked: (may take it outright, may take it if it is
+        predicted to outlast the job (`outlasts`), its team is at or below its guarantee).
+        Predictions cost most, and only ever refuse: `choose_victims` prunes on this alone."""
         team = v.spec.team
         if team == self.team and not self.due:
             # Within a team the fold's rule always allows, and no guarantee protects: the ranks decide.
-            return self.lower(v, True), False
+            return *self.lower(v, True), False
         vs, fs, vh = self.standings(v, drop)
         at_or_under = vs[0] <= vs[1]
         if not rules.fair_between(team, vs, self.team, fs):
-            return False, at_or_under
+            return False, False, at_or_under
         n = len(v.gpus)
         on = None if self.judged_pool(v) is None else ((vs[0] - n, vs[1]), fs)
         if self.due:
-            return self.keeps_order(team, vh - n, on) and self.outlasts(v), at_or_under
+            return False, self.keeps_order(team, vh - n, on), at_or_under
         # LAS preempts within a team's entitlement; across teams only the fair-share rules do.
-        lower = self.lower(v, not self.config.fairshare)
+        by_class, las = self.lower(v, not self.config.fairshare)
         # Reclaim, whatever the priorities: from a team over its share, and only if that team
         # ends less far below its guarantee than the reclaiming team is now (every reclaim then
         # lowers the largest shortfall, so reclaims never ping-pong between two teams), or the
@@ -491,16 +494,16 @@ class _Rule:
         reclaim = under and not at_or_under and (vs[0] - n - vs[1] > fs[0] - fs[1] or owned)
         if not reclaim and self.shares is not None and on is None and self.config.fairshare:
             reclaim = takes_share(self.shares, self.team, self.for_held + self.job.spec.gang_min, team, vh)
-        if not (lower or reclaim):
-            return False, at_or_under
+        if not (by_class or las or reclaim):
+            return False, False, at_or_under
         # Hysteresis across teams: never preempt what the victim's team would win straight back
         # (a job within its guarantee gets what it reclaimed: the hand-over), and, if
         # configured, leave a job taken over and over alone longer each time.
         if not (self.backed_off(v) and ((reclaim and owned) or self.keeps_order(team, vh - n, on))):
-            return False, at_or_under
+            return False, False, at_or_under
         # With predictions, a victim predicted to end first is left to finish: its GPUs come
         # back before the reclaiming job, started now, would have ended.
-        return lower or self.outlasts(v), at_or_under
+        return by_class, las or reclaim, at_or_under
 
 
 def admitted(search: VictimSearch, v: Job, gone: list[Job]) -> bool:
