@@ -22,7 +22,7 @@ test: install lint
 	$(PY) -m pytest
 
 # The rules every branch passes: ruff (pyflakes, isort, complexity <= 15) on the whole repo,
-# mypy on the core, the policies, the bus, security and the services (configured in pyproject.toml).
+# mypy on the whole library and the services (configured in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -97,8 +97,10 @@ class Gpusched:
             raise Refused(reply.error)
 
     async def _fold(self) -> ClusterState:
+        """The state folded from the log (callers read it only where the client has one)."""
         from .store import fold_log
 
+        assert self.log is not None
         return await fold_log(self.log, None)
 
     async def _read(self, kind: str, request: dict[str, Any]) -> Any:

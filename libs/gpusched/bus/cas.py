@@ -10,9 +10,18 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from gpusched import metrics, telemetry
-from gpusched.bus.log import MAX_BATCH, Conflict, EventLog
+from gpusched.bus.log import MAX_BATCH, Conflict
 from gpusched.core.events import Event
 from gpusched.core.state import ClusterState
+
+
+class BatchLog(Protocol):
+    """What appending asks of a log: `bus.log.EventLog`'s atomic batch (or the simulator's
+    `bus.memory.MemoryEventLog`'s, the same contract over a list)."""
+
+    async def append_batch(self, events: Sequence[Event], *, msg_ids: Sequence[str | None] | None = None,
+                           expect_alloc_seq: int | None = None,
+                           headers: dict[str, str] | None = None) -> list[int]: ...
 
 
 class Folded(Protocol):
@@ -21,7 +30,9 @@ class Folded(Protocol):
 
     state: ClusterState
     alloc_seq: int
-    log: EventLog
+
+    @property
+    def log(self) -> BatchLog: ...
 
     async def catch_up(self) -> None: ...
 

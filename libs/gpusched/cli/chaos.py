@@ -113,7 +113,7 @@ class Load:
             except (ControlPlaneUnavailable, TimeoutError, OSError):
                 await asyncio.sleep(0.2)
                 continue
-            if reply.ok:
+            if reply.ok and reply.job_id is not None:  # an accepted submit names its job
                 self.acked[request_id] = reply.job_id
                 return reply.job_id
             if str(reply.error).startswith(("internal error", "event log unavailable")):  # between leaders: retry
@@ -290,7 +290,7 @@ async def stream_peers(log: EventLog) -> tuple[str | None, list[str]]:
             await asyncio.sleep(1.0)
     if info.cluster is None:
         return None, []
-    return info.cluster.leader, [p.name for p in info.cluster.replicas or []]
+    return info.cluster.leader, [p.name for p in info.cluster.replicas or [] if p.name is not None]
 
 
 async def inject(drill: str, target: Target, log: EventLog, rng: random.Random, partition_s: float) -> str:

@@ -9,13 +9,14 @@ import asyncio
 import json
 import os
 import sys
+from typing import Any, cast
 
 import msgspec
 from opentelemetry.trace import SpanKind
 
 from gpusched.core import limits
 from gpusched.core.commands import CommandReply
-from gpusched.core.model import LEVELS, JobSpec, TeamQuota, TopologyConstraint
+from gpusched.core.model import LEVELS, JobSpec, Level, TeamQuota, TopologyConstraint
 
 from .output import duration_arg
 
@@ -215,14 +216,15 @@ def array_from_arg(text: str | None) -> dict[str, int] | None:
     return out
 
 
-def preferences_from_args(items: list[str] | None) -> tuple[str, dict | None]:
+def preferences_from_args(items: list[str] | None) -> tuple[Level, dict | None]:
     """`--prefer` items: a topology level (the one placement aims for), `gpu-type=MODEL`,
     `label=K=V` or `spread` (soft preferences, `Preferences`)."""
-    level, prefer = "nvlink", {}
+    level: Level = "nvlink"
+    prefer: dict[str, Any] = {}
     for item in items or []:
         what, _, value = item.partition("=")
         if item in LEVELS:
-            level = item
+            level = cast(Level, item)
         elif what == "gpu-type" and value:
             prefer["gpu_type"] = value
         elif what == "label" and "=" in value:

@@ -45,7 +45,8 @@ def _flags(action: argparse.Action) -> str:
     meta = ""
     if action.nargs != 0:
         meta = " \\fI" + roff(argparse.HelpFormatter("x")._format_args(action, action.dest.upper())) + "\\fR"
-    names = action.option_strings or [action.metavar or action.dest]
+    metavar = " ".join(action.metavar) if isinstance(action.metavar, tuple) else action.metavar
+    names = action.option_strings or [metavar or action.dest]
     return ", ".join(f"\\fB{roff(n)}\\fR" for n in names) + meta
 
 

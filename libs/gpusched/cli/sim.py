@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -88,7 +89,7 @@ def run(args) -> int:
     plots = bool(args.out)
     if args.out:  # say it before a long run, not after it
         try:
-            from ..sim import plots as _  # noqa: F401
+            importlib.import_module("gpusched.sim.plots")  # matplotlib: an optional extra
         except ImportError as err:
             plots = False
             print(f"gpusched sim --out: writing summary.json and jobs.csv only: {err}", file=sys.stderr)

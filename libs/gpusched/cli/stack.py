@@ -96,7 +96,8 @@ def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | t
     rotates it). Used by `up`, the e2e tests and the bench."""
     if pipe:
         log_path = None
-    out = open(log_path, "ab") if log_path is not None else (subprocess.PIPE if pipe else subprocess.DEVNULL)
+    log_file = open(log_path, "ab") if log_path is not None else None
+    out = log_file if log_file is not None else (subprocess.PIPE if pipe else subprocess.DEVNULL)
     # The project's interpreter comes first on PATH, so a job's `python` on the simulated nodes
     # is the one gpusched (and its job SDK) is installed in.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -112,8 +113,8 @@ def spawn_service(name: str, nats_url: str, redis_url: str, extra: list[str] | t
                                 preexec_fn=die_with_parent(death_signal),
                                 pass_fds=() if inherited is None else (inherited,))
     finally:
-        if log_path is not None:
-            out.close()
+        if log_file is not None:
+            log_file.close()
         if inherited is not None:
             os.close(inherited)
 

@@ -112,7 +112,7 @@ class StartupNotify:
 
     def ready_pids(self) -> list[int]:
         """Pids that said READY=1 since the last call."""
-        pids = []
+        pids: list[int] = []
         while True:
             try:
                 data = self.sock.recv(4096)
@@ -160,13 +160,15 @@ class LogPump(threading.Thread):
     """Copies a child's output into its rotating log, line by line, until the child closes it."""
 
     def __init__(self, proc: subprocess.Popen, sink: RotatingLog):
+        if proc.stdout is None:
+            raise ValueError("LogPump copies the output of a child started with stdout=PIPE")
         super().__init__(name=f"log-{proc.pid}", daemon=True)
-        self.proc, self.sink = proc, sink
+        self.source, self.sink = proc.stdout, sink
         self.start()
 
     def run(self) -> None:
         try:
-            for line in iter(self.proc.stdout.readline, b""):
+            for line in iter(self.source.readline, b""):
                 self.sink.write(line)
         except (OSError, ValueError):
             pass

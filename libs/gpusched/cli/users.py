@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from gpusched.security import clientconfig
 from gpusched.security.identity import IdentityError
@@ -51,7 +52,7 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     ring = _store(args).ring()
-    rows = [{"name": p.name, "role": p.role, "teams": p.teams, "node": p.node, "nodes": p.nodes,
+    rows: list[dict[str, Any]] = [{"name": p.name, "role": p.role, "teams": p.teams, "node": p.node, "nodes": p.nodes,
              "public_key": key, "revoked_at": p.revoked_at} for key, p in ring.keys.items()]
     if not args.all:
         rows = [r for r in rows if r["revoked_at"] is None]

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .stack import GROUPS, LabStack
 
@@ -131,7 +132,7 @@ def run(stack: LabStack, runs: int, seed: int = 1, hold_s: tuple[float, float] =
     rng = random.Random(seed)
     census = Census(stack)
     acked: list[str] = []
-    results = []
+    results: list[dict[str, Any]] = []
     try:
         for i in range(runs):
             job = _submit(stack, census, i, rng)

@@ -64,13 +64,18 @@ class _Chain:
 
 
 class Message(Protocol):
-    """A stored message (`bus.log.RawMessage`, or a line of an export)."""
+    """A stored message (`bus.log.RawMessage`, or a line of an export): read, never written."""
 
-    seq: int
-    subject: str
-    headers: dict[str, str] | None
-    data: bytes
-    time: float
+    @property
+    def seq(self) -> int: ...
+    @property
+    def subject(self) -> str: ...
+    @property
+    def headers(self) -> dict[str, str] | None: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def time(self) -> float: ...
 
 
 class Finding(msgspec.Struct, frozen=True):

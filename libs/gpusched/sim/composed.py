@@ -144,7 +144,7 @@ class ComposedSimulation(Simulation):
                 rec = self.log.records_[self.folded_seq]
                 self.folded_seq = rec.seq
                 super()._apply(rec.event)
-                if started is not None and not rec.headers.get("Nats-Msg-Id", "").startswith("world-"):
+                if started is not None and not (rec.headers or {}).get("Nats-Msg-Id", "").startswith("world-"):
                     self._react(rec.event, self.now, started)
         finally:
             self._folding = False

@@ -30,6 +30,7 @@ from ..core import events as ev
 from ..core.model import DEFAULT_HALF_LIFE_S, JobSpec, TeamQuota, TopologyConstraint
 from ..core.pools import canonical_model
 from ..core.state import ClusterState, Violation, stale_live
+from ..policy.config import PolicyConfig
 from ..policy.predict import Estimate, RuntimePredictor, run_time
 from .metrics import GuaranteeWaits, Recorder, eta_error, runtime_error
 from .pools import pool_summary
@@ -93,7 +94,7 @@ class Simulation:
         self,
         jobs: list[TraceJob],
         cluster: Cluster,
-        config: object,
+        config: PolicyConfig,
         runtime: RuntimeModel = REALISTIC,
         *,
         quotas: dict[str, TeamQuota] | None = None,

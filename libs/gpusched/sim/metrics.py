@@ -134,8 +134,8 @@ class Recorder:
             self.entitled = entitlements(self.capacity, self.demand, self.quotas)
 
     def summary(self, runs: dict[str, _Run], state) -> dict:
-        done = [r for r in runs.values() if r.finish is not None]
-        jct = [r.finish - r.trace.submit_s for r in done]
+        done = [(r, r.finish) for r in runs.values() if r.finish is not None]
+        jct = [finish - r.trace.submit_s for r, finish in done]
         queue = [r.queue_s for r in runs.values() if r.first_start is not None]
         by_size: dict[str, list[float]] = {b: [] for b in SIZE_BUCKETS}
         for r in runs.values():
@@ -147,7 +147,7 @@ class Recorder:
         gpu_hours = sum(r.trace.gpu_s for r in runs.values()) / 3600
         lost = sum(r.lost_gpu_s for r in runs.values()) / 3600
         starts = [r.trace.submit_s for r in runs.values()]
-        ends = [r.finish for r in done]
+        ends = [finish for _, finish in done]
         return {
             "jobs": len(runs),
             "completed": len(done),

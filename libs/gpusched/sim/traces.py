@@ -26,10 +26,11 @@ import zlib
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
+from typing import Any, cast
 
 from msgspec import Struct, structs
 
-from ..core.model import PRIORITY_RANK, TeamQuota
+from ..core.model import PRIORITY_RANK, Priority, TeamQuota
 
 FORMATS = ("philly", "tiresias", "csv", "alibaba")
 CSV_REQUIRED = ("job_id", "submit_time_s", "duration_s", "num_gpus", "team")
@@ -53,7 +54,7 @@ class TraceJob(Struct, frozen=True):
     duration_s: float
     gpus: int
     team: str
-    priority: str = "normal"
+    priority: Priority = "normal"
     preemptible: bool = True
     min_gpus: int | None = None
     max_gpus: int | None = None
@@ -75,7 +76,7 @@ class TraceJob(Struct, frozen=True):
         return self.duration_s * (self.fraction or self.gpus)
 
 
-def default_class(job_id: str) -> tuple[str, bool]:
+def default_class(job_id: str) -> tuple[Priority, bool]:
     """(priority, preemptible) for traces that carry neither, deterministic in the job id:
     crc32(job_id) % 100 < 10 -> high, not preemptible (10%: production runs that must not stop);
     < 15 -> low, preemptible (5%: best-effort sweeps); else normal, preemptible (85%)."""
@@ -140,10 +141,10 @@ def load_csv(path: Path) -> list[TraceJob]:
         if not team:
             raise TraceError(f"{path}:{line}: empty team")
         priority, preemptible = default_class(job_id)
-        if (row.get("priority") or "").strip():
-            priority = row["priority"].strip()
-            if priority not in PRIORITY_RANK:
-                raise TraceError(f"{path}:{line}: column priority: {priority!r} is not one of {', '.join(PRIORITY_RANK)}")
+        if (given := (row.get("priority") or "").strip()):
+            if given not in PRIORITY_RANK:
+                raise TraceError(f"{path}:{line}: column priority: {given!r} is not one of {', '.join(PRIORITY_RANK)}")
+            priority = cast(Priority, given)
         if (row.get("preemptible") or "").strip():
             flag = row["preemptible"].strip().lower()
             if flag not in ("true", "false", "1", "0", "yes", "no"):
@@ -178,7 +179,9 @@ def load_philly(path: Path) -> list[TraceJob]:
         gpus = _num(path, line, row, "num_gpus", int, 1)
         raw.append((stamp, duration, gpus, row["cluster"].strip() or "default", line))
     raw.sort(key=lambda r: r[0])
-    t0 = raw[0][0] if raw else None
+    if not raw:
+        return []
+    t0 = raw[0][0]
     # The job id is the data line number (1-based): stable whatever the sort does.
     return [_job(str(line - 1), (s - t0).total_seconds(), d, g, team) for s, d, g, team, line in raw]
 
@@ -214,7 +217,7 @@ def load_tiresias(path: Path) -> list[TraceJob]:
 
 #: qos -> (priority, preemptible). LS (latency-sensitive) and Guaranteed pods must not be
 #: preempted; Burstable is normal and preemptible; BE (best effort) is low and preemptible.
-ALIBABA_QOS = {"LS": ("high", False), "Guaranteed": ("high", False), "Burstable": ("normal", True), "BE": ("low", True)}
+ALIBABA_QOS: dict[str, tuple[Priority, bool]] = {"LS": ("high", False), "Guaranteed": ("high", False), "Burstable": ("normal", True), "BE": ("low", True)}
 
 
 def load_alibaba(path: Path) -> list[TraceJob]:
@@ -296,9 +299,9 @@ def _rest(j: TraceJob) -> tuple:
             j.cpus, j.memory_mb, j.gpu_milli)
 
 
-def parse_burst(text: str) -> dict:
+def parse_burst(text: str) -> dict[str, Any]:
     """`team=X,at=86400,count=200,gpus=1,duration=600[,every=0][,priority=interactive]`."""
-    spec = {"team": "interactive", "at": 0.0, "count": 100, "gpus": 1, "duration": 600.0, "every": 0.0,
+    spec: dict[str, Any] = {"team": "interactive", "at": 0.0, "count": 100, "gpus": 1, "duration": 600.0, "every": 0.0,
             "priority": "interactive"}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 from ..core import events as ev
-from ..core.model import GpuInfo, TeamQuota, nvlink_domains
+from ..core.model import GpuInfo, NvlinkLayout, TeamQuota, nvlink_domains
 from .traces import TraceJob
 
 
@@ -18,7 +19,7 @@ class Cluster:
     racks: int
     nodes_per_rack: int
     gpus_per_node: int
-    nvlink: str = "all"
+    nvlink: NvlinkLayout = "all"
     #: CPUs and memory (MiB) every node offers jobs (0: not declared, not scheduled: `--node-cpus`)
     cpus: float = 0.0
     memory_mb: int = 0
@@ -34,7 +35,7 @@ class Cluster:
         if min(r, n, g) < 1:
             raise ValueError(f"cluster {text!r}: every dimension must be >= 1")
         nvlink_domains(nvlink, g)  # validates the layout name
-        return cls(r, n, g, nvlink)
+        return cls(r, n, g, cast(NvlinkLayout, nvlink))
 
     def __str__(self) -> str:
         mixed = "" if not self.models else " of " + ",".join(
