@@ -2,6 +2,10 @@
 faster, not different, must leave it unchanged (stop 42: the head's discarded ETA).
 
     python bench/event_hash.py [--cluster 2x32x8] [--runtime-model realistic] [--preset full]
+                               [--trace FILE [--format F]] [--topology any]
+
+Another trace than the bundled week (a Philly week cut by `bench/price_of_fairness.py`, Alibaba)
+shows the same on a schedule the change was not tuned on.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ import msgspec
 from gpusched.core import events as ev
 from gpusched.policy.config import PRESETS
 from gpusched.sim import engine
-from gpusched.sim.engine import Cluster
+from gpusched.sim.engine import TOPOLOGY_MAPPINGS, Cluster
 from gpusched.sim.report import runtime_model, simulate
-from gpusched.sim.traces import load_trace
+from gpusched.sim.traces import FORMATS, load_trace
 
 
 def main() -> None:
@@ -25,6 +29,9 @@ def main() -> None:
     ap.add_argument("--cluster", default="2x32x8")
     ap.add_argument("--runtime-model", default="realistic", choices=("realistic", "ideal"))
     ap.add_argument("--preset", default="full", choices=sorted(PRESETS))
+    ap.add_argument("--trace", help="trace file (default: the bundled Philly week)")
+    ap.add_argument("--format", choices=FORMATS, help="trace format (default: guessed from the file)")
+    ap.add_argument("--topology", default="pack", choices=sorted(TOPOLOGY_MAPPINGS))
     args = ap.parse_args()
     digest, encode = hashlib.sha256(), msgspec.msgpack.Encoder().encode
     applied = engine.Simulation._apply
@@ -35,8 +42,9 @@ def main() -> None:
 
     engine.Simulation._apply = hashed  # type: ignore[method-assign]
     began = time.perf_counter()
-    sim = simulate(load_trace(), Cluster.parse(args.cluster), args.preset, runtime_model(args.runtime_model))
-    print(f"{args.preset} on {args.cluster}, {args.runtime_model}: events sha256 {digest.hexdigest()[:16]}, "
+    sim = simulate(load_trace(args.trace, args.format), Cluster.parse(args.cluster), args.preset,
+                   runtime_model(args.runtime_model), topology=args.topology)
+    print(f"{args.preset} on {args.cluster}, {args.runtime_model}, {args.topology}: events sha256 {digest.hexdigest()[:16]}, "
           f"{sim.state.events} events, {sim.cycles} cycles, {time.perf_counter() - began:.1f} s")
 
 
