@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--preset", default="full", choices=sorted(PRESETS))
     ap.add_argument("--trace", help="trace file (default: the bundled Philly week)")
     ap.add_argument("--format", choices=FORMATS, help="trace format (default: guessed from the file)")
-    ap.add_argument("--topology", default="pack", choices=sorted(TOPOLOGY_MAPPINGS))
+    ap.add_argument("--topology", default="pack", choices=TOPOLOGY_MAPPINGS)
     args = ap.parse_args()
     digest, encode = hashlib.sha256(), msgspec.msgpack.Encoder().encode
     applied = engine.Simulation._apply
