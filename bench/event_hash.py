@@ -21,7 +21,7 @@ from gpusched.policy.config import PRESETS
 from gpusched.sim import engine
 from gpusched.sim.engine import TOPOLOGY_MAPPINGS, Cluster
 from gpusched.sim.report import runtime_model, simulate
-from gpusched.sim.traces import FORMATS, load_trace
+from gpusched.sim.traces import FORMATS, TraceError, load_trace
 
 
 def main() -> None:
@@ -33,6 +33,10 @@ def main() -> None:
     ap.add_argument("--format", choices=FORMATS, help="trace format (default: guessed from the file)")
     ap.add_argument("--topology", default="pack", choices=TOPOLOGY_MAPPINGS)
     args = ap.parse_args()
+    try:
+        jobs = load_trace(args.trace, args.format)
+    except TraceError as e:
+        ap.error(str(e))
     digest, encode = hashlib.sha256(), msgspec.msgpack.Encoder().encode
     applied = engine.Simulation._apply
 
@@ -42,7 +46,7 @@ def main() -> None:
 
     engine.Simulation._apply = hashed  # type: ignore[method-assign]
     began = time.perf_counter()
-    sim = simulate(load_trace(args.trace, args.format), Cluster.parse(args.cluster), args.preset,
+    sim = simulate(jobs, Cluster.parse(args.cluster), args.preset,
                    runtime_model(args.runtime_model), topology=args.topology)
     print(f"{args.preset} on {args.cluster}, {args.runtime_model}, {args.topology}: events sha256 {digest.hexdigest()[:16]}, "
           f"{sim.state.events} events, {sim.cycles} cycles, {time.perf_counter() - began:.1f} s")
